@@ -1,0 +1,17 @@
+//! The radix prefix cache: token sequences in a compressed trie whose edges carry the
+//! KV slot of every token, so a new request finds the longest cached prefix of its prompt
+//! in one walk.
+//!
+//! Nodes live in an arena ([`arena`]); the evictable leaves sit in an ordered set keyed by
+//! the eviction policy ([`policy`]); inserts and evictions can queue KV events for
+//! cache-aware routers ([`events`]).
+
+mod arena;
+pub mod events;
+pub mod policy;
+mod tree;
+
+pub use arena::NodeHandle;
+pub use events::KvEvent;
+pub use policy::EvictionPolicy;
+pub use tree::{MatchResult, RadixTree, TreeConfig, TreeError, TreeSizes};

@@ -1,0 +1,725 @@
+//! The tree itself: match, insert (splitting a node where a sequence diverges inside
+//! it), lock/unlock along a path, eviction of unlocked leaves.
+//!
+//! Bookkeeping that both backends (this one and the Python twin) follow exactly, so their
+//! results can be compared operation by operation:
+//! - a logical clock advances once per `match_prefix` and once per `insert`;
+//! - every node walked by `match_prefix` gets `last_access = clock` and `hits += 1`;
+//!   every node walked by `insert` gets `last_access = clock` and
+//!   `priority = max(priority, inserted priority)`;
+//! - a split creates the upper part as a new node that inherits the statistics (but not
+//!   the sequence number) of the node it was cut from; sequence numbers count up from 1
+//!   in creation order.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+
+use super::arena::{Arena, ChildMap, Node, NodeHandle, NONE};
+use super::events::{chain_hashes, namespace_seed, KvEvent};
+use super::policy::{EvictionKey, EvictionPolicy, EvictionStats};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeConfig {
+    /// Tokens per KV page; match and insert work on whole pages only.
+    pub page_size: usize,
+    pub policy: EvictionPolicy,
+    /// Queue KV events for `take_events`.
+    pub kv_events: bool,
+    /// Tokens per event block; 0 means one block per page.
+    pub event_block_size: usize,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        TreeConfig { page_size: 1, policy: EvictionPolicy::Lru, kv_events: false, event_block_size: 0 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TreeError {
+    /// The caller passed something the tree cannot take; the message names it.
+    InvalidInput(String),
+    /// The node behind this handle is gone (evicted or reset).
+    StaleHandle(NodeHandle),
+    /// `unlock` on a node whose lock count is already zero.
+    NotLocked(NodeHandle),
+}
+
+impl fmt::Display for TreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TreeError::InvalidInput(msg) => f.write_str(msg),
+            TreeError::StaleHandle(h) => write!(
+                f,
+                "node handle {:#x} is stale: its node was evicted or the tree was reset",
+                h.0
+            ),
+            TreeError::NotLocked(h) => {
+                write!(f, "unlock of node {:#x}, which is not locked (more unlocks than locks)", h.0)
+            }
+        }
+    }
+}
+
+impl std::error::Error for TreeError {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatchResult {
+    /// Cached tokens at the start of the query (a whole number of pages).
+    pub length: usize,
+    /// The KV slot of each of those tokens.
+    pub kv_slots: Vec<u32>,
+    /// The node where the match ends (the root when nothing matched): lock it to keep the
+    /// prefix cached while a request uses it.
+    pub node: NodeHandle,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeSizes {
+    /// Cached tokens on no locked path: what `evict` can free.
+    pub evictable: usize,
+    /// Cached tokens on a locked path.
+    pub protected: usize,
+    /// All cached tokens (`evictable + protected`).
+    pub total: usize,
+    /// Nodes, roots excluded.
+    pub nodes: usize,
+}
+
+pub struct RadixTree {
+    config: TreeConfig,
+    block_size: usize,
+    arena: Arena,
+    root: u32,
+    namespace_roots: HashMap<String, u32>,
+    namespace_of_root: HashMap<u32, String>,
+    evictable: BTreeSet<(EvictionKey, u32)>,
+    evictable_tokens: usize,
+    protected_tokens: usize,
+    num_nodes: usize,
+    clock: u64,
+    next_seq: u64,
+    events: Vec<KvEvent>,
+}
+
+impl RadixTree {
+    pub fn new(config: TreeConfig) -> Result<Self, TreeError> {
+        if config.page_size == 0 {
+            return Err(TreeError::InvalidInput("page_size must be at least 1".into()));
+        }
+        let block_size =
+            if config.event_block_size == 0 { config.page_size } else { config.event_block_size };
+        let mut arena = Arena::default();
+        let root = arena.alloc(Node { is_root: true, ..Node::default() });
+        Ok(RadixTree {
+            config,
+            block_size,
+            arena,
+            root,
+            namespace_roots: HashMap::new(),
+            namespace_of_root: HashMap::new(),
+            evictable: BTreeSet::new(),
+            evictable_tokens: 0,
+            protected_tokens: 0,
+            num_nodes: 0,
+            clock: 0,
+            next_seq: 1,
+            events: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &TreeConfig {
+        &self.config
+    }
+
+    /// Tokens per KV event block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The handle `match_prefix` returns when nothing matched; locking it does nothing.
+    pub fn root_handle(&self) -> NodeHandle {
+        self.arena.handle(self.root)
+    }
+
+    /// The longest cached prefix of `tokens` in `namespace`, in whole pages. Marks the
+    /// matched nodes used (for LRU/LFU), and splits the last one if the match ends inside
+    /// it, so that the returned node covers exactly the matched prefix.
+    pub fn match_prefix(&mut self, tokens: &[u32], namespace: Option<&str>) -> MatchResult {
+        self.clock += 1;
+        let clock = self.clock;
+        let page = self.config.page_size;
+        let aligned = tokens.len() / page * page;
+        let mut kv_slots = Vec::new();
+        let Some(mut node) = self.root_of(namespace) else {
+            return MatchResult { length: 0, kv_slots, node: self.root_handle() };
+        };
+        let mut pos = 0;
+        while pos < aligned {
+            let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
+            let common = self.common_pages(&self.arena[child].key, &tokens[pos..aligned]);
+            self.touch(child, |s| {
+                s.last_access = clock;
+                s.hits += 1;
+            });
+            let reached = if common < self.arena[child].key.len() {
+                self.split(child, common)
+            } else {
+                child
+            };
+            kv_slots.extend_from_slice(&self.arena[reached].value);
+            node = reached;
+            pos += common;
+            if reached != child {
+                break;
+            }
+        }
+        let node = if pos == 0 { self.root_handle() } else { self.arena.handle(node) };
+        MatchResult { length: pos, kv_slots, node }
+    }
+
+    /// Caches `tokens` (truncated to whole pages) with their KV slots. Returns how many
+    /// leading tokens were already cached: the tree keeps its own slots for those, so the
+    /// caller frees its copies among `kv_slots[..returned]` (and the slots of the
+    /// truncated partial page) itself.
+    pub fn insert(
+        &mut self,
+        tokens: &[u32],
+        kv_slots: &[u32],
+        namespace: Option<&str>,
+        priority: i64,
+    ) -> Result<usize, TreeError> {
+        if tokens.len() != kv_slots.len() {
+            return Err(TreeError::InvalidInput(format!(
+                "kv_slots has {} entries but tokens has {}; they must be the same length",
+                kv_slots.len(),
+                tokens.len()
+            )));
+        }
+        self.clock += 1;
+        let clock = self.clock;
+        let page = self.config.page_size;
+        let aligned = tokens.len() / page * page;
+        if aligned == 0 {
+            return Ok(0);
+        }
+        let mut node = self.root_or_create(namespace);
+        let mut pos = 0;
+        // The hash of the last complete event block on the path so far.
+        let mut parent_block: Option<u64> = None;
+        while pos < aligned {
+            let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else {
+                self.add_leaf(node, tokens, kv_slots, pos, aligned, priority, parent_block, namespace);
+                return Ok(pos);
+            };
+            let common = self.common_pages(&self.arena[child].key, &tokens[pos..aligned]);
+            self.touch(child, |s| {
+                s.last_access = clock;
+                s.priority = s.priority.max(priority);
+            });
+            let reached = if common < self.arena[child].key.len() {
+                self.split(child, common)
+            } else {
+                child
+            };
+            if let Some(&h) = self.arena[reached].block_hashes.last() {
+                parent_block = Some(h);
+            }
+            node = reached;
+            pos += common;
+        }
+        Ok(aligned)
+    }
+
+    /// Protects the path from `node` to the root from eviction (a request is using it).
+    /// Returns how many tokens became protected.
+    pub fn lock(&mut self, node: NodeHandle) -> Result<usize, TreeError> {
+        let mut idx = self.resolve(node)?;
+        let mut moved = 0;
+        while !self.arena[idx].is_root {
+            if self.arena[idx].lock_ref == 0 {
+                if self.arena[idx].in_evict_set {
+                    self.leave_evict_set(idx);
+                }
+                moved += self.arena[idx].key.len();
+            }
+            self.arena[idx].lock_ref += 1;
+            idx = self.arena[idx].parent;
+        }
+        self.evictable_tokens -= moved;
+        self.protected_tokens += moved;
+        Ok(moved)
+    }
+
+    /// Undoes one `lock`. Returns how many tokens became evictable. Fails, changing
+    /// nothing, if the node is not locked.
+    pub fn unlock(&mut self, node: NodeHandle) -> Result<usize, TreeError> {
+        let mut idx = self.resolve(node)?;
+        if self.arena[idx].is_root {
+            return Ok(0);
+        }
+        if self.arena[idx].lock_ref == 0 {
+            return Err(TreeError::NotLocked(node));
+        }
+        let mut moved = 0;
+        while !self.arena[idx].is_root {
+            let n = &mut self.arena[idx];
+            n.lock_ref -= 1;
+            if n.lock_ref == 0 {
+                moved += n.key.len();
+                let leaf = n.is_leaf();
+                if leaf {
+                    self.enter_evict_set(idx);
+                }
+            }
+            idx = self.arena[idx].parent;
+        }
+        self.protected_tokens -= moved;
+        self.evictable_tokens += moved;
+        Ok(moved)
+    }
+
+    /// Frees unlocked leaves in policy order (and parents that become unlocked leaves)
+    /// until at least `num_tokens` tokens are freed or nothing evictable is left. Returns
+    /// the freed KV slots; whole nodes go, so it may free more than asked.
+    pub fn evict(&mut self, num_tokens: usize) -> Vec<u32> {
+        let mut freed = Vec::new();
+        let mut removed_blocks = Vec::new();
+        while freed.len() < num_tokens {
+            let Some((_, idx)) = self.evictable.pop_first() else { break };
+            self.arena[idx].in_evict_set = false;
+            let parent = self.arena[idx].parent;
+            self.unlink_child(parent, idx);
+            let node = self.arena.release(idx);
+            self.evictable_tokens -= node.key.len();
+            self.num_nodes -= 1;
+            freed.extend_from_slice(&node.value);
+            removed_blocks.extend_from_slice(&node.block_hashes);
+            let p = &self.arena[parent];
+            let (leaf, root, unlocked) = (p.is_leaf(), p.is_root, p.lock_ref == 0);
+            if leaf {
+                if !root && unlocked {
+                    self.enter_evict_set(parent);
+                } else if root && parent != self.root {
+                    self.drop_namespace_root(parent);
+                }
+            }
+        }
+        if !removed_blocks.is_empty() {
+            self.events.push(KvEvent::BlockRemoved { block_hashes: removed_blocks });
+        }
+        tracing::debug!(asked = num_tokens, freed = freed.len(), "radix evict");
+        freed
+    }
+
+    /// Drops everything cached. Every handle given out so far, but the root's, goes stale.
+    pub fn reset(&mut self) {
+        for idx in 0..self.arena.nodes.len() as u32 {
+            if idx != self.root && self.arena[idx].alive {
+                self.arena.release(idx);
+            }
+        }
+        self.arena[self.root].children = ChildMap::default();
+        self.namespace_roots.clear();
+        self.namespace_of_root.clear();
+        self.evictable.clear();
+        self.evictable_tokens = 0;
+        self.protected_tokens = 0;
+        self.num_nodes = 0;
+        if self.config.kv_events {
+            self.events.push(KvEvent::AllBlocksCleared);
+        }
+    }
+
+    pub fn sizes(&self) -> TreeSizes {
+        TreeSizes {
+            evictable: self.evictable_tokens,
+            protected: self.protected_tokens,
+            total: self.evictable_tokens + self.protected_tokens,
+            nodes: self.num_nodes,
+        }
+    }
+
+    /// The KV events queued since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Every KV slot the tree holds, in no particular order (for integrity checks).
+    pub fn all_kv_slots(&self) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.evictable_tokens + self.protected_tokens);
+        for n in &self.arena.nodes {
+            if n.alive {
+                out.extend_from_slice(&n.value);
+            }
+        }
+        out
+    }
+
+    /// Heap and inline bytes the tree holds, counted from capacities.
+    pub fn memory_bytes(&self) -> usize {
+        let per_node: usize = self
+            .arena
+            .nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| {
+                4 * (n.key.capacity() + n.value.capacity())
+                    + 8 * n.block_hashes.capacity()
+                    + n.children.allocation_size()
+            })
+            .sum();
+        // A B-tree node holds up to 11 entries; count the entries at a conservative
+        // two-thirds fill.
+        let set = self.evictable.len() * std::mem::size_of::<(EvictionKey, u32)>() * 3 / 2;
+        std::mem::size_of::<Self>() + self.arena.heap_bytes() + per_node + set
+    }
+
+    // ---- lookups ----
+
+    fn resolve(&self, handle: NodeHandle) -> Result<u32, TreeError> {
+        self.arena.resolve(handle).ok_or(TreeError::StaleHandle(handle))
+    }
+
+    fn root_of(&self, namespace: Option<&str>) -> Option<u32> {
+        match namespace {
+            None => Some(self.root),
+            Some(ns) => self.namespace_roots.get(ns).copied(),
+        }
+    }
+
+    fn root_or_create(&mut self, namespace: Option<&str>) -> u32 {
+        if let Some(root) = self.root_of(namespace) {
+            return root;
+        }
+        let ns = namespace.expect("the global root always exists").to_string();
+        let root = self.arena.alloc(Node { is_root: true, parent: NONE, ..Node::default() });
+        self.namespace_roots.insert(ns.clone(), root);
+        self.namespace_of_root.insert(root, ns);
+        root
+    }
+
+    fn drop_namespace_root(&mut self, root: u32) {
+        if let Some(ns) = self.namespace_of_root.remove(&root) {
+            self.namespace_roots.remove(&ns);
+        }
+        self.arena.release(root);
+    }
+
+    /// The child of `parent` whose key starts with `page`.
+    fn find_child(&self, parent: u32, page: &[u32]) -> Option<u32> {
+        let mut child = *self.arena[parent].children.get(&page[0])?;
+        if page.len() == 1 {
+            return Some(child);
+        }
+        loop {
+            if self.arena[child].key[..page.len()] == *page {
+                return Some(child);
+            }
+            child = self.arena[child].alias_next;
+            if child == NONE {
+                return None;
+            }
+        }
+    }
+
+    /// Length of the common prefix of `key` and `query`, rounded down to whole pages.
+    fn common_pages(&self, key: &[u32], query: &[u32]) -> usize {
+        let n = key.len().min(query.len());
+        let (key, query) = (&key[..n], &query[..n]);
+        // Compare in blocks first: whole-block equality compiles to a vectorized compare.
+        const BLOCK: usize = 16;
+        let mut i = 0;
+        while i + BLOCK <= n && key[i..i + BLOCK] == query[i..i + BLOCK] {
+            i += BLOCK;
+        }
+        while i < n && key[i] == query[i] {
+            i += 1;
+        }
+        i / self.config.page_size * self.config.page_size
+    }
+
+    // ---- structure changes ----
+
+    fn add_child(&mut self, parent: u32, child: u32) {
+        let first = self.arena[child].key[0];
+        if let Some(head) = self.arena[parent].children.insert(first, child) {
+            self.arena[child].alias_next = head;
+        }
+    }
+
+    fn unlink_child(&mut self, parent: u32, child: u32) {
+        let first = self.arena[child].key[0];
+        let next = self.arena[child].alias_next;
+        let head = self.arena[parent].children[&first];
+        if head == child {
+            if next == NONE {
+                self.arena[parent].children.remove(&first);
+            } else {
+                self.arena[parent].children.insert(first, next);
+            }
+        } else {
+            let mut prev = head;
+            while self.arena[prev].alias_next != child {
+                prev = self.arena[prev].alias_next;
+            }
+            self.arena[prev].alias_next = next;
+        }
+        self.arena[child].alias_next = NONE;
+    }
+
+    /// Puts `new` where `old` hangs under their common parent (`new` has the first page
+    /// `old` had; `old` may already have been cut).
+    fn replace_child(&mut self, parent: u32, old: u32, new: u32) {
+        let first = self.arena[new].key[0];
+        self.arena[new].alias_next = self.arena[old].alias_next;
+        self.arena[old].alias_next = NONE;
+        let head = self.arena[parent].children.get_mut(&first).expect("old is a child of parent");
+        if *head == old {
+            *head = new;
+        } else {
+            let mut prev = *head;
+            while self.arena[prev].alias_next != old {
+                prev = self.arena[prev].alias_next;
+            }
+            self.arena[prev].alias_next = new;
+        }
+    }
+
+    /// Cuts `idx` after `at` tokens; the upper part becomes a new node, which is returned.
+    fn split(&mut self, idx: u32, at: usize) -> u32 {
+        let block = self.block_size as u32;
+        let node = &mut self.arena[idx];
+        let upper_key = node.key.drain(..at).collect::<Vec<_>>();
+        let upper_value = node.value.drain(..at).collect::<Vec<_>>();
+        node.key.shrink_to_fit();
+        node.value.shrink_to_fit();
+        let upper_blocks = ((node.start + at as u32) / block - node.start / block) as usize;
+        let upper_hashes = node.block_hashes.drain(..upper_blocks).collect::<Vec<_>>();
+        node.block_hashes.shrink_to_fit();
+        let upper = Node {
+            key: upper_key,
+            value: upper_value,
+            parent: node.parent,
+            start: node.start,
+            lock_ref: node.lock_ref,
+            stats: EvictionStats { seq: self.next_seq, ..node.stats },
+            block_hashes: upper_hashes,
+            ..Node::default()
+        };
+        node.start += at as u32;
+        let parent = node.parent;
+        self.next_seq += 1;
+        let upper = self.arena.alloc(upper);
+        self.replace_child(parent, idx, upper);
+        self.arena[idx].parent = upper;
+        self.add_child(upper, idx);
+        self.num_nodes += 1;
+        upper
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_leaf(
+        &mut self,
+        parent: u32,
+        tokens: &[u32],
+        kv_slots: &[u32],
+        start: usize,
+        end: usize,
+        priority: i64,
+        parent_block: Option<u64>,
+        namespace: Option<&str>,
+    ) {
+        let block_hashes = if self.config.kv_events {
+            self.stored_blocks(tokens, start, end, parent_block, namespace)
+        } else {
+            Vec::new()
+        };
+        let leaf = Node {
+            key: tokens[start..end].to_vec(),
+            value: kv_slots[start..end].to_vec(),
+            parent,
+            start: start as u32,
+            stats: EvictionStats {
+                last_access: self.clock,
+                created: self.clock,
+                hits: 0,
+                priority,
+                seq: self.next_seq,
+            },
+            block_hashes,
+            ..Node::default()
+        };
+        self.next_seq += 1;
+        if self.arena[parent].in_evict_set {
+            self.leave_evict_set(parent);
+        }
+        let leaf = self.arena.alloc(leaf);
+        self.add_child(parent, leaf);
+        self.enter_evict_set(leaf);
+        self.evictable_tokens += end - start;
+        self.num_nodes += 1;
+    }
+
+    /// Hashes the event blocks that end inside `[start, end)` and queues their event.
+    fn stored_blocks(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        end: usize,
+        parent_block: Option<u64>,
+        namespace: Option<&str>,
+    ) -> Vec<u64> {
+        let b = self.block_size;
+        let (first, last) = (start / b, end / b);
+        if first == last {
+            return Vec::new();
+        }
+        let parent = parent_block.unwrap_or_else(|| namespace_seed(namespace));
+        let token_ids = &tokens[first * b..last * b];
+        let hashes = chain_hashes(parent, token_ids, b);
+        self.events.push(KvEvent::BlockStored {
+            block_hashes: hashes.clone(),
+            parent_block_hash: parent_block,
+            token_ids: token_ids.to_vec(),
+            block_size: b as u32,
+            namespace: namespace.map(str::to_string),
+        });
+        hashes
+    }
+
+    // ---- the evictable set ----
+
+    fn evict_key(&self, idx: u32) -> (EvictionKey, u32) {
+        (self.config.policy.key(&self.arena[idx].stats), idx)
+    }
+
+    fn enter_evict_set(&mut self, idx: u32) {
+        let key = self.evict_key(idx);
+        self.evictable.insert(key);
+        self.arena[idx].in_evict_set = true;
+    }
+
+    fn leave_evict_set(&mut self, idx: u32) {
+        let key = self.evict_key(idx);
+        self.evictable.remove(&key);
+        self.arena[idx].in_evict_set = false;
+    }
+
+    /// Updates a node's statistics, keeping its place in the evictable set right.
+    fn touch(&mut self, idx: u32, update: impl FnOnce(&mut EvictionStats)) {
+        let member = self.arena[idx].in_evict_set;
+        if member {
+            self.leave_evict_set(idx);
+        }
+        update(&mut self.arena[idx].stats);
+        if member {
+            self.enter_evict_set(idx);
+        }
+    }
+
+    // ---- integrity ----
+
+    /// Checks every structural invariant (DESIGN.md's tree accounting, the evictable
+    /// set, the child maps, event hashes). O(cached tokens); for tests and idle checks.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut seen_slots = hashbrown::HashSet::new();
+        let (mut evictable, mut protected, mut nodes, mut leaves) = (0usize, 0usize, 0usize, 0usize);
+        let page = self.config.page_size;
+        let mut roots: Vec<(u32, Option<&str>)> = vec![(self.root, None)];
+        for (ns, &r) in &self.namespace_roots {
+            roots.push((r, Some(ns.as_str())));
+            if self.arena[r].is_leaf() {
+                return Err(format!("namespace root {ns:?} has no children"));
+            }
+        }
+        for (root, ns) in roots {
+            // (node, tokens on the path above it, last block hash above it)
+            let mut stack: Vec<(u32, Vec<u32>, u64)> = vec![(root, Vec::new(), namespace_seed(ns))];
+            while let Some((idx, path, last_hash)) = stack.pop() {
+                let n = &self.arena[idx];
+                if !n.alive {
+                    return Err(format!("node {idx} is reachable but freed"));
+                }
+                let mut path = path;
+                let mut last_hash = last_hash;
+                if !n.is_root {
+                    nodes += 1;
+                    let parent = &self.arena[n.parent];
+                    if n.key.is_empty() || n.key.len() % page != 0 {
+                        return Err(format!("node {idx} has {} tokens, not whole pages", n.key.len()));
+                    }
+                    if n.key.len() != n.value.len() {
+                        return Err(format!("node {idx}: key and value lengths differ"));
+                    }
+                    if n.start as usize != path.len() {
+                        return Err(format!("node {idx}: start {} but depth {}", n.start, path.len()));
+                    }
+                    if !parent.is_root && parent.lock_ref < n.lock_ref {
+                        return Err(format!("node {idx}: lock_ref above its parent's"));
+                    }
+                    if n.lock_ref == 0 {
+                        evictable += n.key.len();
+                    } else {
+                        protected += n.key.len();
+                    }
+                    for &slot in &n.value {
+                        if !seen_slots.insert(slot) {
+                            return Err(format!("kv slot {slot} is held twice"));
+                        }
+                    }
+                    let should = n.is_leaf() && n.lock_ref == 0;
+                    if should != n.in_evict_set
+                        || (should && !self.evictable.contains(&self.evict_key(idx)))
+                    {
+                        return Err(format!("node {idx}: evictable-set membership is wrong"));
+                    }
+                    leaves += should as usize;
+                    path.extend_from_slice(&n.key);
+                    if self.config.kv_events {
+                        let b = self.block_size;
+                        let first = n.start as usize / b;
+                        let last = path.len() / b;
+                        let want = chain_hashes(last_hash, &path[first * b..last * b], b);
+                        if want != n.block_hashes {
+                            return Err(format!("node {idx}: block hashes are wrong"));
+                        }
+                        if let Some(&h) = want.last() {
+                            last_hash = h;
+                        }
+                    }
+                }
+                let mut firsts = hashbrown::HashSet::new();
+                for (&first, &head) in &n.children {
+                    let mut c = head;
+                    while c != NONE {
+                        let child = &self.arena[c];
+                        if child.parent != idx || child.key.first() != Some(&first) {
+                            return Err(format!("node {c} hangs under the wrong parent or key"));
+                        }
+                        if !firsts.insert(child.key[..page].to_vec()) {
+                            return Err(format!("two children of node {idx} share a first page"));
+                        }
+                        stack.push((c, path.clone(), last_hash));
+                        c = child.alias_next;
+                    }
+                }
+            }
+        }
+        if (evictable, protected, nodes) != (self.evictable_tokens, self.protected_tokens, self.num_nodes) {
+            return Err(format!(
+                "sizes drifted: counted evictable {evictable}, protected {protected}, nodes {nodes}; \
+                 recorded {}, {}, {}",
+                self.evictable_tokens, self.protected_tokens, self.num_nodes
+            ));
+        }
+        if leaves != self.evictable.len() {
+            return Err(format!("evictable set has {} entries, {leaves} expected", self.evictable.len()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "tree_tests.rs"]
+mod tests;

@@ -1,0 +1,300 @@
+use super::*;
+
+fn tree(page_size: usize, policy: EvictionPolicy) -> RadixTree {
+    RadixTree::new(TreeConfig { page_size, policy, kv_events: true, event_block_size: 0 }).unwrap()
+}
+
+fn slots(range: std::ops::Range<u32>) -> Vec<u32> {
+    range.collect()
+}
+
+fn ok(t: &RadixTree) {
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn insert_then_match_whole_and_partial() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    assert_eq!(t.insert(&[1, 2, 3, 4], &slots(10..14), None, 0).unwrap(), 0);
+    let m = t.match_prefix(&[1, 2, 3, 4, 5], None);
+    assert_eq!((m.length, m.kv_slots.clone()), (4, vec![10, 11, 12, 13]));
+    let m = t.match_prefix(&[1, 2, 9], None);
+    assert_eq!((m.length, m.kv_slots), (2, vec![10, 11]));
+    // the partial match split the node so its handle covers exactly [1, 2]
+    assert_eq!(t.sizes().nodes, 2);
+    assert_eq!(t.lock(m.node).unwrap(), 2);
+    assert_eq!(t.sizes(), TreeSizes { evictable: 2, protected: 2, total: 4, nodes: 2 });
+    ok(&t);
+}
+
+#[test]
+fn insert_splits_where_sequences_diverge() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
+    assert_eq!(t.insert(&[1, 2, 7, 8, 9], &slots(20..25), None, 0).unwrap(), 2);
+    assert_eq!(t.sizes().nodes, 3);
+    assert_eq!(t.sizes().total, 7);
+    assert_eq!(t.match_prefix(&[1, 2, 7, 8, 9], None).kv_slots, vec![0, 1, 22, 23, 24]);
+    assert_eq!(t.match_prefix(&[1, 2, 3, 4], None).kv_slots, vec![0, 1, 2, 3]);
+    // a full re-insert reports everything as cached and changes nothing
+    assert_eq!(t.insert(&[1, 2, 3, 4], &slots(50..54), None, 0).unwrap(), 4);
+    assert_eq!(t.sizes().total, 7);
+    ok(&t);
+}
+
+#[test]
+fn mismatched_lengths_are_rejected_without_change() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    let err = t.insert(&[1, 2], &[1], None, 0).unwrap_err();
+    assert!(matches!(err, TreeError::InvalidInput(ref m) if m.contains("same length")), "{err}");
+    assert_eq!(t.sizes().total, 0);
+    assert!(RadixTree::new(TreeConfig { page_size: 0, ..TreeConfig::default() }).is_err());
+}
+
+#[test]
+fn pages_match_and_insert_whole_pages_only() {
+    let mut t = tree(4, EvictionPolicy::Lru);
+    // 10 tokens: only 8 are inserted
+    assert_eq!(t.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &slots(0..10), None, 0).unwrap(), 0);
+    assert_eq!(t.sizes().total, 8);
+    // diverges inside the second page: only the first page matches
+    let m = t.match_prefix(&[1, 2, 3, 4, 5, 6, 0, 0], None);
+    assert_eq!(m.length, 4);
+    // two children sharing a first token but differing later in the page
+    t.insert(&[1, 2, 3, 4, 5, 9, 9, 9], &slots(100..108), None, 0).unwrap();
+    t.insert(&[1, 2, 3, 4, 5, 6, 7, 0], &slots(200..208), None, 0).unwrap();
+    ok(&t);
+    assert_eq!(t.match_prefix(&[1, 2, 3, 4, 5, 9, 9, 9], None).kv_slots, [0, 1, 2, 3, 104, 105, 106, 107]);
+    assert_eq!(t.match_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], None).kv_slots, slots(0..8));
+    assert_eq!(t.match_prefix(&[1, 2, 3, 4, 5, 6, 7, 0], None).kv_slots, [0, 1, 2, 3, 204, 205, 206, 207]);
+    // shorter than a page: nothing
+    assert_eq!(t.match_prefix(&[1, 2, 3], None).length, 0);
+    // evicting the aliased children keeps the chain intact
+    assert_eq!(t.evict(100).len(), 16);
+    ok(&t);
+}
+
+#[test]
+fn namespaces_never_share_prefixes() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2, 3], &slots(0..3), Some("lora-a"), 0).unwrap();
+    assert_eq!(t.match_prefix(&[1, 2, 3], None).length, 0);
+    assert_eq!(t.match_prefix(&[1, 2, 3], Some("lora-b")).length, 0);
+    assert_eq!(t.match_prefix(&[1, 2, 3], Some("lora-a")).length, 3);
+    assert_eq!(t.insert(&[1, 2, 3], &slots(10..13), Some("lora-b"), 0).unwrap(), 0);
+    assert_eq!(t.sizes().total, 6);
+    ok(&t);
+    // an emptied namespace disappears
+    assert_eq!(t.evict(6).len(), 6);
+    ok(&t);
+    assert_eq!(t.match_prefix(&[1], Some("lora-a")).length, 0);
+}
+
+fn evict_order(policy: EvictionPolicy, setup: impl FnOnce(&mut RadixTree)) -> Vec<u32> {
+    let mut t = tree(1, policy);
+    setup(&mut t);
+    let mut order = Vec::new();
+    loop {
+        let freed = t.evict(1);
+        if freed.is_empty() {
+            return order;
+        }
+        order.extend(freed);
+        ok(&t);
+    }
+}
+
+#[test]
+fn lru_evicts_least_recently_used() {
+    let order = evict_order(EvictionPolicy::Lru, |t| {
+        t.insert(&[1], &[1], None, 0).unwrap();
+        t.insert(&[2], &[2], None, 0).unwrap();
+        t.insert(&[3], &[3], None, 0).unwrap();
+        t.match_prefix(&[1], None);
+    });
+    assert_eq!(order, [2, 3, 1]);
+}
+
+#[test]
+fn mru_evicts_most_recently_used() {
+    let order = evict_order(EvictionPolicy::Mru, |t| {
+        t.insert(&[1], &[1], None, 0).unwrap();
+        t.insert(&[2], &[2], None, 0).unwrap();
+        t.insert(&[3], &[3], None, 0).unwrap();
+        t.match_prefix(&[1], None);
+    });
+    assert_eq!(order, [1, 3, 2]);
+}
+
+#[test]
+fn lfu_evicts_least_matched() {
+    let order = evict_order(EvictionPolicy::Lfu, |t| {
+        t.insert(&[1], &[1], None, 0).unwrap();
+        t.insert(&[2], &[2], None, 0).unwrap();
+        t.insert(&[3], &[3], None, 0).unwrap();
+        for _ in 0..3 {
+            t.match_prefix(&[1], None);
+        }
+        t.match_prefix(&[3], None);
+    });
+    assert_eq!(order, [2, 3, 1]);
+}
+
+#[test]
+fn fifo_and_filo_ignore_use() {
+    let setup = |t: &mut RadixTree| {
+        t.insert(&[1], &[1], None, 0).unwrap();
+        t.insert(&[2], &[2], None, 0).unwrap();
+        t.insert(&[3], &[3], None, 0).unwrap();
+        t.match_prefix(&[1], None);
+    };
+    assert_eq!(evict_order(EvictionPolicy::Fifo, setup), [1, 2, 3]);
+    assert_eq!(evict_order(EvictionPolicy::Filo, setup), [3, 2, 1]);
+}
+
+#[test]
+fn priority_evicts_lowest_priority_then_lru() {
+    let order = evict_order(EvictionPolicy::Priority, |t| {
+        t.insert(&[1], &[1], None, 5).unwrap();
+        t.insert(&[2], &[2], None, -1).unwrap();
+        t.insert(&[3], &[3], None, 5).unwrap();
+        t.insert(&[4], &[4], None, 0).unwrap();
+        // re-inserting with a higher priority raises it
+        t.insert(&[4], &[40], None, 9).unwrap();
+        t.match_prefix(&[1], None);
+    });
+    assert_eq!(order, [2, 3, 1, 4]);
+}
+
+#[test]
+fn eviction_cascades_to_parents_and_spares_locked_paths() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2, 3], &slots(0..3), None, 0).unwrap();
+    t.insert(&[1, 2, 4], &slots(10..13), None, 0).unwrap();
+    let m = t.match_prefix(&[1, 2, 4], None);
+    t.lock(m.node).unwrap();
+    // only [3] is evictable: [1, 2] and [4] are on the locked path
+    let mut freed = t.evict(100);
+    freed.sort();
+    assert_eq!(freed, [2]);
+    assert_eq!(t.sizes(), TreeSizes { evictable: 0, protected: 3, total: 3, nodes: 2 });
+    t.unlock(m.node).unwrap();
+    let mut freed = t.evict(100);
+    freed.sort();
+    assert_eq!(freed, [0, 1, 12]);
+    assert_eq!(t.sizes(), TreeSizes::default());
+    ok(&t);
+}
+
+#[test]
+fn locks_nest_and_unlock_below_zero_fails() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2], &[0, 1], None, 0).unwrap();
+    let m = t.match_prefix(&[1, 2], None);
+    assert_eq!(t.lock(m.node).unwrap(), 2);
+    assert_eq!(t.lock(m.node).unwrap(), 0);
+    assert_eq!(t.unlock(m.node).unwrap(), 0);
+    assert_eq!(t.unlock(m.node).unwrap(), 2);
+    assert_eq!(t.unlock(m.node), Err(TreeError::NotLocked(m.node)));
+    ok(&t);
+    // the root is always there and locking it does nothing
+    let root = t.root_handle();
+    assert_eq!(t.lock(root).unwrap(), 0);
+    assert_eq!(t.unlock(root).unwrap(), 0);
+}
+
+#[test]
+fn stale_handles_fail_and_never_alias() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2], &[0, 1], None, 0).unwrap();
+    let old = t.match_prefix(&[1, 2], None).node;
+    t.evict(2);
+    // a new node may reuse the slot, but not the handle
+    t.insert(&[5, 6], &[5, 6], None, 0).unwrap();
+    let new = t.match_prefix(&[5, 6], None).node;
+    assert_ne!(old, new);
+    assert_eq!(t.lock(old), Err(TreeError::StaleHandle(old)));
+    assert_eq!(t.unlock(old), Err(TreeError::StaleHandle(old)));
+    t.reset();
+    assert_eq!(t.lock(new), Err(TreeError::StaleHandle(new)));
+    assert_eq!(t.lock(NodeHandle(u64::MAX)), Err(TreeError::StaleHandle(NodeHandle(u64::MAX))));
+    ok(&t);
+}
+
+#[test]
+fn handles_survive_a_split_below_them() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
+    let whole = t.match_prefix(&[1, 2, 3, 4], None).node;
+    t.lock(whole).unwrap();
+    t.insert(&[1, 2, 9], &slots(10..13), None, 0).unwrap(); // splits the locked node
+    ok(&t);
+    assert_eq!(t.sizes().protected, 4);
+    t.unlock(whole).unwrap();
+    assert_eq!(t.sizes().protected, 0);
+    ok(&t);
+}
+
+#[test]
+fn events_cover_full_blocks_and_chain() {
+    let mut t = RadixTree::new(TreeConfig {
+        page_size: 1,
+        policy: EvictionPolicy::Lru,
+        kv_events: true,
+        event_block_size: 2,
+    })
+    .unwrap();
+    t.insert(&[1, 2, 3, 4, 5], &slots(0..5), None, 0).unwrap();
+    let seed = namespace_seed(None);
+    let h = chain_hashes(seed, &[1, 2, 3, 4], 2);
+    assert_eq!(
+        t.take_events(),
+        [KvEvent::BlockStored {
+            block_hashes: h.clone(),
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 2,
+            namespace: None,
+        }]
+    );
+    // diverging at position 3 (inside block 1) stores a new block 1 and 2, chained from block 0
+    t.insert(&[1, 2, 3, 9, 9, 9], &slots(10..16), None, 0).unwrap();
+    let h2 = chain_hashes(h[0], &[3, 9, 9, 9], 2);
+    assert_eq!(
+        t.take_events(),
+        [KvEvent::BlockStored {
+            block_hashes: h2.clone(),
+            parent_block_hash: Some(h[0]),
+            token_ids: vec![3, 9, 9, 9],
+            block_size: 2,
+            namespace: None,
+        }]
+    );
+    ok(&t);
+    // evicting the first branch's leaf [4, 5] removes block 1 = [3, 4]
+    let m = t.match_prefix(&[1, 2, 3, 9], None);
+    t.lock(m.node).unwrap();
+    t.evict(1);
+    assert_eq!(t.take_events(), [KvEvent::BlockRemoved { block_hashes: vec![h[1]] }]);
+    t.reset();
+    assert_eq!(t.take_events(), [KvEvent::AllBlocksCleared]);
+    assert!(t.take_events().is_empty());
+}
+
+#[test]
+fn events_off_queue_nothing() {
+    let mut t = RadixTree::new(TreeConfig::default()).unwrap();
+    t.insert(&[1, 2, 3], &slots(0..3), None, 0).unwrap();
+    t.evict(3);
+    t.reset();
+    assert!(t.take_events().is_empty());
+}
+
+#[test]
+fn memory_is_counted() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    let before = t.memory_bytes();
+    t.insert(&(0..1000).collect::<Vec<_>>(), &slots(0..1000), None, 0).unwrap();
+    assert!(t.memory_bytes() >= before + 8000);
+    assert_eq!(t.all_kv_slots().len(), 1000);
+}
