@@ -1,0 +1,115 @@
+//! A compiled grammar: a DFA bound to a vocabulary, plus the per-state mask cache.
+//!
+//! The allowed-token set depends only on the DFA state, so masks are cached per state
+//! and shared by every matcher of the grammar (bounded by a byte budget).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::dfa::{ByteDfa, RegexOptions, DEAD};
+use crate::error::Result;
+use crate::vocab::Vocabulary;
+
+/// Default memory budget of the per-state mask cache of one grammar.
+pub const DEFAULT_MASK_CACHE_BYTES: usize = 64 << 20;
+
+#[derive(Debug)]
+pub struct Grammar {
+    vocab: Arc<Vocabulary>,
+    dfa: ByteDfa,
+    masks: Vec<OnceLock<Box<[u32]>>>,
+    cache_bytes_left: AtomicUsize,
+}
+
+impl Grammar {
+    /// Compile `pattern`; the whole output must match it.
+    pub fn from_regex(vocab: Arc<Vocabulary>, pattern: &str) -> Result<Arc<Grammar>> {
+        Self::from_regex_with(vocab, pattern, &RegexOptions::default())
+    }
+
+    pub fn from_regex_with(
+        vocab: Arc<Vocabulary>,
+        pattern: &str,
+        options: &RegexOptions,
+    ) -> Result<Arc<Grammar>> {
+        let dfa = ByteDfa::from_regex(pattern, options)?;
+        Ok(Arc::new(Self::from_dfa(vocab, dfa)))
+    }
+
+    pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
+        let masks = (0..dfa.num_states()).map(|_| OnceLock::new()).collect();
+        Grammar {
+            vocab,
+            dfa,
+            masks,
+            cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
+        }
+    }
+
+    pub fn vocab(&self) -> &Arc<Vocabulary> {
+        &self.vocab
+    }
+
+    pub fn dfa(&self) -> &ByteDfa {
+        &self.dfa
+    }
+
+    /// Write the mask of `state` into `out` (exactly `bitmask_words` long).
+    pub(crate) fn fill_mask(&self, state: u32, out: &mut [u32]) {
+        debug_assert_eq!(out.len(), self.vocab.bitmask_words());
+        if let Some(cached) = self.masks[state as usize].get() {
+            out.copy_from_slice(cached);
+            return;
+        }
+        self.compute_mask(state, out);
+        let bytes = std::mem::size_of_val(out);
+        // Reserve budget first so concurrent fills cannot overshoot it.
+        let reserved = self
+            .cache_bytes_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
+            .is_ok();
+        if reserved && self.masks[state as usize].set(out.into()).is_err() {
+            // Another thread cached it first; give the budget back.
+            self.cache_bytes_left.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// The mask of `state` from scratch: walk the token trie carrying the DFA state,
+    /// skipping every subtree whose prefix is dead.
+    pub fn compute_mask(&self, state: u32, out: &mut [u32]) {
+        out.fill(0);
+        if state == DEAD {
+            return;
+        }
+        let dfa = &self.dfa;
+        let trie = self.vocab.trie();
+        trie.walk(
+            state,
+            |s, byte| {
+                let next = dfa.next(s, byte);
+                (next != DEAD).then_some(next)
+            },
+            |token, _| set_bit(out, token),
+        );
+        for &(first, other) in trie.duplicates() {
+            if get_bit(out, first) {
+                set_bit(out, other);
+            }
+        }
+        if dfa.is_accepting(state) {
+            for &eos in self.vocab.eos_ids() {
+                set_bit(out, eos);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn set_bit(mask: &mut [u32], id: u32) {
+    mask[(id >> 5) as usize] |= 1 << (id & 31);
+}
+
+#[inline(always)]
+pub(crate) fn get_bit(mask: &[u32], id: u32) -> bool {
+    mask[(id >> 5) as usize] & (1 << (id & 31)) != 0
+}
