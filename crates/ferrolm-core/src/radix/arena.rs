@@ -42,7 +42,10 @@ pub(crate) struct Node {
     pub parent: u32,
     /// Position of `key[0]` in the sequence, i.e. tokens on the path above this node.
     pub start: u32,
+    /// Locks on the path through this node: `own_locks` plus the children's `lock_ref`.
     pub lock_ref: u32,
+    /// Locks taken on this node itself; `unlock` may only give back one of these.
+    pub own_locks: u32,
     pub generation: u32,
     pub alive: bool,
     /// Member of the evictable set (unlocked leaf, not a root).

@@ -41,7 +41,7 @@ pub enum TreeError {
     InvalidInput(String),
     /// The node behind this handle is gone (evicted or reset).
     StaleHandle(NodeHandle),
-    /// `unlock` on a node whose lock count is already zero.
+    /// `unlock` on a node that holds no lock taken on it.
     NotLocked(NodeHandle),
 }
 
@@ -55,7 +55,12 @@ impl fmt::Display for TreeError {
                 h.0
             ),
             TreeError::NotLocked(h) => {
-                write!(f, "unlock of node {:#x}, which is not locked (more unlocks than locks)", h.0)
+                write!(
+                    f,
+                    "unlock of node {:#x}, which holds no lock of its own \
+                     (more unlocks than locks, or a handle other than the one locked)",
+                    h.0
+                )
             }
         }
     }
@@ -236,6 +241,9 @@ impl RadixTree {
     pub fn lock(&mut self, node: NodeHandle) -> Result<usize, TreeError> {
         let mut idx = self.resolve(node)?;
         let mut moved = 0;
+        if !self.arena[idx].is_root {
+            self.arena[idx].own_locks += 1;
+        }
         while !self.arena[idx].is_root {
             if self.arena[idx].lock_ref == 0 {
                 if self.arena[idx].in_evict_set {
@@ -251,16 +259,18 @@ impl RadixTree {
         Ok(moved)
     }
 
-    /// Undoes one `lock`. Returns how many tokens became evictable. Fails, changing
-    /// nothing, if the node is not locked.
+    /// Undoes one `lock` of this same node. Returns how many tokens became evictable.
+    /// Fails, changing nothing, if the node holds no lock of its own (locks taken on a
+    /// descendant protect it too, but only the descendant can give them back).
     pub fn unlock(&mut self, node: NodeHandle) -> Result<usize, TreeError> {
         let mut idx = self.resolve(node)?;
         if self.arena[idx].is_root {
             return Ok(0);
         }
-        if self.arena[idx].lock_ref == 0 {
+        if self.arena[idx].own_locks == 0 {
             return Err(TreeError::NotLocked(node));
         }
+        self.arena[idx].own_locks -= 1;
         let mut moved = 0;
         while !self.arena[idx].is_root {
             let n = &mut self.arena[idx];
@@ -620,6 +630,15 @@ impl RadixTree {
 
     // ---- integrity ----
 
+    fn children_of(&self, idx: u32) -> impl Iterator<Item = u32> + '_ {
+        self.arena[idx].children.values().flat_map(move |&head| {
+            std::iter::successors(Some(head), move |&c| {
+                let next = self.arena[c].alias_next;
+                (next != NONE).then_some(next)
+            })
+        })
+    }
+
     /// Checks every structural invariant (DESIGN.md's tree accounting, the evictable
     /// set, the child maps, event hashes). O(cached tokens); for tests and idle checks.
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -657,6 +676,10 @@ impl RadixTree {
                     }
                     if !parent.is_root && parent.lock_ref < n.lock_ref {
                         return Err(format!("node {idx}: lock_ref above its parent's"));
+                    }
+                    let below: u32 = self.children_of(idx).map(|c| self.arena[c].lock_ref).sum();
+                    if n.lock_ref != n.own_locks + below {
+                        return Err(format!("node {idx}: lock_ref is not own locks + children's"));
                     }
                     if n.lock_ref == 0 {
                         evictable += n.key.len();

@@ -298,3 +298,18 @@ fn memory_is_counted() {
     assert!(t.memory_bytes() >= before + 8000);
     assert_eq!(t.all_kv_slots().len(), 1000);
 }
+
+#[test]
+fn unlock_only_gives_back_locks_taken_on_that_node() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2, 3], &slots(0..3), None, 0).unwrap();
+    let whole = t.match_prefix(&[1, 2, 3], None).node;
+    t.lock(whole).unwrap();
+    // matching [1] splits the locked node; the upper part is protected, but not locked itself
+    let upper = t.match_prefix(&[1], None).node;
+    assert_eq!(t.unlock(upper), Err(TreeError::NotLocked(upper)));
+    ok(&t);
+    t.unlock(whole).unwrap();
+    assert_eq!(t.sizes().protected, 0);
+    ok(&t);
+}
