@@ -80,7 +80,10 @@ impl ByteDfa {
             .build_from_hir(&whole)
             .map_err(|e| {
                 if e.size_limit().is_some() {
-                    too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes))
+                    too_large(format!(
+                        "the NFA exceeds {} bytes",
+                        options.max_automaton_bytes
+                    ))
                 } else {
                     invalid(error_chain(&e))
                 }
@@ -96,7 +99,10 @@ impl ByteDfa {
             .build_from_nfa(&nfa)
             .map_err(|e| {
                 if e.is_size_limit_exceeded() {
-                    too_large(format!("the DFA exceeds {} bytes", options.max_automaton_bytes))
+                    too_large(format!(
+                        "the DFA exceeds {} bytes",
+                        options.max_automaton_bytes
+                    ))
                 } else {
                     invalid(error_chain(&e))
                 }
@@ -188,7 +194,8 @@ impl ByteDfa {
                 let row = new_id[state] as usize;
                 accepting[row] = self.accepting[state];
                 for class in 0..nc {
-                    transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
+                    transitions[row * nc + class] =
+                        new_id[self.transitions[state * nc + class] as usize];
                 }
             }
         }
@@ -201,8 +208,9 @@ impl ByteDfa {
         let mut single_byte = vec![None; kept];
         let mut can_continue = vec![false; kept];
         for row in 0..kept {
-            let live_classes: Vec<usize> =
-                (0..nc).filter(|&c| transitions[row * nc + c] != DEAD).collect();
+            let live_classes: Vec<usize> = (0..nc)
+                .filter(|&c| transitions[row * nc + c] != DEAD)
+                .collect();
             can_continue[row] = !live_classes.is_empty();
             if let [only] = live_classes[..] {
                 if class_sizes[only] == 1 {
@@ -257,10 +265,16 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
     let mut next_to_expand = 1;
     while next_to_expand < order.len() {
         if order.len() > options.max_states {
-            return Err(too_large(format!("more than {} DFA states", options.max_states)));
+            return Err(too_large(format!(
+                "more than {} DFA states",
+                options.max_states
+            )));
         }
         if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
-            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+            return Err(too_large(format!(
+                "compiling took longer than {:?}",
+                options.timeout
+            )));
         }
         let state = order[next_to_expand];
         for &byte in &representative {
@@ -345,7 +359,10 @@ mod tests {
             ..RegexOptions::default()
         };
         let err = ByteDfa::from_regex(r"[a-z]{1,50}x[a-z]{20}", &options).unwrap_err();
-        assert!(matches!(err, ConstraintError::GrammarTooLarge { .. }), "{err}");
+        assert!(
+            matches!(err, ConstraintError::GrammarTooLarge { .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -66,7 +66,9 @@ impl Grammar {
         // Reserve budget first so concurrent fills cannot overshoot it.
         let reserved = self
             .cache_bytes_left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(bytes)
+            })
             .is_ok();
         if reserved && self.masks[state as usize].set(out.into()).is_err() {
             // Another thread cached it first; give the budget back.

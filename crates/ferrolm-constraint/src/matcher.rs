@@ -175,7 +175,11 @@ impl Matcher {
         }
         let vocab = self.grammar.vocab();
         match vocab.kind(token)? {
-            TokenKind::Eos => self.grammar.dfa().is_accepting(self.state).then_some(self.state),
+            TokenKind::Eos => self
+                .grammar
+                .dfa()
+                .is_accepting(self.state)
+                .then_some(self.state),
             TokenKind::Special | TokenKind::Absent => None,
             TokenKind::Normal => {
                 let bytes = vocab.token_bytes(token)?;

@@ -137,7 +137,11 @@ fn model_pieces(model: &Value) -> Result<Vec<(u32, &str)>> {
 /// Metaspace/`▁` replacement or byte fallback is; otherwise we cannot know the bytes.
 fn detect_spelling(root: &Value) -> Result<Spelling> {
     let sections = ["decoder", "pre_tokenizer"].map(|key| root.get(key).unwrap_or(&Value::Null));
-    if sections.iter().any(|s| mentions(s, &|v| v.get("type").and_then(Value::as_str) == Some("ByteLevel"))) {
+    if sections.iter().any(|s| {
+        mentions(s, &|v| {
+            v.get("type").and_then(Value::as_str) == Some("ByteLevel")
+        })
+    }) {
         return Ok(Spelling::ByteLevel);
     }
     let is_metaspace = |v: &Value| {
@@ -178,7 +182,10 @@ fn byte_level_char_to_byte(c: char) -> Option<u8> {
         return is_printable(code).then_some(code as u8);
     }
     let shifted = (code - 0x100) as usize;
-    (0u32..256).filter(|&b| !is_printable(b)).nth(shifted).map(|b| b as u8)
+    (0u32..256)
+        .filter(|&b| !is_printable(b))
+        .nth(shifted)
+        .map(|b| b as u8)
 }
 
 fn decode_byte_level(piece: &str) -> Option<Vec<u8>> {

@@ -138,7 +138,9 @@ impl VocabularyBuilder {
             .find(|(_, bytes, _)| bytes.as_slice() == text.as_bytes())
             .map(|(id, _, _)| *id)
             .ok_or_else(|| {
-                ConstraintError::InvalidVocabulary(format!("no token with text {text:?} to mark as EOS"))
+                ConstraintError::InvalidVocabulary(format!(
+                    "no token with text {text:?} to mark as EOS"
+                ))
             })?;
         Ok(self.mark_eos(id))
     }
@@ -161,7 +163,9 @@ impl VocabularyBuilder {
             .unwrap_or(0);
         let size = max_id.max(self.min_size);
         if size > u32::MAX as usize {
-            return Err(ConstraintError::InvalidVocabulary("too many token ids".into()));
+            return Err(ConstraintError::InvalidVocabulary(
+                "too many token ids".into(),
+            ));
         }
         if self.eos_ids.is_empty() {
             return Err(ConstraintError::InvalidVocabulary(
@@ -188,7 +192,9 @@ impl VocabularyBuilder {
         }
         let total: usize = texts.iter().map(|t| t.len()).sum();
         if total > u32::MAX as usize {
-            return Err(ConstraintError::InvalidVocabulary("token bytes exceed 4 GiB".into()));
+            return Err(ConstraintError::InvalidVocabulary(
+                "token bytes exceed 4 GiB".into(),
+            ));
         }
         let mut bytes = Vec::with_capacity(total);
         let mut offsets = Vec::with_capacity(size + 1);

@@ -1,0 +1,95 @@
+//! The trie mask equals the brute-force mask (every token's bytes run through the DFA),
+//! and the DFA's language equals the `regex` crate's full-match language.
+
+mod common;
+
+use common::{extra_tokens_strategy, oracle, re_strategy, small_vocab, Rng, ALPHABET};
+use ferrolm_constraint::{Grammar, Matcher, TokenKind, Vocabulary, DEAD};
+use proptest::prelude::*;
+
+fn brute_force_mask(grammar: &Grammar, vocab: &Vocabulary, state: u32) -> Vec<u32> {
+    let dfa = grammar.dfa();
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    for id in 0..vocab.size() as u32 {
+        let allowed = match vocab.kind(id).unwrap() {
+            TokenKind::Normal => {
+                let bytes = vocab.token_bytes(id).unwrap();
+                !bytes.is_empty() && dfa.run(state, bytes) != DEAD
+            }
+            TokenKind::Eos => dfa.is_accepting(state),
+            TokenKind::Special | TokenKind::Absent => false,
+        };
+        if allowed {
+            mask[id as usize / 32] |= 1 << (id % 32);
+        }
+    }
+    mask
+}
+
+fn random_text(rng: &mut Rng, max_chars: usize) -> String {
+    (0..rng.below(max_chars + 1))
+        .map(|_| ALPHABET[rng.below(ALPHABET.len())])
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn trie_mask_equals_brute_force(re in re_strategy(), extra in extra_tokens_strategy(), seed in any::<u64>()) {
+        let pattern = re.to_pattern();
+        let (vocab, _) = small_vocab(&extra);
+        let grammar = Grammar::from_regex(vocab.clone(), &pattern).unwrap();
+        let mut rng = Rng(seed);
+        // States along members of the language and along random strings.
+        let mut texts = Vec::new();
+        for _ in 0..4 {
+            let mut member = String::new();
+            re.sample(&mut rng, &mut member);
+            texts.push(member);
+            texts.push(random_text(&mut rng, 6));
+        }
+        for text in &texts {
+            let mut matcher = Matcher::new(grammar.clone());
+            for (i, &byte) in text.as_bytes().iter().enumerate() {
+                let state = grammar.dfa().run(grammar.dfa().start(), &text.as_bytes()[..i]);
+                if state == DEAD {
+                    break;
+                }
+                let expected = brute_force_mask(&grammar, &vocab, state);
+                let mut fresh = vec![0u32; vocab.bitmask_words()];
+                grammar.compute_mask(state, &mut fresh);
+                prop_assert_eq!(&fresh, &expected, "pattern {} state after {:?}", pattern, &text[..i]);
+                // Twice through the matcher: the first fill computes, the second is cached.
+                for _ in 0..2 {
+                    let mut via_matcher = vec![u32::MAX; vocab.bitmask_words()];
+                    matcher.fill_next_token_bitmask(&mut via_matcher).unwrap();
+                    prop_assert_eq!(&via_matcher, &expected);
+                }
+                if !matcher.accept_bytes(&[byte]) {
+                    break;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dfa_language_equals_oracle(re in re_strategy(), seed in any::<u64>()) {
+        let pattern = re.to_pattern();
+        let (vocab, _) = small_vocab(&[]);
+        let grammar = Grammar::from_regex(vocab, &pattern).unwrap();
+        let oracle = oracle(&pattern);
+        let dfa = grammar.dfa();
+        let mut rng = Rng(seed);
+        for _ in 0..16 {
+            let mut member = String::new();
+            re.sample(&mut rng, &mut member);
+            let state = dfa.run(dfa.start(), member.as_bytes());
+            prop_assert!(state != DEAD && dfa.is_accepting(state), "{} rejects member {:?}", pattern, member);
+            let other = random_text(&mut rng, 5);
+            let state = dfa.run(dfa.start(), other.as_bytes());
+            let ours = state != DEAD && dfa.is_accepting(state);
+            prop_assert_eq!(ours, oracle.is_match(other.as_bytes()), "{} on {:?}", pattern, other);
+        }
+    }
+}
