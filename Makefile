@@ -1,0 +1,65 @@
+# ferrolm: `make run` and `make test` set everything up on a fresh machine.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.deps-stamp
+export VIRTUAL_ENV := $(abspath $(VENV))
+# keep hypothesis examples and pytest cache out of the tree's status
+export HYPOTHESIS_STORAGE_DIRECTORY := $(abspath $(VENV))/hypothesis
+
+$(DEPS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
+		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10"
+	touch $@
+
+.PHONY: venv  ## make the virtualenv with build and test dependencies
+venv: $(DEPS_STAMP)
+
+.PHONY: build  ## build the Rust core (release) into the virtualenv
+build: $(DEPS_STAMP)
+	$(BIN)/maturin develop --release --quiet
+
+.PHONY: build-dev  ## build the Rust core (debug, faster to compile)
+build-dev: $(DEPS_STAMP)
+	$(BIN)/maturin develop --quiet
+
+.PHONY: test  ## Rust tests, Python tests and the stub check: what CI runs
+test: build test-rust test-python stubtest
+
+.PHONY: test-rust  ## cargo test of the core crate (no Python needed)
+test-rust:
+	cargo test --release -p ferrolm-core
+
+.PHONY: test-python  ## pytest against the built module
+test-python: build
+	$(BIN)/python -m pytest
+
+.PHONY: stubtest  ## check python/ferrolm/_core.pyi against the built module
+stubtest: build
+	$(BIN)/python -m mypy.stubtest ferrolm._core --mypy-config-file pyproject.toml
+
+.PHONY: run  ## the main job on the embedded default: the tree benchmark, for now
+run: build
+	$(BIN)/ferrolm bench tree
+
+.PHONY: bench  ## every benchmark
+bench: build
+	$(BIN)/ferrolm bench tree
+
+.PHONY: lint  ## rustfmt and clippy
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: clean  ## remove build outputs and the virtualenv
+clean:
+	rm -rf target $(VENV)
+
+.PHONY: help  ## this list
+help:
+	@grep -E '^\.PHONY: [a-z-]+  ## ' $(MAKEFILE_LIST) | sed -E 's/^\.PHONY: ([a-z-]+)  ## (.*)/  make \1\t\2/' | expand -t 20

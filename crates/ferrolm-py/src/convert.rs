@@ -1,0 +1,129 @@
+//! Integer sequences in from Python: numpy `int32`/`uint32` arrays are read in place (no
+//! copy when contiguous); other integer arrays and lists are converted once. Anything
+//! else is an `InvalidInputError` that names the argument.
+//!
+//! Reading an array in place with the GIL released is what numpy's own functions do: a
+//! caller that writes to the same array from another thread at the same time gets
+//! undefined results, as it would with numpy.
+
+use numpy::{PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use crate::errors;
+
+pub enum Ids<'py> {
+    Unsigned(PyReadonlyArray1<'py, u32>),
+    /// Checked non-negative, so its bits read as the same `u32` values.
+    Signed(PyReadonlyArray1<'py, i32>),
+    Owned(Vec<u32>),
+}
+
+impl Ids<'_> {
+    pub fn as_slice(&self) -> &[u32] {
+        match self {
+            Ids::Unsigned(a) => a.as_slice().expect("checked contiguous"),
+            Ids::Signed(a) => {
+                let s = a.as_slice().expect("checked contiguous");
+                // SAFETY: i32 and u32 have the same size and alignment, and every value was
+                // checked to be non-negative when this was built.
+                unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u32>(), s.len()) }
+            }
+            Ids::Owned(v) => v,
+        }
+    }
+}
+
+/// Reads `obj` as a sequence of integers in `0..=max`; `what` names it in errors.
+pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'py>> {
+    let py = obj.py();
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        return from_array(array, what, max);
+    }
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(errors::invalid_input(py, format!("{what} must be a sequence of integers, not a string")));
+    }
+    let values: Vec<i64> = obj.extract().map_err(|_| {
+        errors::invalid_input(
+            py,
+            format!(
+                "{what} must be a 1-D numpy integer array or a sequence of ints, got {}",
+                type_name(obj)
+            ),
+        )
+    })?;
+    checked(py, values.into_iter(), what, max).map(Ids::Owned)
+}
+
+fn from_array<'py>(array: &Bound<'py, PyUntypedArray>, what: &str, max: u32) -> PyResult<Ids<'py>> {
+    let py = array.py();
+    if array.ndim() != 1 {
+        return Err(errors::invalid_input(
+            py,
+            format!("{what} must be a 1-D array, got shape {:?}", array.shape()),
+        ));
+    }
+    if let Ok(a) = array.cast::<numpy::PyArray1<u32>>() {
+        let a = a.readonly();
+        if let Ok(s) = a.as_slice() {
+            check_max(py, s.iter().map(|&v| v as i64), what, max)?;
+            return Ok(Ids::Unsigned(a));
+        }
+        return checked(py, a.as_array().iter().map(|&v| v as i64), what, max).map(Ids::Owned);
+    }
+    if let Ok(a) = array.cast::<numpy::PyArray1<i32>>() {
+        let a = a.readonly();
+        if let Ok(s) = a.as_slice() {
+            check_max(py, s.iter().map(|&v| v as i64), what, max)?;
+            return Ok(Ids::Signed(a));
+        }
+        return checked(py, a.as_array().iter().map(|&v| v as i64), what, max).map(Ids::Owned);
+    }
+    let dtype = array.dtype();
+    let kind = dtype.kind();
+    if kind == b'i' || kind == b'u' {
+        // other widths: let numpy cast to int64 once (values above i64::MAX cannot be ids)
+        let wide = array.call_method1("astype", ("int64",))?;
+        let wide = wide.cast::<numpy::PyArray1<i64>>()?.readonly();
+        return checked(py, wide.as_array().iter().copied(), what, max).map(Ids::Owned);
+    }
+    Err(errors::invalid_input(py, format!("{what} must be an integer array, got dtype {dtype}")))
+}
+
+fn check_max(py: Python<'_>, values: impl Iterator<Item = i64>, what: &str, max: u32) -> PyResult<()> {
+    for (i, v) in values.enumerate() {
+        if v < 0 || v > max as i64 {
+            return Err(out_of_range(py, what, i, v, max));
+        }
+    }
+    Ok(())
+}
+
+fn checked(py: Python<'_>, values: impl Iterator<Item = i64>, what: &str, max: u32) -> PyResult<Vec<u32>> {
+    values
+        .enumerate()
+        .map(|(i, v)| {
+            if v < 0 || v > max as i64 {
+                Err(out_of_range(py, what, i, v, max))
+            } else {
+                Ok(v as u32)
+            }
+        })
+        .collect()
+}
+
+fn out_of_range(py: Python<'_>, what: &str, index: usize, value: i64, max: u32) -> PyErr {
+    errors::invalid_input(py, format!("{what}[{index}] is {value}; values must be in 0..={max}"))
+}
+
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// A non-negative count; `what` names it in errors.
+pub fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    match obj.extract::<i64>() {
+        Ok(v) if v >= 0 => Ok(v as usize),
+        Ok(v) => Err(errors::invalid_input(obj.py(), format!("{what} must be >= 0, got {v}"))),
+        Err(_) => Err(errors::invalid_input(obj.py(), format!("{what} must be an int, got {}", type_name(obj)))),
+    }
+}

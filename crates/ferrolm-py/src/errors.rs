@@ -1,0 +1,44 @@
+//! The one place where core errors become Python exceptions. The classes live in the
+//! Python module `ferrolm.errors`, so users can import and catch them without `_core`.
+
+use ferrolm_core::radix::TreeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyModule, PyType};
+
+static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
+    let module = ERRORS_MODULE.get_or_try_init(py, || {
+        PyModule::import(py, "ferrolm.errors").map(Bound::unbind)
+    })?;
+    Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
+}
+
+fn raise(py: Python<'_>, name: &str, msg: String) -> PyErr {
+    match class(py, name) {
+        Ok(cls) => PyErr::from_type(cls, msg),
+        Err(import_failed) => import_failed,
+    }
+}
+
+pub fn invalid_input(py: Python<'_>, msg: impl Into<String>) -> PyErr {
+    raise(py, "InvalidInputError", msg.into())
+}
+
+pub fn invariant_violation(py: Python<'_>, msg: String) -> PyErr {
+    raise(py, "InvariantViolation", msg)
+}
+
+pub fn core_panic(py: Python<'_>, msg: String) -> PyErr {
+    raise(py, "CorePanicError", msg)
+}
+
+pub fn tree(py: Python<'_>, err: TreeError) -> PyErr {
+    let name = match err {
+        TreeError::InvalidInput(_) => "InvalidInputError",
+        TreeError::StaleHandle(_) => "StaleHandleError",
+        TreeError::NotLocked(_) => "NotLockedError",
+    };
+    raise(py, name, err.to_string())
+}

@@ -1,0 +1,29 @@
+//! `ferrolm._core`: the PyO3 face of `ferrolm-core`. Conversion and forwarding only; every
+//! call that works on core data releases the GIL, and a panic in the core poisons the
+//! object it happened in (see `guard`).
+
+use pyo3::prelude::*;
+
+mod convert;
+mod errors;
+mod guard;
+mod radix;
+
+#[pymodule(gil_used = false)]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_logging();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    radix::init(m)?;
+    Ok(())
+}
+
+/// Core logs go to stderr when `FERROLM_LOG` is set (e.g. `FERROLM_LOG=debug`); silent
+/// otherwise.
+fn init_logging() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("FERROLM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
