@@ -51,6 +51,9 @@ pub struct ByteDfa {
     num_classes: usize,
     /// `transitions[state * num_classes + class]`.
     transitions: Vec<u32>,
+    /// The same table with targets stored as row offsets (`target * num_classes`), so
+    /// the mask walk saves a multiply per trie node. Row 0 is still [`DEAD`].
+    row_transitions: Vec<u32>,
     accepting: Vec<bool>,
     /// The only byte leaving a state alive, if exactly one does (jump-forward).
     single_byte: Vec<Option<u8>>,
@@ -127,6 +130,18 @@ impl ByteDfa {
     #[inline(always)]
     pub fn next(&self, state: u32, byte: u8) -> u32 {
         self.transitions[state as usize * self.num_classes + self.classes[byte as usize] as usize]
+    }
+
+    /// The row offset of `state` in the row table (see [`ByteDfa::next_row`]).
+    #[inline(always)]
+    pub(crate) fn row_of(&self, state: u32) -> u32 {
+        state * self.num_classes as u32
+    }
+
+    /// [`ByteDfa::next`] on row offsets; row 0 is [`DEAD`].
+    #[inline(always)]
+    pub(crate) fn next_row(&self, row: u32, byte: u8) -> u32 {
+        self.row_transitions[row as usize + self.classes[byte as usize] as usize]
     }
 
     /// Run `bytes` from `state`; [`DEAD`] as soon as they leave the language.
@@ -218,9 +233,11 @@ impl ByteDfa {
                 }
             }
         }
+        let row_transitions = transitions.iter().map(|&t| t * nc as u32).collect();
         ByteDfa {
             classes: self.classes,
             num_classes: nc,
+            row_transitions,
             transitions,
             accepting,
             single_byte,
@@ -292,6 +309,7 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         classes,
         num_classes,
         transitions,
+        row_transitions: Vec::new(),
         accepting,
         single_byte: Vec::new(),
         can_continue: Vec::new(),

@@ -85,13 +85,13 @@ impl Grammar {
         }
         let dfa = &self.dfa;
         let trie = self.vocab.trie();
-        trie.walk(
-            state,
-            |s, byte| {
-                let next = dfa.next(s, byte);
+        trie.walk_into_mask(
+            dfa.row_of(state),
+            |row, byte| {
+                let next = dfa.next_row(row, byte);
                 (next != DEAD).then_some(next)
             },
-            |token, _| set_bit(out, token),
+            out,
         );
         for &(first, other) in trie.duplicates() {
             if get_bit(out, first) {

@@ -36,6 +36,11 @@ impl Matcher {
         &self.grammar
     }
 
+    /// The current DFA state (for diagnostics and benchmarks).
+    pub fn state(&self) -> u32 {
+        self.state
+    }
+
     /// Fill `bitmask` (`(vocab_size + 31) / 32` words; bit `i` of word `i / 32` set =
     /// token `i` allowed). EOS is allowed only where the document may end.
     pub fn fill_next_token_bitmask(&self, bitmask: &mut [u32]) -> Result<()> {

@@ -3,11 +3,17 @@
 
 const NO_TOKEN: u32 = u32::MAX;
 
+const HAS_TOKEN: u32 = 1 << 31;
+
+/// Depths are stored in 23 bits; the vocabulary refuses longer tokens.
+pub const MAX_TOKEN_BYTES: usize = (1 << 23) - 1;
+
 /// One trie node. Preorder layout: a node's subtree is `index + 1 .. subtree_end`.
 #[derive(Debug, Clone, Copy)]
 struct TrieNode {
-    /// The edge byte in the low 8 bits, the depth (bytes from the root) above them.
-    byte_and_depth: u32,
+    /// The edge byte in bits 0..8, the depth (bytes from the root) in bits 8..31, and
+    /// `HAS_TOKEN` in bit 31.
+    bits: u32,
     subtree_end: u32,
     /// The token spelled by the path to this node, or `NO_TOKEN`.
     token: u32,
@@ -15,10 +21,16 @@ struct TrieNode {
 
 impl TrieNode {
     fn byte(self) -> u8 {
-        self.byte_and_depth as u8
+        self.bits as u8
     }
     fn depth(self) -> usize {
-        (self.byte_and_depth >> 8) as usize
+        ((self.bits & !HAS_TOKEN) >> 8) as usize
+    }
+    /// 1 if a token ends here, else 0; and the token id, or 0 when there is none.
+    /// Lets the mask walk set bits without a hard-to-predict branch.
+    fn token_bit(self) -> (u32, u32) {
+        let has = self.bits >> 31;
+        (has, self.token & has.wrapping_neg())
     }
 }
 
@@ -38,7 +50,7 @@ impl TokenTrie {
         // Sorted byte strings visit the trie in preorder, so nodes can be appended in order.
         sorted.sort_unstable();
         let root = TrieNode {
-            byte_and_depth: 0,
+            bits: 0,
             subtree_end: 0,
             token: NO_TOKEN,
         };
@@ -62,7 +74,7 @@ impl TokenTrie {
             for (depth, &byte) in bytes.iter().enumerate().skip(common) {
                 path.push(nodes.len());
                 nodes.push(TrieNode {
-                    byte_and_depth: byte as u32 | ((depth as u32 + 1) << 8),
+                    bits: byte as u32 | ((depth as u32 + 1) << 8),
                     subtree_end: 0,
                     token: NO_TOKEN,
                 });
@@ -70,9 +82,11 @@ impl TokenTrie {
             let last = *path.last().expect("path holds the root");
             if nodes[last].token == NO_TOKEN {
                 nodes[last].token = id;
+                nodes[last].bits |= HAS_TOKEN;
             } else {
                 duplicates.push((nodes[last].token, id));
             }
+            debug_assert!(bytes.len() <= MAX_TOKEN_BYTES);
             max_depth = max_depth.max(bytes.len());
             previous = bytes;
         }
@@ -125,6 +139,33 @@ impl TokenTrie {
                     if node.token != NO_TOKEN {
                         visit(node.token, next);
                     }
+                    index += 1;
+                }
+            }
+        }
+    }
+
+    /// [`TokenTrie::walk`] that sets the bit of every token on a live path in `mask`
+    /// (which must have room for every id in the trie). The hot path of the crate.
+    #[inline]
+    pub fn walk_into_mask<S: Copy>(
+        &self,
+        start: S,
+        mut step: impl FnMut(S, u8) -> Option<S>,
+        mask: &mut [u32],
+    ) {
+        let mut states = vec![start; self.max_depth + 1];
+        let nodes = &self.nodes[..];
+        let mut index = 1;
+        while index < nodes.len() {
+            let node = nodes[index];
+            let depth = node.depth();
+            match step(states[depth - 1], node.byte()) {
+                None => index = node.subtree_end as usize,
+                Some(next) => {
+                    states[depth] = next;
+                    let (has, token) = node.token_bit();
+                    mask[(token >> 5) as usize] |= has << (token & 31);
                     index += 1;
                 }
             }

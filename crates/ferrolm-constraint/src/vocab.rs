@@ -2,7 +2,7 @@
 //! document. Built once per tokenizer and shared (behind an `Arc`) by every grammar.
 
 use crate::error::{ConstraintError, Result};
-use crate::trie::TokenTrie;
+use crate::trie::{TokenTrie, MAX_TOKEN_BYTES};
 
 /// How a token id takes part in constraint matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +182,12 @@ impl VocabularyBuilder {
                 )));
             }
             *slot = *kind;
+            if bytes.len() > MAX_TOKEN_BYTES {
+                return Err(ConstraintError::InvalidVocabulary(format!(
+                    "token id {id} is {} bytes long (at most {MAX_TOKEN_BYTES})",
+                    bytes.len()
+                )));
+            }
             texts[*id as usize] = bytes;
         }
         for &id in &self.special_ids {
