@@ -1,0 +1,65 @@
+//! Mask soundness on a real vocabulary. Ignored by default: it needs a tiktoken file,
+//! e.g. `cl100k_base.tiktoken` from the `bpe-openai` package (gunzipped):
+//!
+//! ```text
+//! FERROLM_TIKTOKEN_FILE=path/to/cl100k_base.tiktoken cargo test --release -- --ignored
+//! ```
+
+use std::sync::Arc;
+
+use ferrolm_constraint::tokenizer_files::from_tiktoken;
+use ferrolm_constraint::{Grammar, Matcher, TokenKind, Vocabulary, DEAD};
+
+fn load() -> Option<Arc<Vocabulary>> {
+    let path = std::env::var("FERROLM_TIKTOKEN_FILE").ok()?;
+    let text = std::fs::read_to_string(path).expect("readable tiktoken file");
+    let mut builder = from_tiktoken(&text).unwrap();
+    let eos = text.lines().count() as u32;
+    builder
+        .add_special_token(eos, b"<|endoftext|>".to_vec())
+        .mark_eos(eos);
+    Some(Arc::new(builder.build().unwrap()))
+}
+
+#[test]
+#[ignore = "needs FERROLM_TIKTOKEN_FILE"]
+fn trie_mask_equals_brute_force_on_a_real_vocabulary() {
+    let Some(vocab) = load() else {
+        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
+        return;
+    };
+    let cases = [
+        (
+            r#"\{"name":"[^"\\]{0,30}","age":[0-9]{1,3}\}"#,
+            r#"{"name":"Grace Hopper","age":85}"#,
+        ),
+        (r"[^\n]*\n", "Über naïve café — 日本語のテキスト\n"),
+        (r"(yes|no|maybe)", "maybe"),
+    ];
+    for (pattern, document) in cases {
+        let grammar = Grammar::from_regex(vocab.clone(), pattern).unwrap();
+        let dfa = grammar.dfa();
+        let mut matcher = Matcher::new(grammar.clone());
+        let mut mask = vec![0u32; vocab.bitmask_words()];
+        for (i, &byte) in document.as_bytes().iter().enumerate() {
+            let state = dfa.run(dfa.start(), &document.as_bytes()[..i]);
+            matcher.fill_next_token_bitmask(&mut mask).unwrap();
+            for id in 0..vocab.size() as u32 {
+                let expected = match vocab.kind(id).unwrap() {
+                    TokenKind::Normal => dfa.run(state, vocab.token_bytes(id).unwrap()) != DEAD,
+                    TokenKind::Eos => dfa.is_accepting(state),
+                    _ => false,
+                };
+                let got = mask[id as usize / 32] >> (id % 32) & 1 == 1;
+                assert_eq!(
+                    got,
+                    expected,
+                    "{pattern} after {:?}: token {id}",
+                    String::from_utf8_lossy(&document.as_bytes()[..i])
+                );
+            }
+            assert!(matcher.accept_bytes(&[byte]));
+        }
+        assert!(matcher.can_end());
+    }
+}
