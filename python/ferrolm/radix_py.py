@@ -330,8 +330,10 @@ class PyRadixCache:
 
     def _common_pages(self, key: list[int], tokens: list[int], pos: int, end: int) -> int:
         n = min(len(key), end - pos)
+        if key[:n] == tokens[pos : pos + n]:  # the common case, compared in C
+            return n // self._page * self._page
         i = 0
-        while i < n and key[i] == tokens[pos + i]:
+        while key[i] == tokens[pos + i]:
             i += 1
         return i // self._page * self._page
 

@@ -51,9 +51,9 @@ fn ns_name(ns: bool) -> Option<&'static str> {
 }
 
 impl Harness {
-    fn new(page: usize, policy: EvictionPolicy) -> Self {
+    fn new(page: usize, policy: EvictionPolicy, kv_events: bool) -> Self {
         let capacity = 64;
-        let config = TreeConfig { page_size: page, policy, kv_events: true, event_block_size: 0 };
+        let config = TreeConfig { page_size: page, policy, kv_events, event_block_size: 0 };
         Harness {
             tree: RadixTree::new(config).unwrap(),
             page,
@@ -209,8 +209,8 @@ impl Harness {
     }
 }
 
-fn run(page: usize, policy: EvictionPolicy, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(page, policy);
+fn run(page: usize, policy: EvictionPolicy, kv_events: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(page, policy, kv_events);
     for op in ops {
         h.step(op)?;
     }
@@ -237,7 +237,8 @@ proptest! {
     #[test]
     fn random_ops_keep_invariants(page in prop::sample::select(vec![1usize, 2, 4]),
                                   policy in policy(),
+                                  kv_events in any::<bool>(),
                                   ops in prop::collection::vec(op(), 1..120)) {
-        run(page, policy, ops)?;
+        run(page, policy, kv_events, ops)?;
     }
 }

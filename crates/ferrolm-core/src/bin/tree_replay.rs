@@ -102,6 +102,7 @@ fn run(args: Args) -> Result<(), String> {
     let mut free: Vec<u32> = (0..args.capacity as u32).rev().collect();
     let (mut match_ns, mut insert_ns, mut evict_ns) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hit, mut total, mut skipped) = (0usize, 0usize, 0usize);
+    let mut events = 0usize;
     let started = Instant::now();
     for seq in &sequences {
         let t = Instant::now();
@@ -129,6 +130,8 @@ fn run(args: Args) -> Result<(), String> {
         free.extend_from_slice(&slots[m.length..cached.max(m.length)]);
         free.extend_from_slice(&slots[seq.len() / tree.config().page_size * tree.config().page_size..]);
         tree.unlock(m.node).map_err(|e| e.to_string())?;
+        // drained as a publisher would, so queued events do not count as tree memory
+        events += tree.take_events().len();
         if args.check {
             tree.check_invariants()?;
             let held = tree.sizes().total + free.len();
@@ -141,7 +144,7 @@ fn run(args: Args) -> Result<(), String> {
     let heap = LIVE_BYTES.load(Ordering::Relaxed) - heap_before;
     let sizes = tree.sizes();
     println!("sequences {} (skipped {skipped}), policy {policy}, capacity {}", sequences.len(), args.capacity);
-    println!("hit rate {:.3} ({hit} of {total} tokens)", hit as f64 / total.max(1) as f64);
+    println!("hit rate {:.3} ({hit} of {total} tokens), {events} KV events", hit as f64 / total.max(1) as f64);
     println!("cached tokens {}, nodes {}, wall {:.1} ms", sizes.total, sizes.nodes, elapsed.as_secs_f64() * 1e3);
     for (name, v) in [("match_prefix", &mut match_ns), ("insert", &mut insert_ns), ("evict", &mut evict_ns)] {
         v.sort_unstable();

@@ -504,9 +504,14 @@ impl RadixTree {
         let upper_value = node.value.drain(..at).collect::<Vec<_>>();
         node.key.shrink_to_fit();
         node.value.shrink_to_fit();
-        let upper_blocks = ((node.start + at as u32) / block - node.start / block) as usize;
-        let upper_hashes = node.block_hashes.drain(..upper_blocks).collect::<Vec<_>>();
-        node.block_hashes.shrink_to_fit();
+        let upper_hashes = if self.config.kv_events {
+            let upper_blocks = ((node.start + at as u32) / block - node.start / block) as usize;
+            let upper = node.block_hashes.drain(..upper_blocks).collect::<Vec<_>>();
+            node.block_hashes.shrink_to_fit();
+            upper
+        } else {
+            Vec::new()
+        };
         let upper = Node {
             key: upper_key,
             value: upper_value,

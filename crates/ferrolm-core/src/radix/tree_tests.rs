@@ -313,3 +313,13 @@ fn unlock_only_gives_back_locks_taken_on_that_node() {
     assert_eq!(t.sizes().protected, 0);
     ok(&t);
 }
+
+#[test]
+fn splits_work_with_events_off() {
+    let mut t = RadixTree::new(TreeConfig::default()).unwrap();
+    t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
+    assert_eq!(t.match_prefix(&[1, 2, 9], None).length, 2);
+    assert_eq!(t.insert(&[1, 9], &slots(10..12), None, 0).unwrap(), 1);
+    assert_eq!(t.sizes().nodes, 4);
+    ok(&t);
+}

@@ -1,0 +1,195 @@
+"""``ferrolm bench tree``: the Rust radix tree against its Python twin on one workload.
+
+Both backends replay the same requests through the same engine-like cycle, with a fixed
+KV capacity so eviction runs:
+
+    match_prefix(prompt) -> lock(node) -> [evict if the pool is short] ->
+    insert(full, slots) -> free duplicate slots -> unlock(node)
+
+Each call is timed on its own (timer overhead, calibrated first, subtracted); the request
+cycle is the sum of its match, lock, insert and unlock. Ratios are Python time / Rust time
+from this one run: absolute numbers on a shared machine mean little, ratios hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from ferrolm.bench.workload import Request, WorkloadConfig, make_workload
+from ferrolm.radix_cache import RadixCache
+
+OPS = ("match_prefix", "insert", "evict", "lock+unlock", "request cycle")
+FLOORS = {"match_prefix": 20.0, "request cycle": 20.0, "insert": 10.0, "evict": 10.0}
+MEMORY_FLOOR = 32.0  # bytes per cached token, Rust tree, page_size 1
+
+
+def _timer_overhead() -> int:
+    now = time.perf_counter_ns
+    samples = []
+    for _ in range(20_000):
+        t0 = now()
+        samples.append(now() - t0)
+    return int(np.median(samples))
+
+
+def replay(backend: str, requests: list[Request], capacity: int, page_size: int, policy: str) -> dict[str, Any]:
+    tree = RadixCache(page_size=page_size, eviction_policy=policy, backend=backend)
+    free = np.arange(capacity, dtype=np.int32)[::-1].copy()
+    free_list: list[np.ndarray] = [free]
+    n_free = capacity
+    times: dict[str, list[int]] = defaultdict(list)
+    hit = total = skipped = 0
+    overhead = _timer_overhead()
+    now = time.perf_counter_ns
+
+    def take(n: int) -> np.ndarray:
+        nonlocal n_free, free_list
+        pool = np.concatenate(free_list) if len(free_list) > 1 else free_list[0]
+        free_list = [pool[n:]]
+        n_free -= n
+        return pool[:n]
+
+    def give(slots: np.ndarray) -> None:
+        nonlocal n_free
+        if len(slots):
+            free_list.append(np.asarray(slots, dtype=np.int32))
+            n_free += len(slots)
+
+    gc.disable()
+    try:
+        for req in requests:
+            t0 = now()
+            m = tree.match_prefix(req.prompt)
+            t1 = now()
+            tree.lock(m.node)
+            t2 = now()
+            need = len(req.full) - m.length
+            if need > n_free:
+                t3 = now()
+                freed = tree.evict(need - n_free)
+                times["evict"].append(now() - t3 - overhead)
+                give(freed)
+            if need > n_free:
+                skipped += 1
+                tree.unlock(m.node)
+                continue
+            slots = np.concatenate([m.kv_slots, take(need)])
+            t4 = now()
+            cached = tree.insert(req.full, slots)
+            t5 = now()
+            aligned = len(req.full) // page_size * page_size
+            give(slots[m.length : max(cached, m.length)])
+            give(slots[aligned:])
+            t6 = now()
+            tree.unlock(m.node)
+            t7 = now()
+            hit += m.length
+            total += len(req.prompt)
+            match_ns, lock_ns = t1 - t0 - overhead, t2 - t1 - overhead
+            insert_ns, unlock_ns = t5 - t4 - overhead, t7 - t6 - overhead
+            times["match_prefix"].append(match_ns)
+            times["insert"].append(insert_ns)
+            times["lock+unlock"].append(lock_ns + unlock_ns)
+            times["request cycle"].append(match_ns + lock_ns + insert_ns + unlock_ns)
+    finally:
+        gc.enable()
+    tree.check_invariants()
+    if n_free + tree.total_size() != capacity:
+        raise AssertionError(f"{backend}: KV slots leaked: {n_free} free + {tree.total_size()} cached != {capacity}")
+    return {
+        "times": {op: np.maximum(np.array(v, dtype=np.int64), 0) for op, v in times.items()},
+        "hit_rate": hit / max(total, 1),
+        "cached_tokens": tree.total_size(),
+        "nodes": tree.num_nodes(),
+        "memory_bytes": tree.memory_bytes(),
+        "skipped": skipped,
+    }
+
+
+def _stats(ns: np.ndarray) -> dict[str, float]:
+    if len(ns) == 0:
+        return {"n": 0, "mean_us": float("nan"), "p50_us": float("nan"), "p99_us": float("nan"), "ops_per_s": 0.0}
+    mean = float(ns.mean())
+    return {
+        "n": int(len(ns)),
+        "mean_us": mean / 1e3,
+        "p50_us": float(np.percentile(ns, 50)) / 1e3,
+        "p99_us": float(np.percentile(ns, 99)) / 1e3,
+        "ops_per_s": 1e9 / mean if mean > 0 else float("inf"),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = WorkloadConfig(conversations=args.conversations, seed=args.seed)
+    requests = make_workload(cfg)
+    if args.dump_workload:
+        with open(args.dump_workload, "w") as f:
+            for r in requests:
+                f.write(" ".join(map(str, r.full.tolist())) + "\n")
+    prompt_tokens = sum(len(r.prompt) for r in requests)
+    print(
+        f"workload: {len(requests)} requests from {cfg.conversations} conversations over "
+        f"{cfg.system_prompts} system prompts, {prompt_tokens} prompt tokens; "
+        f"KV capacity {args.capacity}, page_size {args.page_size}, policy {args.policy}"
+    )
+    results = {b: replay(b, requests, args.capacity, args.page_size, args.policy) for b in ("rust", "python")}
+    rust, py = results["rust"], results["python"]
+    if abs(rust["hit_rate"] - py["hit_rate"]) > 1e-12 or rust["cached_tokens"] != py["cached_tokens"]:
+        raise AssertionError("the backends disagree on the workload's outcome")
+
+    rows = []
+    header = f"{'op':<14}{'backend':<8}{'n':>7}{'ops/s':>12}{'p50 us':>10}{'p99 us':>10}{'ratio mean':>12}{'ratio p50':>11}"
+    print(header)
+    print("-" * len(header))
+    report: dict[str, Any] = {"workload": asdict(cfg), "capacity": args.capacity, "ops": {}}
+    failed = []
+    for op in OPS:
+        s_rust, s_py = _stats(rust["times"].get(op, np.array([]))), _stats(py["times"].get(op, np.array([])))
+        ratio_mean = s_py["mean_us"] / s_rust["mean_us"] if s_rust["n"] else float("nan")
+        ratio_p50 = s_py["p50_us"] / s_rust["p50_us"] if s_rust["n"] and s_rust["p50_us"] > 0 else float("nan")
+        for name, s in (("rust", s_rust), ("python", s_py)):
+            ratio = f"{ratio_mean:>11.1f}x{ratio_p50:>10.1f}x" if name == "rust" else ""
+            print(f"{op:<14}{name:<8}{s['n']:>7}{s['ops_per_s']:>12,.0f}{s['p50_us']:>10.2f}{s['p99_us']:>10.2f}{ratio}")
+        floor = FLOORS.get(op)
+        if floor is not None and s_rust["n"] and not ratio_mean >= floor:
+            failed.append(f"{op}: {ratio_mean:.1f}x < {floor:.0f}x")
+        report["ops"][op] = {"rust": s_rust, "python": s_py, "ratio_mean": ratio_mean, "ratio_p50": ratio_p50}
+        rows.append(op)
+    bytes_per_token = rust["memory_bytes"] / max(rust["cached_tokens"], 1)
+    py_bytes_per_token = py["memory_bytes"] / max(py["cached_tokens"], 1)
+    print("-" * len(header))
+    print(f"hit rate {rust['hit_rate']:.3f}; cached {rust['cached_tokens']} tokens in {rust['nodes']} nodes at the end")
+    print(f"memory per cached token: rust {bytes_per_token:.1f} B, python {py_bytes_per_token:.1f} B")
+    if args.page_size == 1 and bytes_per_token > MEMORY_FLOOR:
+        failed.append(f"memory: {bytes_per_token:.1f} B/token > {MEMORY_FLOOR:.0f}")
+    report.update(hit_rate=rust["hit_rate"], bytes_per_token=bytes_per_token, python_bytes_per_token=py_bytes_per_token)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    if failed:
+        print("below the issue's floors: " + "; ".join(failed))
+        return 1 if args.strict else 0
+    print("all floors met (match_prefix and request cycle >= 20x, insert and evict >= 10x, <= 32 B/token)")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("tree", help="radix tree: Rust core vs the Python twin", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--conversations", type=int, default=400)
+    p.add_argument("--capacity", type=int, default=300_000, help="KV slots in the pool")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--policy", default="lru")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--dump-workload", help="write the requests' token sequences (for ferrolm-tree-replay)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a floor is missed")
+    p.set_defaults(func=run)
