@@ -40,15 +40,15 @@ pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'
         return from_array(array, what, max);
     }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
-        return Err(errors::invalid_input(py, format!("{what} must be a sequence of integers, not a string")));
+        return Err(errors::invalid_input(
+            py,
+            format!("{what} must be a sequence of integers, not a string"),
+        ));
     }
     let values: Vec<i64> = obj.extract().map_err(|_| {
         errors::invalid_input(
             py,
-            format!(
-                "{what} must be a 1-D numpy integer array or a sequence of ints, got {}",
-                type_name(obj)
-            ),
+            format!("{what} must be a 1-D numpy integer array or a sequence of ints, got {}", type_name(obj)),
         )
     })?;
     checked(py, values.into_iter(), what, max).map(Ids::Owned)
@@ -101,13 +101,15 @@ fn check_max(py: Python<'_>, values: impl Iterator<Item = i64>, what: &str, max:
 fn checked(py: Python<'_>, values: impl Iterator<Item = i64>, what: &str, max: u32) -> PyResult<Vec<u32>> {
     values
         .enumerate()
-        .map(|(i, v)| {
-            if v < 0 || v > max as i64 {
-                Err(out_of_range(py, what, i, v, max))
-            } else {
-                Ok(v as u32)
-            }
-        })
+        .map(
+            |(i, v)| {
+                if v < 0 || v > max as i64 {
+                    Err(out_of_range(py, what, i, v, max))
+                } else {
+                    Ok(v as u32)
+                }
+            },
+        )
         .collect()
 }
 
@@ -124,6 +126,8 @@ pub fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     match obj.extract::<i64>() {
         Ok(v) if v >= 0 => Ok(v as usize),
         Ok(v) => Err(errors::invalid_input(obj.py(), format!("{what} must be >= 0, got {v}"))),
-        Err(_) => Err(errors::invalid_input(obj.py(), format!("{what} must be an int, got {}", type_name(obj)))),
+        Err(_) => {
+            Err(errors::invalid_input(obj.py(), format!("{what} must be an int, got {}", type_name(obj))))
+        }
     }
 }

@@ -9,9 +9,8 @@ use pyo3::types::{PyModule, PyType};
 static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyType>> {
-    let module = ERRORS_MODULE.get_or_try_init(py, || {
-        PyModule::import(py, "ferrolm.errors").map(Bound::unbind)
-    })?;
+    let module =
+        ERRORS_MODULE.get_or_try_init(py, || PyModule::import(py, "ferrolm.errors").map(Bound::unbind))?;
     Ok(module.bind(py).getattr(name)?.cast_into::<PyType>()?)
 }
 

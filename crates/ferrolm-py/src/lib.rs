@@ -21,9 +21,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// otherwise.
 fn init_logging() {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("FERROLM_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     }
 }

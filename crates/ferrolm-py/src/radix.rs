@@ -31,12 +31,22 @@ impl MatchResult {
     fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let me = slf.get();
         let py = slf.py();
-        let items = PyTuple::new(py, [me.length.into_pyobject(py)?.into_any(), me.kv_slots.bind(py).clone().into_any(), me.node.into_pyobject(py)?.into_any()])?;
+        let items = PyTuple::new(
+            py,
+            [
+                me.length.into_pyobject(py)?.into_any(),
+                me.kv_slots.bind(py).clone().into_any(),
+                me.node.into_pyobject(py)?.into_any(),
+            ],
+        )?;
         Ok(items.try_iter()?.into_any())
     }
 
     fn __repr__(&self) -> String {
-        format!("MatchResult(length={}, kv_slots=<{} slots>, node={:#x})", self.length, self.length, self.node)
+        format!(
+            "MatchResult(length={}, kv_slots=<{} slots>, node={:#x})",
+            self.length, self.length, self.node
+        )
     }
 }
 
@@ -67,7 +77,10 @@ impl PyRadixTree {
         kv_event_block_size: Option<i64>,
     ) -> PyResult<Self> {
         if !(1..=1 << 20).contains(&page_size) {
-            return Err(errors::invalid_input(py, format!("page_size must be in 1..=1048576, got {page_size}")));
+            return Err(errors::invalid_input(
+                py,
+                format!("page_size must be in 1..=1048576, got {page_size}"),
+            ));
         }
         let policy: EvictionPolicy =
             eviction_policy.parse().map_err(|e: ferrolm_core::radix::policy::UnknownPolicy| {
@@ -77,10 +90,18 @@ impl PyRadixTree {
             None => 0,
             Some(b) if (1..=1 << 20).contains(&b) => b as usize,
             Some(b) => {
-                return Err(errors::invalid_input(py, format!("kv_event_block_size must be in 1..=1048576, got {b}")))
+                return Err(errors::invalid_input(
+                    py,
+                    format!("kv_event_block_size must be in 1..=1048576, got {b}"),
+                ))
             }
         };
-        let config = TreeConfig { page_size: page_size as usize, policy, kv_events: enable_kv_events, event_block_size };
+        let config = TreeConfig {
+            page_size: page_size as usize,
+            policy,
+            kv_events: enable_kv_events,
+            event_block_size,
+        };
         let tree = RadixTree::new(config).map_err(|e| errors::tree(py, e))?;
         Ok(PyRadixTree { tree, poison: Poison::default() })
     }
@@ -125,7 +146,11 @@ impl PyRadixTree {
         self.poison.run(py, &mut self.tree, |t| t.unlock(node))?.map_err(|e| errors::tree(py, e))
     }
 
-    fn evict<'py>(&mut self, py: Python<'py>, num_tokens: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    fn evict<'py>(
+        &mut self,
+        py: Python<'py>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let n = count(num_tokens, "num_tokens")?;
         let freed = self.poison.run(py, &mut self.tree, |t| t.evict(n))?;
         Ok(slots_array(py, freed))
@@ -135,20 +160,20 @@ impl PyRadixTree {
         self.poison.run(py, &mut self.tree, |t| t.reset())
     }
 
-    fn evictable_size(&self) -> usize {
-        self.tree.sizes().evictable
+    fn evictable_size(&mut self, py: Python<'_>) -> PyResult<usize> {
+        self.poison.run(py, &self.tree, |t| t.sizes().evictable)
     }
 
-    fn protected_size(&self) -> usize {
-        self.tree.sizes().protected
+    fn protected_size(&mut self, py: Python<'_>) -> PyResult<usize> {
+        self.poison.run(py, &self.tree, |t| t.sizes().protected)
     }
 
-    fn total_size(&self) -> usize {
-        self.tree.sizes().total
+    fn total_size(&mut self, py: Python<'_>) -> PyResult<usize> {
+        self.poison.run(py, &self.tree, |t| t.sizes().total)
     }
 
-    fn num_nodes(&self) -> usize {
-        self.tree.sizes().nodes
+    fn num_nodes(&mut self, py: Python<'_>) -> PyResult<usize> {
+        self.poison.run(py, &self.tree, |t| t.sizes().nodes)
     }
 
     fn memory_bytes(&mut self, py: Python<'_>) -> PyResult<usize> {
@@ -172,12 +197,18 @@ impl PyRadixTree {
         let list = PyList::empty(py);
         for event in events {
             let item = match event {
-                KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, namespace } => {
-                    ("stored", block_hashes, parent_block_hash, token_ids, block_size, namespace)
-                        .into_pyobject(py)?
-                        .into_any()
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    namespace,
+                } => ("stored", block_hashes, parent_block_hash, token_ids, block_size, namespace)
+                    .into_pyobject(py)?
+                    .into_any(),
+                KvEvent::BlockRemoved { block_hashes } => {
+                    ("removed", block_hashes).into_pyobject(py)?.into_any()
                 }
-                KvEvent::BlockRemoved { block_hashes } => ("removed", block_hashes).into_pyobject(py)?.into_any(),
                 KvEvent::AllBlocksCleared => ("cleared",).into_pyobject(py)?.into_any(),
             };
             list.append(item)?;

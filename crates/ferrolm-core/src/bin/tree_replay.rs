@@ -51,7 +51,9 @@ fn parse_args() -> Result<Args, String> {
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
-            "--capacity" => capacity = value("--capacity")?.parse().map_err(|e| format!("--capacity: {e}"))?,
+            "--capacity" => {
+                capacity = value("--capacity")?.parse().map_err(|e| format!("--capacity: {e}"))?
+            }
             "--page-size" => {
                 config.page_size = value("--page-size")?.parse().map_err(|e| format!("--page-size: {e}"))?
             }
@@ -59,7 +61,9 @@ fn parse_args() -> Result<Args, String> {
             "--events" => config.kv_events = true,
             "--check" => check = true,
             "-h" | "--help" => return Err(String::new()),
-            other if path.is_none() && (!other.starts_with('-') || other == "-") => path = Some(other.to_string()),
+            other if path.is_none() && (!other.starts_with('-') || other == "-") => {
+                path = Some(other.to_string())
+            }
             other => return Err(format!("unexpected argument {other:?}")),
         }
     }
@@ -136,16 +140,31 @@ fn run(args: Args) -> Result<(), String> {
             tree.check_invariants()?;
             let held = tree.sizes().total + free.len();
             if held != args.capacity {
-                return Err(format!("KV conservation broken: {held} slots accounted, capacity {}", args.capacity));
+                return Err(format!(
+                    "KV conservation broken: {held} slots accounted, capacity {}",
+                    args.capacity
+                ));
             }
         }
     }
     let elapsed = started.elapsed();
     let heap = LIVE_BYTES.load(Ordering::Relaxed) - heap_before;
     let sizes = tree.sizes();
-    println!("sequences {} (skipped {skipped}), policy {policy}, capacity {}", sequences.len(), args.capacity);
-    println!("hit rate {:.3} ({hit} of {total} tokens), {events} KV events", hit as f64 / total.max(1) as f64);
-    println!("cached tokens {}, nodes {}, wall {:.1} ms", sizes.total, sizes.nodes, elapsed.as_secs_f64() * 1e3);
+    println!(
+        "sequences {} (skipped {skipped}), policy {policy}, capacity {}",
+        sequences.len(),
+        args.capacity
+    );
+    println!(
+        "hit rate {:.3} ({hit} of {total} tokens), {events} KV events",
+        hit as f64 / total.max(1) as f64
+    );
+    println!(
+        "cached tokens {}, nodes {}, wall {:.1} ms",
+        sizes.total,
+        sizes.nodes,
+        elapsed.as_secs_f64() * 1e3
+    );
     for (name, v) in [("match_prefix", &mut match_ns), ("insert", &mut insert_ns), ("evict", &mut evict_ns)] {
         v.sort_unstable();
         println!(

@@ -96,10 +96,7 @@ impl FromStr for EvictionPolicy {
     type Err = UnknownPolicy;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EvictionPolicy::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| UnknownPolicy(s.to_string()))
+        EvictionPolicy::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| UnknownPolicy(s.to_string()))
     }
 }
 

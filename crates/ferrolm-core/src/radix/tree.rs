@@ -49,11 +49,9 @@ impl fmt::Display for TreeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TreeError::InvalidInput(msg) => f.write_str(msg),
-            TreeError::StaleHandle(h) => write!(
-                f,
-                "node handle {:#x} is stale: its node was evicted or the tree was reset",
-                h.0
-            ),
+            TreeError::StaleHandle(h) => {
+                write!(f, "node handle {:#x} is stale: its node was evicted or the tree was reset", h.0)
+            }
             TreeError::NotLocked(h) => {
                 write!(
                     f,
@@ -167,11 +165,8 @@ impl RadixTree {
                 s.last_access = clock;
                 s.hits += 1;
             });
-            let reached = if common < self.arena[child].key.len() {
-                self.split(child, common)
-            } else {
-                child
-            };
+            let reached =
+                if common < self.arena[child].key.len() { self.split(child, common) } else { child };
             kv_slots.extend_from_slice(&self.arena[reached].value);
             node = reached;
             pos += common;
@@ -222,11 +217,8 @@ impl RadixTree {
                 s.last_access = clock;
                 s.priority = s.priority.max(priority);
             });
-            let reached = if common < self.arena[child].key.len() {
-                self.split(child, common)
-            } else {
-                child
-            };
+            let reached =
+                if common < self.arena[child].key.len() { self.split(child, common) } else { child };
             if let Some(&h) = self.arena[reached].block_hashes.last() {
                 parent_block = Some(h);
             }
@@ -697,8 +689,7 @@ impl RadixTree {
                         }
                     }
                     let should = n.is_leaf() && n.lock_ref == 0;
-                    if should != n.in_evict_set
-                        || (should && !self.evictable.contains(&self.evict_key(idx)))
+                    if should != n.in_evict_set || (should && !self.evictable.contains(&self.evict_key(idx)))
                     {
                         return Err(format!("node {idx}: evictable-set membership is wrong"));
                     }
