@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import time
+import timeit
 from collections import defaultdict
 from dataclasses import asdict
 from typing import Any
@@ -127,6 +128,26 @@ def _stats(ns: np.ndarray) -> dict[str, float]:
     }
 
 
+def single_calls(sizes: tuple[int, ...] = (256, 2048)) -> dict[str, dict[str, float]]:
+    """Best-of-5 mean time of one call on a warm tree: match_prefix of a fully cached
+    prompt of each size, and lock+unlock of its node (SGLang's tree benchmark reports
+    these two)."""
+    rng = np.random.default_rng(1)
+    out: dict[str, dict[str, float]] = {}
+    for backend in ("rust", "python"):
+        tree = RadixCache(backend=backend)
+        for i, n in enumerate(sizes):
+            tokens = rng.integers(0, 100_000, n, dtype=np.int32)
+            tree.insert(tokens, np.arange(n, dtype=np.int32) + i * max(sizes))
+            node = tree.match_prefix(tokens).node
+            number = 2000 if backend == "rust" else 200
+            match = min(timeit.repeat(lambda: tree.match_prefix(tokens), number=number, repeat=5)) / number
+            lock = min(timeit.repeat(lambda: (tree.lock(node), tree.unlock(node)), number=number, repeat=5)) / number
+            out.setdefault(f"match_prefix, {n} cached tokens", {})[backend] = match * 1e6
+            out.setdefault(f"lock+unlock, {n}-token node", {})[backend] = lock * 1e6
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = WorkloadConfig(conversations=args.conversations, seed=args.seed)
     requests = make_workload(cfg)
@@ -171,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
     if args.page_size == 1 and bytes_per_token > MEMORY_FLOOR:
         failed.append(f"memory: {bytes_per_token:.1f} B/token > {MEMORY_FLOOR:.0f}")
     report.update(hit_rate=rust["hit_rate"], bytes_per_token=bytes_per_token, python_bytes_per_token=py_bytes_per_token)
+    print()
+    print(f"{'single call on a warm tree':<36}{'rust us':>10}{'python us':>11}{'ratio':>9}")
+    calls = single_calls()
+    for name, t in calls.items():
+        print(f"{name:<36}{t['rust']:>10.2f}{t['python']:>11.2f}{t['python'] / t['rust']:>8.1f}x")
+    report["single_calls_us"] = calls
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
