@@ -30,11 +30,7 @@ const CASES: &[(&str, &str, &str)] = &[
         r"[^\n]{0,200}\n",
         "The quick brown fox jumps over the lazy dog, then rests by the river bank.\n",
     ),
-    (
-        "choice",
-        r"(positive|negative|neutral|mixed feelings)",
-        "mixed feelings",
-    ),
+    ("choice", r"(positive|negative|neutral|mixed feelings)", "mixed feelings"),
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,9 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut builder = from_tiktoken(&text)?;
     let eos = text.lines().count() as u32;
-    builder
-        .add_special_token(eos, b"<|endoftext|>".to_vec())
-        .mark_eos(eos);
+    builder.add_special_token(eos, b"<|endoftext|>".to_vec()).mark_eos(eos);
     let vocab = Arc::new(builder.build()?);
     println!(
         "vocabulary: {} tokens, {} trie nodes, built in {:.1} ms",
@@ -91,10 +85,7 @@ fn run_case(
             let t = Instant::now();
             matcher.fill_next_token_bitmask(&mut mask)?;
             cached.push(t.elapsed());
-            assert!(
-                mask[token as usize / 32] >> (token % 32) & 1 == 1,
-                "{name}: token {token} masked"
-            );
+            assert!(mask[token as usize / 32] >> (token % 32) & 1 == 1, "{name}: token {token} masked");
             assert!(matcher.accept_token(token));
         }
         assert!(matcher.can_end(), "{name}: document incomplete");
@@ -171,9 +162,7 @@ fn greedy_tokenize(vocab: &Vocabulary, mut text: &[u8]) -> Vec<u32> {
     let mut by_bytes = std::collections::HashMap::new();
     for id in 0..vocab.size() as u32 {
         if vocab.kind(id) == Some(ferrolm_constraint::TokenKind::Normal) {
-            by_bytes
-                .entry(vocab.token_bytes(id).unwrap().to_vec())
-                .or_insert(id);
+            by_bytes.entry(vocab.token_bytes(id).unwrap().to_vec()).or_insert(id);
         }
     }
     let mut ids = Vec::new();

@@ -35,11 +35,7 @@ pub struct RegexOptions {
 
 impl Default for RegexOptions {
     fn default() -> Self {
-        RegexOptions {
-            max_automaton_bytes: 64 << 20,
-            max_states: 200_000,
-            timeout: Duration::from_secs(10),
-        }
+        RegexOptions { max_automaton_bytes: 64 << 20, max_states: 200_000, timeout: Duration::from_secs(10) }
     }
 }
 
@@ -64,10 +60,8 @@ pub struct ByteDfa {
 
 impl ByteDfa {
     pub fn from_regex(pattern: &str, options: &RegexOptions) -> Result<Self> {
-        let invalid = |message: String| ConstraintError::InvalidRegex {
-            pattern: pattern.to_string(),
-            message,
-        };
+        let invalid =
+            |message: String| ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
         let hir = regex_syntax::ParserBuilder::new()
             .nest_limit(256)
             .build()
@@ -76,17 +70,12 @@ impl ByteDfa {
         let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
         let nfa = thompson::Compiler::new()
             .configure(
-                thompson::Config::new()
-                    .nfa_size_limit(Some(options.max_automaton_bytes))
-                    .shrink(false),
+                thompson::Config::new().nfa_size_limit(Some(options.max_automaton_bytes)).shrink(false),
             )
             .build_from_hir(&whole)
             .map_err(|e| {
                 if e.size_limit().is_some() {
-                    too_large(format!(
-                        "the NFA exceeds {} bytes",
-                        options.max_automaton_bytes
-                    ))
+                    too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes))
                 } else {
                     invalid(error_chain(&e))
                 }
@@ -102,10 +91,7 @@ impl ByteDfa {
             .build_from_nfa(&nfa)
             .map_err(|e| {
                 if e.is_size_limit_exceeded() {
-                    too_large(format!(
-                        "the DFA exceeds {} bytes",
-                        options.max_automaton_bytes
-                    ))
+                    too_large(format!("the DFA exceeds {} bytes", options.max_automaton_bytes))
                 } else {
                     invalid(error_chain(&e))
                 }
@@ -209,8 +195,7 @@ impl ByteDfa {
                 let row = new_id[state] as usize;
                 accepting[row] = self.accepting[state];
                 for class in 0..nc {
-                    transitions[row * nc + class] =
-                        new_id[self.transitions[state * nc + class] as usize];
+                    transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
                 }
             }
         }
@@ -223,9 +208,7 @@ impl ByteDfa {
         let mut single_byte = vec![None; kept];
         let mut can_continue = vec![false; kept];
         for row in 0..kept {
-            let live_classes: Vec<usize> = (0..nc)
-                .filter(|&c| transitions[row * nc + c] != DEAD)
-                .collect();
+            let live_classes: Vec<usize> = (0..nc).filter(|&c| transitions[row * nc + c] != DEAD).collect();
             can_continue[row] = !live_classes.is_empty();
             if let [only] = live_classes[..] {
                 if class_sizes[only] == 1 {
@@ -282,16 +265,10 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
     let mut next_to_expand = 1;
     while next_to_expand < order.len() {
         if order.len() > options.max_states {
-            return Err(too_large(format!(
-                "more than {} DFA states",
-                options.max_states
-            )));
+            return Err(too_large(format!("more than {} DFA states", options.max_states)));
         }
         if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
-            return Err(too_large(format!(
-                "compiling took longer than {:?}",
-                options.timeout
-            )));
+            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
         }
         let state = order[next_to_expand];
         for &byte in &representative {
@@ -372,15 +349,9 @@ mod tests {
 
     #[test]
     fn size_limit_is_an_error() {
-        let options = RegexOptions {
-            max_automaton_bytes: 10_000,
-            ..RegexOptions::default()
-        };
+        let options = RegexOptions { max_automaton_bytes: 10_000, ..RegexOptions::default() };
         let err = ByteDfa::from_regex(r"[a-z]{1,50}x[a-z]{20}", &options).unwrap_err();
-        assert!(
-            matches!(err, ConstraintError::GrammarTooLarge { .. }),
-            "{err}"
-        );
+        assert!(matches!(err, ConstraintError::GrammarTooLarge { .. }), "{err}");
     }
 
     #[test]

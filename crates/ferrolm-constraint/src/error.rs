@@ -10,11 +10,7 @@ pub enum ConstraintError {
     InvalidVocabulary(String),
     /// A tokenizer file could not be read: `format` names the file kind, `line` is
     /// 1-based when the format is line-oriented.
-    TokenizerFile {
-        format: &'static str,
-        line: Option<usize>,
-        message: String,
-    },
+    TokenizerFile { format: &'static str, line: Option<usize>, message: String },
     /// The regex did not parse or uses a feature the DFA cannot express.
     InvalidRegex { pattern: String, message: String },
     /// The grammar's automaton grew past its configured limit (states, bytes or time).
@@ -33,14 +29,10 @@ impl fmt::Display for ConstraintError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::InvalidVocabulary(msg) => write!(f, "invalid vocabulary: {msg}"),
-            Self::TokenizerFile {
-                format,
-                line: Some(line),
-                message,
-            } => write!(f, "bad {format} file at line {line}: {message}"),
-            Self::TokenizerFile {
-                format, message, ..
-            } => write!(f, "bad {format} file: {message}"),
+            Self::TokenizerFile { format, line: Some(line), message } => {
+                write!(f, "bad {format} file at line {line}: {message}")
+            }
+            Self::TokenizerFile { format, message, .. } => write!(f, "bad {format} file: {message}"),
             Self::InvalidRegex { pattern, message } => {
                 write!(f, "invalid regex {pattern:?}: {message}")
             }
@@ -49,13 +41,9 @@ impl fmt::Display for ConstraintError {
                 f,
                 "bitmask has {got} words but the vocabulary needs {expected} ((vocab_size + 31) / 32)"
             ),
-            Self::RollbackTooFar {
-                requested,
-                available,
-            } => write!(
-                f,
-                "cannot roll back {requested} steps: only {available} can be undone"
-            ),
+            Self::RollbackTooFar { requested, available } => {
+                write!(f, "cannot roll back {requested} steps: only {available} can be undone")
+            }
             Self::UnsupportedSchema { keyword, path } => write!(
                 f,
                 "unsupported JSON Schema keyword {keyword:?} at {path} (it would change what is valid)"

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::dfa::{ByteDfa, RegexOptions, DEAD};
-use crate::error::Result;
+use crate::error::{ConstraintError, Result};
+use crate::json_schema::{json_schema_to_regex, JsonSchemaOptions};
 use crate::vocab::Vocabulary;
 
 /// Default memory budget of the per-state mask cache of one grammar.
@@ -36,14 +37,23 @@ impl Grammar {
         Ok(Arc::new(Self::from_dfa(vocab, dfa)))
     }
 
+    /// Compile a JSON Schema (given as JSON text); see [`crate::json_schema`] for what
+    /// is supported.
+    pub fn from_json_schema(
+        vocab: Arc<Vocabulary>,
+        schema: &str,
+        options: &JsonSchemaOptions,
+    ) -> Result<Arc<Grammar>> {
+        let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
+            ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
+        })?;
+        let pattern = json_schema_to_regex(&schema, options)?;
+        Self::from_regex(vocab, &pattern)
+    }
+
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
         let masks = (0..dfa.num_states()).map(|_| OnceLock::new()).collect();
-        Grammar {
-            vocab,
-            dfa,
-            masks,
-            cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
-        }
+        Grammar { vocab, dfa, masks, cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES) }
     }
 
     pub fn vocab(&self) -> &Arc<Vocabulary> {
@@ -66,9 +76,7 @@ impl Grammar {
         // Reserve budget first so concurrent fills cannot overshoot it.
         let reserved = self
             .cache_bytes_left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                left.checked_sub(bytes)
-            })
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
             .is_ok();
         if reserved && self.masks[state as usize].set(out.into()).is_err() {
             // Another thread cached it first; give the budget back.

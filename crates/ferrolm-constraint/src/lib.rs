@@ -36,6 +36,7 @@
 mod dfa;
 mod error;
 mod grammar;
+pub mod json_schema;
 mod matcher;
 pub mod tokenizer_files;
 mod trie;

@@ -24,12 +24,7 @@ pub struct Matcher {
 impl Matcher {
     pub fn new(grammar: Arc<Grammar>) -> Self {
         let state = grammar.dfa().start();
-        Matcher {
-            grammar,
-            state,
-            history: Vec::new(),
-            ended: false,
-        }
+        Matcher { grammar, state, history: Vec::new(), ended: false }
     }
 
     pub fn grammar(&self) -> &Arc<Grammar> {
@@ -46,10 +41,7 @@ impl Matcher {
     pub fn fill_next_token_bitmask(&self, bitmask: &mut [u32]) -> Result<()> {
         let expected = self.grammar.vocab().bitmask_words();
         if bitmask.len() != expected {
-            return Err(ConstraintError::BitmaskSize {
-                expected,
-                got: bitmask.len(),
-            });
+            return Err(ConstraintError::BitmaskSize { expected, got: bitmask.len() });
         }
         if self.ended {
             bitmask.fill(0);
@@ -106,10 +98,7 @@ impl Matcher {
     /// Undo the last `steps` successful `accept_*` calls.
     pub fn rollback(&mut self, steps: usize) -> Result<()> {
         if steps > self.history.len() {
-            return Err(ConstraintError::RollbackTooFar {
-                requested: steps,
-                available: self.history.len(),
-            });
+            return Err(ConstraintError::RollbackTooFar { requested: steps, available: self.history.len() });
         }
         if steps == 0 {
             return Ok(());
@@ -180,11 +169,7 @@ impl Matcher {
         }
         let vocab = self.grammar.vocab();
         match vocab.kind(token)? {
-            TokenKind::Eos => self
-                .grammar
-                .dfa()
-                .is_accepting(self.state)
-                .then_some(self.state),
+            TokenKind::Eos => self.grammar.dfa().is_accepting(self.state).then_some(self.state),
             TokenKind::Special | TokenKind::Absent => None,
             TokenKind::Normal => {
                 let bytes = vocab.token_bytes(token)?;
@@ -206,10 +191,7 @@ pub fn fill_next_token_bitmask_batch(matchers: &[&Matcher], bitmask: &mut [u32])
     };
     let words = first.grammar().vocab().bitmask_words();
     if bitmask.len() != words * matchers.len() {
-        return Err(ConstraintError::BitmaskSize {
-            expected: words * matchers.len(),
-            got: bitmask.len(),
-        });
+        return Err(ConstraintError::BitmaskSize { expected: words * matchers.len(), got: bitmask.len() });
     }
     for (matcher, row) in matchers.iter().zip(bitmask.chunks_exact_mut(words)) {
         matcher.fill_next_token_bitmask(row)?;

@@ -34,9 +34,7 @@ pub fn from_tiktoken(text: &str) -> Result<VocabularyBuilder> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(encoded)
             .map_err(|e| error(line_number, format!("bad base64 {encoded:?}: {e}")))?;
-        let rank: u32 = rank
-            .parse()
-            .map_err(|_| error(line_number, format!("bad rank {rank:?}")))?;
+        let rank: u32 = rank.parse().map_err(|_| error(line_number, format!("bad rank {rank:?}")))?;
         builder.add_token(rank, bytes);
     }
     Ok(builder)
@@ -55,9 +53,7 @@ enum Spelling {
 /// special token (it never matches grammar bytes).
 pub fn from_hf_tokenizer_json(text: &str) -> Result<VocabularyBuilder> {
     let root: Value = serde_json::from_str(text).map_err(|e| hf_error(format!("not JSON: {e}")))?;
-    let model = root
-        .get("model")
-        .ok_or_else(|| hf_error("no `model` section".into()))?;
+    let model = root.get("model").ok_or_else(|| hf_error("no `model` section".into()))?;
     let spelling = detect_spelling(&root)?;
     let pieces = model_pieces(model)?;
 
@@ -94,28 +90,21 @@ pub fn from_hf_tokenizer_json(text: &str) -> Result<VocabularyBuilder> {
 }
 
 fn hf_error(message: String) -> ConstraintError {
-    ConstraintError::TokenizerFile {
-        format: "tokenizer.json",
-        line: None,
-        message,
-    }
+    ConstraintError::TokenizerFile { format: "tokenizer.json", line: None, message }
 }
 
 /// `(id, token string)` for each entry of the model's vocabulary.
 fn model_pieces(model: &Value) -> Result<Vec<(u32, &str)>> {
     let kind = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
-    let vocab = model
-        .get("vocab")
-        .ok_or_else(|| hf_error("model has no `vocab`".into()))?;
+    let vocab = model.get("vocab").ok_or_else(|| hf_error("model has no `vocab`".into()))?;
     let to_id = |id: Option<u64>| {
         id.and_then(|id| u32::try_from(id).ok())
             .ok_or_else(|| hf_error("token id is not a small non-negative integer".into()))
     };
     match (kind, vocab) {
-        ("BPE" | "WordLevel", Value::Object(map)) => map
-            .iter()
-            .map(|(piece, id)| Ok((to_id(id.as_u64())?, piece.as_str())))
-            .collect(),
+        ("BPE" | "WordLevel", Value::Object(map)) => {
+            map.iter().map(|(piece, id)| Ok((to_id(id.as_u64())?, piece.as_str()))).collect()
+        }
         ("Unigram", Value::Array(list)) => list
             .iter()
             .enumerate()
@@ -137,11 +126,7 @@ fn model_pieces(model: &Value) -> Result<Vec<(u32, &str)>> {
 /// Metaspace/`▁` replacement or byte fallback is; otherwise we cannot know the bytes.
 fn detect_spelling(root: &Value) -> Result<Spelling> {
     let sections = ["decoder", "pre_tokenizer"].map(|key| root.get(key).unwrap_or(&Value::Null));
-    if sections.iter().any(|s| {
-        mentions(s, &|v| {
-            v.get("type").and_then(Value::as_str) == Some("ByteLevel")
-        })
-    }) {
+    if sections.iter().any(|s| mentions(s, &|v| v.get("type").and_then(Value::as_str) == Some("ByteLevel"))) {
         return Ok(Spelling::ByteLevel);
     }
     let is_metaspace = |v: &Value| {
@@ -150,10 +135,7 @@ fn detect_spelling(root: &Value) -> Result<Spelling> {
             || (v.get("type").and_then(Value::as_str) == Some("Replace")
                 && v.pointer("/pattern/String").and_then(Value::as_str) == Some("\u{2581}"))
     };
-    let byte_fallback = root
-        .pointer("/model/byte_fallback")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let byte_fallback = root.pointer("/model/byte_fallback").and_then(Value::as_bool).unwrap_or(false);
     if byte_fallback || sections.iter().any(|s| mentions(s, &is_metaspace)) {
         return Ok(Spelling::Metaspace);
     }
@@ -182,10 +164,7 @@ fn byte_level_char_to_byte(c: char) -> Option<u8> {
         return is_printable(code).then_some(code as u8);
     }
     let shifted = (code - 0x100) as usize;
-    (0u32..256)
-        .filter(|&b| !is_printable(b))
-        .nth(shifted)
-        .map(|b| b as u8)
+    (0u32..256).filter(|&b| !is_printable(b)).nth(shifted).map(|b| b as u8)
 }
 
 fn decode_byte_level(piece: &str) -> Option<Vec<u8>> {

@@ -49,11 +49,7 @@ impl TokenTrie {
         let mut sorted: Vec<(&[u8], u32)> = tokens.into_iter().map(|(id, b)| (b, id)).collect();
         // Sorted byte strings visit the trie in preorder, so nodes can be appended in order.
         sorted.sort_unstable();
-        let root = TrieNode {
-            bits: 0,
-            subtree_end: 0,
-            token: NO_TOKEN,
-        };
+        let root = TrieNode { bits: 0, subtree_end: 0, token: NO_TOKEN };
         let mut nodes = vec![root];
         let mut duplicates = Vec::new();
         // path[d] = index of the node at depth d on the current path.
@@ -62,11 +58,7 @@ impl TokenTrie {
         let mut max_depth = 0;
         for (bytes, id) in sorted {
             debug_assert!(!bytes.is_empty());
-            let common = previous
-                .iter()
-                .zip(bytes)
-                .take_while(|(a, b)| a == b)
-                .count();
+            let common = previous.iter().zip(bytes).take_while(|(a, b)| a == b).count();
             while path.len() > common + 1 {
                 let closed = path.pop().expect("path holds the root");
                 nodes[closed].subtree_end = nodes.len() as u32;
@@ -93,11 +85,7 @@ impl TokenTrie {
         while let Some(closed) = path.pop() {
             nodes[closed].subtree_end = nodes.len() as u32;
         }
-        TokenTrie {
-            nodes,
-            duplicates,
-            max_depth,
-        }
+        TokenTrie { nodes, duplicates, max_depth }
     }
 
     pub fn num_nodes(&self) -> usize {
@@ -178,12 +166,7 @@ mod tests {
     use super::*;
 
     fn trie_of(tokens: &[&str]) -> TokenTrie {
-        TokenTrie::build(
-            tokens
-                .iter()
-                .enumerate()
-                .map(|(id, t)| (id as u32, t.as_bytes())),
-        )
+        TokenTrie::build(tokens.iter().enumerate().map(|(id, t)| (id as u32, t.as_bytes())))
     }
 
     #[test]
@@ -202,11 +185,7 @@ mod tests {
         let trie = trie_of(&["a", "ab", "abc", "b", "ba", "c"]);
         let mut seen = Vec::new();
         // State 0 is the root; from it the byte `a` is dead.
-        trie.walk(
-            0u32,
-            |s, b| if s == 0 && b == b'a' { None } else { Some(1) },
-            |id, _| seen.push(id),
-        );
+        trie.walk(0u32, |s, b| if s == 0 && b == b'a' { None } else { Some(1) }, |id, _| seen.push(id));
         seen.sort();
         assert_eq!(seen, vec![3, 4, 5]);
     }

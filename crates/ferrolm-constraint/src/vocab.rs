@@ -34,9 +34,8 @@ impl Vocabulary {
     pub fn new(tokens: Vec<Vec<u8>>, special_ids: &[u32], eos_ids: &[u32]) -> Result<Self> {
         let mut builder = VocabularyBuilder::new();
         for (id, bytes) in tokens.into_iter().enumerate() {
-            let id = u32::try_from(id).map_err(|_| {
-                ConstraintError::InvalidVocabulary("more than u32::MAX tokens".into())
-            })?;
+            let id = u32::try_from(id)
+                .map_err(|_| ConstraintError::InvalidVocabulary("more than u32::MAX tokens".into()))?;
             builder.add_token(id, bytes);
         }
         for &id in special_ids {
@@ -138,9 +137,7 @@ impl VocabularyBuilder {
             .find(|(_, bytes, _)| bytes.as_slice() == text.as_bytes())
             .map(|(id, _, _)| *id)
             .ok_or_else(|| {
-                ConstraintError::InvalidVocabulary(format!(
-                    "no token with text {text:?} to mark as EOS"
-                ))
+                ConstraintError::InvalidVocabulary(format!("no token with text {text:?} to mark as EOS"))
             })?;
         Ok(self.mark_eos(id))
     }
@@ -163,9 +160,7 @@ impl VocabularyBuilder {
             .unwrap_or(0);
         let size = max_id.max(self.min_size);
         if size > u32::MAX as usize {
-            return Err(ConstraintError::InvalidVocabulary(
-                "too many token ids".into(),
-            ));
+            return Err(ConstraintError::InvalidVocabulary("too many token ids".into()));
         }
         if self.eos_ids.is_empty() {
             return Err(ConstraintError::InvalidVocabulary(
@@ -177,9 +172,7 @@ impl VocabularyBuilder {
         for (id, bytes, kind) in &self.tokens {
             let slot = &mut kinds[*id as usize];
             if *slot != TokenKind::Absent {
-                return Err(ConstraintError::InvalidVocabulary(format!(
-                    "token id {id} is defined twice"
-                )));
+                return Err(ConstraintError::InvalidVocabulary(format!("token id {id} is defined twice")));
             }
             *slot = *kind;
             if bytes.len() > MAX_TOKEN_BYTES {
@@ -198,9 +191,7 @@ impl VocabularyBuilder {
         }
         let total: usize = texts.iter().map(|t| t.len()).sum();
         if total > u32::MAX as usize {
-            return Err(ConstraintError::InvalidVocabulary(
-                "token bytes exceed 4 GiB".into(),
-            ));
+            return Err(ConstraintError::InvalidVocabulary("token bytes exceed 4 GiB".into()));
         }
         let mut bytes = Vec::with_capacity(total);
         let mut offsets = Vec::with_capacity(size + 1);
@@ -221,12 +212,6 @@ impl VocabularyBuilder {
         let mut eos_ids = self.eos_ids.clone();
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Ok(Vocabulary {
-            kinds,
-            bytes,
-            offsets,
-            eos_ids,
-            trie,
-        })
+        Ok(Vocabulary { kinds, bytes, offsets, eos_ids, trie })
     }
 }

@@ -13,10 +13,7 @@ fn invalid_regexes_are_typed_errors() {
     let (vocab, _) = small_vocab(&[]);
     for pattern in ["(", "a{2,1}", "[z-a]", r"\p{NoSuchClass}", "a)|(b"] {
         let err = Grammar::from_regex(vocab.clone(), pattern).unwrap_err();
-        assert!(
-            matches!(err, ConstraintError::InvalidRegex { .. }),
-            "{pattern}: {err}"
-        );
+        assert!(matches!(err, ConstraintError::InvalidRegex { .. }), "{pattern}: {err}");
     }
     // Unicode word boundaries cannot be expressed by a DFA.
     let err = Grammar::from_regex(vocab.clone(), r"\bfoo\b").unwrap_err();
@@ -26,15 +23,9 @@ fn invalid_regexes_are_typed_errors() {
 #[test]
 fn oversized_regex_is_grammar_too_large() {
     let (vocab, _) = small_vocab(&[]);
-    let options = RegexOptions {
-        max_automaton_bytes: 1 << 16,
-        ..RegexOptions::default()
-    };
+    let options = RegexOptions { max_automaton_bytes: 1 << 16, ..RegexOptions::default() };
     let err = Grammar::from_regex_with(vocab, r"\w{200}", &options).unwrap_err();
-    assert!(
-        matches!(err, ConstraintError::GrammarTooLarge { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, ConstraintError::GrammarTooLarge { .. }), "{err}");
 }
 
 #[test]
@@ -43,26 +34,11 @@ fn bitmask_size_mismatch_is_an_error() {
     let matcher = Matcher::new(Grammar::from_regex(vocab.clone(), "a+").unwrap());
     let words = vocab.bitmask_words();
     for len in [0, words - 1, words + 1] {
-        let err = matcher
-            .fill_next_token_bitmask(&mut vec![0; len])
-            .unwrap_err();
-        assert_eq!(
-            err,
-            ConstraintError::BitmaskSize {
-                expected: words,
-                got: len
-            }
-        );
+        let err = matcher.fill_next_token_bitmask(&mut vec![0; len]).unwrap_err();
+        assert_eq!(err, ConstraintError::BitmaskSize { expected: words, got: len });
     }
-    let err =
-        fill_next_token_bitmask_batch(&[&matcher, &matcher], &mut vec![0; words]).unwrap_err();
-    assert_eq!(
-        err,
-        ConstraintError::BitmaskSize {
-            expected: 2 * words,
-            got: words
-        }
-    );
+    let err = fill_next_token_bitmask_batch(&[&matcher, &matcher], &mut vec![0; words]).unwrap_err();
+    assert_eq!(err, ConstraintError::BitmaskSize { expected: 2 * words, got: words });
 }
 
 #[test]
@@ -71,13 +47,7 @@ fn rollback_past_the_start_is_an_error_and_changes_nothing() {
     let mut matcher = Matcher::new(Grammar::from_regex(vocab, "a+").unwrap());
     assert!(matcher.accept_str("aa"));
     let err = matcher.rollback(2).unwrap_err();
-    assert_eq!(
-        err,
-        ConstraintError::RollbackTooFar {
-            requested: 2,
-            available: 1
-        }
-    );
+    assert_eq!(err, ConstraintError::RollbackTooFar { requested: 2, available: 1 });
     assert!(matcher.can_end());
 }
 
@@ -89,10 +59,7 @@ fn unknown_special_and_unfit_tokens_are_refused_without_change() {
     assert!(!matcher.accept_token(vocab.size() as u32));
     assert!(!matcher.accept_token(u32::MAX));
     assert!(!matcher.accept_token(special));
-    assert!(
-        !matcher.accept_token(eos),
-        "EOS before the document is complete"
-    );
+    assert!(!matcher.accept_token(eos), "EOS before the document is complete");
     assert!(!matcher.accept_token(b'b' as u32));
     assert_eq!(matcher.num_steps(), 0);
     assert!(matcher.accept_token(b'a' as u32));
@@ -101,29 +68,16 @@ fn unknown_special_and_unfit_tokens_are_refused_without_change() {
 #[test]
 fn bad_vocabularies_are_typed_errors() {
     let err = Vocabulary::new(vec![b"a".to_vec()], &[], &[]).unwrap_err();
-    assert!(
-        matches!(err, ConstraintError::InvalidVocabulary(_)),
-        "{err}"
-    );
+    assert!(matches!(err, ConstraintError::InvalidVocabulary(_)), "{err}");
     let mut builder = ferrolm_constraint::VocabularyBuilder::new();
-    builder
-        .add_token(0, b"a".to_vec())
-        .add_token(0, b"b".to_vec())
-        .mark_eos(1);
-    assert!(matches!(
-        builder.build().unwrap_err(),
-        ConstraintError::InvalidVocabulary(_)
-    ));
+    builder.add_token(0, b"a".to_vec()).add_token(0, b"b".to_vec()).mark_eos(1);
+    assert!(matches!(builder.build().unwrap_err(), ConstraintError::InvalidVocabulary(_)));
     assert!(builder.mark_eos_by_text("</s>").is_err());
 }
 
 #[test]
 fn bad_tiktoken_lines_name_the_line() {
-    for (text, line) in [
-        ("YQ== 0\nnot-base64! 1\n", 2),
-        ("YQ== 0\nYg==\n", 2),
-        ("YQ== x\n", 1),
-    ] {
+    for (text, line) in [("YQ== 0\nnot-base64! 1\n", 2), ("YQ== 0\nYg==\n", 2), ("YQ== x\n", 1)] {
         match from_tiktoken(text).unwrap_err() {
             ConstraintError::TokenizerFile { line: Some(l), .. } => assert_eq!(l, line, "{text:?}"),
             other => panic!("unexpected {other}"),
@@ -143,9 +97,6 @@ fn bad_tokenizer_json_is_a_typed_error() {
     ];
     for text in cases {
         let err = from_hf_tokenizer_json(text).unwrap_err();
-        assert!(
-            matches!(err, ConstraintError::TokenizerFile { .. }),
-            "{text}: {err}"
-        );
+        assert!(matches!(err, ConstraintError::TokenizerFile { .. }), "{text}: {err}");
     }
 }

@@ -27,9 +27,7 @@ fn brute_force_mask(grammar: &Grammar, vocab: &Vocabulary, state: u32) -> Vec<u3
 }
 
 fn random_text(rng: &mut Rng, max_chars: usize) -> String {
-    (0..rng.below(max_chars + 1))
-        .map(|_| ALPHABET[rng.below(ALPHABET.len())])
-        .collect()
+    (0..rng.below(max_chars + 1)).map(|_| ALPHABET[rng.below(ALPHABET.len())]).collect()
 }
 
 proptest! {

@@ -11,9 +11,7 @@ use ferrolm_constraint::{ByteDfa, Grammar, Matcher, DEAD};
 use proptest::prelude::*;
 
 fn allowed_ids(mask: &[u32]) -> Vec<u32> {
-    (0..mask.len() as u32 * 32)
-        .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
-        .collect()
+    (0..mask.len() as u32 * 32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect()
 }
 
 /// The shortest byte string taking `state` to acceptance, by breadth-first search.

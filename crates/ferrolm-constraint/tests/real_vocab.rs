@@ -15,9 +15,7 @@ fn load() -> Option<Arc<Vocabulary>> {
     let text = std::fs::read_to_string(path).expect("readable tiktoken file");
     let mut builder = from_tiktoken(&text).unwrap();
     let eos = text.lines().count() as u32;
-    builder
-        .add_special_token(eos, b"<|endoftext|>".to_vec())
-        .mark_eos(eos);
+    builder.add_special_token(eos, b"<|endoftext|>".to_vec()).mark_eos(eos);
     Some(Arc::new(builder.build().unwrap()))
 }
 
@@ -29,10 +27,7 @@ fn trie_mask_equals_brute_force_on_a_real_vocabulary() {
         return;
     };
     let cases = [
-        (
-            r#"\{"name":"[^"\\]{0,30}","age":[0-9]{1,3}\}"#,
-            r#"{"name":"Grace Hopper","age":85}"#,
-        ),
+        (r#"\{"name":"[^"\\]{0,30}","age":[0-9]{1,3}\}"#, r#"{"name":"Grace Hopper","age":85}"#),
         (r"[^\n]*\n", "Über naïve café — 日本語のテキスト\n"),
         (r"(yes|no|maybe)", "maybe"),
     ];

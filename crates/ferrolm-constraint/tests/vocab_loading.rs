@@ -10,9 +10,7 @@ fn tiktoken_lines_become_tokens() {
     // "a", "b", " ab", and a lone 0xE4 byte (a partial UTF-8 character).
     let text = "YQ== 0\nYg== 1\nIGFi 2\n5A== 3\n";
     let mut builder = from_tiktoken(text).unwrap();
-    builder
-        .add_special_token(4, b"<|endoftext|>".to_vec())
-        .mark_eos(4);
+    builder.add_special_token(4, b"<|endoftext|>".to_vec()).mark_eos(4);
     let vocab = builder.build().unwrap();
     assert_eq!(vocab.size(), 5);
     assert_eq!(vocab.token_bytes(2), Some(&b" ab"[..]));
@@ -62,10 +60,7 @@ fn sentencepiece_tokenizer_json_with_byte_fallback() {
 
     let grammar = Grammar::from_regex(vocab, r" hi\n").unwrap();
     let mut matcher = Matcher::new(grammar);
-    assert!(
-        !matcher.accept_token(1),
-        "special tokens never match grammar bytes"
-    );
+    assert!(!matcher.accept_token(1), "special tokens never match grammar bytes");
     assert!(matcher.accept_token(5) && matcher.accept_token(3) && matcher.accept_token(2));
 }
 

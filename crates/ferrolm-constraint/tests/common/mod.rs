@@ -44,21 +44,12 @@ impl Re {
         match self {
             Re::Literal(c) => regex_syntax::escape(&c.to_string()),
             Re::Class(chars) => {
-                let body: String = chars
-                    .iter()
-                    .map(|c| regex_syntax::escape(&c.to_string()))
-                    .collect();
+                let body: String = chars.iter().map(|c| regex_syntax::escape(&c.to_string())).collect();
                 format!("[{body}]")
             }
-            Re::Concat(parts) => parts
-                .iter()
-                .map(|p| format!("(?:{})", p.to_pattern()))
-                .collect(),
+            Re::Concat(parts) => parts.iter().map(|p| format!("(?:{})", p.to_pattern())).collect(),
             Re::Alt(parts) => {
-                let alts: Vec<String> = parts
-                    .iter()
-                    .map(|p| format!("(?:{})", p.to_pattern()))
-                    .collect();
+                let alts: Vec<String> = parts.iter().map(|p| format!("(?:{})", p.to_pattern())).collect();
                 alts.join("|")
             }
             Re::Repeat(inner, min, Some(max)) => {
@@ -124,14 +115,8 @@ pub fn small_vocab(extra: &[Vec<u8>]) -> (Arc<Vocabulary>, u32) {
 
 /// Random multi-byte tokens drawn from the alphabet's bytes.
 pub fn extra_tokens_strategy() -> impl Strategy<Value = Vec<Vec<u8>>> {
-    let bytes: Vec<u8> = ALPHABET
-        .iter()
-        .flat_map(|c| c.to_string().into_bytes())
-        .collect();
-    proptest::collection::vec(
-        proptest::collection::vec(proptest::sample::select(bytes), 2..6),
-        0..40,
-    )
+    let bytes: Vec<u8> = ALPHABET.iter().flat_map(|c| c.to_string().into_bytes()).collect();
+    proptest::collection::vec(proptest::collection::vec(proptest::sample::select(bytes), 2..6), 0..40)
 }
 
 /// Full-match membership by the `regex` crate, independent of our automaton.

@@ -1,0 +1,340 @@
+//! JSON Schema -> regex, for the part of JSON Schema a regular language can express.
+//!
+//! Generation-oriented choices (the documents we produce are always valid, but some
+//! valid documents are not produced):
+//! - compact JSON by default, or JSON whitespace capped at a run length;
+//! - properties in the order the schema lists them; an absent `additionalProperties`
+//!   generates no undeclared property (as `false` would);
+//! - `format` restricts strings to the formats' common syntax.
+//!
+//! Anything that would change what is valid and that we cannot express — recursive
+//! `$ref`, values of any type, `pattern`, `oneOf`, numeric bounds on `number`, ... — is a
+//! [`ConstraintError::UnsupportedSchema`] naming the keyword, unless `lenient` is set,
+//! in which case the keyword is ignored and the grammar may be looser or stricter.
+
+mod formats;
+mod int_range;
+mod values;
+
+use serde_json::{Map, Value};
+
+use crate::error::{ConstraintError, Result};
+
+pub use int_range::integer_range_regex;
+
+/// How much whitespace the generated JSON may contain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whitespace {
+    /// None at all: `{"a":1,"b":[2,3]}`.
+    Compact,
+    /// JSON whitespace wherever JSON allows it, at most `max_run` characters in a row
+    /// (an unbounded run lets a model loop on whitespace forever).
+    Flexible { max_run: u32 },
+}
+
+#[derive(Debug, Clone)]
+pub struct JsonSchemaOptions {
+    pub whitespace: Whitespace,
+    /// Ignore unsupported keywords instead of failing.
+    pub lenient: bool,
+}
+
+impl Default for JsonSchemaOptions {
+    fn default() -> Self {
+        JsonSchemaOptions { whitespace: Whitespace::Compact, lenient: false }
+    }
+}
+
+/// Keywords that never change what is valid.
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "examples",
+    "default",
+    "$comment",
+    "$schema",
+    "$id",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentEncoding",
+    "contentMediaType",
+    "$defs",
+    "definitions",
+];
+
+/// Keywords this module understands (some only with certain values).
+const HANDLED: &[&str] = &[
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "enum",
+    "const",
+    "anyOf",
+    "allOf",
+    "$ref",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "nullable",
+];
+
+/// One JSON string character, encoded: anything but `"`, `\` and control characters,
+/// or an escape.
+const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})"#;
+const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
+
+/// Translate a schema into a regex over the JSON text.
+pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
+    let whitespace = match options.whitespace {
+        Whitespace::Compact => String::new(),
+        Whitespace::Flexible { max_run } => format!(r"[ \t\n\r]{{0,{max_run}}}"),
+    };
+    let mut translator =
+        Translator { root: schema, lenient: options.lenient, ws: whitespace, ref_stack: Vec::new() };
+    translator.schema(schema, "#")
+}
+
+struct Translator<'a> {
+    root: &'a Value,
+    lenient: bool,
+    /// Regex for optional whitespace between tokens (empty when compact).
+    ws: String,
+    /// `$ref`s being expanded, to detect recursion.
+    ref_stack: Vec<String>,
+}
+
+impl<'a> Translator<'a> {
+    fn unsupported(&self, keyword: &str, path: &str) -> ConstraintError {
+        ConstraintError::UnsupportedSchema { keyword: keyword.to_string(), path: path.to_string() }
+    }
+
+    fn invalid(&self, path: &str, message: impl Into<String>) -> ConstraintError {
+        ConstraintError::InvalidSchema { path: path.to_string(), message: message.into() }
+    }
+
+    /// Fail on a keyword we do not support, unless lenient.
+    fn refuse(&self, keyword: &str, path: &str) -> Result<()> {
+        if self.lenient {
+            Ok(())
+        } else {
+            Err(self.unsupported(keyword, path))
+        }
+    }
+
+    fn schema(&mut self, schema: &'a Value, path: &str) -> Result<String> {
+        let map = match schema {
+            Value::Object(map) => map,
+            Value::Bool(true) => return Err(self.unsupported("true (any value)", path)),
+            Value::Bool(false) => return Err(self.invalid(path, "the schema `false` allows no value")),
+            _ => return Err(self.invalid(path, "a schema must be an object or a boolean")),
+        };
+        for key in map.keys() {
+            if !ANNOTATIONS.contains(&key.as_str()) && !HANDLED.contains(&key.as_str()) {
+                self.refuse(key, path)?;
+            }
+        }
+        // Keywords that replace the schema: each must stand alone (its siblings would
+        // need an intersection of languages, which we do not build).
+        for keyword in ["$ref", "anyOf", "allOf", "oneOf"] {
+            if let Some(value) = map.get(keyword) {
+                let siblings =
+                    map.keys().any(|k| k != keyword && !ANNOTATIONS.contains(&k.as_str()) && k != "nullable");
+                if siblings {
+                    self.refuse(&format!("{keyword} with sibling keywords"), path)?;
+                }
+                let inner = self.combinator(keyword, value, path)?;
+                return Ok(self.with_nullable(map, inner));
+            }
+        }
+        if let Some(value) = map.get("const") {
+            let inner = self.literal_choice(map, std::slice::from_ref(value), path)?;
+            return Ok(self.with_nullable(map, inner));
+        }
+        if let Some(values) = map.get("enum") {
+            let values = values.as_array().ok_or_else(|| self.invalid(path, "`enum` must be an array"))?;
+            let inner = self.literal_choice(map, values, path)?;
+            return Ok(self.with_nullable(map, inner));
+        }
+        let types = self.types(map, path)?;
+        let mut alternatives = Vec::new();
+        for ty in types {
+            alternatives.push(format!("(?:{})", self.typed(&ty, map, path)?));
+        }
+        Ok(self.with_nullable(map, alternatives.join("|")))
+    }
+
+    fn with_nullable(&self, map: &Map<String, Value>, inner: String) -> String {
+        if map.get("nullable") == Some(&Value::Bool(true)) {
+            format!("(?:{inner})|null")
+        } else {
+            inner
+        }
+    }
+
+    fn combinator(&mut self, keyword: &str, value: &'a Value, path: &str) -> Result<String> {
+        if keyword == "$ref" {
+            let reference = value.as_str().ok_or_else(|| self.invalid(path, "`$ref` must be a string"))?;
+            return self.reference(reference, path);
+        }
+        let branches = value
+            .as_array()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| self.invalid(path, format!("`{keyword}` must be a non-empty array")))?;
+        match keyword {
+            "allOf" if branches.len() == 1 => self.schema(&branches[0], &format!("{path}/allOf/0")),
+            "allOf" => Err(self.unsupported("allOf with more than one schema", path)),
+            // oneOf also demands that exactly one branch matches, which a union cannot
+            // express; lenient mode accepts the looser union.
+            "oneOf" if !self.lenient => Err(self.unsupported("oneOf", path)),
+            _ => {
+                let mut alternatives = Vec::new();
+                for (i, branch) in branches.iter().enumerate() {
+                    let inner = self.schema(branch, &format!("{path}/{keyword}/{i}"))?;
+                    alternatives.push(format!("(?:{inner})"));
+                }
+                Ok(alternatives.join("|"))
+            }
+        }
+    }
+
+    /// Resolve a local reference (`#`, `#/$defs/...`, any JSON pointer into the root).
+    fn reference(&mut self, reference: &str, path: &str) -> Result<String> {
+        let pointer = reference
+            .strip_prefix('#')
+            .ok_or_else(|| self.unsupported(&format!("$ref {reference:?} (only local references)"), path))?;
+        if self.ref_stack.iter().any(|r| r == reference) {
+            return Err(self.unsupported(&format!("recursive $ref {reference:?}"), path));
+        }
+        let target = self
+            .root
+            .pointer(&decode_pointer(pointer))
+            .ok_or_else(|| self.invalid(path, format!("unknown $ref {reference:?}")))?;
+        self.ref_stack.push(reference.to_string());
+        let result = self.schema(target, reference);
+        self.ref_stack.pop();
+        result
+    }
+
+    /// The listed types, or the one implied by the keywords present.
+    fn types(&self, map: &Map<String, Value>, path: &str) -> Result<Vec<String>> {
+        if map.contains_key("type") {
+            return self.listed_types(map, path);
+        }
+        let implied = [
+            ("object", &["properties", "required", "additionalProperties"][..]),
+            ("array", &["items", "prefixItems", "minItems", "maxItems"][..]),
+            ("string", &["minLength", "maxLength", "format"][..]),
+            ("number", &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"][..]),
+        ];
+        let found: Vec<String> = implied
+            .iter()
+            .filter(|(_, keys)| keys.iter().any(|k| map.contains_key(*k)))
+            .map(|(ty, _)| ty.to_string())
+            .collect();
+        // Without `type`, values of the other types would be valid too: only a schema
+        // whose keywords name exactly one type is read as that type, and only leniently.
+        if found.len() == 1 && self.lenient {
+            return Ok(found);
+        }
+        Err(self.unsupported("schema without `type` (values of any type)", path))
+    }
+
+    /// `const` / `enum`: the compact serializations of the values that also have the
+    /// schema's `type` (if any).
+    fn literal_choice(&self, map: &Map<String, Value>, values: &[Value], path: &str) -> Result<String> {
+        for key in map.keys() {
+            let allowed = ["const", "enum", "type", "nullable"];
+            if !allowed.contains(&key.as_str()) && HANDLED.contains(&key.as_str()) {
+                self.refuse(&format!("{key} next to const/enum"), path)?;
+            }
+        }
+        let types = match map.get("type") {
+            Some(_) => Some(self.listed_types(map, path)?),
+            None => None,
+        };
+        let alternatives: Vec<String> = values
+            .iter()
+            .filter(|v| types.as_ref().is_none_or(|t| t.iter().any(|ty| has_type(v, ty))))
+            .map(|v| regex_syntax::escape(&v.to_string()))
+            .collect();
+        if alternatives.is_empty() {
+            return Err(self.invalid(path, "no value of `const`/`enum` has the schema's type"));
+        }
+        Ok(alternatives.join("|"))
+    }
+
+    fn listed_types(&self, map: &Map<String, Value>, path: &str) -> Result<Vec<String>> {
+        match map.get("type") {
+            Some(Value::String(t)) => Ok(vec![t.clone()]),
+            Some(Value::Array(list)) if !list.is_empty() => list
+                .iter()
+                .map(|t| {
+                    t.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| self.invalid(path, "`type` entries must be strings"))
+                })
+                .collect(),
+            Some(_) => Err(self.invalid(path, "`type` must be a string or a non-empty array")),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn typed(&mut self, ty: &str, map: &'a Map<String, Value>, path: &str) -> Result<String> {
+        match ty {
+            "null" => Ok("null".into()),
+            "boolean" => Ok("true|false".into()),
+            "integer" => self.integer(map, path),
+            "number" => self.number(map, path),
+            "string" => self.string(map, path),
+            "array" => self.array(map, path),
+            "object" => self.object(map, path),
+            other => Err(self.invalid(path, format!("unknown type {other:?}"))),
+        }
+    }
+}
+
+/// Whether a JSON value has a JSON Schema type.
+fn has_type(value: &Value, ty: &str) -> bool {
+    match ty {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "integer" => value.as_i64().is_some() || value.as_u64().is_some(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        _ => false,
+    }
+}
+
+/// `#/$defs/a~1b` -> `/$defs/a~1b` with percent-escapes undone (JSON pointer `~`
+/// escapes are handled by `Value::pointer`).
+fn decode_pointer(pointer: &str) -> String {
+    let mut out = Vec::new();
+    let bytes = pointer.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(byte) if bytes[i] == b'%' => {
+                out.push(byte);
+                i += 3;
+            }
+            _ => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

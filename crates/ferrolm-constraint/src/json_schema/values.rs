@@ -1,0 +1,221 @@
+//! The regex of each JSON type under its keywords.
+
+use serde_json::{Map, Value};
+
+use super::formats::format_regex;
+use super::int_range::integer_range_regex;
+use super::{Translator, NUMBER, STRING_CHAR};
+use crate::error::Result;
+
+/// Largest repetition count we write into a regex; larger bounds would build huge
+/// automata and are treated as unbounded above / refused below.
+const MAX_COUNT: u64 = 10_000;
+
+impl<'a> Translator<'a> {
+    pub(super) fn integer(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        let bound = |key: &str| -> Result<Option<f64>> {
+            match map.get(key) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| self.invalid(path, format!("`{key}` must be a number"))),
+            }
+        };
+        let mut min = bound("minimum")?.map(|m| m.ceil());
+        let mut max = bound("maximum")?.map(|m| m.floor());
+        if let Some(e) = bound("exclusiveMinimum")? {
+            let e = e.floor() + 1.0;
+            min = Some(min.map_or(e, |m| m.max(e)));
+        }
+        if let Some(e) = bound("exclusiveMaximum")? {
+            let e = e.ceil() - 1.0;
+            max = Some(max.map_or(e, |m| m.min(e)));
+        }
+        let limit = 1e30;
+        if min.is_some_and(|m| m.abs() > limit) || max.is_some_and(|m| m.abs() > limit) {
+            self.refuse("integer bounds beyond 1e30", path)?;
+            return Ok(integer_range_regex(None, None).expect("unbounded range"));
+        }
+        integer_range_regex(min.map(|m| m as i128), max.map(|m| m as i128))
+            .ok_or_else(|| self.invalid(path, "no integer lies between the bounds"))
+    }
+
+    pub(super) fn number(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+            if map.contains_key(key) {
+                self.refuse(&format!("{key} on a number"), path)?;
+            }
+        }
+        Ok(NUMBER.to_string())
+    }
+
+    pub(super) fn string(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        let (min, max) = self.counts(map, "minLength", "maxLength", path)?;
+        if let Some(format) = map.get("format") {
+            let name = format.as_str().ok_or_else(|| self.invalid(path, "`format` must be a string"))?;
+            match format_regex(name) {
+                Some(regex) => {
+                    if min > 0 || max.is_some() {
+                        self.refuse("minLength/maxLength next to format", path)?;
+                    }
+                    return Ok(format!("\"(?:{regex})\""));
+                }
+                None => self.refuse(&format!("format {name:?}"), path)?,
+            }
+        }
+        Ok(format!("\"{STRING_CHAR}{}\"", repeat_suffix(min, max)))
+    }
+
+    pub(super) fn array(&mut self, map: &'a Map<String, Value>, path: &str) -> Result<String> {
+        let (min, max) = self.counts(map, "minItems", "maxItems", path)?;
+        let prefix: Vec<String> = match map.get("prefixItems") {
+            None => Vec::new(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(i, s)| self.schema(s, &format!("{path}/prefixItems/{i}")))
+                .collect::<Result<_>>()?,
+            Some(_) => return Err(self.invalid(path, "`prefixItems` must be an array")),
+        };
+        let rest = match map.get("items") {
+            Some(Value::Bool(false)) => None,
+            Some(items) => Some(self.schema(items, &format!("{path}/items"))?),
+            None => return Err(self.unsupported("array without `items` (items of any type)", path)),
+        };
+        let max = match rest {
+            None => Some(max.map_or(prefix.len() as u64, |m| m.min(prefix.len() as u64))),
+            Some(_) => max,
+        };
+        if max.is_some_and(|m| m < min) {
+            return Err(self.invalid(path, "no array length satisfies minItems/maxItems"));
+        }
+        let separator = format!("{ws},{ws}", ws = self.ws);
+        let element = |i: usize| -> String {
+            match prefix.get(i) {
+                Some(p) => format!("(?:{p})"),
+                None => format!("(?:{})", rest.as_deref().expect("past the prefix only with items")),
+            }
+        };
+        // After `count` elements: what may follow (more elements, each with its comma).
+        let mut tail = String::new();
+        let first_free = prefix.len().max(1);
+        if rest.is_some() {
+            let more_min = min.saturating_sub(first_free as u64);
+            let more_max = max.map(|m| m.saturating_sub(first_free as u64));
+            if more_max != Some(0) {
+                tail = format!("(?:{separator}{}){}", element(first_free), repeat_suffix(more_min, more_max));
+            }
+        }
+        for count in (1..first_free.min(max.unwrap_or(u64::MAX) as usize)).rev() {
+            let next = format!("{separator}{}{tail}", element(count));
+            tail = if (count as u64) >= min { format!("(?:{next})?") } else { next };
+        }
+        let ws = &self.ws;
+        if max == Some(0) {
+            return Ok(format!(r"\[{ws}\]"));
+        }
+        let elements = format!("{}{tail}", element(0));
+        Ok(if min == 0 {
+            format!(r"\[{ws}(?:{elements})?{ws}\]")
+        } else {
+            format!(r"\[{ws}{elements}{ws}\]")
+        })
+    }
+
+    pub(super) fn object(&mut self, map: &'a Map<String, Value>, path: &str) -> Result<String> {
+        match map.get("additionalProperties") {
+            None | Some(Value::Bool(false)) => {}
+            Some(_) => self.refuse("additionalProperties other than false", path)?,
+        }
+        let properties: Vec<(&'a String, &'a Value)> = match map.get("properties") {
+            None => Vec::new(),
+            Some(Value::Object(p)) => p.iter().collect(),
+            Some(_) => return Err(self.invalid(path, "`properties` must be an object")),
+        };
+        let required: Vec<&str> = match map.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .map(|v| v.as_str().ok_or_else(|| self.invalid(path, "`required` entries must be strings")))
+                .collect::<Result<_>>()?,
+            Some(_) => return Err(self.invalid(path, "`required` must be an array")),
+        };
+        for name in &required {
+            if !properties.iter().any(|(p, _)| p.as_str() == *name) {
+                return Err(self.unsupported(
+                    &format!("required property {name:?} missing from `properties` (a value of any type)"),
+                    path,
+                ));
+            }
+        }
+        let ws = self.ws.clone();
+        let mut members = Vec::new();
+        for (name, schema) in properties {
+            let key = regex_syntax::escape(&Value::String(name.clone()).to_string());
+            let value = self.schema(schema, &format!("{path}/properties/{}", escape_pointer(name)))?;
+            members.push((format!("{key}{ws}:{ws}(?:{value})"), required.contains(&name.as_str())));
+        }
+        // Members in schema order, optional ones omissible, commas only between present
+        // ones. `after` = the rest once some member is already written (each remaining
+        // member then brings its own comma); `first` = the rest when none is written yet.
+        let separator = format!("{ws},{ws}");
+        let mut after = String::new();
+        let mut first = String::new();
+        for (member, is_required) in members.iter().rev() {
+            let with_comma = format!("{separator}{member}{after}");
+            let as_first = format!("{member}{after}");
+            if *is_required {
+                after = with_comma;
+                first = as_first;
+            } else {
+                after = format!("(?:{separator}{member})?{after}");
+                first = format!("(?:{as_first}|{first})");
+            }
+        }
+        Ok(format!(r"\{{{ws}{first}{ws}\}}"))
+    }
+
+    /// A `(min, max)` pair of length keywords (`max = None`: unbounded).
+    fn counts(
+        &self,
+        map: &Map<String, Value>,
+        min_key: &str,
+        max_key: &str,
+        path: &str,
+    ) -> Result<(u64, Option<u64>)> {
+        let read = |key: &str| -> Result<Option<u64>> {
+            match map.get(key) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .or_else(|| v.as_f64().filter(|f| *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
+                    .map(Some)
+                    .ok_or_else(|| self.invalid(path, format!("`{key}` must be a non-negative integer"))),
+            }
+        };
+        let min = read(min_key)?.unwrap_or(0);
+        let max = read(max_key)?;
+        if min > MAX_COUNT {
+            self.refuse(&format!("{min_key} above {MAX_COUNT}"), path)?;
+        }
+        if max.is_some_and(|m| m < min) {
+            return Err(self.invalid(path, format!("{max_key} is below {min_key}")));
+        }
+        Ok((min.min(MAX_COUNT), max.filter(|&m| m <= MAX_COUNT)))
+    }
+}
+
+/// `{min,max}` as a regex suffix.
+fn repeat_suffix(min: u64, max: Option<u64>) -> String {
+    match max {
+        None if min == 0 => "*".into(),
+        None => format!("{{{min},}}"),
+        Some(max) => format!("{{{min},{max}}}"),
+    }
+}
+
+/// A property name inside a JSON pointer used for error paths.
+fn escape_pointer(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}

@@ -1,0 +1,242 @@
+//! JSON Schema -> regex: valid documents (compact, properties in schema order) are in
+//! the language, invalid ones are not, unsupported keywords are named errors.
+
+mod common;
+
+use common::{random_tokenization, small_vocab, Rng};
+use ferrolm_constraint::json_schema::{json_schema_to_regex, JsonSchemaOptions, Whitespace};
+use ferrolm_constraint::{ConstraintError, Grammar, Matcher};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn language(schema: &Value, options: &JsonSchemaOptions) -> regex::Regex {
+    let pattern = json_schema_to_regex(schema, options).unwrap();
+    regex::Regex::new(&format!("^(?:{pattern})$")).unwrap()
+}
+
+fn check(schema: Value, valid: &[&str], invalid: &[&str]) {
+    let re = language(&schema, &JsonSchemaOptions::default());
+    for doc in valid {
+        assert!(re.is_match(doc), "{schema} should accept {doc}");
+    }
+    for doc in invalid {
+        assert!(!re.is_match(doc), "{schema} should reject {doc}");
+    }
+}
+
+fn unsupported(schema: Value) -> String {
+    match json_schema_to_regex(&schema, &JsonSchemaOptions::default()) {
+        Err(ConstraintError::UnsupportedSchema { keyword, .. }) => keyword,
+        other => panic!("{schema}: expected an unsupported-keyword error, got {other:?}"),
+    }
+}
+
+#[test]
+fn object_with_required_properties_in_schema_order() {
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]});
+    check(
+        schema,
+        &[r#"{"name":"Ada","age":36}"#, r#"{"name":"a \"q\" \\ \n \u00e9","age":-1}"#],
+        &[
+            r#"{"age":36,"name":"Ada"}"#,
+            r#"{"name":"Ada"}"#,
+            r#"{"name":"Ada","age":36,"x":1}"#,
+            r#"{ "name":"Ada","age":36}"#,
+            r#"{"name":"Ada","age":036}"#,
+            "{\"name\":\"a\nb\",\"age\":1}",
+        ],
+    );
+}
+
+#[test]
+fn optional_properties_in_every_combination() {
+    let schema = json!({"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "boolean"}, "c": {"type": "null"}}, "required": ["b"]});
+    check(
+        schema.clone(),
+        &[r#"{"b":true}"#, r#"{"a":1,"b":false}"#, r#"{"b":true,"c":null}"#, r#"{"a":1,"b":true,"c":null}"#],
+        &[r#"{}"#, r#"{"a":1}"#, r#"{"b":true,}"#, r#"{,"b":true}"#, r#"{"c":null,"b":true}"#],
+    );
+    let all_optional = json!({"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}});
+    let re = language(&all_optional, &JsonSchemaOptions::default());
+    for subset in 0..8u32 {
+        let members: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| subset >> i & 1 == 1)
+            .map(|(_, k)| format!("\"{k}\":1"))
+            .collect();
+        let doc = format!("{{{}}}", members.join(","));
+        assert!(re.is_match(&doc), "{doc}");
+    }
+    for doc in [r#"{"b":1,"a":1}"#, r#"{,}"#, r#"{"a":1,,"c":1}"#, r#"{"a":1,}"#] {
+        assert!(!re.is_match(doc), "{doc}");
+    }
+}
+
+#[test]
+fn strings_with_lengths_and_formats() {
+    check(
+        json!({"type": "string", "minLength": 2, "maxLength": 3}),
+        &[r#""ab""#, r#""a\"c""#, r#""日本語""#, r#""\u0041bc""#],
+        &[r#""a""#, r#""abcd""#, r#""ab"#],
+    );
+    check(
+        json!({"type": "string", "format": "date-time"}),
+        &[r#""2026-11-30T08:15:00Z""#, r#""2026-11-30T08:15:00.123+05:30""#],
+        &[r#""2026-13-30T08:15:00Z""#, r#""2026-11-30 08:15:00Z""#],
+    );
+    check(
+        json!({"type": "string", "format": "uuid"}),
+        &[r#""123e4567-e89b-12d3-a456-426614174000""#],
+        &[r#""123e4567e89b12d3a456426614174000""#],
+    );
+    check(json!({"format": "ipv4", "type": "string"}), &[r#""192.168.0.1""#], &[r#""256.1.1.1""#]);
+    check(json!({"type": "string", "format": "email"}), &[r#""ada@example.org""#], &[r#""ada@""#]);
+}
+
+#[test]
+fn numbers_and_integer_bounds() {
+    check(json!({"type": "number"}), &["0", "-1.5", "1e10", "2.5E-3"], &["01", "1.", ".5", "+1", "--1"]);
+    check(
+        json!({"type": "integer", "minimum": -5, "exclusiveMaximum": 100}),
+        &["-5", "0", "99"],
+        &["-6", "100", "1000", "-0"],
+    );
+}
+
+#[test]
+fn enums_consts_type_lists_and_nullable() {
+    check(
+        json!({"enum": ["red", "say \"hi\"", 3, {"k": [1, null]}]}),
+        &[r#""red""#, r#""say \"hi\"""#, "3", r#"{"k":[1,null]}"#],
+        &[r#""blue""#, "4", r#"{"k":[1]}"#],
+    );
+    check(json!({"type": "string", "enum": ["a", 1]}), &[r#""a""#], &["1"]);
+    check(json!({"const": "x"}), &[r#""x""#], &[r#""y""#]);
+    check(json!({"type": ["string", "null"]}), &[r#""s""#, "null"], &["1"]);
+    check(json!({"type": "integer", "nullable": true}), &["7", "null"], &["true"]);
+}
+
+#[test]
+fn arrays_with_items_counts_and_prefix_items() {
+    let schema = json!({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3});
+    check(schema, &["[1]", "[1,2]", "[1,2,3]"], &["[]", "[1,2,3,4]", "[1,]", "[,1]"]);
+    check(
+        json!({"type": "array", "items": {"type": "boolean"}}),
+        &["[]", "[true,false,true]"],
+        &["[true false]"],
+    );
+    check(
+        json!({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": false}),
+        &["[]", "[1]", r#"[1,"a"]"#],
+        &[r#"["a"]"#, r#"[1,"a",2]"#],
+    );
+    check(
+        json!({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "null"}, "minItems": 2}),
+        &["[1,null]", "[1,null,null]"],
+        &["[1]", "[null,null]"],
+    );
+}
+
+#[test]
+fn refs_resolve_and_recursion_is_refused() {
+    let schema = json!({
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "type": "array", "items": {"$ref": "#/$defs/point"}});
+    check(schema, &[r#"[{"x":1},{"x":2}]"#], &[r#"[{"y":1}]"#]);
+    let recursive = json!({"type": "object", "properties": {"next": {"$ref": "#"}}});
+    assert!(unsupported(recursive).contains("recursive"));
+    let unknown = json!({"type": "array", "items": {"$ref": "#/$defs/missing"}});
+    assert!(matches!(
+        json_schema_to_regex(&unknown, &JsonSchemaOptions::default()),
+        Err(ConstraintError::InvalidSchema { .. })
+    ));
+}
+
+#[test]
+fn unsupported_keywords_are_named_unless_lenient() {
+    assert_eq!(unsupported(json!({"type": "string", "pattern": "^a+$"})), "pattern");
+    assert_eq!(
+        unsupported(json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true})),
+        "uniqueItems"
+    );
+    assert_eq!(unsupported(json!({"oneOf": [{"type": "integer"}, {"type": "string"}]})), "oneOf");
+    assert_eq!(unsupported(json!({"not": {"type": "string"}})), "not");
+    assert!(unsupported(json!({})).contains("any type"));
+    assert!(unsupported(json!({"type": "array"})).contains("items"));
+    assert!(
+        unsupported(json!({"type": "object", "additionalProperties": true})).contains("additionalProperties")
+    );
+    let lenient = JsonSchemaOptions { lenient: true, ..JsonSchemaOptions::default() };
+    let re = language(&json!({"type": "string", "pattern": "^a+$"}), &lenient);
+    assert!(re.is_match(r#""anything""#));
+}
+
+#[test]
+fn flexible_whitespace_is_capped() {
+    let schema =
+        json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}});
+    let options = JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, lenient: false };
+    let re = language(&schema, &options);
+    assert!(re.is_match("{ \"a\" : [ 1 ,\n2 ] }"));
+    assert!(re.is_match(r#"{"a":[1,2]}"#));
+    assert!(!re.is_match("{   \"a\":[]}"), "a run of 3 exceeds the cap");
+}
+
+#[test]
+fn invalid_schemas_are_typed_errors() {
+    let (vocab, _) = small_vocab(&[]);
+    let options = JsonSchemaOptions::default();
+    for text in ["not json", r#"{"type": 5}"#, r#"{"type": "integer", "minimum": 5, "maximum": 1}"#, "[1]"] {
+        match Grammar::from_json_schema(vocab.clone(), text, &options) {
+            Err(ConstraintError::InvalidSchema { .. }) => {}
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+fn person_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b\"c"]}, "maxItems": 3},
+        "score": {"type": ["number", "null"]}},
+        "required": ["name", "age"]})
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random valid instances, serialized by serde_json (compact, in schema order), are
+    /// accepted token by token under random tokenizations, and may end.
+    #[test]
+    fn valid_instances_are_accepted_token_by_token(
+        name in "(\\PC|[\\x00-\\x1f]){0,8}",
+        age in 0u32..=150,
+        tags in proptest::option::of(proptest::collection::vec(proptest::sample::select(vec!["a", "b\"c"]), 0..=3)),
+        score in proptest::option::of(proptest::option::of(-1e6f64..1e6)),
+        seed in any::<u64>(),
+    ) {
+        let mut instance = serde_json::Map::new();
+        instance.insert("name".into(), json!(name));
+        instance.insert("age".into(), json!(age));
+        if let Some(tags) = tags {
+            instance.insert("tags".into(), json!(tags));
+        }
+        if let Some(score) = score {
+            instance.insert("score".into(), json!(score));
+        }
+        let document = Value::Object(instance).to_string();
+        let (vocab, eos) = small_vocab(&[b"\":\"".to_vec(), b"\",\"".to_vec(), b"name".to_vec()]);
+        let grammar = Grammar::from_json_schema(vocab.clone(), &person_schema().to_string(), &JsonSchemaOptions::default()).unwrap();
+        let mut matcher = Matcher::new(grammar);
+        let mut rng = Rng(seed);
+        for token in random_tokenization(&vocab, document.as_bytes(), &mut rng) {
+            prop_assert!(matcher.accept_token(token), "rejected {} in {}", token, document);
+        }
+        prop_assert!(matcher.accept_token(eos), "cannot end {}", document);
+    }
+}
