@@ -28,3 +28,4 @@
 //! ```
 
 pub mod radix;
+pub mod sampling;
