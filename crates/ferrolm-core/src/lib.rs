@@ -27,5 +27,6 @@
 //! assert_eq!(freed.len(), 4);
 //! ```
 
+pub mod detok;
 pub mod radix;
 pub mod sampling;
