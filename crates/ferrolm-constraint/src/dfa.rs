@@ -55,6 +55,10 @@ pub struct ByteDfa {
     single_byte: Vec<Option<u8>>,
     /// Whether any byte leaves a state alive.
     can_continue: Vec<bool>,
+    /// Strongly connected component of each state, and whether that component holds a
+    /// cycle (a loop the output can go round: the body of a string, free text).
+    component: Vec<u32>,
+    component_has_cycle: Vec<bool>,
     start: u32,
 }
 
@@ -156,6 +160,16 @@ impl ByteDfa {
         self.single_byte[state as usize]
     }
 
+    /// Whether `a` and `b` can reach each other.
+    pub(crate) fn same_component(&self, a: u32, b: u32) -> bool {
+        self.component[a as usize] == self.component[b as usize]
+    }
+
+    /// Whether `state` lies on a cycle.
+    pub(crate) fn is_in_cycle(&self, state: u32) -> bool {
+        self.component_has_cycle[self.component[state as usize] as usize]
+    }
+
     /// Renumber so that only states that can reach acceptance remain; the others
     /// collapse into [`DEAD`]. Also fills the per-state summaries.
     fn keep_live_states(self) -> Self {
@@ -217,6 +231,7 @@ impl ByteDfa {
             }
         }
         let row_transitions = transitions.iter().map(|&t| t * nc as u32).collect();
+        let (component, component_has_cycle) = strongly_connected_components(kept, nc, &transitions);
         ByteDfa {
             classes: self.classes,
             num_classes: nc,
@@ -225,9 +240,73 @@ impl ByteDfa {
             accepting,
             single_byte,
             can_continue,
+            component,
+            component_has_cycle,
             start: new_id[self.start as usize],
         }
     }
+}
+
+/// Kosaraju's algorithm, iteratively: a post-order of the forward graph, then
+/// components collected on the reversed graph in reverse post-order. [`DEAD`] is left
+/// out (its component is its own and has no cycle that matters).
+fn strongly_connected_components(n: usize, nc: usize, transitions: &[u32]) -> (Vec<u32>, Vec<bool>) {
+    let successors = |s: usize| {
+        transitions[s * nc..(s + 1) * nc].iter().map(|&t| t as usize).filter(|&t| t != DEAD as usize)
+    };
+    let mut visited = vec![false; n];
+    let mut post_order = Vec::with_capacity(n);
+    for root in 1..n {
+        if visited[root] {
+            continue;
+        }
+        visited[root] = true;
+        let mut stack = vec![(root, 0usize)];
+        while let Some((state, next_class)) = stack.last_mut() {
+            if *next_class < nc {
+                let target = transitions[*state * nc + *next_class] as usize;
+                *next_class += 1;
+                if target != DEAD as usize && !visited[target] {
+                    visited[target] = true;
+                    stack.push((target, 0));
+                }
+            } else {
+                post_order.push(*state);
+                stack.pop();
+            }
+        }
+    }
+    let mut predecessors: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for state in 1..n {
+        for target in successors(state) {
+            predecessors[target].push(state);
+        }
+    }
+    let unassigned = u32::MAX;
+    let mut component = vec![unassigned; n];
+    let mut has_cycle = vec![false];
+    component[DEAD as usize] = 0;
+    for &root in post_order.iter().rev() {
+        if component[root] != unassigned {
+            continue;
+        }
+        let id = has_cycle.len() as u32;
+        let mut members = vec![root];
+        component[root] = id;
+        let mut i = 0;
+        while i < members.len() {
+            for &pred in &predecessors[members[i]] {
+                if component[pred] == unassigned {
+                    component[pred] = id;
+                    members.push(pred);
+                }
+            }
+            i += 1;
+        }
+        let self_loop = successors(root).any(|t| t == root);
+        has_cycle.push(members.len() > 1 || self_loop);
+    }
+    (component, has_cycle)
 }
 
 /// Breadth-first copy of the states reachable from the anchored start.
@@ -290,6 +369,8 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         accepting,
         single_byte: Vec::new(),
         can_continue: Vec::new(),
+        component: Vec::new(),
+        component_has_cycle: Vec::new(),
         start: start_id,
     })
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
 use crate::json_schema::{json_schema_to_regex, JsonSchemaOptions};
+use crate::region::Loop;
 use crate::vocab::Vocabulary;
 
 /// Default memory budget of the per-state mask cache of one grammar.
@@ -84,23 +85,46 @@ impl Grammar {
         }
     }
 
-    /// The mask of `state` from scratch: walk the token trie carrying the DFA state,
-    /// skipping every subtree whose prefix is dead.
+    /// The mask of `state`, uncached: from the loop index when `state` sits in a loop
+    /// of the automaton (see `region.rs`), else by a full trie walk.
     pub fn compute_mask(&self, state: u32, out: &mut [u32]) {
+        self.compute_mask_with(state, out, true);
+    }
+
+    /// The mask of `state` by a full trie walk, never using loop indexes: the reference
+    /// the fast paths are tested and benchmarked against.
+    pub fn compute_mask_by_full_walk(&self, state: u32, out: &mut [u32]) {
+        self.compute_mask_with(state, out, false);
+    }
+
+    fn compute_mask_with(&self, state: u32, out: &mut [u32], use_loops: bool) {
         out.fill(0);
         if state == DEAD {
             return;
         }
         let dfa = &self.dfa;
         let trie = self.vocab.trie();
-        trie.walk_into_mask(
-            dfa.row_of(state),
-            |row, byte| {
-                let next = dfa.next_row(row, byte);
-                (next != DEAD).then_some(next)
-            },
-            out,
-        );
+        let step = |row: u32, byte: u8| {
+            let next = dfa.next_row(row, byte);
+            (next != DEAD).then_some(next)
+        };
+        let loop_index = use_loops
+            .then(|| Loop::around(dfa, state))
+            .flatten()
+            .and_then(|l| Some((self.vocab.loop_indexes().get_or_build(trie, &l.key, out.len())?, l)));
+        match loop_index {
+            Some((index, around)) => {
+                // Tokens that stay in the loop, then the subtrees where paths leave it,
+                // each walked from the real state its parent is in.
+                out.copy_from_slice(&index.inside);
+                let mut scratch = vec![0u32; trie.max_depth() + 1];
+                for &(node, loop_state) in &index.exits {
+                    let parent = dfa.row_of(around.states[loop_state as usize]);
+                    trie.walk_subtree_into_mask(node, parent, step, out, &mut scratch);
+                }
+            }
+            None => trie.walk_into_mask(dfa.row_of(state), step, out),
+        }
         for &(first, other) in trie.duplicates() {
             if get_bit(out, first) {
                 set_bit(out, other);

@@ -38,6 +38,7 @@ mod error;
 mod grammar;
 pub mod json_schema;
 mod matcher;
+mod region;
 pub mod tokenizer_files;
 mod trie;
 mod vocab;

@@ -102,39 +102,10 @@ impl TokenTrie {
         &self.duplicates
     }
 
-    /// Walk every token reachable from `start`: `step(state, byte)` advances a state or
-    /// returns `None` when the prefix is dead (its whole subtree is skipped); `visit` is
-    /// called with each token id on a live path and the state after its last byte.
-    /// Duplicate ids are not visited; see [`TokenTrie::duplicates`].
-    #[inline]
-    pub fn walk<S: Copy>(
-        &self,
-        start: S,
-        mut step: impl FnMut(S, u8) -> Option<S>,
-        mut visit: impl FnMut(u32, S),
-    ) {
-        // states[d] = state after the first d bytes of the current path.
-        let mut states = vec![start; self.max_depth + 1];
-        let nodes = &self.nodes[..];
-        let mut index = 1;
-        while index < nodes.len() {
-            let node = nodes[index];
-            let depth = node.depth();
-            match step(states[depth - 1], node.byte()) {
-                None => index = node.subtree_end as usize,
-                Some(next) => {
-                    states[depth] = next;
-                    if node.token != NO_TOKEN {
-                        visit(node.token, next);
-                    }
-                    index += 1;
-                }
-            }
-        }
-    }
-
-    /// [`TokenTrie::walk`] that sets the bit of every token on a live path in `mask`
-    /// (which must have room for every id in the trie). The hot path of the crate.
+    /// Set in `mask` the bit of every token reachable from `start`: `step(state, byte)`
+    /// advances a state or returns `None` when the prefix is dead, which skips its whole
+    /// subtree. `mask` must have room for every id in the trie. Duplicate ids are not
+    /// set; see [`TokenTrie::duplicates`]. The hot path of the crate.
     #[inline]
     pub fn walk_into_mask<S: Copy>(
         &self,
@@ -143,12 +114,55 @@ impl TokenTrie {
         mask: &mut [u32],
     ) {
         let mut states = vec![start; self.max_depth + 1];
-        let nodes = &self.nodes[..];
-        let mut index = 1;
+        self.walk_range(1..self.nodes.len(), &mut states, |_, s, b| step(s, b), mask);
+    }
+
+    /// [`TokenTrie::walk_into_mask`] whose `step` also receives the node index (to
+    /// record where a walk stops, for [`TokenTrie::walk_subtree_into_mask`]).
+    #[inline]
+    pub(crate) fn walk_into_mask_indexed<S: Copy>(
+        &self,
+        start: S,
+        step: impl FnMut(u32, S, u8) -> Option<S>,
+        mask: &mut [u32],
+    ) {
+        let mut states = vec![start; self.max_depth + 1];
+        self.walk_range(1..self.nodes.len(), &mut states, step, mask);
+    }
+
+    /// Walk the subtree rooted at `node` (node included), whose parent is in state
+    /// `parent`. `states` is scratch space of at least `max_depth + 1` entries.
+    #[inline]
+    pub(crate) fn walk_subtree_into_mask<S: Copy>(
+        &self,
+        node: u32,
+        parent: S,
+        mut step: impl FnMut(S, u8) -> Option<S>,
+        mask: &mut [u32],
+        states: &mut [S],
+    ) {
+        let root = self.nodes[node as usize];
+        states[root.depth() - 1] = parent;
+        let range = node as usize..root.subtree_end as usize;
+        self.walk_range(range, states, |_, s, b| step(s, b), mask);
+    }
+
+    /// The one walking loop. `states[d]` = state after the first `d` bytes of the
+    /// current path; the parent of the first node of `range` must be set already.
+    #[inline(always)]
+    fn walk_range<S: Copy>(
+        &self,
+        range: std::ops::Range<usize>,
+        states: &mut [S],
+        mut step: impl FnMut(u32, S, u8) -> Option<S>,
+        mask: &mut [u32],
+    ) {
+        let nodes = &self.nodes[..range.end];
+        let mut index = range.start;
         while index < nodes.len() {
             let node = nodes[index];
             let depth = node.depth();
-            match step(states[depth - 1], node.byte()) {
+            match step(index as u32, states[depth - 1], node.byte()) {
                 None => index = node.subtree_end as usize,
                 Some(next) => {
                     states[depth] = next;
@@ -169,13 +183,16 @@ mod tests {
         TokenTrie::build(tokens.iter().enumerate().map(|(id, t)| (id as u32, t.as_bytes())))
     }
 
+    fn set_ids(mask: &[u32]) -> Vec<u32> {
+        (0..mask.len() as u32 * 32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect()
+    }
+
     #[test]
-    fn walk_without_pruning_visits_every_token_once() {
+    fn walk_without_pruning_visits_every_token() {
         let trie = trie_of(&["a", "ab", "abc", "b", "ba", "c"]);
-        let mut seen = Vec::new();
-        trie.walk((), |_, _| Some(()), |id, _| seen.push(id));
-        seen.sort();
-        assert_eq!(seen, vec![0, 1, 2, 3, 4, 5]);
+        let mut mask = [0u32; 1];
+        trie.walk_into_mask((), |_, _| Some(()), &mut mask);
+        assert_eq!(set_ids(&mask), vec![0, 1, 2, 3, 4, 5]);
         assert_eq!(trie.num_nodes(), 7);
         assert_eq!(trie.max_depth(), 3);
     }
@@ -183,11 +200,20 @@ mod tests {
     #[test]
     fn dead_prefix_skips_its_subtree() {
         let trie = trie_of(&["a", "ab", "abc", "b", "ba", "c"]);
-        let mut seen = Vec::new();
+        let mut mask = [0u32; 1];
         // State 0 is the root; from it the byte `a` is dead.
-        trie.walk(0u32, |s, b| if s == 0 && b == b'a' { None } else { Some(1) }, |id, _| seen.push(id));
-        seen.sort();
-        assert_eq!(seen, vec![3, 4, 5]);
+        trie.walk_into_mask(0u32, |s, b| if s == 0 && b == b'a' { None } else { Some(1) }, &mut mask);
+        assert_eq!(set_ids(&mask), vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn subtree_walk_covers_one_subtree() {
+        let trie = trie_of(&["a", "ab", "abc", "b", "ba", "c"]);
+        // Node 1 is "a" (preorder); its subtree holds a, ab, abc.
+        let mut mask = [0u32; 1];
+        let mut states = vec![(); trie.max_depth() + 1];
+        trie.walk_subtree_into_mask(1, (), |_, _| Some(()), &mut mask, &mut states);
+        assert_eq!(set_ids(&mask), vec![0, 1, 2]);
     }
 
     #[test]

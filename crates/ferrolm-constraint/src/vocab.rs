@@ -2,6 +2,7 @@
 //! document. Built once per tokenizer and shared (behind an `Arc`) by every grammar.
 
 use crate::error::{ConstraintError, Result};
+use crate::region::LoopIndexCache;
 use crate::trie::{TokenTrie, MAX_TOKEN_BYTES};
 
 /// How a token id takes part in constraint matching.
@@ -26,6 +27,8 @@ pub struct Vocabulary {
     offsets: Vec<u32>,
     eos_ids: Vec<u32>,
     trie: TokenTrie,
+    /// Masks of automaton loops, shared by every grammar over this vocabulary.
+    loop_indexes: LoopIndexCache,
 }
 
 impl Vocabulary {
@@ -81,6 +84,10 @@ impl Vocabulary {
 
     pub fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    pub(crate) fn loop_indexes(&self) -> &LoopIndexCache {
+        &self.loop_indexes
     }
 
     /// Find the id of a token by its exact bytes (first match); a convenience for
@@ -212,6 +219,6 @@ impl VocabularyBuilder {
         let mut eos_ids = self.eos_ids.clone();
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Ok(Vocabulary { kinds, bytes, offsets, eos_ids, trie })
+        Ok(Vocabulary { kinds, bytes, offsets, eos_ids, trie, loop_indexes: LoopIndexCache::default() })
     }
 }

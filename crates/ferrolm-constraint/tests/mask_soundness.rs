@@ -38,8 +38,17 @@ proptest! {
         let pattern = re.to_pattern();
         let (vocab, _) = small_vocab(&extra);
         let grammar = Grammar::from_regex(vocab.clone(), &pattern).unwrap();
+        // Every state of the automaton, by both mask paths.
+        let mut fresh = vec![0u32; vocab.bitmask_words()];
+        for state in 1..grammar.dfa().num_states().min(300) as u32 {
+            let expected = brute_force_mask(&grammar, &vocab, state);
+            grammar.compute_mask(state, &mut fresh);
+            prop_assert_eq!(&fresh, &expected, "pattern {} state {}", pattern, state);
+            grammar.compute_mask_by_full_walk(state, &mut fresh);
+            prop_assert_eq!(&fresh, &expected, "full walk: pattern {} state {}", pattern, state);
+        }
         let mut rng = Rng(seed);
-        // States along members of the language and along random strings.
+        // Through matchers, along members of the language and along random strings.
         let mut texts = Vec::new();
         for _ in 0..4 {
             let mut member = String::new();
@@ -55,9 +64,6 @@ proptest! {
                     break;
                 }
                 let expected = brute_force_mask(&grammar, &vocab, state);
-                let mut fresh = vec![0u32; vocab.bitmask_words()];
-                grammar.compute_mask(state, &mut fresh);
-                prop_assert_eq!(&fresh, &expected, "pattern {} state after {:?}", pattern, &text[..i]);
                 // Twice through the matcher: the first fill computes, the second is cached.
                 for _ in 0..2 {
                     let mut via_matcher = vec![u32::MAX; vocab.bitmask_words()];

@@ -58,3 +58,21 @@ fn trie_mask_equals_brute_force_on_a_real_vocabulary() {
         assert!(matcher.can_end());
     }
 }
+
+#[test]
+#[ignore = "needs FERROLM_TIKTOKEN_FILE"]
+fn loop_index_masks_equal_full_walks_on_a_real_vocabulary() {
+    let Some(vocab) = load() else {
+        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
+        return;
+    };
+    let schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array",
+        "items":{"type":"string","format":"email"}},"c":{"type":"number"}},"required":["a"]}"#;
+    let grammar = Grammar::from_json_schema(vocab.clone(), schema, &Default::default()).unwrap();
+    let (mut fast, mut full) = (vec![0u32; vocab.bitmask_words()], vec![0u32; vocab.bitmask_words()]);
+    for state in 1..grammar.dfa().num_states() as u32 {
+        grammar.compute_mask(state, &mut fast);
+        grammar.compute_mask_by_full_walk(state, &mut full);
+        assert_eq!(fast, full, "state {state}");
+    }
+}
