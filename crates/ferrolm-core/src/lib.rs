@@ -28,5 +28,6 @@
 //! ```
 
 pub mod detok;
+pub mod engine;
 pub mod radix;
 pub mod sampling;

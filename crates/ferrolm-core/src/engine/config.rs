@@ -1,0 +1,99 @@
+//! Every engine knob in one place, checked once.
+
+use std::str::FromStr;
+
+use crate::radix::EvictionPolicy;
+
+/// Which waiting request is admitted first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SchedulePolicy {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// Longest cached prefix first (ties by arrival), at every queue length.
+    Lpm,
+    /// Highest `priority` first (ties by arrival).
+    Priority,
+}
+
+impl FromStr for SchedulePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fcfs" => Ok(SchedulePolicy::Fcfs),
+            "lpm" => Ok(SchedulePolicy::Lpm),
+            "priority" => Ok(SchedulePolicy::Priority),
+            _ => Err(format!("unknown schedule policy {s:?}; expected one of fcfs, lpm, priority")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Token slots in the KV pool.
+    pub kv_capacity: usize,
+    pub max_running_requests: usize,
+    /// Prompt tokens per step (chunked prefill size); decode tokens do not count.
+    pub max_prefill_tokens: usize,
+    pub schedule_policy: SchedulePolicy,
+    pub enable_prefix_cache: bool,
+    pub eviction_policy: EvictionPolicy,
+    /// Share of each running request's remaining `max_new_tokens` kept free for it when
+    /// admitting new requests (the rest is a bet that requests stop early).
+    pub new_token_ratio: f64,
+    /// A waiting request with at most this many uncached tokens is admitted even when the
+    /// step's prefill budget is spent (the prefix-hit fast lane).
+    pub fast_lane_tokens: usize,
+    /// The model's context length: prompt + output may not exceed it.
+    pub max_context: usize,
+    pub vocab_size: usize,
+    pub eos_token_ids: Vec<u32>,
+    /// Seeds the per-request random streams of requests that carry no seed.
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            kv_capacity: 1 << 16,
+            max_running_requests: 256,
+            max_prefill_tokens: 8192,
+            schedule_policy: SchedulePolicy::Fcfs,
+            enable_prefix_cache: true,
+            eviction_policy: EvictionPolicy::Lru,
+            new_token_ratio: 0.3,
+            fast_lane_tokens: 32,
+            max_context: 1 << 15,
+            vocab_size: 32_000,
+            eos_token_ids: Vec::new(),
+            seed: 0,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("kv_capacity", self.kv_capacity),
+            ("max_running_requests", self.max_running_requests),
+            ("max_prefill_tokens", self.max_prefill_tokens),
+            ("max_context", self.max_context),
+            ("vocab_size", self.vocab_size),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.kv_capacity > u32::MAX as usize / 2 {
+            return Err(format!("kv_capacity must be below 2^31, got {}", self.kv_capacity));
+        }
+        if !(0.0..=1.0).contains(&self.new_token_ratio) {
+            return Err(format!("new_token_ratio must be in [0, 1], got {}", self.new_token_ratio));
+        }
+        if let Some(&e) = self.eos_token_ids.iter().find(|&&e| e as usize >= self.vocab_size) {
+            return Err(format!("eos_token_ids: {e} is outside the vocabulary (size {})", self.vocab_size));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,42 @@
+//! The hook through which a structured-output grammar steers a request: the engine asks
+//! for a mask before sampling and reports the sampled token after.
+
+pub trait TokenConstraint: Send {
+    /// Fills the packed mask (bit t of word t / 32 set = token t allowed) for the next
+    /// token. EOS bits are set only where the document may end.
+    fn fill_mask(&mut self, mask: &mut [u32]);
+    /// Advances by one sampled token; false if the grammar does not allow it.
+    fn accept_token(&mut self, token: u32) -> bool;
+    /// True when the document is complete and nothing but EOS may follow.
+    fn must_end(&self) -> bool;
+}
+
+/// A constraint that allows a fixed set of tokens at every step (for tests and simple
+/// vocab restrictions).
+pub struct AllowList {
+    mask: Vec<u32>,
+}
+
+impl AllowList {
+    pub fn new(vocab_size: usize, allowed: &[u32]) -> Self {
+        let mut mask = vec![0u32; vocab_size.div_ceil(32)];
+        for &t in allowed {
+            if (t as usize) < vocab_size {
+                mask[t as usize / 32] |= 1 << (t % 32);
+            }
+        }
+        AllowList { mask }
+    }
+}
+
+impl TokenConstraint for AllowList {
+    fn fill_mask(&mut self, mask: &mut [u32]) {
+        mask.copy_from_slice(&self.mask[..mask.len()]);
+    }
+    fn accept_token(&mut self, token: u32) -> bool {
+        crate::sampling::mask_allows(&self.mask, token as usize)
+    }
+    fn must_end(&self) -> bool {
+        false
+    }
+}

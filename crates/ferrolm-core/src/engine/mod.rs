@@ -1,0 +1,30 @@
+//! The engine core: one call per step across the boundary (`schedule`, then `commit`),
+//! everything but the forward pass.
+//!
+//! ```text
+//! engine.submit(rid, prompt, params, constraint)?;
+//! loop {
+//!     let plan = engine.schedule()?;                    // what to run
+//!     let mut logits = runner.forward(&plan);          // [plan.num_requests(), vocab]
+//!     let out = engine.commit(&mut logits, vocab)?;    // tokens, text, finishes
+//! }
+//! ```
+
+mod config;
+mod constraint;
+mod core;
+mod kv_slots;
+mod plan;
+mod request;
+mod stats;
+
+pub use self::core::{Engine, EngineError};
+pub use config::{EngineConfig, SchedulePolicy};
+pub use constraint::{AllowList, TokenConstraint};
+pub use kv_slots::{BadFree, SlotPool};
+pub use plan::{BatchPlan, Finished, StepOutputs};
+pub use request::{FinishReason, RequestParams};
+pub use stats::{EngineStats, LatencySamples, Load};
+
+#[cfg(test)]
+mod tests;

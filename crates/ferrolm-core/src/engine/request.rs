@@ -1,0 +1,90 @@
+//! One request's state inside the engine.
+
+use std::time::Instant;
+
+use crate::detok::{Detokenizer, StopConditions, StopReason};
+use crate::radix::NodeHandle;
+use crate::sampling::{Sampler, SamplingParams};
+
+use super::constraint::TokenConstraint;
+
+/// What a caller submits besides the prompt.
+#[derive(Clone, Debug)]
+pub struct RequestParams {
+    pub sampling: SamplingParams,
+    pub stops: StopConditions,
+    pub max_new_tokens: usize,
+    /// Stop tokens, EOS and stop strings are ignored until this many tokens are out.
+    pub min_new_tokens: usize,
+    pub ignore_eos: bool,
+    /// Higher runs first under the `priority` policy; also the tree's eviction priority.
+    pub priority: i64,
+    /// Cache namespace (LoRA id, cache salt): no prefix is shared across namespaces.
+    pub namespace: Option<String>,
+    /// Give up if still waiting after this many seconds.
+    pub queue_timeout_s: Option<f64>,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        RequestParams {
+            sampling: SamplingParams::default(),
+            stops: StopConditions { skip_special_tokens: true, ..Default::default() },
+            max_new_tokens: 16,
+            min_new_tokens: 0,
+            ignore_eos: false,
+            priority: 0,
+            namespace: None,
+            queue_timeout_s: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token, EOS or stop string; the matched one.
+    Stop(StopReason),
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+    Abort,
+    /// The engine could not serve it (never fits in the KV pool, waited too long, the
+    /// grammar left no token); the message says which.
+    Error(String),
+}
+
+pub(crate) struct Request {
+    /// Prompt then output.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Leading tokens whose KV is in the pool.
+    pub kv_len: usize,
+    /// KV slot of `tokens[i]` for every i < slots.len(); `slots[..cached_len]` belong to
+    /// the tree (kept by the lock on `node`), the rest to this request.
+    pub slots: Vec<u32>,
+    pub cached_len: usize,
+    pub node: Option<NodeHandle>,
+    pub params: RequestParams,
+    pub sampler: Sampler,
+    pub detok: Detokenizer,
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    pub arrival: Instant,
+    /// The latest time it entered the waiting queue (arrival or retraction).
+    pub queued_at: Instant,
+    pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
+    /// Prompt tokens found in the cache on first admission (for usage reports).
+    pub cached_prompt_tokens: Option<usize>,
+    pub retractions: u32,
+    pub aborted: bool,
+}
+
+impl Request {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens it may still generate.
+    pub fn remaining(&self) -> usize {
+        self.params.max_new_tokens.saturating_sub(self.generated())
+    }
+}

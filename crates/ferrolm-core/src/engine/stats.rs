@@ -1,0 +1,39 @@
+//! Counters and latency samples for metrics. The core counts; Python exports (Prometheus).
+
+/// Monotonic counters since the engine started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Prompt tokens found in the prefix cache at first admission.
+    pub cache_hit_tokens: u64,
+    pub retractions: u64,
+    pub finished: u64,
+    pub errors: u64,
+}
+
+/// Latencies observed since the last `take_latencies`, in seconds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencySamples {
+    /// Arrival to first token.
+    pub ttft_s: Vec<f64>,
+    /// Between consecutive tokens of a request.
+    pub itl_s: Vec<f64>,
+    /// Arrival to finish.
+    pub e2e_s: Vec<f64>,
+    /// Arrival to first admission.
+    pub queue_s: Vec<f64>,
+}
+
+/// The engine's state right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    pub waiting: usize,
+    pub running: usize,
+    /// Slots held by requests or the cache.
+    pub kv_used: usize,
+    pub kv_capacity: usize,
+    pub cached_tokens: usize,
+    pub evictable_tokens: usize,
+}
