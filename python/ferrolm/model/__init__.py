@@ -1,0 +1,24 @@
+"""The model side of ferrolm: configs, weights, tokenizers and the forward pass.
+
+``load_model("tiny" | folder)`` gives ``(config, weights, tokenizer)``; a ``NumpyRunner``
+runs the forward pass over a paged KV pool, one ``ForwardBatch`` per engine step.
+"""
+
+from ferrolm.model.config import ModelConfig, RopeScaling
+from ferrolm.model.loader import LoadedModel, load_model
+from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner
+from ferrolm.model.tokenizer import Tokenizer
+from ferrolm.model.weights import Weights, load_weights
+
+__all__ = [
+    "ForwardBatch",
+    "LoadedModel",
+    "ModelConfig",
+    "ModelRunner",
+    "NumpyRunner",
+    "RopeScaling",
+    "Tokenizer",
+    "Weights",
+    "load_model",
+    "load_weights",
+]

@@ -1,0 +1,303 @@
+"""The model runner: one forward step over a batch of requests and a paged KV pool.
+
+The engine owns the bookkeeping (which slot holds which token); the runner owns the
+pool's arrays and only reads and writes the slots a batch names. A batch is columnar:
+flat arrays plus offsets, so it crosses the Rust/Python boundary as a few numpy arrays.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ferrolm.errors import InvalidInputError
+from ferrolm.model.config import ModelConfig
+from ferrolm.model.rope import apply_rotation, inverse_frequencies, rotation
+from ferrolm.model.weights import Weights, check_weights, layer_prefix
+
+
+def _int32_vector(name: str, value: np.ndarray | Sequence[int]) -> np.ndarray:
+    array = np.asarray(value)
+    if array.ndim != 1:
+        raise InvalidInputError(f"ForwardBatch.{name} must be one-dimensional, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise InvalidInputError(f"ForwardBatch.{name} must hold integers, got {array.dtype}")
+    if array.size and (array.min() < 0 or array.max() > np.iinfo(np.int32).max):
+        raise InvalidInputError(f"ForwardBatch.{name} holds a value outside [0, 2**31)")
+    return np.ascontiguousarray(array, dtype=np.int32)
+
+
+def _check_offsets(name: str, offsets: np.ndarray, total: int, data: str) -> None:
+    if offsets.size < 2 or offsets[0] != 0 or offsets[-1] != total:
+        raise InvalidInputError(
+            f"ForwardBatch.{name} must start at 0 and end at len({data}) = {total} (B + 1 entries, B >= 1)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    """One step's work, for B requests and T new tokens in all.
+
+    - ``input_ids``, ``positions``, ``out_slots``: int32 ``[T]``, the new tokens of every
+      request one after another, each token's position in its sequence, and the KV slot
+      its key and value are written to.
+    - ``qo_offsets``: int32 ``[B + 1]``; request b's new tokens are
+      ``input_ids[qo_offsets[b]:qo_offsets[b + 1]]`` (at least one each).
+    - ``kv_slots`` + ``kv_offsets``: the slots request b attends to, in position order:
+      its cached prefix first, then its new tokens (so the last ones equal its
+      ``out_slots``).
+
+    A decode batch is B requests with one new token each; a prefill of an uncached suffix
+    is one request whose ``kv_slots`` start with the cached prefix. Construction checks
+    the shapes and the consistency between the columns (cheap next to a forward pass).
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    out_slots: np.ndarray
+    qo_offsets: np.ndarray
+    kv_slots: np.ndarray
+    kv_offsets: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets"):
+            object.__setattr__(self, name, _int32_vector(name, getattr(self, name)))
+        num_new = self.input_ids.size
+        if self.positions.size != num_new or self.out_slots.size != num_new:
+            raise InvalidInputError(
+                f"ForwardBatch.positions ({self.positions.size}) and out_slots ({self.out_slots.size}) "
+                f"must have one entry per new token ({num_new})"
+            )
+        _check_offsets("qo_offsets", self.qo_offsets, num_new, "input_ids")
+        _check_offsets("kv_offsets", self.kv_offsets, self.kv_slots.size, "kv_slots")
+        if self.kv_offsets.size != self.qo_offsets.size:
+            raise InvalidInputError("ForwardBatch.kv_offsets and qo_offsets must both have B + 1 entries")
+        new_lengths = np.diff(self.qo_offsets)
+        kv_lengths = np.diff(self.kv_offsets)
+        if (new_lengths < 1).any():
+            raise InvalidInputError("ForwardBatch.qo_offsets gives a request no new token")
+        if (kv_lengths < new_lengths).any():
+            raise InvalidInputError("ForwardBatch.kv_offsets gives a request fewer KV slots than new tokens")
+        # the tail of each request's kv_slots must be the slots its new tokens write
+        request_of_token = np.repeat(np.arange(self.batch_size), new_lengths)
+        tail_index = self.kv_offsets[1:][request_of_token] - new_lengths[request_of_token] + (
+            np.arange(num_new) - self.qo_offsets[:-1][request_of_token]
+        )
+        if not np.array_equal(self.kv_slots[tail_index], self.out_slots):
+            raise InvalidInputError("ForwardBatch.kv_slots must end, for each request, with its out_slots")
+        if np.unique(self.out_slots).size != num_new:
+            raise InvalidInputError("ForwardBatch.out_slots names a slot twice")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.qo_offsets.size - 1)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.size)
+
+    @classmethod
+    def from_requests(
+        cls, new_token_ids: Sequence[Sequence[int]], kv_slots: Sequence[Sequence[int]]
+    ) -> ForwardBatch:
+        """Builds a batch from per-request lists (for tests and simple callers): request b
+        appends ``new_token_ids[b]`` to a sequence whose slots, new tokens included, are
+        ``kv_slots[b]``; positions count from 0 at the first slot."""
+        if len(new_token_ids) != len(kv_slots):
+            raise InvalidInputError("from_requests needs one kv_slots list per request")
+        positions, out_slots = [], []
+        for ids, slots in zip(new_token_ids, kv_slots, strict=True):
+            n, m = len(ids), len(slots)
+            positions.append(np.arange(m - n, m))
+            out_slots.append(np.asarray(slots[m - n :], dtype=np.int64))
+        return cls(
+            input_ids=np.concatenate([np.asarray(ids, dtype=np.int64) for ids in new_token_ids]),
+            positions=np.concatenate(positions),
+            out_slots=np.concatenate(out_slots),
+            qo_offsets=np.concatenate([[0], np.cumsum([len(ids) for ids in new_token_ids])]),
+            kv_slots=np.concatenate([np.asarray(s, dtype=np.int64) for s in kv_slots]),
+            kv_offsets=np.concatenate([[0], np.cumsum([len(s) for s in kv_slots])]),
+        )
+
+
+class ModelRunner(ABC):
+    """Runs the model over a paged KV pool of ``num_slots`` token slots it owns."""
+
+    config: ModelConfig
+    num_slots: int
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+        """Writes the new tokens' keys and values to their slots and returns float32
+        logits ``[B, vocab]`` of each request's last new token, or ``[T, vocab]`` of every
+        new token when ``all_logits``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """One decoder layer's weights, laid out for ``activations @ weight``."""
+
+    input_norm: np.ndarray
+    qkv: np.ndarray  # [hidden, (heads + 2 * kv_heads) * head_dim]: one matmul for q, k, v
+    qkv_bias: np.ndarray | None
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    o: np.ndarray
+    o_bias: np.ndarray | None
+    post_norm: np.ndarray
+    gate_up: np.ndarray  # [hidden, 2 * intermediate]: one matmul for gate and up
+    gate_up_bias: np.ndarray | None
+    down: np.ndarray
+    down_bias: np.ndarray | None
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
+    return (x / np.sqrt(mean_square + np.float32(eps))) * weight
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    # sigmoid through tanh: exp(-x) would overflow (and warn) for very negative x
+    return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
+
+
+def _concat_bias(weights: Weights, names: list[str]) -> np.ndarray | None:
+    if names[0] not in weights:
+        return None
+    return np.concatenate([weights[n] for n in names])
+
+
+class NumpyRunner(ModelRunner):
+    """The Llama-family forward in float32 numpy, for CPUs and tests."""
+
+    def __init__(self, config: ModelConfig, weights: Weights, num_slots: int) -> None:
+        if num_slots < 1:
+            raise InvalidInputError(f"num_slots must be positive, got {num_slots}")
+        check_weights(weights, config)
+        self.config = config
+        self.num_slots = num_slots
+        c = config
+        self.embed = np.ascontiguousarray(weights["model.embed_tokens.weight"], dtype=np.float32)
+        self.final_norm = weights["model.norm.weight"].astype(np.float32)
+        self.lm_head = np.ascontiguousarray(weights["lm_head.weight"], dtype=np.float32)
+        self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
+        self.inv_freq = inverse_frequencies(c)
+        pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
+        # the paged KV pool: slot s of layer l holds the key/value of one token
+        self.k_pool = [np.zeros(pool_shape, np.float32) for _ in range(c.num_layers)]
+        self.v_pool = [np.zeros(pool_shape, np.float32) for _ in range(c.num_layers)]
+
+    @staticmethod
+    def _layer(weights: Weights, index: int) -> _Layer:
+        p = layer_prefix(index)
+        attn, mlp = p + "self_attn.", p + "mlp."
+
+        def t(name: str) -> np.ndarray:
+            return np.ascontiguousarray(weights[name].T, dtype=np.float32)
+
+        return _Layer(
+            input_norm=weights[p + "input_layernorm.weight"],
+            qkv=np.concatenate([t(attn + f"{x}_proj.weight") for x in "qkv"], axis=1),
+            qkv_bias=_concat_bias(weights, [attn + f"{x}_proj.bias" for x in "qkv"]),
+            q_norm=weights.get(attn + "q_norm.weight"),
+            k_norm=weights.get(attn + "k_norm.weight"),
+            o=t(attn + "o_proj.weight"),
+            o_bias=weights.get(attn + "o_proj.bias"),
+            post_norm=weights[p + "post_attention_layernorm.weight"],
+            gate_up=np.concatenate([t(mlp + "gate_proj.weight"), t(mlp + "up_proj.weight")], axis=1),
+            gate_up_bias=_concat_bias(weights, [mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
+            down=t(mlp + "down_proj.weight"),
+            down_bias=weights.get(mlp + "down_proj.bias"),
+        )
+
+    def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+        self._check(batch)
+        c = self.config
+        cos, sin = rotation(self.inv_freq, batch.positions)
+        x = self.embed[batch.input_ids]
+        for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
+            x = x + self._attention(layer, _rms_norm(x, layer.input_norm, c.rms_norm_eps), batch, cos, sin, k_pool, v_pool)
+            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
+        if not all_logits:
+            x = x[batch.qo_offsets[1:] - 1]  # each request's last new token
+        return _rms_norm(x, self.final_norm, c.rms_norm_eps) @ self.lm_head.T
+
+    def _check(self, batch: ForwardBatch) -> None:
+        if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:
+            raise InvalidInputError(f"ForwardBatch.input_ids holds an id >= vocab size {self.config.vocab_size}")
+        if batch.kv_slots.size and int(batch.kv_slots.max()) >= self.num_slots:
+            raise InvalidInputError(f"ForwardBatch.kv_slots holds a slot >= num_slots {self.num_slots}")
+
+    def _attention(
+        self,
+        layer: _Layer,
+        h: np.ndarray,
+        batch: ForwardBatch,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        k_pool: np.ndarray,
+        v_pool: np.ndarray,
+    ) -> np.ndarray:
+        c = self.config
+        num_new = h.shape[0]
+        qkv = h @ layer.qkv
+        if layer.qkv_bias is not None:
+            qkv += layer.qkv_bias
+        q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
+        k = qkv[:, q_width : q_width + kv_width].reshape(num_new, c.num_kv_heads, c.head_dim)
+        v = qkv[:, q_width + kv_width :].reshape(num_new, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q = apply_rotation(q, cos, sin)
+        k_pool[batch.out_slots] = apply_rotation(k, cos, sin)
+        v_pool[batch.out_slots] = v
+
+        out = np.empty((num_new, c.num_heads * c.head_dim), np.float32)
+        scale = np.float32(c.head_dim**-0.5)
+        for b in range(batch.batch_size):
+            q0, q1 = int(batch.qo_offsets[b]), int(batch.qo_offsets[b + 1])
+            slots = batch.kv_slots[batch.kv_offsets[b] : batch.kv_offsets[b + 1]]
+            out[q0:q1] = self._attend(q[q0:q1] * scale, k_pool[slots], v_pool[slots])
+        o = out @ layer.o
+        if layer.o_bias is not None:
+            o += layer.o_bias
+        return o
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """One request: ``q [n, heads, d]`` (pre-scaled) over ``k, v [m, kv_heads, d]``,
+        whose last n entries are the queries' own tokens. Returns ``[n, heads * d]``."""
+        c = self.config
+        n, m = q.shape[0], k.shape[0]
+        group = c.num_queries_per_kv
+        # query head h reads kv head h // group: group the query heads under their kv head
+        qg = q.reshape(n, c.num_kv_heads, group, c.head_dim).transpose(1, 2, 0, 3)  # [kvh, g, n, d]
+        scores = qg @ k.transpose(1, 2, 0)[:, None]  # [kvh, g, n, m]
+        # query i sits at kv index m - n + i and sees kv indices up to it (and, with a
+        # sliding window, only the last `window` of them)
+        query_index = np.arange(m - n, m)[:, None]
+        kv_index = np.arange(m)[None, :]
+        hidden = kv_index > query_index
+        if c.sliding_window is not None:
+            hidden |= kv_index <= query_index - c.sliding_window
+        if hidden.any():
+            scores = np.where(hidden, np.float32(-np.inf), scores)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = probs @ v.transpose(1, 0, 2)[:, None]  # [kvh, g, n, d]
+        return out.transpose(2, 0, 1, 3).reshape(n, c.num_heads * c.head_dim)
+
+    def _mlp(self, layer: _Layer, h: np.ndarray) -> np.ndarray:
+        gate_up = h @ layer.gate_up
+        if layer.gate_up_bias is not None:
+            gate_up += layer.gate_up_bias
+        width = self.config.intermediate_size
+        down = (_silu(gate_up[:, :width]) * gate_up[:, width:]) @ layer.down
+        if layer.down_bias is not None:
+            down += layer.down_bias
+        return down

@@ -1,0 +1,130 @@
+"""The tokenizer of a Hugging Face model folder: ``tokenizer.json`` (run by the
+``tokenizers`` library) plus what ``tokenizer_config.json`` adds: the BOS/EOS tokens and
+the chat template."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from ferrolm.errors import InvalidInputError
+
+
+class Tokenizer:
+    """Text to token ids and back, and chat messages to a prompt."""
+
+    def __init__(
+        self,
+        hf: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        chat_template: str | None = None,
+    ) -> None:
+        self.hf = hf
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.chat_template = chat_template
+        self.bos_token_id = self._id_of("bos_token", bos_token)
+        self.eos_token_id = self._id_of("eos_token", eos_token)
+
+    def _id_of(self, field: str, token: str | None) -> int | None:
+        if token is None:
+            return None
+        token_id = self.hf.token_to_id(token)
+        if token_id is None:
+            raise InvalidInputError(f"tokenizer_config.json field {field!r} names {token!r}, which is not in the vocabulary")
+        return int(token_id)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Tokenizer:
+        folder = Path(folder)
+        try:
+            hf = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except FileNotFoundError:
+            raise InvalidInputError(f"model folder {folder.name!r} has no tokenizer.json") from None
+        except Exception as exc:  # tokenizers raises plain Exception on a malformed file
+            raise InvalidInputError(f"tokenizer.json could not be read: {exc}") from None
+        settings: dict[str, Any] = {}
+        config_path = folder / "tokenizer_config.json"
+        if config_path.exists():
+            try:
+                settings = json.loads(config_path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise InvalidInputError(f"tokenizer_config.json is not valid JSON: {exc}") from None
+        template = _chat_template(settings.get("chat_template"))
+        template_file = folder / "chat_template.jinja"  # newer transformers save it apart
+        if template is None and template_file.exists():
+            template = template_file.read_text(encoding="utf-8")
+        return cls(
+            hf,
+            bos_token=_token_text(settings.get("bos_token")),
+            eos_token=_token_text(settings.get("eos_token")),
+            chat_template=template,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        return int(self.hf.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> np.ndarray:
+        """int32 token ids. ``add_special_tokens`` applies the tokenizer's template (e.g.
+        a leading BOS); text that came from ``apply_chat_template`` already has its own."""
+        return np.asarray(self.hf.encode(text, add_special_tokens=add_special_tokens).ids, dtype=np.int32)
+
+    def decode(self, ids: Sequence[int] | np.ndarray, *, skip_special_tokens: bool = False) -> str:
+        return str(self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
+        """Renders chat messages (``{"role": ..., "content": ...}``) into the prompt text
+        the model was trained on, as transformers does (sandboxed Jinja)."""
+        if self.chat_template is None:
+            raise InvalidInputError("this model has no chat template (tokenizer_config.json 'chat_template')")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise InvalidInputError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            template = env.from_string(self.chat_template)
+            return template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **variables,
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidInputError(f"chat template failed: {exc}") from None
+
+
+def _token_text(value: Any) -> str | None:
+    # older tokenizer_config.json files store special tokens as AddedToken objects
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _chat_template(value: Any) -> str | None:
+    # a string, or a list of named templates of which "default" is the chat one
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for entry in value:
+            if isinstance(entry, dict) and entry.get("name") == "default" and isinstance(entry.get("template"), str):
+                return str(entry["template"])
+    return None
