@@ -52,6 +52,18 @@ impl Grammar {
         Self::from_regex(vocab, &pattern)
     }
 
+    /// Exactly one of `choices` (for classification-style outputs).
+    pub fn from_choices(vocab: Arc<Vocabulary>, choices: &[&str]) -> Result<Arc<Grammar>> {
+        if choices.is_empty() {
+            return Err(ConstraintError::InvalidRegex {
+                pattern: String::new(),
+                message: "a choice needs at least one option".into(),
+            });
+        }
+        let escaped: Vec<String> = choices.iter().map(|c| regex_syntax::escape(c)).collect();
+        Self::from_regex(vocab, &escaped.join("|"))
+    }
+
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
         let masks = (0..dfa.num_states()).map(|_| OnceLock::new()).collect();
         Grammar { vocab, dfa, masks, cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES) }

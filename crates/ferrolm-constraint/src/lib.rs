@@ -33,6 +33,7 @@
 //! # Ok::<(), ferrolm_constraint::ConstraintError>(())
 //! ```
 
+mod cache;
 mod dfa;
 mod error;
 mod grammar;
@@ -43,6 +44,7 @@ pub mod tokenizer_files;
 mod trie;
 mod vocab;
 
+pub use cache::{GrammarCache, GrammarSource};
 pub use dfa::{ByteDfa, RegexOptions, DEAD};
 pub use error::{ConstraintError, Result};
 pub use grammar::{Grammar, DEFAULT_MASK_CACHE_BYTES};

@@ -23,7 +23,7 @@ use crate::error::{ConstraintError, Result};
 pub use int_range::integer_range_regex;
 
 /// How much whitespace the generated JSON may contain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Whitespace {
     /// None at all: `{"a":1,"b":[2,3]}`.
     Compact,
@@ -32,7 +32,7 @@ pub enum Whitespace {
     Flexible { max_run: u32 },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JsonSchemaOptions {
     pub whitespace: Whitespace,
     /// Ignore unsupported keywords instead of failing.

@@ -1,0 +1,111 @@
+//! Compiled grammars cached by what they were compiled from, with a wall-clock limit
+//! on compilation.
+//!
+//! The limit is enforced by compiling on a helper thread and giving up waiting: the
+//! caller gets [`ConstraintError::GrammarTooLarge`] on time, while the abandoned
+//! compilation runs on until its size limits stop it (regex-automata's determinization
+//! cannot be interrupted). Failures are cached too, so a schema that times out is not
+//! compiled again on every request.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{ConstraintError, Result};
+use crate::grammar::Grammar;
+use crate::json_schema::JsonSchemaOptions;
+use crate::vocab::Vocabulary;
+
+/// What a grammar is compiled from; the cache key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GrammarSource {
+    Regex(String),
+    /// JSON Schema text and its options.
+    JsonSchema(String, JsonSchemaOptions),
+    Choice(Vec<String>),
+}
+
+impl GrammarSource {
+    fn compile(&self, vocab: Arc<Vocabulary>) -> Result<Arc<Grammar>> {
+        match self {
+            GrammarSource::Regex(pattern) => Grammar::from_regex(vocab, pattern),
+            GrammarSource::JsonSchema(schema, options) => Grammar::from_json_schema(vocab, schema, options),
+            GrammarSource::Choice(choices) => {
+                let choices: Vec<&str> = choices.iter().map(String::as_str).collect();
+                Grammar::from_choices(vocab, &choices)
+            }
+        }
+    }
+}
+
+/// Grammars over one vocabulary, compiled once per source.
+#[derive(Debug)]
+pub struct GrammarCache {
+    vocab: Arc<Vocabulary>,
+    timeout: Duration,
+    capacity: usize,
+    entries: Mutex<HashMap<GrammarSource, Result<Arc<Grammar>>>>,
+}
+
+impl GrammarCache {
+    /// At most `capacity` entries are kept (the cache is cleared when full: grammars in
+    /// use stay alive through their `Arc`s); each compilation may take `timeout`.
+    pub fn new(vocab: Arc<Vocabulary>, capacity: usize, timeout: Duration) -> Self {
+        GrammarCache { vocab, timeout, capacity: capacity.max(1), entries: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn vocab(&self) -> &Arc<Vocabulary> {
+        &self.vocab
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The grammar of `source`, compiled now if it is not cached.
+    pub fn get_or_compile(&self, source: &GrammarSource) -> Result<Arc<Grammar>> {
+        if let Some(entry) = self.lock().get(source) {
+            return entry.clone();
+        }
+        // Compiled without holding the lock, so other sources are served meanwhile
+        // (two callers may compile the same new source at once; both get equal grammars).
+        let result = self.compile_with_timeout(source);
+        let mut entries = self.lock();
+        if entries.len() >= self.capacity {
+            entries.clear();
+        }
+        entries.entry(source.clone()).or_insert(result).clone()
+    }
+
+    fn compile_with_timeout(&self, source: &GrammarSource) -> Result<Arc<Grammar>> {
+        let (sender, receiver) = mpsc::channel();
+        let (vocab, owned) = (self.vocab.clone(), source.clone());
+        let spawned = std::thread::Builder::new().name("ferrolm-grammar-compile".into()).spawn(move || {
+            // The receiver may be gone after a timeout; nothing to do then.
+            let _ = sender.send(owned.compile(vocab));
+        });
+        if spawned.is_err() {
+            // No thread to be had: compile here, without the limit.
+            return source.compile(self.vocab.clone());
+        }
+        match receiver.recv_timeout(self.timeout) {
+            Ok(result) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(ConstraintError::GrammarTooLarge {
+                message: format!("compiling took longer than {:?}", self.timeout),
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ConstraintError::GrammarTooLarge {
+                message: "the compilation thread stopped without a result".into(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GrammarSource, Result<Arc<Grammar>>>> {
+        // A panic while holding the lock leaves the map consistent (inserts are atomic).
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

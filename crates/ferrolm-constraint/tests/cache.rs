@@ -1,0 +1,56 @@
+//! The grammar cache: one compilation per source, errors cached, a time limit.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::small_vocab;
+use ferrolm_constraint::json_schema::JsonSchemaOptions;
+use ferrolm_constraint::{ConstraintError, GrammarCache, GrammarSource, Matcher};
+
+#[test]
+fn same_source_gives_the_same_grammar() {
+    let (vocab, _) = small_vocab(&[]);
+    let cache = GrammarCache::new(vocab, 8, Duration::from_secs(30));
+    let a = cache.get_or_compile(&GrammarSource::Regex("a+".into())).unwrap();
+    let b = cache.get_or_compile(&GrammarSource::Regex("a+".into())).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    let schema = GrammarSource::JsonSchema(r#"{"type":"integer"}"#.into(), JsonSchemaOptions::default());
+    let c = cache.get_or_compile(&schema).unwrap();
+    assert!(!Arc::ptr_eq(&a, &c));
+    assert_eq!(cache.len(), 2);
+}
+
+#[test]
+fn errors_are_cached_and_typed() {
+    let (vocab, _) = small_vocab(&[]);
+    let cache = GrammarCache::new(vocab, 8, Duration::from_secs(30));
+    let source = GrammarSource::Regex("(".into());
+    for _ in 0..2 {
+        let err = cache.get_or_compile(&source).unwrap_err();
+        assert!(matches!(err, ConstraintError::InvalidRegex { .. }));
+    }
+    assert_eq!(cache.len(), 1);
+}
+
+#[test]
+fn choices_match_exactly_one_option() {
+    let (vocab, eos) = small_vocab(&[]);
+    let cache = GrammarCache::new(vocab, 8, Duration::from_secs(30));
+    let grammar =
+        cache.get_or_compile(&GrammarSource::Choice(vec!["yes".into(), "no".into(), "a|b".into()])).unwrap();
+    let mut matcher = Matcher::new(grammar);
+    assert!(matcher.accept_str("a|"));
+    assert_eq!(matcher.forced_bytes(), b"b");
+    assert!(matcher.accept_str("b") && matcher.accept_token(eos));
+}
+
+#[test]
+fn slow_compilation_times_out() {
+    let (vocab, _) = small_vocab(&[]);
+    let cache = GrammarCache::new(vocab, 8, Duration::from_millis(1));
+    // Big enough to take well over a millisecond to determinize, small enough to end.
+    let err = cache.get_or_compile(&GrammarSource::Regex(r"[a-z]{1,30}x[a-z]{12}".into())).unwrap_err();
+    assert!(err.to_string().contains("longer than"), "{err}");
+}
