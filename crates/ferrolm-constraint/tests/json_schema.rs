@@ -179,7 +179,8 @@ fn unsupported_keywords_are_named_unless_lenient() {
 fn flexible_whitespace_is_capped() {
     let schema =
         json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}});
-    let options = JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, lenient: false };
+    let options =
+        JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, ..JsonSchemaOptions::default() };
     let re = language(&schema, &options);
     assert!(re.is_match("{ \"a\" : [ 1 ,\n2 ] }"));
     assert!(re.is_match(r#"{"a":[1,2]}"#));

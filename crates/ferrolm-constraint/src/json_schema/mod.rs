@@ -4,7 +4,9 @@
 //! valid documents are not produced):
 //! - compact JSON by default, or JSON whitespace capped at a run length;
 //! - properties in the order the schema lists them; an absent `additionalProperties`
-//!   generates no undeclared property (as `false` would);
+//!   generates no undeclared property, as `false` would (`forbid_extra_properties`;
+//!   turn it off and an absent `additionalProperties` is unsupported instead, since it
+//!   allows properties of any type);
 //! - `format` restricts strings to the formats' common syntax.
 //!
 //! Anything that would change what is valid and that we cannot express — recursive
@@ -37,11 +39,14 @@ pub struct JsonSchemaOptions {
     pub whitespace: Whitespace,
     /// Ignore unsupported keywords instead of failing.
     pub lenient: bool,
+    /// Read an absent `additionalProperties` as `false` (the default: what a caller
+    /// asking for structured output means, and what OpenAI's strict mode requires).
+    pub forbid_extra_properties: bool,
 }
 
 impl Default for JsonSchemaOptions {
     fn default() -> Self {
-        JsonSchemaOptions { whitespace: Whitespace::Compact, lenient: false }
+        JsonSchemaOptions { whitespace: Whitespace::Compact, lenient: false, forbid_extra_properties: true }
     }
 }
 
@@ -99,14 +104,20 @@ pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Resu
         Whitespace::Compact => String::new(),
         Whitespace::Flexible { max_run } => format!(r"[ \t\n\r]{{0,{max_run}}}"),
     };
-    let mut translator =
-        Translator { root: schema, lenient: options.lenient, ws: whitespace, ref_stack: Vec::new() };
+    let mut translator = Translator {
+        root: schema,
+        lenient: options.lenient,
+        forbid_extra_properties: options.forbid_extra_properties,
+        ws: whitespace,
+        ref_stack: Vec::new(),
+    };
     translator.schema(schema, "#")
 }
 
 struct Translator<'a> {
     root: &'a Value,
     lenient: bool,
+    forbid_extra_properties: bool,
     /// Regex for optional whitespace between tokens (empty when compact).
     ws: String,
     /// `$ref`s being expanded, to detect recursion.
@@ -265,7 +276,7 @@ impl<'a> Translator<'a> {
         let alternatives: Vec<String> = values
             .iter()
             .filter(|v| types.as_ref().is_none_or(|t| t.iter().any(|ty| has_type(v, ty))))
-            .map(|v| regex_syntax::escape(&v.to_string()))
+            .map(|v| regex_syntax::escape(&canonical_json(v)))
             .collect();
         if alternatives.is_empty() {
             return Err(self.invalid(path, "no value of `const`/`enum` has the schema's type"));
@@ -302,6 +313,30 @@ impl<'a> Translator<'a> {
         }
     }
 }
+
+/// Compact JSON as the engine writes it: members in the given order, and integral
+/// numbers without a fraction (`-2.0` is written `-2`; JSON Schema treats them as equal).
+pub fn canonical_json(value: &Value) -> String {
+    fn normalize(value: &Value) -> Value {
+        match value {
+            Value::Number(n) => match n.as_f64() {
+                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() <= MAX_EXACT_INTEGER => {
+                    Value::from(f as i64)
+                }
+                _ => value.clone(),
+            },
+            Value::Array(items) => Value::Array(items.iter().map(normalize).collect()),
+            Value::Object(members) => {
+                Value::Object(members.iter().map(|(k, v)| (k.clone(), normalize(v))).collect())
+            }
+            _ => value.clone(),
+        }
+    }
+    normalize(value).to_string()
+}
+
+/// 2^53: every integer up to here is exactly representable as an `f64`.
+const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
 
 /// Whether a JSON value has a JSON Schema type.
 fn has_type(value: &Value, ty: &str) -> bool {

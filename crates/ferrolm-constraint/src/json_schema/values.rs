@@ -125,7 +125,9 @@ impl<'a> Translator<'a> {
 
     pub(super) fn object(&mut self, map: &'a Map<String, Value>, path: &str) -> Result<String> {
         match map.get("additionalProperties") {
-            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(false)) => {}
+            None if self.forbid_extra_properties => {}
+            None => self.refuse("absent additionalProperties (extra properties of any type)", path)?,
             Some(_) => self.refuse("additionalProperties other than false", path)?,
         }
         let properties: Vec<(&'a String, &'a Value)> = match map.get("properties") {
