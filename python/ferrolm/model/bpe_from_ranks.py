@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import base64
 import gzip
-from importlib import resources
+import importlib.util
+from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -28,7 +29,7 @@ CL100K_PATTERN = (
 def load_tiktoken_ranks(name: str = "cl100k_base", limit: int | None = None) -> list[bytes]:
     """The tokens of a tiktoken vocabulary shipped in the ``bpe-openai`` package, by rank
     (only ranks below ``limit`` when given)."""
-    data = resources.files("bpe_openai").joinpath("data", f"{name}.tiktoken.gz").read_bytes()
+    data = _bpe_openai_data(f"{name}.tiktoken.gz")
     by_rank: dict[int, bytes] = {}
     for line in gzip.decompress(data).splitlines():
         token, rank = line.split()
@@ -37,6 +38,19 @@ def load_tiktoken_ranks(name: str = "cl100k_base", limit: int | None = None) -> 
     if sorted(by_rank) != list(range(len(by_rank))):
         raise ValueError(f"{name}: ranks are not 0..{len(by_rank) - 1}")
     return [by_rank[r] for r in range(len(by_rank))]
+
+
+def _bpe_openai_data(file: str) -> bytes:
+    # find the package without importing it: its __init__ eagerly builds encoders (slow,
+    # and it warns); only its data files are needed here
+    spec = importlib.util.find_spec("bpe_openai")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the package 'bpe-openai' is needed to build the tiny tokenizer")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "data" / file
+        if path.exists():
+            return path.read_bytes()
+    raise FileNotFoundError(f"bpe-openai ships no data file {file!r}")
 
 
 def byte_alphabet() -> list[str]:

@@ -223,27 +223,30 @@ def _model_type(raw: dict[str, Any]) -> str:
 _MISSING: Any = object()
 
 
-def _get(raw: dict[str, Any], field: str, default: Any) -> Any:
+def _get(raw: dict[str, Any], field: str, default: Any, label: str) -> Any:
     value = raw.get(field)
     if value is None:
         if default is _MISSING or default is None:
-            raise InvalidInputError(f"config field {field!r} is missing")
+            raise InvalidInputError(f"config field {label!r} is missing")
         return default
     return value
 
 
-def _positive_int(raw: dict[str, Any], field: str, default: Any = _MISSING) -> int:
-    value = _get(raw, field, default)
+def _positive_int(raw: dict[str, Any], field: str, default: Any = _MISSING, *, within: str = "") -> int:
+    """``within`` names the object holding the field, for the message (``rope_scaling.``)."""
+    label = within + field
+    value = _get(raw, field, default, label)
     # bool is an int in Python; `true` is never a meaningful size
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidInputError(f"config field {field!r} must be a positive integer, got {value!r}")
+        raise InvalidInputError(f"config field {label!r} must be a positive integer, got {value!r}")
     return value
 
 
-def _positive_float(raw: dict[str, Any], field: str, default: Any = _MISSING) -> float:
-    value = _get(raw, field, default)
+def _positive_float(raw: dict[str, Any], field: str, default: Any = _MISSING, *, within: str = "") -> float:
+    label = within + field
+    value = _get(raw, field, default, label)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-        raise InvalidInputError(f"config field {field!r} must be a positive number, got {value!r}")
+        raise InvalidInputError(f"config field {label!r} must be a positive number, got {value!r}")
     return float(value)
 
 
@@ -284,8 +287,11 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     # transformers 5 moved theta and scaling into `rope_parameters`; older configs use
     # `rope_theta` + `rope_scaling`
     params = raw.get("rope_parameters")
+    scaling: Any
     if isinstance(params, dict):
-        theta = _positive_float(params, "rope_theta", default=raw.get("rope_theta") or _DEFAULT_ROPE_THETA)
+        theta = _positive_float(
+            params, "rope_theta", default=raw.get("rope_theta") or _DEFAULT_ROPE_THETA, within="rope_parameters."
+        )
         scaling, where = params, "rope_parameters"
     else:
         theta = _positive_float(raw, "rope_theta", default=_DEFAULT_ROPE_THETA)
@@ -301,16 +307,17 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         raise InvalidInputError(
             f"config field '{where}.rope_type' is {rope_type!r}; supported: 'default', 'linear', 'llama3'"
         )
-    factor = _positive_float(scaling, "factor")
+    within = where + "."
+    factor = _positive_float(scaling, "factor", within=within)
     if rope_type == "linear":
         return theta, RopeScaling("linear", factor)
-    low = _positive_float(scaling, "low_freq_factor")
-    high = _positive_float(scaling, "high_freq_factor")
+    low = _positive_float(scaling, "low_freq_factor", within=within)
+    high = _positive_float(scaling, "high_freq_factor", within=within)
     if high <= low:
         raise InvalidInputError(
-            f"config field '{where}.high_freq_factor' ({high}) must exceed 'low_freq_factor' ({low})"
+            f"config field '{where}.high_freq_factor' ({high}) must exceed '{where}.low_freq_factor' ({low})"
         )
-    original = _positive_int(scaling, "original_max_position_embeddings")
+    original = _positive_int(scaling, "original_max_position_embeddings", within=within)
     return theta, RopeScaling("llama3", factor, low, high, original)
 
 

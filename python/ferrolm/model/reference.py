@@ -78,8 +78,8 @@ def reference_logits(config: ModelConfig, weights: Weights, token_ids: Sequence[
         silu = gate / (1.0 + np.exp(-np.clip(gate, -500, 500)))
         x = x + linear(silu * linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
     x = rms_norm(x, w("model.norm.weight"))
-    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    return x @ w(head).T
+    output = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    return x @ w(output).T
 
 
 def _rope_angles(config: ModelConfig, length: int) -> np.ndarray:
