@@ -5,6 +5,7 @@ batched decode, and mixed batches; plus the checks on a malformed batch."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -124,16 +125,31 @@ def test_batched_decode_of_requests_of_different_lengths(model: Model) -> None:
 
 
 def test_mixed_batch_of_decodes_and_a_prefill_chunk(model: Model) -> None:
-    running, waiting = model.tokens(10), model.tokens(12)
-    running_slots, waiting_slots = model.take_slots(11), model.take_slots(12)
-    model.runner.forward(ForwardBatch.from_requests([running], [running_slots[:10]]))
+    short, long, waiting = model.tokens(3), model.tokens(10), model.tokens(12)
+    short_slots, long_slots, waiting_slots = model.take_slots(4), model.take_slots(11), model.take_slots(12)
+    model.runner.forward(ForwardBatch.from_requests([short, long], [short_slots[:3], long_slots[:10]]))
     model.runner.forward(ForwardBatch.from_requests([waiting[:5]], [waiting_slots[:5]]))
-    step = model.tokens(1)
-    # continuous batching: the running request decodes while the other's prompt continues
-    batch = ForwardBatch.from_requests([step, waiting[5:]], [running_slots, waiting_slots])
+    step_short, step_long = model.tokens(1), model.tokens(1)
+    # continuous batching: two running requests decode while the third's prompt continues
+    batch = ForwardBatch.from_requests(
+        [step_short, waiting[5:], step_long], [short_slots, waiting_slots, long_slots]
+    )
     logits = model.runner.forward(batch, all_logits=True)
-    assert_close(logits[:1], model.reference(running + step)[-1:])
-    assert_close(logits[1:], model.reference(waiting)[5:])
+    assert_close(logits[:1], model.reference(short + step_short)[-1:])
+    assert_close(logits[1:8], model.reference(waiting)[5:])
+    assert_close(logits[8:], model.reference(long + step_long)[-1:])
+
+
+def test_batch_from_an_engine_plan_keeps_its_columns() -> None:
+    expected = ForwardBatch.from_requests([[5, 6], [7]], [[10, 11, 12], [20, 21]])
+    plan = SimpleNamespace(
+        rids=np.array([1, 2], np.uint64), samples=np.array([True, False]),
+        **{name: getattr(expected, name) for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets")},
+    )
+    batch = ForwardBatch.from_plan(plan)
+    for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets"):
+        np.testing.assert_array_equal(getattr(batch, name), getattr(expected, name))
+    assert batch.positions.tolist() == [1, 2, 1]
 
 
 def test_runner_result_does_not_depend_on_slot_placement() -> None:
@@ -217,6 +233,11 @@ def test_malformed_batch_is_refused_naming_the_column(field: str, value: list, m
 def test_duplicate_out_slot_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="names a slot twice"):
         ForwardBatch.from_requests([[1, 2]], [[4, 4]])
+
+
+def test_pool_size_is_what_the_config_says(model: Model) -> None:
+    pool_bytes = sum(pool.nbytes for pool in (*model.runner.k_pool, *model.runner.v_pool))
+    assert pool_bytes == NUM_SLOTS * model.config.kv_bytes_per_slot()
 
 
 def test_runner_refuses_ids_and_slots_out_of_range() -> None:

@@ -77,6 +77,11 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    def kv_bytes_per_slot(self, itemsize: int = 4) -> int:
+        """Bytes one token slot of the KV pool takes, keys and values of every layer
+        (``itemsize`` 4 for the float32 pool), for sizing the pool to a memory budget."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
         """Reads ``config.json`` of a Hugging Face model folder."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,9 @@ def _check_offsets(name: str, offsets: np.ndarray, total: int, data: str) -> Non
         raise InvalidInputError(
             f"ForwardBatch.{name} must start at 0 and end at len({data}) = {total} (B + 1 entries, B >= 1)"
         )
+
+
+_COLUMNS = ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ class ForwardBatch:
     kv_offsets: np.ndarray
 
     def __post_init__(self) -> None:
-        for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets"):
+        for name in _COLUMNS:
             object.__setattr__(self, name, _int32_vector(name, getattr(self, name)))
         num_new = self.input_ids.size
         if self.positions.size != num_new or self.out_slots.size != num_new:
@@ -98,6 +102,12 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.size)
+
+    @classmethod
+    def from_plan(cls, plan: Any) -> ForwardBatch:
+        """The forward part of the engine core's ``BatchPlan`` (any object with these
+        columns as attributes); its other columns (rids, samples, ...) stay with the loop."""
+        return cls(*(getattr(plan, name) for name in _COLUMNS))
 
     @classmethod
     def from_requests(
@@ -152,6 +162,43 @@ class _Layer:
     gate_up_bias: np.ndarray | None
     down: np.ndarray
     down_bias: np.ndarray | None
+
+
+@dataclass(frozen=True, slots=True)
+class _AttentionPlan:
+    """How a batch's attention is computed, worked out once per forward, not per layer.
+
+    Requests with one new token (decodes) are attended together over their slots padded
+    to the longest; requests with several (prefill chunks) one at a time, each with its
+    own causal mask.
+    """
+
+    decode_rows: np.ndarray  # [S]: the token index of each decode
+    decode_slots: np.ndarray  # [S, L]: its slots, padded by repeating its last slot
+    decode_hidden: np.ndarray  # [S, L]: True where a slot must not be attended
+    chunks: list[tuple[int, int, np.ndarray]]  # (first token, end token, slots) per prefill
+
+    @classmethod
+    def of(cls, batch: ForwardBatch, sliding_window: int | None) -> _AttentionPlan:
+        qo, kvo = batch.qo_offsets, batch.kv_offsets
+        new_lengths = np.diff(qo)
+        decodes = np.flatnonzero(new_lengths == 1)
+        if decodes.size < 2:  # padding pays off only when it saves a loop
+            decodes = decodes[:0]
+        lengths = (kvo[1:] - kvo[:-1])[decodes]
+        width = int(lengths.max()) if decodes.size else 0
+        index = np.arange(width)[None, :]
+        last = lengths[:, None] - 1
+        # padding repeats a written slot, so it holds finite values that the mask zeroes
+        slots = batch.kv_slots[kvo[decodes][:, None] + np.minimum(index, last)]
+        hidden = index > last
+        if sliding_window is not None:
+            hidden |= index <= last - sliding_window
+        chunks = [
+            (int(qo[b]), int(qo[b + 1]), batch.kv_slots[kvo[b] : kvo[b + 1]])
+            for b in np.setdiff1d(np.arange(batch.batch_size), decodes)
+        ]
+        return cls(qo[decodes], slots, hidden, chunks)
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -217,9 +264,11 @@ class NumpyRunner(ModelRunner):
         self._check(batch)
         c = self.config
         cos, sin = rotation(self.inv_freq, batch.positions)
+        plan = _AttentionPlan.of(batch, c.sliding_window)
         x = self.embed[batch.input_ids]
         for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
-            x = x + self._attention(layer, _rms_norm(x, layer.input_norm, c.rms_norm_eps), batch, cos, sin, k_pool, v_pool)
+            h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            x = x + self._attention(layer, h, batch, plan, cos, sin, k_pool, v_pool)
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
         if not all_logits:
             x = x[batch.qo_offsets[1:] - 1]  # each request's last new token
@@ -236,6 +285,7 @@ class NumpyRunner(ModelRunner):
         layer: _Layer,
         h: np.ndarray,
         batch: ForwardBatch,
+        plan: _AttentionPlan,
         cos: np.ndarray,
         sin: np.ndarray,
         k_pool: np.ndarray,
@@ -258,11 +308,12 @@ class NumpyRunner(ModelRunner):
         v_pool[batch.out_slots] = v
 
         out = np.empty((num_new, c.num_heads * c.head_dim), np.float32)
-        scale = np.float32(c.head_dim**-0.5)
-        for b in range(batch.batch_size):
-            q0, q1 = int(batch.qo_offsets[b]), int(batch.qo_offsets[b + 1])
-            slots = batch.kv_slots[batch.kv_offsets[b] : batch.kv_offsets[b + 1]]
-            out[q0:q1] = self._attend(q[q0:q1] * scale, k_pool[slots], v_pool[slots])
+        q *= np.float32(c.head_dim**-0.5)
+        if plan.decode_rows.size:
+            rows = plan.decode_rows
+            out[rows] = self._attend_decodes(q[rows], k_pool[plan.decode_slots], v_pool[plan.decode_slots], plan.decode_hidden)
+        for q0, q1, slots in plan.chunks:
+            out[q0:q1] = self._attend(q[q0:q1], k_pool[slots], v_pool[slots])
         o = out @ layer.o
         if layer.o_bias is not None:
             o += layer.o_bias
@@ -291,6 +342,21 @@ class NumpyRunner(ModelRunner):
         probs /= probs.sum(axis=-1, keepdims=True)
         out = probs @ v.transpose(1, 0, 2)[:, None]  # [kvh, g, n, d]
         return out.transpose(2, 0, 1, 3).reshape(n, c.num_heads * c.head_dim)
+
+    def _attend_decodes(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+        """Many requests with one new token each, at once: ``q [S, heads, d]`` (pre-scaled)
+        over their padded slots' ``k, v [S, L, kv_heads, d]``; ``hidden [S, L]`` marks the
+        padding (and what a sliding window excludes). Returns ``[S, heads * d]``."""
+        c = self.config
+        count = q.shape[0]
+        qg = q.reshape(count, c.num_kv_heads, c.num_queries_per_kv, c.head_dim)  # [S, kvh, g, d]
+        scores = qg @ k.transpose(0, 2, 3, 1)  # [S, kvh, g, L]
+        scores = np.where(hidden[:, None, None, :], np.float32(-np.inf), scores)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = probs @ v.transpose(0, 2, 1, 3)  # [S, kvh, g, d]
+        return out.reshape(count, c.num_heads * c.head_dim)
 
     def _mlp(self, layer: _Layer, h: np.ndarray) -> np.ndarray:
         gate_up = h @ layer.gate_up

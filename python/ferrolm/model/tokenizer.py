@@ -45,10 +45,11 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
         folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise InvalidInputError(f"model folder {folder.name!r} has no tokenizer.json")
         try:
-            hf = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
-        except FileNotFoundError:
-            raise InvalidInputError(f"model folder {folder.name!r} has no tokenizer.json") from None
+            hf = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises plain Exception on a malformed file
             raise InvalidInputError(f"tokenizer.json could not be read: {exc}") from None
         settings: dict[str, Any] = {}
