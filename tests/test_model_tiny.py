@@ -73,13 +73,27 @@ def test_unknown_model_name_is_refused_without_downloading(cache: Path) -> None:
 
 
 def test_tokenizer_larger_than_the_model_vocabulary_is_refused(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(raw | {"vocab_size": 32000}))
+    with pytest.raises(InvalidInputError, match="'vocab_size'"):
+        load_model(folder)
+
+
+def copy_of_tiny(destination: Path) -> Path:
     folder = tiny.tiny_folder()
     for file in HF_FILES:
-        (tmp_path / file).write_bytes((folder / file).read_bytes())
-    raw = json.loads((folder / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(raw | {"vocab_size": 32000}))
-    with pytest.raises(InvalidInputError, match="'vocab_size'"):
-        load_model(tmp_path)
+        (destination / file).write_bytes((folder / file).read_bytes())
+    return destination
+
+
+def test_generation_config_adds_its_eos_ids(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [32003, 5]}))
+    assert load_model(folder).config.eos_token_ids == (*model.config.eos_token_ids, 5)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
+    with pytest.raises(InvalidInputError, match="'eos_token_id'"):
+        load_model(folder)
 
 
 def test_weights_are_the_same_on_every_machine(model: LoadedModel) -> None:
