@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ferrolm.errors import InvalidInputError
+from ferrolm.model import runner as runner_module
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
@@ -65,6 +66,15 @@ def test_whole_prompt_prefill_matches_reference(model: Model) -> None:
     batch = ForwardBatch.from_requests([ids], [slots])
     every = model.runner.forward(batch, all_logits=True)
     assert_close(every, model.reference(ids))
+
+
+def test_prefill_longer_than_a_query_block_matches_reference(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "_QUERY_BLOCK", 4)
+    ids = model.tokens(18)
+    prefix_slots, slots = model.take_slots(5), model.take_slots(13)
+    model.runner.forward(ForwardBatch.from_requests([ids[:5]], [prefix_slots]))
+    batch = ForwardBatch.from_requests([ids[5:]], [prefix_slots + slots])
+    assert_close(model.runner.forward(batch, all_logits=True), model.reference(ids)[5:])
 
 
 def test_last_token_logits_are_the_last_row_of_all_logits(model: Model) -> None:
@@ -219,6 +229,8 @@ def test_valid_batch_is_accepted_and_converted_to_int32() -> None:
         ("kv_offsets", [0, 1, 6], "fewer KV slots than new tokens"),
         ("kv_offsets", [0, 6], "both have B + 1 entries"),
         ("out_slots", [11, 13, 22], "must end, for each request, with its out_slots"),
+        ("positions", [1, 2, 3], "must number each request's kv_slots from 0"),
+        ("positions", [0, 1, 2], "must number each request's kv_slots from 0"),
         ("input_ids", [5.0, 6.0, 7.0], "must hold integers"),
         ("input_ids", [5, -6, 7], "outside"),
         ("kv_slots", [[10, 11, 12, 20, 21, 22]], "one-dimensional"),
@@ -230,9 +242,11 @@ def test_malformed_batch_is_refused_naming_the_column(field: str, value: list, m
         ForwardBatch(**{k: np.asarray(v) for k, v in columns.items()})
 
 
-def test_duplicate_out_slot_is_refused() -> None:
+def test_duplicate_out_slot_or_empty_batch_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="names a slot twice"):
         ForwardBatch.from_requests([[1, 2]], [[4, 4]])
+    with pytest.raises(InvalidInputError, match="at least one request"):
+        ForwardBatch.from_requests([], [])
 
 
 def test_pool_size_is_what_the_config_says(model: Model) -> None:

@@ -38,6 +38,10 @@ def _check_offsets(name: str, offsets: np.ndarray, total: int, data: str) -> Non
         )
 
 
+# rows of queries attended at once in a prefill: bounds its score matrix to
+# heads x _QUERY_BLOCK x context floats
+_QUERY_BLOCK = 256
+
 _COLUMNS = ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets")
 
 
@@ -52,7 +56,7 @@ class ForwardBatch:
       ``input_ids[qo_offsets[b]:qo_offsets[b + 1]]`` (at least one each).
     - ``kv_slots`` + ``kv_offsets``: the slots request b attends to, in position order:
       its cached prefix first, then its new tokens (so the last ones equal its
-      ``out_slots``).
+      ``out_slots``, and the ``positions`` of its new tokens are their indices there).
 
     A decode batch is B requests with one new token each; a prefill of an uncached suffix
     is one request whose ``kv_slots`` start with the cached prefix. Construction checks
@@ -92,6 +96,9 @@ class ForwardBatch:
         )
         if not np.array_equal(self.kv_slots[tail_index], self.out_slots):
             raise InvalidInputError("ForwardBatch.kv_slots must end, for each request, with its out_slots")
+        # slot j of a request holds position j: the causal mask relies on it
+        if not np.array_equal(tail_index - self.kv_offsets[:-1][request_of_token], self.positions):
+            raise InvalidInputError("ForwardBatch.positions must number each request's kv_slots from 0")
         if np.unique(self.out_slots).size != num_new:
             raise InvalidInputError("ForwardBatch.out_slots names a slot twice")
 
@@ -116,8 +123,8 @@ class ForwardBatch:
         """Builds a batch from per-request lists (for tests and simple callers): request b
         appends ``new_token_ids[b]`` to a sequence whose slots, new tokens included, are
         ``kv_slots[b]``; positions count from 0 at the first slot."""
-        if len(new_token_ids) != len(kv_slots):
-            raise InvalidInputError("from_requests needs one kv_slots list per request")
+        if not new_token_ids or len(new_token_ids) != len(kv_slots):
+            raise InvalidInputError("from_requests needs at least one request and one kv_slots list per request")
         positions, out_slots = [], []
         for ids, slots in zip(new_token_ids, kv_slots, strict=True):
             n, m = len(ids), len(slots)
@@ -324,23 +331,28 @@ class NumpyRunner(ModelRunner):
         whose last n entries are the queries' own tokens. Returns ``[n, heads * d]``."""
         c = self.config
         n, m = q.shape[0], k.shape[0]
-        group = c.num_queries_per_kv
         # query head h reads kv head h // group: group the query heads under their kv head
-        qg = q.reshape(n, c.num_kv_heads, group, c.head_dim).transpose(1, 2, 0, 3)  # [kvh, g, n, d]
-        scores = qg @ k.transpose(1, 2, 0)[:, None]  # [kvh, g, n, m]
-        # query i sits at kv index m - n + i and sees kv indices up to it (and, with a
-        # sliding window, only the last `window` of them)
-        query_index = np.arange(m - n, m)[:, None]
+        qg = q.reshape(n, c.num_kv_heads, c.num_queries_per_kv, c.head_dim).transpose(1, 2, 0, 3)  # [kvh, g, n, d]
+        keys = k.transpose(1, 2, 0)[:, None]  # [kvh, 1, d, m]
+        values = v.transpose(1, 0, 2)[:, None]  # [kvh, 1, m, d]
+        out = np.empty((c.num_kv_heads, c.num_queries_per_kv, n, c.head_dim), np.float32)
         kv_index = np.arange(m)[None, :]
-        hidden = kv_index > query_index
-        if c.sliding_window is not None:
-            hidden |= kv_index <= query_index - c.sliding_window
-        if hidden.any():
-            scores = np.where(hidden, np.float32(-np.inf), scores)
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = np.exp(scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        out = probs @ v.transpose(1, 0, 2)[:, None]  # [kvh, g, n, d]
+        # queries in blocks, so a long prompt's scores never take more than a block's rows
+        for start in range(0, n, _QUERY_BLOCK):
+            end = min(start + _QUERY_BLOCK, n)
+            scores = qg[:, :, start:end] @ keys  # [kvh, g, block, m]
+            # query i sits at kv index m - n + i and sees kv indices up to it (and, with a
+            # sliding window, only the last `window` of them)
+            query_index = np.arange(m - n + start, m - n + end)[:, None]
+            hidden = kv_index > query_index
+            if c.sliding_window is not None:
+                hidden |= kv_index <= query_index - c.sliding_window
+            if hidden.any():
+                scores = np.where(hidden, np.float32(-np.inf), scores)
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            out[:, :, start:end] = probs @ values
         return out.transpose(2, 0, 1, 3).reshape(n, c.num_heads * c.head_dim)
 
     def _attend_decodes(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, hidden: np.ndarray) -> np.ndarray:
