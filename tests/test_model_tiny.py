@@ -154,6 +154,19 @@ def test_tokenizer_round_trips_random_text(model: LoadedModel) -> None:
         assert model.tokenizer.decode(ids) == text
 
 
+def test_token_bytes_concatenate_to_the_text(model: LoadedModel) -> None:
+    # what the engine core's detokenizer does: join each token's bytes
+    tok = model.tokenizer
+    table = tok.token_bytes()
+    assert len(table) == model.config.vocab_size
+    rng = random.Random(8)
+    for _ in range(100):
+        text = random_text(rng)
+        assert b"".join(table[i] for i in tok.encode(text, add_special_tokens=False)) == text.encode()
+    assert table[32003] == b"<|im_end|>" and tok.special_token_ids == [32000, 32001, 32002, 32003]
+    assert tok.token_bytes(vocab_size=32064)[32004:] == [b""] * 60
+
+
 def test_tokenizer_compresses_english(model: LoadedModel) -> None:
     text = (
         "The engine schedules requests, runs the model over a batch, and streams the new "

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import models, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers
 
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.tokenizer import Tokenizer
@@ -99,3 +99,21 @@ def test_missing_or_broken_files(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text("{oops")
     with pytest.raises(InvalidInputError, match="tokenizer_config.json is not valid JSON"):
         Tokenizer.from_folder(tmp_path)
+
+
+def test_token_bytes_of_a_sentencepiece_vocabulary(tmp_path: Path) -> None:
+    # Llama 2 / Mistral style: "▁" is a space, "<0xNN>" a raw byte
+    vocab = {"<unk>": 0, "<s>": 1, "<0x0A>": 2, "<0xE2>": 3, "\u2581hello": 4, "world": 5}
+    hf = HfTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    hf.add_special_tokens(["<s>"])
+    tok = Tokenizer(hf, bos_token="<s>")
+    assert tok.token_bytes() == [b"<unk>", b"<s>", b"\n", b"\xe2", b" hello", b"world"]
+    assert tok.special_token_ids == [1]
+
+
+def test_token_bytes_of_a_plain_vocabulary(tmp_path: Path) -> None:
+    tok = Tokenizer.from_folder(write_folder(tmp_path, None))
+    assert tok.token_bytes(vocab_size=9) == [w.encode() for w in WORDS] + [b"", b""]

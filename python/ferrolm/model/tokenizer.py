@@ -5,6 +5,7 @@ the chat template."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 import tokenizers
 
 from ferrolm.errors import InvalidInputError
+from ferrolm.model.bpe_from_ranks import byte_alphabet
 
 
 class Tokenizer:
@@ -75,6 +77,39 @@ class Tokenizer:
         """Number of ids, special tokens included."""
         return int(self.hf.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def special_token_ids(self) -> list[int]:
+        """Ids of the special tokens (BOS, EOS, chat markers, ...), in increasing order."""
+        return sorted(int(i) for i, token in self.hf.get_added_tokens_decoder().items() if token.special)
+
+    def token_bytes(self, vocab_size: int | None = None) -> list[bytes]:
+        """``out[i]``: the bytes token i stands for in decoded text, for the engine core's
+        incremental detokenizer and constraint vocabulary. Padded with ``b""`` up to
+        ``vocab_size`` (models often have more logits than tokens).
+
+        Byte-level vocabularies (GPT-2 style: Llama 3, Qwen) spell bytes as printable
+        characters; SentencePiece ones (Llama 2, Mistral) write a space as "▁" and raw
+        bytes as "<0xNN>". Added tokens stand for their text.
+        """
+        vocab = self.hf.get_vocab(with_added_tokens=True)
+        out = [b""] * max(vocab_size or 0, self.vocab_size, max(vocab.values(), default=-1) + 1)
+        added = set(self.hf.get_added_tokens_decoder())
+        decoder = json.loads(self.hf.decoder.__getstate__()) if self.hf.decoder is not None else {}
+        style = _decoder_style(decoder)
+        from_char = {ch: b for b, ch in enumerate(byte_alphabet())}
+        for text, token_id in vocab.items():
+            if token_id in added:
+                out[token_id] = text.encode()
+            elif style == "byte_level" and all(ch in from_char for ch in text):
+                out[token_id] = bytes(from_char[ch] for ch in text)
+            elif style == "sentencepiece" and _BYTE_FALLBACK.fullmatch(text):
+                out[token_id] = bytes([int(text[3:5], 16)])
+            elif style == "sentencepiece":
+                out[token_id] = text.replace("\u2581", " ").encode()
+            else:
+                out[token_id] = text.encode()
+        return out
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> np.ndarray:
         """int32 token ids. ``add_special_tokens`` applies the tokenizer's template (e.g.
         a leading BOS); text that came from ``apply_chat_template`` already has its own."""
@@ -129,3 +164,19 @@ def _chat_template(value: Any) -> str | None:
             if isinstance(entry, dict) and entry.get("name") == "default" and isinstance(entry.get("template"), str):
                 return str(entry["template"])
     return None
+
+
+_BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _decoder_style(decoder: dict[str, Any]) -> str:
+    """``byte_level``, ``sentencepiece`` or ``plain``, from tokenizer.json's decoder."""
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    types = {part.get("type") for part in parts if isinstance(part, dict)}
+    if "ByteLevel" in types:
+        return "byte_level"
+    if types & {"Metaspace", "ByteFallback"} or any(
+        part.get("type") == "Replace" and part.get("pattern", {}).get("String") == "\u2581" for part in parts
+    ):
+        return "sentencepiece"
+    return "plain"
