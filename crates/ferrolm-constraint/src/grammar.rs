@@ -1,7 +1,11 @@
 //! A compiled grammar: a DFA bound to a vocabulary, plus the per-state mask cache.
 //!
-//! The allowed-token set depends only on the DFA state, so masks are cached per state
-//! and shared by every matcher of the grammar (bounded by a byte budget).
+//! The allowed-token set depends only on the DFA state, so masks are cached and shared
+//! by every matcher of the grammar (bounded by a byte budget). The cache is keyed not by
+//! state but by a coarser class: states that no token (no byte string up to the longest
+//! token's length) can tell apart share one entry, which makes the states of a counted
+//! repetition such as `[^"]{0,200}` share a mask until the count nears its end. EOS is
+//! not in cached masks: it is added per state, where the state may end.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -19,6 +23,8 @@ pub const DEFAULT_MASK_CACHE_BYTES: usize = 64 << 20;
 pub struct Grammar {
     vocab: Arc<Vocabulary>,
     dfa: ByteDfa,
+    /// State -> index into `masks`.
+    mask_class: Vec<u32>,
     masks: Vec<OnceLock<Box<[u32]>>>,
     cache_bytes_left: AtomicUsize,
 }
@@ -65,8 +71,16 @@ impl Grammar {
     }
 
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
-        let masks = (0..dfa.num_states()).map(|_| OnceLock::new()).collect();
-        Grammar { vocab, dfa, masks, cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES) }
+        let mask_class = dfa.equivalence_up_to(vocab.trie().max_depth());
+        let num_classes = mask_class.iter().max().map_or(0, |&c| c as usize + 1);
+        let masks = (0..num_classes).map(|_| OnceLock::new()).collect();
+        Grammar {
+            vocab,
+            dfa,
+            mask_class,
+            masks,
+            cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
+        }
     }
 
     pub fn vocab(&self) -> &Arc<Vocabulary> {
@@ -80,18 +94,25 @@ impl Grammar {
     /// Write the mask of `state` into `out` (exactly `bitmask_words` long).
     pub(crate) fn fill_mask(&self, state: u32, out: &mut [u32]) {
         debug_assert_eq!(out.len(), self.vocab.bitmask_words());
-        if let Some(cached) = self.masks[state as usize].get() {
-            out.copy_from_slice(cached);
-            return;
+        let slot = &self.masks[self.mask_class[state as usize] as usize];
+        match slot.get() {
+            Some(cached) => out.copy_from_slice(cached),
+            None => {
+                self.compute_token_mask(state, out, true);
+                self.cache(slot, out);
+            }
         }
-        self.compute_mask(state, out);
-        let bytes = std::mem::size_of_val(out);
+        self.add_eos(state, out);
+    }
+
+    fn cache(&self, slot: &OnceLock<Box<[u32]>>, mask: &[u32]) {
+        let bytes = std::mem::size_of_val(mask);
         // Reserve budget first so concurrent fills cannot overshoot it.
         let reserved = self
             .cache_bytes_left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
             .is_ok();
-        if reserved && self.masks[state as usize].set(out.into()).is_err() {
+        if reserved && slot.set(mask.into()).is_err() {
             // Another thread cached it first; give the budget back.
             self.cache_bytes_left.fetch_add(bytes, Ordering::Relaxed);
         }
@@ -100,16 +121,19 @@ impl Grammar {
     /// The mask of `state`, uncached: from the loop index when `state` sits in a loop
     /// of the automaton (see `region.rs`), else by a full trie walk.
     pub fn compute_mask(&self, state: u32, out: &mut [u32]) {
-        self.compute_mask_with(state, out, true);
+        self.compute_token_mask(state, out, true);
+        self.add_eos(state, out);
     }
 
     /// The mask of `state` by a full trie walk, never using loop indexes: the reference
     /// the fast paths are tested and benchmarked against.
     pub fn compute_mask_by_full_walk(&self, state: u32, out: &mut [u32]) {
-        self.compute_mask_with(state, out, false);
+        self.compute_token_mask(state, out, false);
+        self.add_eos(state, out);
     }
 
-    fn compute_mask_with(&self, state: u32, out: &mut [u32], use_loops: bool) {
+    /// The mask without EOS.
+    fn compute_token_mask(&self, state: u32, out: &mut [u32], use_loops: bool) {
         out.fill(0);
         if state == DEAD {
             return;
@@ -142,11 +166,19 @@ impl Grammar {
                 set_bit(out, other);
             }
         }
-        if dfa.is_accepting(state) {
+    }
+
+    fn add_eos(&self, state: u32, out: &mut [u32]) {
+        if state != DEAD && self.dfa.is_accepting(state) {
             for &eos in self.vocab.eos_ids() {
                 set_bit(out, eos);
             }
         }
+    }
+
+    /// Number of distinct mask-cache entries the grammar can have (at most one per state).
+    pub fn num_mask_classes(&self) -> usize {
+        self.masks.len()
     }
 }
 

@@ -97,3 +97,25 @@ proptest! {
         }
     }
 }
+
+/// States of a counted repetition share a cached mask until fewer repetitions remain
+/// than the longest token spans; from there on each needs its own.
+#[test]
+fn counted_repetitions_share_masks_only_where_sound() {
+    let extra: Vec<Vec<u8>> =
+        (2..=8).map(|k| vec![b'a'; k]).chain([b"ab".to_vec(), b"aab".to_vec()]).collect();
+    let (vocab, _) = small_vocab(&extra);
+    for pattern in ["a{0,30}b", "a{5,25}", "(?:a{0,12}b){2}"] {
+        let grammar = Grammar::from_regex(vocab.clone(), pattern).unwrap();
+        assert!(grammar.num_mask_classes() < grammar.dfa().num_states(), "{pattern}: no sharing");
+        let mut matcher = Matcher::new(grammar.clone());
+        let mut mask = vec![0u32; vocab.bitmask_words()];
+        for byte in "a".repeat(12).bytes().chain(*b"b").chain("a".repeat(12).bytes()) {
+            matcher.fill_next_token_bitmask(&mut mask).unwrap();
+            assert_eq!(mask, brute_force_mask(&grammar, &vocab, matcher.state()), "{pattern}");
+            if !matcher.accept_bytes(&[byte]) {
+                break;
+            }
+        }
+    }
+}
