@@ -24,6 +24,11 @@ pub enum GrammarSource {
     /// JSON Schema text and its options.
     JsonSchema(String, JsonSchemaOptions),
     Choice(Vec<String>),
+    /// Free text until the trigger first appears, then the inner grammar.
+    Segment {
+        trigger: String,
+        then: Box<GrammarSource>,
+    },
 }
 
 impl GrammarSource {
@@ -34,6 +39,9 @@ impl GrammarSource {
             GrammarSource::Choice(choices) => {
                 let choices: Vec<&str> = choices.iter().map(String::as_str).collect();
                 Grammar::from_choices(vocab, &choices)
+            }
+            GrammarSource::Segment { trigger, then } => {
+                Grammar::after_trigger(trigger, &*then.compile(vocab)?)
             }
         }
     }

@@ -109,6 +109,35 @@ impl ByteDfa {
         Ok(table)
     }
 
+    /// A DFA from a raw table (row `state * num_classes + class`, row 0 = [`DEAD`]):
+    /// states that cannot reach acceptance are dropped and the summaries computed.
+    pub(crate) fn from_table(
+        classes: [u8; 256],
+        num_classes: usize,
+        transitions: Vec<u32>,
+        accepting: Vec<bool>,
+        start: u32,
+    ) -> ByteDfa {
+        ByteDfa {
+            classes,
+            num_classes,
+            transitions,
+            row_transitions: Vec::new(),
+            accepting,
+            single_byte: Vec::new(),
+            can_continue: Vec::new(),
+            component: Vec::new(),
+            component_has_cycle: Vec::new(),
+            start,
+        }
+        .keep_live_states()
+    }
+
+    /// The byte classes: bytes in one class have the same transitions everywhere.
+    pub(crate) fn byte_class(&self, byte: u8) -> u8 {
+        self.classes[byte as usize]
+    }
+
     pub fn start(&self) -> u32 {
         self.start
     }

@@ -70,6 +70,13 @@ impl Grammar {
         Self::from_regex(vocab, &escaped.join("|"))
     }
 
+    /// Free text until `trigger` first appears in the output, then `then` (e.g.
+    /// `"</think>"` then a JSON Schema). The output may end only once `then` may.
+    pub fn after_trigger(trigger: &str, then: &Grammar) -> Result<Arc<Grammar>> {
+        let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
+        Ok(Arc::new(Self::from_dfa(then.vocab.clone(), dfa)))
+    }
+
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
         let mask_class = dfa.equivalence_up_to(vocab.trie().max_depth());
         let num_classes = mask_class.iter().max().map_or(0, |&c| c as usize + 1);

@@ -42,6 +42,7 @@ mod matcher;
 mod region;
 pub mod tokenizer_files;
 mod trie;
+mod trigger;
 mod vocab;
 
 pub use cache::{GrammarCache, GrammarSource};

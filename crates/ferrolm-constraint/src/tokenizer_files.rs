@@ -49,8 +49,10 @@ enum Spelling {
     Metaspace,
 }
 
-/// Read a Hugging Face `tokenizer.json`. Every entry of `added_tokens` becomes a
-/// special token (it never matches grammar bytes).
+/// Read a Hugging Face `tokenizer.json`. Entries of `added_tokens` marked `special`
+/// become special tokens (they never match grammar bytes); the others (`<think>`,
+/// `</think>`, `<tool_call>` in some models) are text: decoding keeps their content, so
+/// a grammar can match it (a segment trigger such as `</think>` needs this).
 pub fn from_hf_tokenizer_json(text: &str) -> Result<VocabularyBuilder> {
     let root: Value = serde_json::from_str(text).map_err(|e| hf_error(format!("not JSON: {e}")))?;
     let model = root.get("model").ok_or_else(|| hf_error("no `model` section".into()))?;
@@ -58,7 +60,7 @@ pub fn from_hf_tokenizer_json(text: &str) -> Result<VocabularyBuilder> {
     let pieces = model_pieces(model)?;
 
     // Added tokens override model entries with the same id.
-    let mut added: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+    let mut added: BTreeMap<u32, (Vec<u8>, bool)> = BTreeMap::new();
     if let Some(list) = root.get("added_tokens").and_then(Value::as_array) {
         for entry in list {
             let id = entry.get("id").and_then(Value::as_u64);
@@ -67,7 +69,9 @@ pub fn from_hf_tokenizer_json(text: &str) -> Result<VocabularyBuilder> {
                 return Err(hf_error(format!("added token without id/content: {entry}")));
             };
             let id = u32::try_from(id).map_err(|_| hf_error(format!("token id {id} too large")))?;
-            added.insert(id, content.as_bytes().to_vec());
+            // Absent `special` counts as special: the safe side for control tokens.
+            let special = entry.get("special").and_then(Value::as_bool).unwrap_or(true);
+            added.insert(id, (content.as_bytes().to_vec(), special));
         }
     }
 
@@ -83,8 +87,12 @@ pub fn from_hf_tokenizer_json(text: &str) -> Result<VocabularyBuilder> {
         };
         builder.add_token(id, bytes);
     }
-    for (id, text) in added {
-        builder.add_special_token(id, text);
+    for (id, (text, special)) in added {
+        if special {
+            builder.add_special_token(id, text);
+        } else {
+            builder.add_token(id, text);
+        }
     }
     Ok(builder)
 }

@@ -47,6 +47,13 @@ proptest! {
             grammar.compute_mask_by_full_walk(state, &mut fresh);
             prop_assert_eq!(&fresh, &expected, "full walk: pattern {} state {}", pattern, state);
         }
+        // The same grammar behind a trigger (free text first).
+        let segment = Grammar::after_trigger("a\"b", &grammar).unwrap();
+        for state in 1..segment.dfa().num_states().min(300) as u32 {
+            let expected = brute_force_mask(&segment, &vocab, state);
+            segment.compute_mask(state, &mut fresh);
+            prop_assert_eq!(&fresh, &expected, "segment: pattern {} state {}", pattern, state);
+        }
         let mut rng = Rng(seed);
         // Through matchers, along members of the language and along random strings.
         let mut texts = Vec::new();

@@ -118,6 +118,29 @@ proptest! {
     }
 
     #[test]
+    fn free_text_then_trigger_then_member_is_accepted(
+        re in re_strategy(), extra in extra_tokens_strategy(), free in "[a-c\"{}<>/é]{0,12}", seed in any::<u64>()
+    ) {
+        let trigger = "</a>";
+        prop_assume!(!free.contains(trigger));
+        let (vocab, eos) = small_vocab(&extra);
+        let grammar = Grammar::from_regex(vocab.clone(), &re.to_pattern()).unwrap();
+        let segment = Grammar::after_trigger(trigger, &grammar).unwrap();
+        let mut rng = Rng(seed);
+        let mut member = String::new();
+        re.sample(&mut rng, &mut member);
+        let document = format!("{free}{trigger}{member}");
+        let mut matcher = Matcher::new(segment);
+        for token in random_tokenization(&vocab, document.as_bytes(), &mut rng) {
+            prop_assert!(matcher.accept_token(token), "refused {} in {:?}", token, document);
+        }
+        prop_assert!(matcher.accept_token(eos));
+        // Without the trigger the document can never end.
+        let mut untriggered = Matcher::new(Grammar::after_trigger(trigger, &grammar).unwrap());
+        prop_assert!(untriggered.accept_str(&free) && !untriggered.can_end());
+    }
+
+    #[test]
     fn rollback_restores_earlier_masks(
         re in re_strategy(), extra in extra_tokens_strategy(), seed in any::<u64>()
     ) {

@@ -35,7 +35,8 @@ fn byte_level_bpe_tokenizer_json() {
     assert_eq!(vocab.token_bytes(2), Some(&b"\n"[..]));
     assert_eq!(vocab.token_bytes(3), Some("é".as_bytes()));
     assert_eq!(vocab.kind(4), Some(TokenKind::Eos));
-    assert_eq!(vocab.kind(5), Some(TokenKind::Special));
+    assert_eq!(vocab.kind(5), Some(TokenKind::Normal), "a non-special added token is text");
+    assert_eq!(vocab.token_bytes(5), Some(&b"<think>"[..]));
 }
 
 #[test]
