@@ -1,0 +1,214 @@
+//! Regex -> [`ByteDfa`]: regex-automata parses and determinizes (anchored at the start,
+//! `\z` appended so a match means the whole output matched); we copy the reachable
+//! states into our table, which then drops the states that cannot reach acceptance.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use regex_automata::dfa::{dense, Automaton, StartKind};
+use regex_automata::nfa::thompson;
+use regex_automata::util::primitives::StateID;
+use regex_automata::util::start;
+use regex_automata::{Anchored, MatchKind};
+use regex_syntax::hir::{Hir, Look};
+
+use super::{ByteDfa, DEAD};
+use crate::error::{ConstraintError, Result};
+
+/// Limits on compiling one regex. Exceeding any is a [`ConstraintError::GrammarTooLarge`].
+#[derive(Debug, Clone)]
+pub struct RegexOptions {
+    /// Upper bound on the NFA and on the DFA (each, in bytes) while building.
+    pub max_automaton_bytes: usize,
+    /// Upper bound on states in our table.
+    pub max_states: usize,
+    /// Upper bound on the time spent copying states into our table. (regex-automata's
+    /// determinization itself is bounded by `max_automaton_bytes`, not by a clock.)
+    pub timeout: Duration,
+}
+
+impl Default for RegexOptions {
+    fn default() -> Self {
+        RegexOptions { max_automaton_bytes: 64 << 20, max_states: 200_000, timeout: Duration::from_secs(10) }
+    }
+}
+
+impl ByteDfa {
+    pub fn from_regex(pattern: &str, options: &RegexOptions) -> Result<Self> {
+        let invalid =
+            |message: String| ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
+        let hir = regex_syntax::ParserBuilder::new()
+            .nest_limit(256)
+            .build()
+            .parse(pattern)
+            .map_err(|e| invalid(e.to_string()))?;
+        let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
+        let nfa = thompson::Compiler::new()
+            .configure(
+                thompson::Config::new().nfa_size_limit(Some(options.max_automaton_bytes)).shrink(false),
+            )
+            .build_from_hir(&whole)
+            .map_err(|e| {
+                if e.size_limit().is_some() {
+                    too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes))
+                } else {
+                    invalid(error_chain(&e))
+                }
+            })?;
+        let dfa = dense::Builder::new()
+            .configure(
+                dense::Config::new()
+                    .start_kind(StartKind::Anchored)
+                    .match_kind(MatchKind::All)
+                    .dfa_size_limit(Some(options.max_automaton_bytes))
+                    .determinize_size_limit(Some(options.max_automaton_bytes)),
+            )
+            .build_from_nfa(&nfa)
+            .map_err(|e| {
+                if e.is_size_limit_exceeded() {
+                    too_large(format!("the DFA exceeds {} bytes", options.max_automaton_bytes))
+                } else {
+                    invalid(error_chain(&e))
+                }
+            })?;
+        let table = copy_reachable(&dfa, options)?;
+        let table = table.keep_live_states();
+        if table.start == DEAD {
+            return Err(invalid("the regex matches no string".into()));
+        }
+        Ok(table)
+    }
+}
+
+/// Breadth-first copy of the states reachable from the anchored start.
+fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<ByteDfa> {
+    let started = Instant::now();
+    let byte_classes = dfa.byte_classes();
+    let mut classes = [0u8; 256];
+    for byte in 0..=255u8 {
+        classes[byte as usize] = byte_classes.get(byte);
+    }
+    // alphabet_len counts the end-of-input class, which is not a byte.
+    let num_classes = byte_classes.alphabet_len() - 1;
+    let mut representative = vec![0u8; num_classes];
+    for byte in (0..=255u8).rev() {
+        representative[classes[byte as usize] as usize] = byte;
+    }
+    let start = dfa
+        .start_state(&start::Config::new().anchored(Anchored::Yes))
+        .map_err(|e| too_large(format!("no anchored start state: {e}")))?;
+
+    let mut ids: HashMap<StateID, u32> = HashMap::new();
+    let mut order: Vec<StateID> = vec![StateID::ZERO]; // slot 0 stands for DEAD
+    let mut transitions = vec![DEAD; num_classes];
+    let mut accepting = vec![false];
+    let mut intern = |id: StateID, order: &mut Vec<StateID>| -> u32 {
+        if dfa.is_dead_state(id) {
+            return DEAD;
+        }
+        *ids.entry(id).or_insert_with(|| {
+            order.push(id);
+            (order.len() - 1) as u32
+        })
+    };
+    let start_id = intern(start, &mut order);
+    let mut next_to_expand = 1;
+    while next_to_expand < order.len() {
+        if order.len() > options.max_states {
+            return Err(too_large(format!("more than {} DFA states", options.max_states)));
+        }
+        if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
+            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+        }
+        let state = order[next_to_expand];
+        for &byte in &representative {
+            let target = dfa.next_state(state, byte);
+            if dfa.is_quit_state(target) {
+                return Err(too_large("the DFA gave up on a byte (quit state)".into()));
+            }
+            let target_id = intern(target, &mut order);
+            transitions.push(target_id);
+        }
+        accepting.push(dfa.is_match_state(dfa.next_eoi_state(state)));
+        next_to_expand += 1;
+    }
+    Ok(ByteDfa {
+        classes,
+        num_classes,
+        transitions,
+        row_transitions: Vec::new(),
+        accepting,
+        single_byte: Vec::new(),
+        can_continue: Vec::new(),
+        component: Vec::new(),
+        component_has_cycle: Vec::new(),
+        start: start_id,
+    })
+}
+
+fn too_large(message: String) -> ConstraintError {
+    ConstraintError::GrammarTooLarge { message }
+}
+
+/// regex-automata's top-level messages are terse ("error building NFA"); the cause is
+/// further down the chain.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full_match(pattern: &str, text: &str) -> bool {
+        let dfa = ByteDfa::from_regex(pattern, &RegexOptions::default()).unwrap();
+        let state = dfa.run(dfa.start(), text.as_bytes());
+        state != DEAD && dfa.is_accepting(state)
+    }
+
+    #[test]
+    fn matches_whole_text_only() {
+        assert!(full_match("a+b", "aab"));
+        assert!(!full_match("a+b", "aabb"));
+        assert!(!full_match("a+b", "aa"));
+        assert!(full_match("a|ab", "ab"));
+        assert!(full_match("(?:)", ""));
+    }
+
+    #[test]
+    fn dead_means_no_completion() {
+        let dfa = ByteDfa::from_regex("ab|ac", &RegexOptions::default()).unwrap();
+        assert_eq!(dfa.run(dfa.start(), b"b"), DEAD);
+        let a = dfa.run(dfa.start(), b"a");
+        assert_ne!(a, DEAD);
+        assert!(!dfa.is_accepting(a));
+        assert_eq!(dfa.single_byte(a), None);
+        let forced = ByteDfa::from_regex("abc", &RegexOptions::default()).unwrap();
+        assert_eq!(forced.single_byte(forced.start()), Some(b'a'));
+    }
+
+    #[test]
+    fn unbalanced_group_cannot_escape_the_anchor() {
+        assert!(ByteDfa::from_regex("a)|(b", &RegexOptions::default()).is_err());
+    }
+
+    #[test]
+    fn size_limit_is_an_error() {
+        let options = RegexOptions { max_automaton_bytes: 10_000, ..RegexOptions::default() };
+        let err = ByteDfa::from_regex(r"[a-z]{1,50}x[a-z]{20}", &options).unwrap_err();
+        assert!(matches!(err, ConstraintError::GrammarTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_language_is_an_error() {
+        let err = ByteDfa::from_regex(r"[^\s\S]", &RegexOptions::default()).unwrap_err();
+        assert!(matches!(err, ConstraintError::InvalidRegex { .. }), "{err}");
+    }
+}

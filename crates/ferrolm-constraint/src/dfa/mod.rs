@@ -1,0 +1,211 @@
+//! A byte-level DFA in our own compact table, in which every state except [`DEAD`] can
+//! still reach acceptance: "not dead" means exactly "still a prefix of some document",
+//! the guarantee the token mask must give.
+//!
+//! - `compile`: regex -> table (regex-automata parses and determinizes);
+//! - `analysis`: loops (strongly connected components) and the token-depth equivalence
+//!   of states that the mask cache and the loop indexes build on.
+
+mod analysis;
+mod compile;
+
+use std::collections::VecDeque;
+
+use analysis::strongly_connected_components;
+
+pub use compile::RegexOptions;
+
+/// The state from which nothing can be completed. Every table row of it points to itself.
+pub const DEAD: u32 = 0;
+
+/// A DFA over bytes in which every state except [`DEAD`] can still reach acceptance.
+#[derive(Debug, Clone)]
+pub struct ByteDfa {
+    /// Byte -> equivalence class (bytes no regex construct distinguishes share a class).
+    classes: [u8; 256],
+    num_classes: usize,
+    /// `transitions[state * num_classes + class]`.
+    transitions: Vec<u32>,
+    /// The same table with targets stored as row offsets (`target * num_classes`), so
+    /// the mask walk saves a multiply per trie node. Row 0 is still [`DEAD`].
+    row_transitions: Vec<u32>,
+    accepting: Vec<bool>,
+    /// The only byte leaving a state alive, if exactly one does (jump-forward).
+    single_byte: Vec<Option<u8>>,
+    /// Whether any byte leaves a state alive.
+    can_continue: Vec<bool>,
+    /// Strongly connected component of each state, and whether that component holds a
+    /// cycle (a loop the output can go round: the body of a string, free text).
+    component: Vec<u32>,
+    component_has_cycle: Vec<bool>,
+    start: u32,
+}
+
+impl ByteDfa {
+    /// A DFA from a raw table (row `state * num_classes + class`, row 0 = [`DEAD`]):
+    /// states that cannot reach acceptance are dropped and the summaries computed.
+    pub(crate) fn from_table(
+        classes: [u8; 256],
+        num_classes: usize,
+        transitions: Vec<u32>,
+        accepting: Vec<bool>,
+        start: u32,
+    ) -> ByteDfa {
+        ByteDfa {
+            classes,
+            num_classes,
+            transitions,
+            row_transitions: Vec::new(),
+            accepting,
+            single_byte: Vec::new(),
+            can_continue: Vec::new(),
+            component: Vec::new(),
+            component_has_cycle: Vec::new(),
+            start,
+        }
+        .keep_live_states()
+    }
+
+    /// The byte classes: bytes in one class have the same transitions everywhere.
+    pub(crate) fn byte_class(&self, byte: u8) -> u8 {
+        self.classes[byte as usize]
+    }
+
+    pub fn start(&self) -> u32 {
+        self.start
+    }
+
+    /// Number of states, counting [`DEAD`].
+    pub fn num_states(&self) -> usize {
+        self.accepting.len()
+    }
+
+    #[inline(always)]
+    pub fn next(&self, state: u32, byte: u8) -> u32 {
+        self.transitions[state as usize * self.num_classes + self.classes[byte as usize] as usize]
+    }
+
+    /// The row offset of `state` in the row table (see [`ByteDfa::next_row`]).
+    #[inline(always)]
+    pub(crate) fn row_of(&self, state: u32) -> u32 {
+        state * self.num_classes as u32
+    }
+
+    /// [`ByteDfa::next`] on row offsets; row 0 is [`DEAD`].
+    #[inline(always)]
+    pub(crate) fn next_row(&self, row: u32, byte: u8) -> u32 {
+        self.row_transitions[row as usize + self.classes[byte as usize] as usize]
+    }
+
+    /// Run `bytes` from `state`; [`DEAD`] as soon as they leave the language.
+    pub fn run(&self, mut state: u32, bytes: &[u8]) -> u32 {
+        for &b in bytes {
+            state = self.next(state, b);
+            if state == DEAD {
+                break;
+            }
+        }
+        state
+    }
+
+    /// The document may end here.
+    pub fn is_accepting(&self, state: u32) -> bool {
+        self.accepting[state as usize]
+    }
+
+    /// Some byte keeps the document alive from here.
+    pub fn can_continue(&self, state: u32) -> bool {
+        self.can_continue[state as usize]
+    }
+
+    /// The one byte that keeps the document alive, if there is exactly one.
+    pub fn single_byte(&self, state: u32) -> Option<u8> {
+        self.single_byte[state as usize]
+    }
+
+    /// Whether `a` and `b` can reach each other.
+    pub(crate) fn same_component(&self, a: u32, b: u32) -> bool {
+        self.component[a as usize] == self.component[b as usize]
+    }
+
+    /// Whether `state` lies on a cycle.
+    pub(crate) fn is_in_cycle(&self, state: u32) -> bool {
+        self.component_has_cycle[self.component[state as usize] as usize]
+    }
+
+    /// Renumber so that only states that can reach acceptance remain; the others
+    /// collapse into [`DEAD`]. Also fills the per-state summaries.
+    fn keep_live_states(self) -> Self {
+        let n = self.num_states();
+        let nc = self.num_classes;
+        let mut predecessors: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for state in 0..n {
+            for class in 0..nc {
+                let target = self.transitions[state * nc + class] as usize;
+                predecessors[target].push(state as u32);
+            }
+        }
+        let mut live = self.accepting.clone();
+        live[DEAD as usize] = false;
+        let mut queue: VecDeque<usize> = (0..n).filter(|&s| live[s]).collect();
+        while let Some(state) = queue.pop_front() {
+            for &pred in &predecessors[state] {
+                if !live[pred as usize] && pred != DEAD {
+                    live[pred as usize] = true;
+                    queue.push_back(pred as usize);
+                }
+            }
+        }
+        let mut new_id = vec![DEAD; n];
+        let mut next_id = 1;
+        for state in 1..n {
+            if live[state] {
+                new_id[state] = next_id;
+                next_id += 1;
+            }
+        }
+        let kept = next_id as usize;
+        let mut transitions = vec![DEAD; kept * nc];
+        let mut accepting = vec![false; kept];
+        for state in 1..n {
+            if live[state] {
+                let row = new_id[state] as usize;
+                accepting[row] = self.accepting[state];
+                for class in 0..nc {
+                    transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
+                }
+            }
+        }
+        let mut class_sizes = vec![0usize; nc];
+        let mut class_byte = vec![0u8; nc];
+        for byte in 0..=255u8 {
+            class_sizes[self.classes[byte as usize] as usize] += 1;
+            class_byte[self.classes[byte as usize] as usize] = byte;
+        }
+        let mut single_byte = vec![None; kept];
+        let mut can_continue = vec![false; kept];
+        for row in 0..kept {
+            let live_classes: Vec<usize> = (0..nc).filter(|&c| transitions[row * nc + c] != DEAD).collect();
+            can_continue[row] = !live_classes.is_empty();
+            if let [only] = live_classes[..] {
+                if class_sizes[only] == 1 {
+                    single_byte[row] = Some(class_byte[only]);
+                }
+            }
+        }
+        let row_transitions = transitions.iter().map(|&t| t * nc as u32).collect();
+        let (component, component_has_cycle) = strongly_connected_components(kept, nc, &transitions);
+        ByteDfa {
+            classes: self.classes,
+            num_classes: nc,
+            row_transitions,
+            transitions,
+            accepting,
+            single_byte,
+            can_continue,
+            component,
+            component_has_cycle,
+            start: new_id[self.start as usize],
+        }
+    }
+}
