@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
-__all__ = ["__version__", "RadixTree", "MatchResult"]
+__all__ = ["__version__", "RadixTree", "MatchResult", "Engine", "BatchPlan", "StepOutputs"]
 __version__: str
 
 @final
@@ -145,3 +145,161 @@ class RadixTree:
     def _inject_panic(self) -> None:
         """Test hook: panics inside the core. Raises ``CorePanicError``, after which this
         object refuses every call."""
+
+@final
+class BatchPlan:
+    """One step's work, in columns (all ``int32`` unless noted). Request ``b``'s new tokens
+    are ``input_ids[qo_offsets[b]:qo_offsets[b+1]]`` at ``positions[...]``; their K/V go to
+    ``out_slots[...]``; it attends to ``kv_slots[kv_offsets[b]:kv_offsets[b+1]]``, every slot
+    of its sequence up to and including the new tokens, in position order. The runner
+    returns one row of logits per request, for its last new token."""
+
+    @property
+    def rids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def input_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def positions(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def out_slots(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def qo_offsets(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def kv_slots(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def kv_offsets(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def samples(self) -> npt.NDArray[np.bool_]:
+        """Whether request ``b`` samples a token after this step (false for a prompt chunk
+        that does not reach the end of its prompt)."""
+    @property
+    def is_prefill(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    def __len__(self) -> int: ...
+
+@final
+class StepOutputs:
+    """What a step produced, in columns. Entry ``i`` is request ``rids[i]``: its new tokens
+    ``token_ids[token_offsets[i]:token_offsets[i+1]]`` (with ``logprobs``, NaN where not
+    asked for; token ``j``'s alternatives are ``top_ids/top_logprobs[top_offsets[j]:top_offsets[j+1]]``),
+    its text delta ``texts[i]``, and ``finished[i]``: ``None`` while it runs, else
+    ``(reason, matched, message, prompt_tokens, cached_tokens, completion_tokens)`` with
+    reason ``"stop"`` (``matched``: the stop string or token id), ``"length"``, ``"abort"``
+    or ``"error"`` (``message`` says why)."""
+
+    @property
+    def rids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def token_offsets(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def token_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def top_offsets(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def top_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def top_logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def texts(self) -> list[str]: ...
+    @property
+    def finished(self) -> list[tuple[str, str | int | None, str | None, int, int, int] | None]: ...
+    def __len__(self) -> int: ...
+
+@final
+class Engine:
+    """The engine core: everything a step needs but the forward pass. One call per step
+    crosses the boundary: ``schedule()`` gives a ``BatchPlan``, the runner computes logits,
+    ``commit(logits)`` samples, detokenizes, checks stops and finishes requests. Every call
+    releases the GIL. Not for concurrent use from several threads (a second concurrent
+    call raises ``RuntimeError``)."""
+
+    def __new__(
+        cls,
+        token_bytes: list[bytes],
+        *,
+        special_token_ids: list[int] = ...,
+        eos_token_ids: list[int] = ...,
+        kv_capacity: int = 65536,
+        max_running_requests: int = 256,
+        max_prefill_tokens: int = 8192,
+        schedule_policy: str = "fcfs",
+        enable_prefix_cache: bool = True,
+        eviction_policy: str = "lru",
+        new_token_ratio: float = 0.3,
+        fast_lane_tokens: int = 32,
+        max_context: int = 32768,
+        seed: int = 0,
+    ) -> Self:
+        """``token_bytes[i]`` is token i's bytes (the vocabulary size is its length).
+        ``schedule_policy``: ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``.
+        ``max_prefill_tokens`` is the chunked-prefill budget per step. ``new_token_ratio``
+        of each running request's remaining ``max_new_tokens`` is kept free when admitting
+        others. Raises ``InvalidInputError`` naming a bad setting."""
+    def submit(
+        self,
+        rid: int,
+        input_ids: object,
+        *,
+        max_new_tokens: int = 16,
+        min_new_tokens: int = 0,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        seed: int | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        stop: list[str] = ...,
+        stop_token_ids: list[int] = ...,
+        include_stop_str: bool = False,
+        skip_special_tokens: bool = True,
+        ignore_eos: bool = False,
+        priority: int = 0,
+        namespace: str | None = None,
+        queue_timeout: float | None = None,
+        allowed_token_ids: list[int] | None = None,
+    ) -> None:
+        """Queues a request. Mutates: the waiting queue. Raises ``InvalidInputError`` with
+        ``field`` set (changing nothing) for an empty prompt, ids outside the vocabulary, a
+        prompt or prompt + ``max_new_tokens`` beyond the context, a prompt larger than the
+        KV pool, out-of-range sampling values, an empty stop string, a rid already in use.
+        ``temperature=0`` is greedy."""
+    def schedule(self) -> BatchPlan:
+        """Picks this step's work (evicting from the cache and retracting running requests
+        under KV pressure). Raises ``ProtocolError`` if the last plan was not committed."""
+    def commit(self, logits: object) -> StepOutputs:
+        """Advances every request of the last plan with its row of ``logits``
+        (``float32[num_requests, >= vocab]``; a writable C-contiguous float32 array is
+        modified in place, anything else is copied once). Raises ``ProtocolError`` for a
+        wrong shape (nothing changes then)."""
+    def commit_tokens(self, tokens: object) -> StepOutputs:
+        """As ``commit``, with one already-sampled token per plan entry."""
+    def abort(self, rid: int) -> bool:
+        """Ends the request wherever it is (its output comes with the next commit or
+        ``take_outputs``); False for an unknown rid."""
+    def abort_all(self) -> int: ...
+    def take_outputs(self) -> StepOutputs:
+        """Outputs produced outside a step (aborts, timeouts, refusals)."""
+    def has_work(self) -> bool: ...
+    def flush_cache(self) -> bool:
+        """Drops the prefix cache; refused (False) while requests run."""
+    def check_invariants(self) -> None:
+        """KV conservation and the cache's invariants; raises ``InvariantViolation``."""
+    def stats(self) -> dict[str, int]:
+        """Counters (steps, prompt/generation/cache-hit tokens, retractions, finished,
+        errors) and load (waiting, running, kv_used, kv_capacity, cached/evictable tokens)."""
+    def take_latencies(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Latency samples in seconds since the last call: ttft_s, itl_s, e2e_s, queue_s."""
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def kv_capacity(self) -> int: ...

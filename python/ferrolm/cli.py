@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ferrolm.bench import engine as bench_engine
 from ferrolm.bench import tree as bench_tree
 
 
@@ -14,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     bench_tree.add_parser(bench_sub)
+    bench_engine.add_parser(bench_sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -13,7 +13,12 @@ class FerrolmError(Exception):
 
 
 class InvalidInputError(FerrolmError, ValueError):
-    """An argument is malformed or out of range; the message names it."""
+    """An argument is malformed or out of range; the message names it, and ``field``
+    does too where the core knows it (``None`` otherwise)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class StaleHandleError(FerrolmError, LookupError):
@@ -25,6 +30,11 @@ class StaleHandleError(FerrolmError, LookupError):
 
 class NotLockedError(FerrolmError, ValueError):
     """``unlock`` of a node that holds no lock taken on it (more unlocks than locks)."""
+
+
+class ProtocolError(FerrolmError, RuntimeError):
+    """The engine's step protocol was broken: ``commit`` without ``schedule``, ``schedule``
+    twice, or logits of the wrong shape."""
 
 
 class InvariantViolation(FerrolmError, AssertionError):
@@ -45,5 +55,6 @@ __all__ = [
     "InvalidInputError",
     "InvariantViolation",
     "NotLockedError",
+    "ProtocolError",
     "StaleHandleError",
 ]

@@ -25,6 +25,18 @@ pub fn invalid_input(py: Python<'_>, msg: impl Into<String>) -> PyErr {
     raise(py, "InvalidInputError", msg.into())
 }
 
+/// An `InvalidInputError` whose `field` attribute names the argument at fault.
+pub fn invalid_field(py: Python<'_>, field: &str, msg: String) -> PyErr {
+    match class(py, "InvalidInputError") {
+        Ok(cls) => PyErr::from_type(cls, (msg, field.to_string())),
+        Err(import_failed) => import_failed,
+    }
+}
+
+pub fn protocol(py: Python<'_>, msg: String) -> PyErr {
+    raise(py, "ProtocolError", msg)
+}
+
 pub fn invariant_violation(py: Python<'_>, msg: String) -> PyErr {
     raise(py, "InvariantViolation", msg)
 }

@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod engine;
 mod errors;
 mod guard;
 mod radix;
@@ -14,6 +15,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     radix::init(m)?;
+    engine::init(m)?;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! The hook through which a structured-output grammar steers a request: the engine asks
 //! for a mask before sampling and reports the sampled token after.
 
-pub trait TokenConstraint: Send {
+pub trait TokenConstraint: Send + Sync {
     /// Fills the packed mask (bit t of word t / 32 set = token t allowed) for the next
     /// token. EOS bits are set only where the document may end.
     fn fill_mask(&mut self, mask: &mut [u32]);

@@ -70,6 +70,8 @@ pub struct Engine {
     pending: StepOutputs,
     seeds: RequestRng,
     mask: Vec<u32>,
+    /// One row of sampling weights, reused by every request's draw.
+    scratch: Vec<f32>,
     pub(crate) stats: EngineStats,
     latencies: LatencySamples,
 }
@@ -90,6 +92,7 @@ impl Engine {
             pending: StepOutputs::new(),
             seeds: RequestRng::new(config.seed),
             mask: vec![0; config.vocab_size.div_ceil(32)],
+            scratch: Vec::with_capacity(config.vocab_size),
             stats: EngineStats::default(),
             latencies: LatencySamples::default(),
             config,
@@ -579,7 +582,7 @@ impl Engine {
                 Ok(crate::sampling::Sampled { token: t, logprob: None, top_logprobs: Vec::new() })
             }
             Some(t) => Err(format!("token {t} is not allowed by the request's grammar")),
-            None => r.sampler.sample(row, mask).map_err(|e| e.to_string()),
+            None => r.sampler.sample_with(row, mask, &mut self.scratch).map_err(|e| e.to_string()),
         };
         let sampled = match sampled {
             Ok(s) => s,

@@ -10,6 +10,7 @@ use rustc_hash::FxBuildHasher;
 
 use super::params::SamplingParams;
 use super::rng::RequestRng;
+use super::simd;
 
 /// Per-request sampling state: its parameters, random stream and token counts.
 #[derive(Clone, Debug)]
@@ -77,15 +78,25 @@ impl Sampler {
 
     /// Samples from `logits` (modified in place) under an optional packed mask.
     pub fn sample(&mut self, logits: &mut [f32], mask: Option<&[u32]>) -> Result<Sampled, NoAllowedToken> {
+        self.sample_with(logits, mask, &mut Vec::new())
+    }
+
+    /// As `sample`, with a scratch buffer the caller keeps across calls (one row long).
+    pub fn sample_with(
+        &mut self,
+        logits: &mut [f32],
+        mask: Option<&[u32]>,
+        scratch: &mut Vec<f32>,
+    ) -> Result<Sampled, NoAllowedToken> {
         self.steer(logits, mask);
         let (logprob_of, top) = if self.params.logprobs || self.params.top_logprobs > 0 {
-            let lse = log_sum_exp(logits).ok_or(NoAllowedToken)?;
+            let lse = log_sum_exp(logits, scratch).ok_or(NoAllowedToken)?;
             (Some(lse), top_n(logits, self.params.top_logprobs as usize, lse))
         } else {
             (None, Vec::new())
         };
-        let token =
-            if self.params.is_greedy() { argmax(logits) } else { self.draw(logits) }.ok_or(NoAllowedToken)?;
+        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits, scratch) }
+            .ok_or(NoAllowedToken)?;
         Ok(Sampled {
             token,
             logprob: logprob_of.filter(|_| self.params.logprobs).map(|lse| logits[token as usize] - lse),
@@ -114,82 +125,142 @@ impl Sampler {
             }
         }
         if let Some(mask) = mask {
-            for (i, l) in logits.iter_mut().enumerate() {
-                if !mask_allows(mask, i) {
-                    *l = f32::NEG_INFINITY;
+            for (w, chunk) in logits.chunks_mut(32).enumerate() {
+                let bits = mask.get(w).copied().unwrap_or(0);
+                if bits == u32::MAX {
+                    continue;
+                }
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if bits >> b & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
                 }
             }
         }
     }
 
-    /// Temperature, top-k, top-p, min-p, then one draw.
-    fn draw(&mut self, logits: &[f32]) -> Option<u32> {
+    /// Temperature, top-k, top-p, min-p, then one draw. Weights come from one vectorized
+    /// pass over the row; only truncation sorts, and it sorts only as many of the largest
+    /// weights as it needs.
+    fn draw(&mut self, logits: &[f32], weights: &mut Vec<f32>) -> Option<u32> {
         let p = &self.params;
-        let inv_t = 1.0 / p.temperature;
-        let mut cand: Vec<(u32, f32)> = logits
+        let max = simd::max(logits);
+        if !max.is_finite() {
+            return simd::argmax(logits);
+        }
+        // weights relative to the best token: w = exp((l - max) / T), w(best) = 1
+        let total = simd::exp_shifted(logits, max, 1.0 / p.temperature, weights);
+        let truncated = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
+        if !truncated {
+            return Some(pick(weights, total, self.rng.next_f64()));
+        }
+        // Candidates as u64 keys: a non-negative f32's bits order like the float, so
+        // `weight bits << 32 | !index` sorts by weight, then by lower index, with plain
+        // integer compares and no indirection.
+        let min_w = p.min_p; // min_p is relative to the best token, whose weight is 1
+        let mut keys: Vec<u64> = weights
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l * inv_t))
+            .filter(|&(_, &w)| w > 0.0 && w >= min_w)
+            .map(|(i, &w)| (w.to_bits() as u64) << 32 | !(i as u32) as u64)
             .collect();
-        if cand.is_empty() {
-            return None;
+        if p.top_k > 0 && (p.top_k as usize) < keys.len() {
+            keys.select_nth_unstable_by(p.top_k as usize - 1, |a, b| b.cmp(a));
+            keys.truncate(p.top_k as usize);
         }
-        let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && (p.top_k as usize) < cand.len() {
-            cand.select_nth_unstable_by(p.top_k as usize - 1, by_logit_desc);
-            cand.truncate(p.top_k as usize);
-        }
-        cand.sort_unstable_by(by_logit_desc);
-        let max = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        let mut keep = probs.len();
         if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, pr) in probs.iter().enumerate() {
-                acc += pr / total;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
+            let mass: f64 = keys.iter().map(|&k| key_weight(k) as f64).sum();
+            let keep = top_p_cut(&mut keys, p.top_p as f64 * mass);
+            keys.truncate(keep.max(1));
+        }
+        let kept: f64 = keys.iter().map(|&k| key_weight(k) as f64).sum();
+        let mut u = self.rng.next_f64() * kept;
+        for &k in &keys {
+            let w = key_weight(k) as f64;
+            if u < w {
+                return Some(key_index(k));
             }
+            u -= w;
         }
-        if p.min_p > 0.0 {
-            // probs[0] is the largest (exp(0) = 1 before normalising)
-            let floor = p.min_p as f64 * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
-        }
-        probs.truncate(keep);
-        let total: f64 = probs.iter().sum();
-        let mut u = self.rng.next_f64() * total;
-        for (i, pr) in probs.iter().enumerate() {
-            if u < *pr {
-                return Some(cand[i].0);
-            }
-            u -= pr;
-        }
-        Some(cand[keep - 1].0) // rounding left u just past the end
+        keys.last().map(|&k| key_index(k)) // rounding left u just past the end
     }
+}
+
+fn key_weight(key: u64) -> f32 {
+    f32::from_bits((key >> 32) as u32)
+}
+
+fn key_index(key: u64) -> u32 {
+    !(key as u32)
+}
+
+/// Reorders `keys` so that its first k entries are the k largest (heaviest weight, then
+/// lowest index: a strict order, so the cut is deterministic) and returns the least k whose
+/// weights reach `target`. Expected O(n): each round halves the range that holds the cut,
+/// summing only the half above it; only the last few dozen are sorted.
+fn top_p_cut(keys: &mut [u64], target: f64) -> usize {
+    let desc = |a: &u64, b: &u64| b.cmp(a);
+    let (mut lo, mut hi, mut above) = (0, keys.len(), 0.0f64);
+    while hi - lo > 64 {
+        let mid = lo + (hi - lo) / 2;
+        keys[lo..hi].select_nth_unstable_by(mid - lo, desc);
+        let upper: f64 = keys[lo..mid].iter().map(|&k| key_weight(k) as f64).sum();
+        if above + upper >= target {
+            hi = mid;
+        } else {
+            above += upper;
+            lo = mid;
+        }
+    }
+    keys[lo..hi].sort_unstable_by(desc);
+    for (n, &k) in keys[lo..hi].iter().enumerate() {
+        above += key_weight(k) as f64;
+        if above >= target {
+            return lo + n + 1;
+        }
+    }
+    hi
+}
+
+/// Inverse-CDF draw over all weights: whole blocks are skipped by their (vectorized)
+/// sums, then one block is walked.
+fn pick(weights: &[f32], total: f64, uniform: f64) -> u32 {
+    const BLOCK: usize = 256;
+    let mut u = uniform * total;
+    let mut last_nonzero = 0;
+    for (b, block) in weights.chunks(BLOCK).enumerate() {
+        let mass = simd::sum(block);
+        if u >= mass {
+            u -= mass;
+            if mass > 0.0 {
+                last_nonzero = b;
+            }
+            continue;
+        }
+        for (i, &w) in block.iter().enumerate() {
+            if u < w as f64 {
+                return (b * BLOCK + i) as u32;
+            }
+            u -= w as f64;
+        }
+        last_nonzero = b;
+    }
+    // rounding carried u past the end: the last token with weight
+    let block = &weights[last_nonzero * BLOCK..];
+    (last_nonzero * BLOCK + block.iter().rposition(|&w| w > 0.0).unwrap_or(0)) as u32
 }
 
 /// Index of the largest finite logit, lowest index on ties.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
-        }
-    }
-    best.map(|(i, _)| i as u32)
+    simd::argmax(logits)
 }
 
-fn log_sum_exp(logits: &[f32]) -> Option<f32> {
-    let max = logits.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+fn log_sum_exp(logits: &[f32], scratch: &mut Vec<f32>) -> Option<f32> {
+    let max = simd::max(logits);
     if !max.is_finite() {
         return None;
     }
-    let sum: f64 = logits.iter().filter(|l| l.is_finite()).map(|&l| ((l - max) as f64).exp()).sum();
+    let sum = simd::exp_shifted(logits, max, 1.0, scratch);
     Some(max + sum.ln() as f32)
 }
 

@@ -114,3 +114,28 @@ fn logprobs_are_normalised_and_ordered() {
     assert_eq!(out.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
     assert!((out.top_logprobs[1].1 - (2.0 - z)).abs() < 1e-5);
 }
+
+proptest::proptest! {
+    /// The selection-based top-p cut keeps exactly the set a full sort would keep.
+    #[test]
+    fn top_p_cut_matches_sorting(ws in proptest::collection::vec(0u8..50, 1..600), p in 0.01f64..1.0) {
+        let weights: Vec<f32> = ws.iter().map(|&w| w as f32 / 7.0).collect();
+        let total: f64 = weights.iter().map(|&w| w as f64).sum();
+        let mut sorted: Vec<u32> = (0..weights.len() as u32).collect();
+        sorted.sort_by(|a, b| weights[*b as usize].total_cmp(&weights[*a as usize]).then(a.cmp(b)));
+        let mut acc = 0.0;
+        let mut want = sorted.len();
+        for (n, &i) in sorted.iter().enumerate() {
+            acc += weights[i as usize] as f64;
+            if acc >= p * total { want = n + 1; break; }
+        }
+        let mut keys: Vec<u64> = weights.iter().enumerate()
+            .map(|(i, &w)| (w.to_bits() as u64) << 32 | !(i as u32) as u64).collect();
+        let k = top_p_cut(&mut keys, p * total);
+        let mut got: Vec<u32> = keys[..k].iter().map(|&k| key_index(k)).collect();
+        got.sort();
+        let mut expected = sorted[..want].to_vec();
+        expected.sort();
+        proptest::prop_assert_eq!(got, expected);
+    }
+}

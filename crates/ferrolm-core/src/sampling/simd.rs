@@ -1,0 +1,147 @@
+//! Whole-row kernels written so the compiler vectorizes them (plain SSE2 on x86-64, no
+//! target flags): lane-wise max, a branch-free exp, and the argmax built on them. A row is
+//! 32k–200k logits and every running request needs one per step, so these loops are the
+//! sampler's cost.
+
+const LANES: usize = 8;
+
+/// The largest value, ignoring NaN; `-inf` for an empty or all-`-inf` row.
+pub fn max(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            lanes[i] = if c[i] > lanes[i] { c[i] } else { lanes[i] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(chunks.remainder()) {
+        if x > m {
+            m = x;
+        }
+    }
+    m
+}
+
+/// Index of the largest value (NaN ignored), lowest index on ties; `None` if every value
+/// is `-inf` or NaN. One pass: each lane keeps its best value and where it saw it.
+pub fn argmax(xs: &[f32]) -> Option<u32> {
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [u32::MAX; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    let mut base = 0u32;
+    for c in &mut chunks {
+        for i in 0..LANES {
+            let better = c[i] > best[i];
+            best[i] = if better { c[i] } else { best[i] };
+            at[i] = if better { base + i as u32 } else { at[i] };
+        }
+        base += LANES as u32;
+    }
+    let mut winner: Option<(f32, u32)> = None;
+    let tail = chunks.remainder().iter().enumerate().map(|(i, &x)| (x, base + i as u32));
+    for (x, i) in best.iter().copied().zip(at).chain(tail) {
+        if x > f32::NEG_INFINITY && winner.is_none_or(|(w, wi)| x > w || (x == w && i < wi)) {
+            winner = Some((x, i));
+        }
+    }
+    winner.map(|(_, i)| i)
+}
+
+/// exp(x) for x <= 0 within 2 ulp-ish (relative error < 1e-6), exactly 0 for `-inf`.
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let finite = x > -87.0;
+    let x = if finite { x } else { -87.0 };
+    // k = n + ROUND exactly, so n sits in k's low mantissa bits: integer math from here
+    // on, which vectorizes (a float-to-int `as` cast would not)
+    let k = x * LOG2E + ROUND;
+    let n = k - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let n_int = k.to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(n_int.wrapping_add(127) << 23);
+    let keep = if finite { u32::MAX } else { 0 };
+    f32::from_bits((p * scale).to_bits() & keep)
+}
+
+/// `out[i] = exp((xs[i] - shift) * scale)` for rows whose values are at most `shift`;
+/// returns the sum (accumulated in lanes of f32, then f64).
+pub fn exp_shifted(xs: &[f32], shift: f32, scale: f32, out: &mut Vec<f32>) -> f64 {
+    out.clear();
+    out.resize(xs.len(), 0.0);
+    let mut total = 0f64;
+    // blocks of 4096: short enough that f32 lane sums keep their precision
+    for (xb, ob) in xs.chunks(4096).zip(out.chunks_mut(4096)) {
+        let mut lanes = [0f32; LANES];
+        let mut xc = xb.chunks_exact(LANES);
+        let mut oc = ob.chunks_exact_mut(LANES);
+        for (x, o) in (&mut xc).zip(&mut oc) {
+            for i in 0..LANES {
+                let e = exp_nonpositive((x[i] - shift) * scale);
+                o[i] = e;
+                lanes[i] += e;
+            }
+        }
+        for (x, o) in xc.remainder().iter().zip(oc.into_remainder()) {
+            *o = exp_nonpositive((x - shift) * scale);
+            lanes[0] += *o;
+        }
+        total += lanes.iter().map(|&v| v as f64).sum::<f64>();
+    }
+    total
+}
+
+/// Sum of a block of weights, vectorized.
+pub fn sum(xs: &[f32]) -> f64 {
+    let mut lanes = [0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            lanes[i] += c[i];
+        }
+    }
+    lanes.iter().chain(chunks.remainder()).map(|&v| v as f64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_std_closely() {
+        for i in 0..=100_000 {
+            let x = -(i as f32) * 0.0009;
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            assert!((got - want).abs() <= want * 2e-6 + 1e-37, "exp({x}) = {got}, want {want}");
+        }
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+    }
+
+    #[test]
+    fn argmax_and_max() {
+        assert_eq!(argmax(&[]), None);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 20]), None);
+        let mut xs = vec![0.5f32; 37];
+        xs[30] = 2.0;
+        xs[33] = 2.0;
+        xs[3] = f32::NAN;
+        assert_eq!(argmax(&xs), Some(30));
+        assert_eq!(max(&xs), 2.0);
+    }
+
+    #[test]
+    fn exp_shifted_sums() {
+        let xs: Vec<f32> = (0..10_001).map(|i| -(i as f32) / 1000.0).collect();
+        let mut out = Vec::new();
+        let total = exp_shifted(&xs, 0.0, 1.0, &mut out);
+        let want: f64 = xs.iter().map(|&x| (x as f64).exp()).sum();
+        assert!((total - want).abs() / want < 1e-5, "{total} vs {want}");
+    }
+}

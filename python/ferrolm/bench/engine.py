@@ -1,0 +1,82 @@
+"""``ferrolm bench engine``: the engine core's own time per step (``schedule`` +
+``commit``, the forward excluded) with a null model that returns random logits.
+
+Every request decodes (prompts are prefilled before timing starts), so each step is one
+decode token per request: the per-token CPU cost a serving loop pays on top of the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from ferrolm._core import Engine
+
+FLOOR_MS = 1.0  # batch 64, greedy, 32k vocab
+
+
+def _vocab(size: int) -> list[bytes]:
+    return [f"t{i} ".encode() for i in range(size)]
+
+
+def step_times(batch: int, vocab: int, mode: str, steps: int, seed: int = 0) -> np.ndarray:
+    prompt_len = 64
+    engine = Engine(
+        _vocab(vocab),
+        kv_capacity=batch * (prompt_len + steps + 8),
+        max_running_requests=batch,
+        max_prefill_tokens=batch * prompt_len,
+        max_context=prompt_len + steps + 16,
+    )
+    rng = np.random.default_rng(seed)
+    sampling: dict[str, Any] = {"temperature": 0.0} if mode == "greedy" else {"temperature": 0.8, "top_p": 0.9}
+    for rid in range(batch):
+        prompt = rng.integers(0, vocab, prompt_len, dtype=np.int32)
+        engine.submit(rid, prompt, max_new_tokens=steps + 4, ignore_eos=True, **sampling)
+    source = rng.standard_normal((batch, vocab), dtype=np.float32) * 3
+    logits = np.empty_like(source)
+    # prefill everything first
+    plan = engine.schedule()
+    np.copyto(logits[: len(plan)], source[: len(plan)])
+    engine.commit(logits[: len(plan)])
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        plan = engine.schedule()
+        t1 = time.perf_counter_ns()
+        np.copyto(logits, source)  # the "forward": not timed
+        t2 = time.perf_counter_ns()
+        engine.commit(logits)
+        t3 = time.perf_counter_ns()
+        assert len(plan) == batch
+        times.append((t1 - t0) + (t3 - t2))
+    return np.array(times, dtype=np.float64) / 1e3
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"{'vocab':>7}{'mode':>7}{'batch':>7}{'p50 us/step':>13}{'p99 us/step':>13}{'us/token':>10}")
+    failed = False
+    for vocab in args.vocab:
+        for mode in ("greedy", "top_p"):
+            for batch in args.batch:
+                t = step_times(batch, vocab, mode, args.steps)
+                p50, p99 = np.percentile(t, 50), np.percentile(t, 99)
+                print(f"{vocab:>7}{mode:>7}{batch:>7}{p50:>13.1f}{p99:>13.1f}{p50 / batch:>10.2f}")
+                if vocab == 32_000 and mode == "greedy" and batch == 64 and p50 / 1e3 > FLOOR_MS:
+                    failed = True
+    print(f"floor: schedule + commit <= {FLOOR_MS} ms per step at batch 64, greedy, 32k vocab: "
+          + ("MISSED" if failed else "met"))
+    return 1 if failed and args.strict else 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("engine", help="engine core time per step with a null model", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--vocab", type=int, nargs="+", default=[32_000, 200_000])
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--strict", action="store_true", help="exit 1 when the floor is missed")
+    p.set_defaults(func=run)
