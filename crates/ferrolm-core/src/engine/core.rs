@@ -55,6 +55,7 @@ struct InFlight {
     rid: u64,
     end: usize,
     samples: bool,
+    is_prefill: bool,
 }
 
 pub struct Engine {
@@ -299,7 +300,7 @@ impl Engine {
         let samples = end == r.tokens.len();
         plan.samples.push(samples);
         plan.is_prefill.push(is_prefill);
-        self.in_flight.push(InFlight { rid, end, samples });
+        self.in_flight.push(InFlight { rid, end, samples, is_prefill });
     }
 
     /// Frees pool slots for every decoding request: from the cache first, then by
@@ -556,6 +557,10 @@ impl Engine {
         if !f.samples {
             return;
         }
+        if f.is_prefill && self.config.enable_prefix_cache {
+            self.cache_prefill(f.rid);
+        }
+        let Some(r) = self.requests.get_mut(&f.rid) else { return };
         let generated_before = r.generated();
         let stops_active = generated_before >= r.params.min_new_tokens;
         // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos)
@@ -629,6 +634,28 @@ impl Engine {
         };
         let fin = reason.map(|reason| self.finish(f.rid, reason));
         out.push(f.rid, text, fin);
+    }
+
+    /// A finished prefill goes into the cache at once (not only when the request ends), so
+    /// requests that arrive meanwhile with the same prefix, e.g. the other samples of an
+    /// `n > 1` request, reuse it. The request then holds the tree's slots for its whole
+    /// prefix and a lock on the node that ends it.
+    fn cache_prefill(&mut self, rid: u64) {
+        let r = self.requests.get_mut(&rid).expect("in-flight request exists");
+        let (n, ns) = (r.kv_len, r.params.namespace.as_deref());
+        let already = self.tree.insert(&r.tokens[..n], &r.slots[..n], ns, r.params.priority);
+        let already = already.expect("token and slot lists have equal length");
+        let m = self.tree.match_prefix(&r.tokens[..n], ns);
+        debug_assert_eq!(m.length, n);
+        // ours among the already-cached part are duplicates of the tree's (same tokens at
+        // the same positions, so the same K/V): switch to the tree's and free ours
+        self.pool.free(&r.slots[r.cached_len..already.max(r.cached_len)]).expect("duplicate slots were ours");
+        r.slots[..n].copy_from_slice(&m.kv_slots);
+        self.tree.lock(m.node).expect("a fresh match's node is live");
+        if let Some(old) = r.node.replace(m.node) {
+            self.tree.unlock(old).expect("the request's lock is live");
+        }
+        r.cached_len = n;
     }
 
     // ---- finishing ----
