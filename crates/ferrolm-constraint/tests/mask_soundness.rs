@@ -30,8 +30,39 @@ fn random_text(rng: &mut Rng, max_chars: usize) -> String {
     (0..rng.below(max_chars + 1)).map(|_| ALPHABET[rng.below(ALPHABET.len())]).collect()
 }
 
+/// Moore's refinement with every state every round: the reference for
+/// `ByteDfa::equivalence_up_to`.
+fn naive_equivalence(dfa: &ferrolm_constraint::ByteDfa, depth: usize) -> Vec<u32> {
+    let n = dfa.num_states();
+    let mut class: Vec<u32> = (0..n).map(|s| u32::from(s != 0)).collect();
+    for _ in 0..depth {
+        let mut ids = std::collections::HashMap::new();
+        class = (0..n)
+            .map(|s| {
+                let mut signature = vec![class[s]];
+                signature.extend((0..=255u8).map(|b| class[dfa.next(s as u32, b) as usize]));
+                let fresh = ids.len() as u32;
+                *ids.entry(signature).or_insert(fresh)
+            })
+            .collect();
+    }
+    class
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn incremental_equivalence_equals_moore(re in re_strategy(), depth in 0usize..12) {
+        let dfa = ferrolm_constraint::ByteDfa::from_regex(&re.to_pattern(), &Default::default()).unwrap();
+        let fast = dfa.equivalence_up_to(depth);
+        let slow = naive_equivalence(&dfa, depth);
+        for i in 0..fast.len() {
+            for j in 0..fast.len() {
+                prop_assert_eq!(fast[i] == fast[j], slow[i] == slow[j], "{} depth {}", re.to_pattern(), depth);
+            }
+        }
+    }
 
     #[test]
     fn trie_mask_equals_brute_force(re in re_strategy(), extra in extra_tokens_strategy(), seed in any::<u64>()) {

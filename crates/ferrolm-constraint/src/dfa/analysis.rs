@@ -46,13 +46,19 @@ impl ByteDfa {
                 }
             }
             changed.clear();
-            for (c, states) in touched {
-                // Untouched members kept their signature, which they share.
-                let untouched = members[c as usize].iter().copied().find(|&m| !touched_mark[m as usize]);
+            // Untouched members kept their signature, which they share; it is taken
+            // now, before this round moves any state to a new class.
+            let touched: Vec<(u32, Vec<(u32, Vec<u32>)>, Option<Vec<u32>>)> = touched
+                .into_iter()
+                .map(|(c, states)| {
+                    let untouched = members[c as usize].iter().copied().find(|&m| !touched_mark[m as usize]);
+                    (c, states, untouched.map(|m| signature(&class, m)))
+                })
+                .collect();
+            for (c, states, base) in touched {
                 for &(s, _) in &states {
                     touched_mark[s as usize] = false;
                 }
-                let base = untouched.map(|m| signature(&class, m));
                 let mut groups: FxHashMap<Vec<u32>, Vec<u32>> = FxHashMap::default();
                 for (s, sig) in states {
                     if Some(&sig) != base.as_ref() {
