@@ -5,6 +5,10 @@ use rustc_hash::FxHashMap;
 
 use super::{ByteDfa, DEAD};
 
+/// One class in a refinement round: its id, its touched states with their signatures,
+/// and the signature its untouched states share (if it has any).
+type TouchedClass = (u32, Vec<(u32, Vec<u32>)>, Option<Vec<u32>>);
+
 impl ByteDfa {
     /// Classes of states that no byte string of at most `depth` bytes tells apart (each
     /// string leaves both dead or both alive): their token masks are equal when no
@@ -48,7 +52,7 @@ impl ByteDfa {
             changed.clear();
             // Untouched members kept their signature, which they share; it is taken
             // now, before this round moves any state to a new class.
-            let touched: Vec<(u32, Vec<(u32, Vec<u32>)>, Option<Vec<u32>>)> = touched
+            let touched: Vec<TouchedClass> = touched
                 .into_iter()
                 .map(|(c, states)| {
                     let untouched = members[c as usize].iter().copied().find(|&m| !touched_mark[m as usize]);
