@@ -4,8 +4,10 @@
 //! Key types:
 //! - [`Vocabulary`]: token bytes, special and EOS ids, and the token trie; built once per
 //!   tokenizer (from a list, a tiktoken file or a `tokenizer.json`) and shared.
-//! - [`Grammar`]: a regex compiled to a byte-level DFA bound to a vocabulary, with a
-//!   per-state mask cache shared by all its matchers.
+//! - [`Grammar`]: a regex, a JSON Schema ([`json_schema`]), a list of choices, or free
+//!   text until a trigger then one of those, compiled to a byte-level DFA bound to a
+//!   vocabulary, with a mask cache shared by all its matchers. [`GrammarCache`] compiles
+//!   each source once, under a time limit.
 //! - [`Matcher`]: one per request; fills the next-token bitmask, accepts tokens, rolls
 //!   back, and says whether the output may or must end.
 //!
