@@ -14,6 +14,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
+		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "bpe-openai>=0.1.4" \
 		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10"
 	touch $@
 

@@ -6,7 +6,54 @@ import argparse
 import sys
 
 from ferrolm.bench import engine as bench_engine
+from ferrolm.errors import FerrolmError
 from ferrolm.bench import tree as bench_tree
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ferrolm.engine import Engine
+    from ferrolm.sampling_params import SamplingParams
+
+    engine = Engine(args.model, seed=args.seed)
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop or [],
+        ignore_eos=args.ignore_eos,
+    )
+    for prompt in args.prompt:
+        if args.chat:
+            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        if args.stream:
+            print(prompt, end="", flush=True)
+            finish = None
+            for d in engine.stream(prompt, params):
+                print(d.text, end="", flush=True)
+                finish = d.finish_reason
+            print(f"\n[{finish}]")
+        else:
+            [r] = engine.generate(prompt, params)
+            print(f"{prompt}{r.text}\n[{r.finish_reason}, {len(r.token_ids)} tokens]")
+    return 0
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text offline")
+    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a Hugging Face model folder")
+    p.add_argument("--prompt", action="append", required=True, help="may be given several times")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--stream", action="store_true")
+    p.set_defaults(func=_generate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,8 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     bench_tree.add_parser(bench_sub)
     bench_engine.add_parser(bench_sub)
+    _add_generate(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except FerrolmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
