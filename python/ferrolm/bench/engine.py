@@ -56,6 +56,36 @@ def step_times(batch: int, vocab: int, mode: str, steps: int, seed: int = 0) -> 
     return np.array(times, dtype=np.float64) / 1e3
 
 
+def tiny_end_to_end(batch: int, new_tokens: int = 32) -> dict[str, float]:
+    """Tokens/s of the tiny model through ``ferrolm.Engine``, with the step split into the
+    core's share (schedule + commit) and the runner's (forward)."""
+    from ferrolm.engine import Engine, deltas_of
+    from ferrolm.model import ForwardBatch
+
+    engine = Engine("tiny", kv_capacity=batch * 128 + 1024, max_running_requests=batch)
+    rng = np.random.default_rng(0)
+    for _ in range(batch):
+        prompt = rng.integers(0, 32_000, int(rng.integers(16, 48)), dtype=np.int32)
+        engine.core.submit(next(engine._rids), prompt, max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
+    core_ns = forward_ns = 0
+    tokens = 0
+    t_start = time.perf_counter_ns()
+    while engine.has_work():
+        t0 = time.perf_counter_ns()
+        plan = engine.core.schedule()
+        t1 = time.perf_counter_ns()
+        logits = engine.runner.forward(ForwardBatch.from_plan(plan))
+        t2 = time.perf_counter_ns()
+        out = engine.core.commit(logits)
+        t3 = time.perf_counter_ns()
+        tokens += len(out.token_ids)
+        core_ns += (t1 - t0) + (t3 - t2)
+        forward_ns += t2 - t1
+        deltas_of(out)
+    wall = (time.perf_counter_ns() - t_start) / 1e9
+    return {"tokens_per_s": tokens / wall, "core_share": core_ns / (core_ns + forward_ns), "tokens": tokens}
+
+
 def run(args: argparse.Namespace) -> int:
     print(f"{'vocab':>7}{'mode':>7}{'batch':>7}{'p50 us/step':>13}{'p99 us/step':>13}{'us/token':>10}")
     failed = False
@@ -69,6 +99,15 @@ def run(args: argparse.Namespace) -> int:
                     failed = True
     print(f"floor: schedule + commit <= {FLOOR_MS} ms per step at batch 64, greedy, 32k vocab: "
           + ("MISSED" if failed else "met"))
+    if not args.skip_tiny:
+        print()
+        print(f"{'tiny model end to end':<24}{'batch':>7}{'tokens/s':>10}{'core share of step':>20}")
+        for batch in (1, 16, 64):
+            r = tiny_end_to_end(batch)
+            print(f"{'':<24}{batch:>7}{r['tokens_per_s']:>10.0f}{r['core_share'] * 100:>19.1f}%")
+            if r["core_share"] > 0.10:
+                failed = True
+                print(f"  core share above the 10% floor at batch {batch}")
     return 1 if failed and args.strict else 0
 
 
@@ -78,5 +117,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--vocab", type=int, nargs="+", default=[32_000, 200_000])
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--skip-tiny", action="store_true", help="skip the tiny-model end-to-end run")
     p.add_argument("--strict", action="store_true", help="exit 1 when the floor is missed")
     p.set_defaults(func=run)

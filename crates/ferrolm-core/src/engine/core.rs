@@ -458,7 +458,9 @@ impl Engine {
                 .iter()
                 .map(|rid| {
                     let r = &self.requests[rid];
-                    (r.tokens.len() - r.kv_len) + (r.remaining() as f64 * ratio).ceil() as usize
+                    // slots still to allocate for its known tokens, plus a share of its future
+                    r.tokens.len().saturating_sub(r.slots.len())
+                        + (r.remaining() as f64 * ratio).ceil() as usize
                 })
                 .sum();
             let wanted = uncached + (r.remaining() as f64 * ratio).ceil() as usize;

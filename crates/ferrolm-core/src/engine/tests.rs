@@ -496,3 +496,18 @@ fn a_finished_prefill_is_shared_while_its_request_still_runs() {
     one.extend_from_slice(&out[&1].0);
     assert_eq!(one, out[&2].0, "sharing the prefix changes nothing in the output");
 }
+
+#[test]
+fn admission_counts_slots_already_allocated_once() {
+    // 8 prompts of 16 tokens with room for exactly their prompts plus the reserve: all
+    // must be admitted in the first step, not only as many as double counting allows
+    let cfg = config(|c| {
+        c.kv_capacity = 8 * (16 + 4);
+        c.new_token_ratio = 1.0;
+    });
+    let mut engine = Engine::new(cfg, vocab()).unwrap();
+    for i in 0..8 {
+        engine.submit(i, &[i as u32 + 1; 16], greedy(4), None).unwrap();
+    }
+    assert_eq!(engine.schedule().unwrap().num_requests(), 8);
+}
