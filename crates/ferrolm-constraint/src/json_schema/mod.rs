@@ -16,6 +16,7 @@
 
 mod formats;
 mod int_range;
+mod pattern;
 mod values;
 
 use serde_json::{Map, Value};
@@ -91,6 +92,7 @@ const HANDLED: &[&str] = &[
     "exclusiveMinimum",
     "exclusiveMaximum",
     "nullable",
+    "pattern",
 ];
 
 /// One JSON string character, encoded: anything but `"`, `\` and control characters,

@@ -4,6 +4,7 @@ use serde_json::{Map, Value};
 
 use super::formats::format_regex;
 use super::int_range::integer_range_regex;
+use super::pattern::pattern_regex;
 use super::{Translator, NUMBER, STRING_CHAR};
 use crate::error::Result;
 
@@ -52,6 +53,17 @@ impl<'a> Translator<'a> {
 
     pub(super) fn string(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
         let (min, max) = self.counts(map, "minLength", "maxLength", path)?;
+        if let Some(pattern) = map.get("pattern") {
+            let pattern = pattern.as_str().ok_or_else(|| self.invalid(path, "`pattern` must be a string"))?;
+            // Both would need the intersection of two languages.
+            if map.contains_key("format") || min > 0 || max.is_some() {
+                self.refuse("pattern next to format/minLength/maxLength", path)?;
+            }
+            match pattern_regex(pattern, STRING_CHAR) {
+                Ok(body) => return Ok(format!("\"{body}\"")),
+                Err(message) => self.refuse(&format!("pattern: {message}"), path)?,
+            }
+        }
         if let Some(format) = map.get("format") {
             let name = format.as_str().ok_or_else(|| self.invalid(path, "`format` must be a string"))?;
             match format_regex(name) {
