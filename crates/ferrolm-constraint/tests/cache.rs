@@ -54,3 +54,38 @@ fn slow_compilation_times_out() {
     let err = cache.get_or_compile(&GrammarSource::Regex(r"[a-z]{1,30}x[a-z]{12}".into())).unwrap_err();
     assert!(err.to_string().contains("longer than"), "{err}");
 }
+
+/// Grammars and vocabularies are shared across threads (the bindings release the GIL);
+/// matchers move between them.
+#[test]
+fn shared_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<ferrolm_constraint::Vocabulary>();
+    send_sync::<ferrolm_constraint::Grammar>();
+    send_sync::<GrammarCache>();
+    send_sync::<Matcher>();
+}
+
+#[test]
+fn matchers_fill_masks_from_many_threads() {
+    let (vocab, _) = small_vocab(&[b"ab".to_vec()]);
+    let cache = GrammarCache::new(vocab.clone(), 8, Duration::from_secs(30));
+    let grammar = cache.get_or_compile(&GrammarSource::Regex("(?:ab|c)*d".into())).unwrap();
+    let expected = {
+        let mut mask = vec![0u32; vocab.bitmask_words()];
+        grammar.compute_mask_by_full_walk(grammar.dfa().start(), &mut mask);
+        mask
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                let matcher = Matcher::new(grammar.clone());
+                let mut mask = vec![0u32; vocab.bitmask_words()];
+                for _ in 0..50 {
+                    matcher.fill_next_token_bitmask(&mut mask).unwrap();
+                    assert_eq!(mask, expected);
+                }
+            });
+        }
+    });
+}
