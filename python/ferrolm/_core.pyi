@@ -58,7 +58,7 @@ class RadixTree:
         """``eviction_policy`` is one of ``lru``, ``lfu``, ``fifo``, ``mru``, ``filo``,
         ``priority``. With ``enable_kv_events`` inserts and evictions queue events for
         ``take_raw_events``, over blocks of ``kv_event_block_size`` tokens (default: one
-        page).
+        page; it must be a whole number of pages, or two branches could share a block).
 
         Raises ``InvalidInputError`` for a page size or block size outside 1..=2**20 or
         an unknown policy (the message lists the known ones)."""

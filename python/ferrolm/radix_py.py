@@ -89,6 +89,11 @@ class PyRadixCache:
             raise InvalidInputError(
                 f"kv_event_block_size must be in 1..=1048576, got {kv_event_block_size}"
             )
+        if kv_event_block_size is not None and kv_event_block_size % page_size:
+            # see the Rust tree: a block must be whole pages, or two branches can share it
+            raise InvalidInputError(
+                f"kv_event_block_size ({kv_event_block_size}) must be a multiple of page_size ({page_size})"
+            )
         self._page = page_size
         self._policy = eviction_policy
         self._events_on = bool(enable_kv_events)

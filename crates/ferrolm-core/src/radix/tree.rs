@@ -112,6 +112,15 @@ impl RadixTree {
         }
         let block_size =
             if config.event_block_size == 0 { config.page_size } else { config.event_block_size };
+        // Siblings differ somewhere in their first page. A block that is a whole number of
+        // pages therefore differs between them too; any other block could be the same
+        // tokens in two branches, stored twice and removed while still cached.
+        if block_size % config.page_size != 0 {
+            return Err(TreeError::InvalidInput(format!(
+                "kv_event_block_size ({block_size}) must be a multiple of page_size ({})",
+                config.page_size
+            )));
+        }
         let mut arena = Arena::default();
         let root = arena.alloc(Node { is_root: true, ..Node::default() });
         Ok(RadixTree {
