@@ -327,7 +327,9 @@ fn splits_work_with_events_off() {
 #[test]
 fn event_blocks_must_be_whole_pages() {
     let bad = TreeConfig { page_size: 2, kv_events: true, event_block_size: 3, ..TreeConfig::default() };
-    assert!(matches!(RadixTree::new(bad), Err(TreeError::InvalidInput(m)) if m.contains("multiple of page_size")));
+    assert!(
+        matches!(RadixTree::new(bad), Err(TreeError::InvalidInput(m)) if m.contains("multiple of page_size"))
+    );
     let ok = TreeConfig { page_size: 2, kv_events: true, event_block_size: 4, ..TreeConfig::default() };
     assert!(RadixTree::new(ok).is_ok());
 }

@@ -26,17 +26,19 @@ pub fn max(xs: &[f32]) -> f32 {
 /// Index of the largest value (NaN ignored), lowest index on ties; `None` if every value
 /// is `-inf` or NaN. One pass: each lane keeps its best value and where it saw it.
 pub fn argmax(xs: &[f32]) -> Option<u32> {
-    let mut best = [f32::NEG_INFINITY; LANES];
-    let mut at = [u32::MAX; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
+    // twice the lanes of `max`: more independent compare chains in flight
+    const W: usize = 2 * LANES;
+    let mut best = [f32::NEG_INFINITY; W];
+    let mut at = [u32::MAX; W];
+    let mut chunks = xs.chunks_exact(W);
     let mut base = 0u32;
     for c in &mut chunks {
-        for i in 0..LANES {
+        for i in 0..W {
             let better = c[i] > best[i];
             best[i] = if better { c[i] } else { best[i] };
             at[i] = if better { base + i as u32 } else { at[i] };
         }
-        base += LANES as u32;
+        base += W as u32;
     }
     let mut winner: Option<(f32, u32)> = None;
     let tail = chunks.remainder().iter().enumerate().map(|(i, &x)| (x, base + i as u32));
