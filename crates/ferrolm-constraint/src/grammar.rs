@@ -7,17 +7,22 @@
 //! repetition such as `[^"]{0,200}` share a mask until the count nears its end. EOS is
 //! not in cached masks: it is added per state, where the state may end.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
-use crate::json_schema::{json_schema_to_regex, JsonSchemaOptions};
+use crate::json_schema::{any_json_rules, json_schema_to_rules, JsonSchemaOptions};
+use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
 use crate::region::Loop;
 use crate::vocab::Vocabulary;
 
 /// Default memory budget of the per-state mask cache of one grammar.
 pub const DEFAULT_MASK_CACHE_BYTES: usize = 64 << 20;
+
+/// Masks of recursive grammars are cached only while the stack is at most this deep.
+const MAX_CACHED_STACK: usize = 256;
 
 #[derive(Debug)]
 pub struct Grammar {
@@ -27,6 +32,10 @@ pub struct Grammar {
     mask_class: Vec<u32>,
     masks: Vec<OnceLock<Box<[u32]>>>,
     cache_bytes_left: AtomicUsize,
+    /// For grammars with rule calls (`recursive.rs`): the rules, and masks cached by
+    /// configuration (rule, state and the whole stack).
+    rules: Option<Rules>,
+    stack_masks: Mutex<HashMap<Vec<u32>, Arc<[u32]>>>,
 }
 
 impl Grammar {
@@ -54,8 +63,31 @@ impl Grammar {
         let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
             ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
         })?;
-        let pattern = json_schema_to_regex(&schema, options)?;
-        Self::from_regex(vocab, &pattern)
+        Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+    }
+
+    /// One JSON object with members of any names and values (`response_format:
+    /// json_object`); whitespace as in `options`.
+    pub fn json_object(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
+        Self::from_rule_regexes(vocab, any_json_rules(options, true))
+    }
+
+    /// One JSON value of any type.
+    pub fn json_value(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
+        Self::from_rule_regexes(vocab, any_json_rules(options, false))
+    }
+
+    /// One regex: a plain grammar; more: rules that call each other.
+    fn from_rule_regexes(vocab: Arc<Vocabulary>, regexes: Vec<String>) -> Result<Arc<Grammar>> {
+        if let [pattern] = &regexes[..] {
+            return Self::from_regex(vocab, pattern);
+        }
+        let options = RegexOptions::default();
+        let dfas = regexes
+            .iter()
+            .map(|pattern| ByteDfa::from_regex_with_calls(pattern, &options))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(Self::from_rules(vocab, Rules::new(dfas)?)))
     }
 
     /// Exactly one of `choices` (for classification-style outputs).
@@ -87,7 +119,102 @@ impl Grammar {
             mask_class,
             masks,
             cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
+            rules: None,
+            stack_masks: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A grammar whose rules call each other (rule 0 is the main one).
+    pub(crate) fn from_rules(vocab: Arc<Vocabulary>, rules: Rules) -> Grammar {
+        Grammar {
+            vocab,
+            dfa: rules.main().clone(),
+            mask_class: Vec::new(),
+            masks: Vec::new(),
+            cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
+            rules: Some(rules),
+            stack_masks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether rules call rules (the matcher then keeps a stack).
+    pub fn is_recursive(&self) -> bool {
+        self.rules.is_some()
+    }
+
+    pub(crate) fn start_config(&self) -> Config {
+        Config { rule: 0, state: self.dfa.start(), stack: NO_FRAME }
+    }
+
+    /// The configuration after `bytes`, or `None` if they are refused. Frames pushed on
+    /// the way stay in `frames` either way (the caller truncates if it must).
+    pub(crate) fn advance(&self, config: Config, bytes: &[u8], frames: &mut impl Frames) -> Option<Config> {
+        match &self.rules {
+            None => {
+                let state = self.dfa.run(config.state, bytes);
+                (state != DEAD).then_some(Config { state, ..config })
+            }
+            Some(rules) => bytes.iter().try_fold(config, |c, &b| rules.step(c, b, frames)),
+        }
+    }
+
+    pub(crate) fn can_end_at(&self, config: Config, frames: &[Frame]) -> bool {
+        match &self.rules {
+            None => self.dfa.is_accepting(config.state),
+            Some(rules) => rules.can_end(config, frames),
+        }
+    }
+
+    /// The bytes that can come next (jump-forward and `must_end` use this).
+    pub(crate) fn next_bytes(&self, config: Config, frames: &[Frame]) -> Vec<u8> {
+        (0..CALL_BASE)
+            .filter(|&b| {
+                let mut scratch = ScratchFrames::new(frames);
+                self.advance(config, &[b], &mut scratch).is_some()
+            })
+            .collect()
+    }
+
+    /// [`Grammar::fill_mask`] for any configuration.
+    pub(crate) fn fill_mask_at(&self, config: Config, frames: &[Frame], out: &mut [u32]) {
+        let Some(rules) = &self.rules else {
+            return self.fill_mask(config.state, out);
+        };
+        let key = stack_key(config, frames);
+        let cached = key.as_ref().and_then(|k| self.lock_stack_masks().get(k).cloned());
+        match cached {
+            Some(mask) => out.copy_from_slice(&mask),
+            None => {
+                self.compute_recursive_token_mask(rules, config, frames, out);
+                let bytes = std::mem::size_of_val(out);
+                let reserved = self
+                    .cache_bytes_left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
+                    .is_ok();
+                if let (Some(key), true) = (key, reserved) {
+                    self.lock_stack_masks().insert(key, out.into());
+                }
+            }
+        }
+        if rules.can_end(config, frames) {
+            self.set_eos(out);
+        }
+    }
+
+    fn compute_recursive_token_mask(&self, rules: &Rules, config: Config, frames: &[Frame], out: &mut [u32]) {
+        out.fill(0);
+        let trie = self.vocab.trie();
+        let mut scratch = ScratchFrames::new(frames);
+        trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out);
+        for &(first, other) in trie.duplicates() {
+            if get_bit(out, first) {
+                set_bit(out, other);
+            }
+        }
+    }
+
+    fn lock_stack_masks(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u32>, Arc<[u32]>>> {
+        self.stack_masks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn vocab(&self) -> &Arc<Vocabulary> {
@@ -127,7 +254,16 @@ impl Grammar {
 
     /// The mask of `state`, uncached: from the loop index when `state` sits in a loop
     /// of the automaton (see `region.rs`), else by a full trie walk.
+    /// For a recursive grammar, `state` is one of the main rule's, with an empty stack.
     pub fn compute_mask(&self, state: u32, out: &mut [u32]) {
+        if let Some(rules) = &self.rules {
+            let config = Config { rule: 0, state, stack: NO_FRAME };
+            self.compute_recursive_token_mask(rules, config, &[], out);
+            if rules.can_end(config, &[]) {
+                self.set_eos(out);
+            }
+            return;
+        }
         self.compute_token_mask(state, out, true);
         self.add_eos(state, out);
     }
@@ -135,6 +271,9 @@ impl Grammar {
     /// The mask of `state` by a full trie walk, never using loop indexes: the reference
     /// the fast paths are tested and benchmarked against.
     pub fn compute_mask_by_full_walk(&self, state: u32, out: &mut [u32]) {
+        if self.rules.is_some() {
+            return self.compute_mask(state, out);
+        }
         self.compute_token_mask(state, out, false);
         self.add_eos(state, out);
     }
@@ -177,9 +316,13 @@ impl Grammar {
 
     fn add_eos(&self, state: u32, out: &mut [u32]) {
         if state != DEAD && self.dfa.is_accepting(state) {
-            for &eos in self.vocab.eos_ids() {
-                set_bit(out, eos);
-            }
+            self.set_eos(out);
+        }
+    }
+
+    fn set_eos(&self, out: &mut [u32]) {
+        for &eos in self.vocab.eos_ids() {
+            set_bit(out, eos);
         }
     }
 
@@ -187,6 +330,22 @@ impl Grammar {
     pub fn num_mask_classes(&self) -> usize {
         self.masks.len()
     }
+}
+
+/// The cache key of a configuration: rule, state and every frame of the stack (a token
+/// may return through many of them); `None` when the stack is too deep to cache.
+fn stack_key(config: Config, frames: &[Frame]) -> Option<Vec<u32>> {
+    let mut key = vec![config.rule, config.state];
+    let mut index = config.stack;
+    while index != NO_FRAME {
+        if key.len() > 2 * MAX_CACHED_STACK {
+            return None;
+        }
+        let frame = frames[index as usize];
+        key.extend([frame.rule, frame.state]);
+        index = frame.below;
+    }
+    Some(key)
 }
 
 #[inline(always)]

@@ -41,6 +41,7 @@ mod error;
 mod grammar;
 pub mod json_schema;
 mod matcher;
+mod recursive;
 mod region;
 pub mod tokenizer_files;
 mod trie;

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::dfa::DEAD;
 use crate::error::{ConstraintError, Result};
 use crate::grammar::{set_bit, Grammar};
+use crate::recursive::{Config, Frame, Frames, ScratchFrames, NO_FRAME};
 use crate::vocab::TokenKind;
 
 /// Jump-forward never returns more than this many bytes at once.
@@ -14,26 +14,41 @@ const MAX_FORCED_BYTES: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct Matcher {
     grammar: Arc<Grammar>,
-    state: u32,
-    /// The state before each accepted step, most recent last.
-    history: Vec<u32>,
+    config: Config,
+    /// Stack frames of a recursive grammar (an arena: configurations link into it;
+    /// frames are only appended, so older configurations stay valid for rollback).
+    frames: Vec<Frame>,
+    /// The configuration before each accepted step, most recent last.
+    history: Vec<Config>,
     /// An EOS token was accepted: only EOS is allowed from now on.
     ended: bool,
 }
 
 impl Matcher {
     pub fn new(grammar: Arc<Grammar>) -> Self {
-        let state = grammar.dfa().start();
-        Matcher { grammar, state, history: Vec::new(), ended: false }
+        let config = grammar.start_config();
+        Matcher { grammar, config, frames: Vec::new(), history: Vec::new(), ended: false }
     }
 
     pub fn grammar(&self) -> &Arc<Grammar> {
         &self.grammar
     }
 
-    /// The current DFA state (for diagnostics and benchmarks).
+    /// The current DFA state (of the current rule, for a recursive grammar); for
+    /// diagnostics and benchmarks.
     pub fn state(&self) -> u32 {
-        self.state
+        self.config.state
+    }
+
+    /// Depth of the rule stack (0 unless the grammar is recursive).
+    pub fn stack_depth(&self) -> usize {
+        let mut depth = 0;
+        let mut index = self.config.stack;
+        while index != NO_FRAME {
+            depth += 1;
+            index = self.frames[index as usize].below;
+        }
+        depth
     }
 
     /// Fill `bitmask` (`(vocab_size + 31) / 32` words; bit `i` of word `i / 32` set =
@@ -49,7 +64,7 @@ impl Matcher {
                 set_bit(bitmask, eos);
             }
         } else {
-            self.grammar.fill_mask(self.state, bitmask);
+            self.grammar.fill_mask_at(self.config, &self.frames, bitmask);
         }
         Ok(())
     }
@@ -61,19 +76,37 @@ impl Matcher {
 
     /// Whether `token` may come next; no state change.
     pub fn is_token_allowed(&self, token: u32) -> bool {
-        self.state_after_token(token).is_some()
+        if self.grammar.vocab().is_eos(token) {
+            return self.eos_allowed();
+        }
+        let mut scratch = ScratchFrames::new(&self.frames);
+        self.config_after_token(token, &mut scratch).is_some()
+    }
+
+    fn eos_allowed(&self) -> bool {
+        !self.ended && self.grammar.can_end_at(self.config, &self.frames)
     }
 
     /// Advance by `token` if allowed; `false` and no change otherwise.
     pub fn accept_token(&mut self, token: u32) -> bool {
-        let Some(next) = self.state_after_token(token) else {
+        if self.grammar.vocab().is_eos(token) {
+            if !self.eos_allowed() {
+                return false;
+            }
+            self.history.push(self.config);
+            self.ended = true;
+            return true;
+        }
+        let pushed_from = self.frames.len();
+        let mut frames = std::mem::take(&mut self.frames);
+        let next = self.config_after_token(token, &mut frames);
+        self.frames = frames;
+        let Some(next) = next else {
+            self.frames.truncate(pushed_from);
             return false;
         };
-        self.history.push(self.state);
-        if self.grammar.vocab().is_eos(token) {
-            self.ended = true;
-        }
-        self.state = next;
+        self.history.push(self.config);
+        self.config = next;
         true
     }
 
@@ -82,12 +115,14 @@ impl Matcher {
         if self.ended {
             return false;
         }
-        let next = self.grammar.dfa().run(self.state, bytes);
-        if next == DEAD {
+        let pushed_from = self.frames.len();
+        let next = self.grammar.advance(self.config, bytes, &mut self.frames);
+        let Some(next) = next else {
+            self.frames.truncate(pushed_from);
             return false;
-        }
-        self.history.push(self.state);
-        self.state = next;
+        };
+        self.history.push(self.config);
+        self.config = next;
         true
     }
 
@@ -106,14 +141,15 @@ impl Matcher {
         // EOS is always the last step, so undoing anything undoes the end.
         self.ended = false;
         let keep = self.history.len() - steps;
-        self.state = self.history[keep];
+        self.config = self.history[keep];
         self.history.truncate(keep);
         Ok(())
     }
 
     /// Back to the start of the grammar.
     pub fn reset(&mut self) {
-        self.state = self.grammar.dfa().start();
+        self.config = self.grammar.start_config();
+        self.frames.clear();
         self.history.clear();
         self.ended = false;
     }
@@ -125,7 +161,7 @@ impl Matcher {
 
     /// The output so far is a complete document (EOS is allowed).
     pub fn is_accepting(&self) -> bool {
-        self.ended || self.grammar.dfa().is_accepting(self.state)
+        self.ended || self.grammar.can_end_at(self.config, &self.frames)
     }
 
     /// Alias of [`Matcher::is_accepting`], read as "may the generation stop here".
@@ -135,7 +171,13 @@ impl Matcher {
 
     /// Nothing but EOS can follow (or EOS was already accepted).
     pub fn must_end(&self) -> bool {
-        self.ended || !self.grammar.dfa().can_continue(self.state)
+        if self.ended {
+            return true;
+        }
+        if self.grammar.is_recursive() {
+            return self.grammar.next_bytes(self.config, &self.frames).is_empty();
+        }
+        !self.grammar.dfa().can_continue(self.config.state)
     }
 
     /// EOS has been accepted.
@@ -147,12 +189,27 @@ impl Matcher {
     /// automaton while exactly one byte keeps it alive and it may not end. May stop in
     /// the middle of a UTF-8 character; the caller tokenizes what it takes.
     pub fn forced_bytes(&self) -> Vec<u8> {
-        let dfa = self.grammar.dfa();
         let mut forced = Vec::new();
         if self.ended {
             return forced;
         }
-        let mut state = self.state;
+        if self.grammar.is_recursive() {
+            let mut frames = self.frames.clone();
+            let mut config = self.config;
+            while forced.len() < MAX_FORCED_BYTES && !self.grammar.can_end_at(config, &frames) {
+                let [byte] = self.grammar.next_bytes(config, &frames)[..] else {
+                    break;
+                };
+                forced.push(byte);
+                match self.grammar.advance(config, &[byte], &mut frames) {
+                    Some(next) => config = next,
+                    None => break,
+                }
+            }
+            return forced;
+        }
+        let dfa = self.grammar.dfa();
+        let mut state = self.config.state;
         while forced.len() < MAX_FORCED_BYTES && !dfa.is_accepting(state) {
             let Some(byte) = dfa.single_byte(state) else {
                 break;
@@ -163,21 +220,20 @@ impl Matcher {
         forced
     }
 
-    fn state_after_token(&self, token: u32) -> Option<u32> {
+    /// The configuration after a text token (EOS is handled by the callers).
+    fn config_after_token(&self, token: u32, frames: &mut impl Frames) -> Option<Config> {
         if self.ended {
             return None;
         }
         let vocab = self.grammar.vocab();
         match vocab.kind(token)? {
-            TokenKind::Eos => self.grammar.dfa().is_accepting(self.state).then_some(self.state),
-            TokenKind::Special | TokenKind::Absent => None,
+            TokenKind::Eos | TokenKind::Special | TokenKind::Absent => None,
             TokenKind::Normal => {
                 let bytes = vocab.token_bytes(token)?;
                 if bytes.is_empty() {
                     return None;
                 }
-                let next = self.grammar.dfa().run(self.state, bytes);
-                (next != DEAD).then_some(next)
+                self.grammar.advance(self.config, bytes, frames)
             }
         }
     }

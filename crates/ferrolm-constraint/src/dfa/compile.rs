@@ -35,10 +35,21 @@ impl Default for RegexOptions {
 
 impl ByteDfa {
     pub fn from_regex(pattern: &str, options: &RegexOptions) -> Result<Self> {
+        Self::build(pattern, options, false)
+    }
+
+    /// [`ByteDfa::from_regex`] for patterns with rule calls: bytes 0xF8.. (never in
+    /// UTF-8 text) written `(?-u:\xF8)`, which only our own translators produce.
+    pub(crate) fn from_regex_with_calls(pattern: &str, options: &RegexOptions) -> Result<Self> {
+        Self::build(pattern, options, true)
+    }
+
+    fn build(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
         let invalid =
             |message: String| ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
         let hir = regex_syntax::ParserBuilder::new()
             .nest_limit(256)
+            .utf8(!allow_calls)
             .build()
             .parse(pattern)
             .map_err(|e| invalid(e.to_string()))?;

@@ -22,6 +22,7 @@ mod values;
 use serde_json::{Map, Value};
 
 use crate::error::{ConstraintError, Result};
+use crate::recursive::call;
 
 pub use int_range::integer_range_regex;
 
@@ -102,18 +103,56 @@ const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
 /// Translate a schema into a regex over the JSON text.
 pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
-    let whitespace = match options.whitespace {
-        Whitespace::Compact => String::new(),
-        Whitespace::Flexible { max_run } => format!(r"[ \t\n\r]{{0,{max_run}}}"),
-    };
+    Ok(json_schema_to_rules(schema, options)?.swap_remove(0))
+}
+
+/// The regexes of a schema's rules: the main one, then, if the schema has positions
+/// that take a value of any type (`{}`, `true`, an array without `items`, ...), the
+/// rule for such a value, which those positions call (see `recursive.rs`).
+pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) -> Result<Vec<String>> {
+    let ws = whitespace_regex(options.whitespace);
     let mut translator = Translator {
         root: schema,
         lenient: options.lenient,
         forbid_extra_properties: options.forbid_extra_properties,
-        ws: whitespace,
+        ws: ws.clone(),
         ref_stack: Vec::new(),
+        uses_any_value: false,
     };
-    translator.schema(schema, "#")
+    let main = translator.schema(schema, "#")?;
+    Ok(if translator.uses_any_value { vec![main, any_value_rule(&ws)] } else { vec![main] })
+}
+
+/// The rules of "one JSON value of any type" (`top_level_object`: an object).
+pub(crate) fn any_json_rules(options: &JsonSchemaOptions, top_level_object: bool) -> Vec<String> {
+    let ws = whitespace_regex(options.whitespace);
+    let main = if top_level_object { any_object(&ws, &call(ANY_VALUE_RULE)) } else { call(ANY_VALUE_RULE) };
+    vec![main, any_value_rule(&ws)]
+}
+
+fn whitespace_regex(whitespace: Whitespace) -> String {
+    match whitespace {
+        Whitespace::Compact => String::new(),
+        Whitespace::Flexible { max_run } => format!(r"[ \t\n\r]{{0,{max_run}}}"),
+    }
+}
+
+/// The rule index of "a JSON value of any type".
+const ANY_VALUE_RULE: usize = 1;
+
+/// A JSON value of any type; its array elements and object members call it again.
+fn any_value_rule(ws: &str) -> String {
+    let value = call(ANY_VALUE_RULE);
+    let string = format!("\"{STRING_CHAR}*\"");
+    let array = format!(r"\[{ws}(?:{value}{ws}(?:,{ws}{value}{ws})*)?\]");
+    let object = any_object(ws, &value);
+    format!("{string}|{NUMBER}|true|false|null|{array}|{object}")
+}
+
+/// An object whose members have any names and values matching `value`.
+fn any_object(ws: &str, value: &str) -> String {
+    let member = format!("\"{STRING_CHAR}*\"{ws}:{ws}(?:{value}){ws}");
+    format!(r"\{{{ws}(?:{member}(?:,{ws}{member})*)?\}}")
 }
 
 struct Translator<'a> {
@@ -124,6 +163,8 @@ struct Translator<'a> {
     ws: String,
     /// `$ref`s being expanded, to detect recursion.
     ref_stack: Vec<String>,
+    /// Some position takes a value of any type (the any-value rule is needed).
+    uses_any_value: bool,
 }
 
 impl<'a> Translator<'a> {
@@ -147,7 +188,7 @@ impl<'a> Translator<'a> {
     fn schema(&mut self, schema: &'a Value, path: &str) -> Result<String> {
         let map = match schema {
             Value::Object(map) => map,
-            Value::Bool(true) => return Err(self.unsupported("true (any value)", path)),
+            Value::Bool(true) => return Ok(self.any_value()),
             Value::Bool(false) => return Err(self.invalid(path, "the schema `false` allows no value")),
             _ => return Err(self.invalid(path, "a schema must be an object or a boolean")),
         };
@@ -155,6 +196,9 @@ impl<'a> Translator<'a> {
             if !ANNOTATIONS.contains(&key.as_str()) && !HANDLED.contains(&key.as_str()) {
                 self.refuse(key, path)?;
             }
+        }
+        if map.keys().all(|k| ANNOTATIONS.contains(&k.as_str())) {
+            return Ok(self.any_value());
         }
         // Keywords that replace the schema: each must stand alone (its siblings would
         // need an intersection of languages, which we do not build).
@@ -186,6 +230,12 @@ impl<'a> Translator<'a> {
         Ok(self.with_nullable(map, alternatives.join("|")))
     }
 
+    /// A value of any type: a call to the any-value rule.
+    pub(super) fn any_value(&mut self) -> String {
+        self.uses_any_value = true;
+        call(ANY_VALUE_RULE)
+    }
+
     fn with_nullable(&self, map: &Map<String, Value>, inner: String) -> String {
         if map.get("nullable") == Some(&Value::Bool(true)) {
             format!("(?:{inner})|null")
@@ -213,6 +263,10 @@ impl<'a> Translator<'a> {
                 let mut alternatives = Vec::new();
                 for (i, branch) in branches.iter().enumerate() {
                     let inner = self.schema(branch, &format!("{path}/{keyword}/{i}"))?;
+                    // A branch that takes anything makes the others redundant.
+                    if inner == call(ANY_VALUE_RULE) {
+                        return Ok(inner);
+                    }
                     alternatives.push(format!("(?:{inner})"));
                 }
                 Ok(alternatives.join("|"))

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use super::formats::format_regex;
 use super::int_range::integer_range_regex;
 use super::pattern::pattern_regex;
-use super::{Translator, NUMBER, STRING_CHAR};
+use super::{any_object, Translator, NUMBER, STRING_CHAR};
 use crate::error::Result;
 
 /// Largest repetition count we write into a regex; larger bounds would build huge
@@ -93,7 +93,7 @@ impl<'a> Translator<'a> {
         let rest = match map.get("items") {
             Some(Value::Bool(false)) => None,
             Some(items) => Some(self.schema(items, &format!("{path}/items"))?),
-            None => return Err(self.unsupported("array without `items` (items of any type)", path)),
+            None => Some(self.any_value()),
         };
         let max = match rest {
             None => Some(max.map_or(prefix.len() as u64, |m| m.min(prefix.len() as u64))),
@@ -136,12 +136,13 @@ impl<'a> Translator<'a> {
     }
 
     pub(super) fn object(&mut self, map: &'a Map<String, Value>, path: &str) -> Result<String> {
-        match map.get("additionalProperties") {
-            Some(Value::Bool(false)) => {}
-            None if self.forbid_extra_properties => {}
-            None => self.refuse("absent additionalProperties (extra properties of any type)", path)?,
-            Some(_) => self.refuse("additionalProperties other than false", path)?,
-        }
+        // The value of members not named in `properties`, if any are allowed.
+        let extra = match map.get("additionalProperties") {
+            Some(Value::Bool(false)) => None,
+            None if self.forbid_extra_properties => None,
+            None | Some(Value::Bool(true)) => Some(self.any_value()),
+            Some(schema) => Some(self.schema(schema, &format!("{path}/additionalProperties"))?),
+        };
         let properties: Vec<(&'a String, &'a Value)> = match map.get("properties") {
             None => Vec::new(),
             Some(Value::Object(p)) => p.iter().collect(),
@@ -155,20 +156,30 @@ impl<'a> Translator<'a> {
                 .collect::<Result<_>>()?,
             Some(_) => return Err(self.invalid(path, "`required` must be an array")),
         };
-        for name in &required {
-            if !properties.iter().any(|(p, _)| p.as_str() == *name) {
-                return Err(self.unsupported(
-                    &format!("required property {name:?} missing from `properties` (a value of any type)"),
-                    path,
-                ));
-            }
-        }
+        let undeclared: Vec<&str> = required
+            .iter()
+            .copied()
+            .filter(|name| !properties.iter().any(|(p, _)| p.as_str() == *name))
+            .collect();
         let ws = self.ws.clone();
+        if let Some(value) = extra {
+            if properties.is_empty() && required.is_empty() {
+                return Ok(any_object(&ws, &value));
+            }
+            // Extra names would have to differ from the declared ones.
+            self.refuse("additionalProperties (other than false) next to properties or required", path)?;
+        }
         let mut members = Vec::new();
         for (name, schema) in properties {
             let key = regex_syntax::escape(&Value::String(name.clone()).to_string());
             let value = self.schema(schema, &format!("{path}/properties/{}", escape_pointer(name)))?;
             members.push((format!("{key}{ws}:{ws}(?:{value})"), required.contains(&name.as_str())));
+        }
+        // Required but not described: present, with a value of any type, after the others.
+        for name in undeclared {
+            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+            let value = self.any_value();
+            members.push((format!("{key}{ws}:{ws}(?:{value})"), true));
         }
         // Members in schema order, optional ones omissible, commas only between present
         // ones. `after` = the rest once some member is already written (each remaining

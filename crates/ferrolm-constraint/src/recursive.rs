@@ -1,0 +1,313 @@
+//! Rules that call rules: what a regular language cannot say, such as "a JSON value of
+//! any type" (arrays and objects nest without bound).
+//!
+//! A recursive grammar is a list of DFAs, rule 0 the main one. In a rule's DFA the byte
+//! `0xF8 + k` (never part of UTF-8 text, so never a token's text) is a call: the edge
+//! `s --(0xF8+k)--> r` means "here comes a whole rule k, then continue at r". A
+//! configuration is (rule, state, stack of return points). Reading a byte takes, in
+//! order: the rule's own transition; else a call whose rule can begin with the byte;
+//! else, where the rule may end, a return to the caller. The grammars we build are
+//! checked to make that choice unambiguous (`Rules::new`), so this greedy order never
+//! refuses a valid document.
+//!
+//! Stacks are linked frames in an arena, so a configuration is a small `Copy` value and
+//! the trie walk can carry one per depth; frames pushed during a walk go to a scratch
+//! arena layered over the matcher's.
+
+use std::collections::HashMap;
+
+use crate::dfa::{ByteDfa, DEAD};
+use crate::error::{ConstraintError, Result};
+
+/// Byte of the call to rule 0; rule k is called by `CALL_BASE + k`.
+pub(crate) const CALL_BASE: u8 = 0xF8;
+/// At most this many rules (call bytes 0xF8..=0xFF).
+pub(crate) const MAX_RULES: usize = 8;
+/// The empty stack.
+pub const NO_FRAME: u32 = u32::MAX;
+/// Calls and returns taken for one byte, at most (they are epsilon moves).
+const MAX_MOVES_PER_BYTE: usize = 64;
+
+/// Where a recursive matcher stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Config {
+    pub rule: u32,
+    pub state: u32,
+    /// Top frame in the arena, or [`NO_FRAME`].
+    pub stack: u32,
+}
+
+/// A return point: continue in `rule` at `state`; `below` is the next frame down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub rule: u32,
+    pub state: u32,
+    pub below: u32,
+}
+
+/// Somewhere frames live: a matcher's arena, or a walk's scratch over it.
+pub(crate) trait Frames {
+    fn frame(&self, index: u32) -> Frame;
+    fn push(&mut self, frame: Frame) -> u32;
+}
+
+impl Frames for Vec<Frame> {
+    fn frame(&self, index: u32) -> Frame {
+        self[index as usize]
+    }
+    fn push(&mut self, frame: Frame) -> u32 {
+        Vec::push(self, frame);
+        (self.len() - 1) as u32
+    }
+}
+
+/// Scratch frames layered over a matcher's arena (indexes from `base.len()` on). A
+/// mask walk pushes the same few frames again and again, so equal frames are shared.
+pub(crate) struct ScratchFrames<'a> {
+    base: &'a [Frame],
+    extra: Vec<Frame>,
+    known: HashMap<(u32, u32, u32), u32>,
+}
+
+impl<'a> ScratchFrames<'a> {
+    pub fn new(base: &'a [Frame]) -> Self {
+        ScratchFrames { base, extra: Vec::new(), known: HashMap::new() }
+    }
+}
+
+impl Frames for ScratchFrames<'_> {
+    fn frame(&self, index: u32) -> Frame {
+        let index = index as usize;
+        match index.checked_sub(self.base.len()) {
+            Some(extra) => self.extra[extra],
+            None => self.base[index],
+        }
+    }
+    fn push(&mut self, frame: Frame) -> u32 {
+        let next = (self.base.len() + self.extra.len()) as u32;
+        let index = *self.known.entry((frame.rule, frame.state, frame.below)).or_insert(next);
+        if index == next {
+            self.extra.push(frame);
+        }
+        index
+    }
+}
+
+/// The rules of a recursive grammar, checked unambiguous.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    dfas: Vec<ByteDfa>,
+    /// `first[k][b]`: rule k can begin with byte b.
+    first: Vec<[bool; 256]>,
+}
+
+impl Rules {
+    pub fn new(dfas: Vec<ByteDfa>) -> Result<Rules> {
+        let ambiguous = |message: String| ConstraintError::UnsupportedSchema {
+            keyword: format!("recursive grammar: {message}"),
+            path: "#".into(),
+        };
+        if dfas.is_empty() || dfas.len() > MAX_RULES {
+            return Err(ambiguous(format!("needs 1 to {MAX_RULES} rules")));
+        }
+        for (k, dfa) in dfas.iter().enumerate().skip(1) {
+            if dfa.is_accepting(dfa.start()) {
+                return Err(ambiguous(format!("rule {k} matches the empty string")));
+            }
+        }
+        let first = first_bytes(&dfas);
+        let rules = Rules { dfas, first };
+        rules.check_unambiguous().map_err(ambiguous)?;
+        Ok(rules)
+    }
+
+    pub fn main(&self) -> &ByteDfa {
+        &self.dfas[0]
+    }
+
+    /// The configuration after `byte`, or `None` if the byte is refused.
+    #[inline]
+    pub(crate) fn step(&self, mut config: Config, byte: u8, frames: &mut impl Frames) -> Option<Config> {
+        if byte >= CALL_BASE {
+            return None;
+        }
+        for _ in 0..MAX_MOVES_PER_BYTE {
+            let dfa = &self.dfas[config.rule as usize];
+            let next = dfa.next(config.state, byte);
+            if next != DEAD {
+                return Some(Config { state: next, ..config });
+            }
+            if let Some((callee, ret)) = self.call_on(config.rule, config.state, byte) {
+                let frame = frames.push(Frame { rule: config.rule, state: ret, below: config.stack });
+                config = Config { rule: callee, state: self.dfas[callee as usize].start(), stack: frame };
+                continue;
+            }
+            if dfa.is_accepting(config.state) && config.stack != NO_FRAME {
+                let frame = frames.frame(config.stack);
+                config = Config { rule: frame.rule, state: frame.state, stack: frame.below };
+                continue;
+            }
+            return None;
+        }
+        None
+    }
+
+    /// The document may end here: every rule on the stack may end where it stands.
+    pub(crate) fn can_end(&self, mut config: Config, frames: &[Frame]) -> bool {
+        loop {
+            if !self.dfas[config.rule as usize].is_accepting(config.state) {
+                return false;
+            }
+            if config.stack == NO_FRAME {
+                return config.rule == 0;
+            }
+            let frame = frames[config.stack as usize];
+            config = Config { rule: frame.rule, state: frame.state, stack: frame.below };
+        }
+    }
+
+    /// A call from `state` of `rule` whose callee can begin with `byte`.
+    #[inline]
+    fn call_on(&self, rule: u32, state: u32, byte: u8) -> Option<(u32, u32)> {
+        let dfa = &self.dfas[rule as usize];
+        (0..self.dfas.len()).find_map(|callee| {
+            let ret = dfa.next(state, CALL_BASE + callee as u8);
+            (ret != DEAD && self.first[callee][byte as usize]).then_some((callee as u32, ret))
+        })
+    }
+
+    /// The greedy order is safe when, wherever a call is possible, no other move takes
+    /// the same first byte, and after a rule that may end no byte both continues it and
+    /// follows the call.
+    fn check_unambiguous(&self) -> std::result::Result<(), String> {
+        // Bytes that continue rule k from a state where it may end.
+        let continues: Vec<[bool; 256]> = (0..self.dfas.len())
+            .map(|k| {
+                let dfa = &self.dfas[k];
+                let mut bytes = [false; 256];
+                for q in (1..dfa.num_states() as u32).filter(|&q| dfa.is_accepting(q)) {
+                    for b in 0..CALL_BASE {
+                        bytes[b as usize] |= self.moves_on(k, q, b);
+                    }
+                }
+                bytes
+            })
+            .collect();
+        for (rule, dfa) in self.dfas.iter().enumerate() {
+            for state in 1..dfa.num_states() as u32 {
+                let calls: Vec<(usize, u32)> = (0..self.dfas.len())
+                    .map(|k| (k, dfa.next(state, CALL_BASE + k as u8)))
+                    .filter(|&(_, ret)| ret != DEAD)
+                    .collect();
+                for (i, &(k, ret)) in calls.iter().enumerate() {
+                    for b in 0..CALL_BASE {
+                        let starts = self.first[k][b as usize];
+                        if starts && dfa.next(state, b) != DEAD {
+                            return Err(format!("rule {rule} state {state}: byte {b:#x} both starts rule {k} and is read directly"));
+                        }
+                        if starts && calls[i + 1..].iter().any(|&(j, _)| self.first[j][b as usize]) {
+                            return Err(format!(
+                                "rule {rule} state {state}: two calls start with byte {b:#x}"
+                            ));
+                        }
+                        if continues[k][b as usize] && self.moves_on(rule, ret, b) {
+                            return Err(format!(
+                                "byte {b:#x} both continues rule {k} and follows it in rule {rule}"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `byte` is read from `state` of `rule` directly or by a call.
+    fn moves_on(&self, rule: usize, state: u32, byte: u8) -> bool {
+        self.dfas[rule].next(state, byte) != DEAD || self.call_on(rule as u32, state, byte).is_some()
+    }
+}
+
+/// `first[k][b]`: rule k can begin with byte b, directly or through calls at its start
+/// (a fixpoint, since a rule may begin by calling another).
+fn first_bytes(dfas: &[ByteDfa]) -> Vec<[bool; 256]> {
+    let mut first = vec![[false; 256]; dfas.len()];
+    for (k, dfa) in dfas.iter().enumerate() {
+        for b in 0..CALL_BASE {
+            first[k][b as usize] = dfa.next(dfa.start(), b) != DEAD;
+        }
+    }
+    loop {
+        let mut changed = false;
+        for (k, dfa) in dfas.iter().enumerate() {
+            for callee in 0..dfas.len() {
+                if dfa.next(dfa.start(), CALL_BASE + callee as u8) == DEAD {
+                    continue;
+                }
+                let callee_first = first[callee];
+                for (mine, theirs) in first[k].iter_mut().zip(callee_first) {
+                    if theirs && !*mine {
+                        *mine = true;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            return first;
+        }
+    }
+}
+
+/// The call to rule `k` as regex syntax.
+pub(crate) fn call(k: usize) -> String {
+    format!(r"(?-u:\x{:02X})", CALL_BASE as usize + k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dfa::RegexOptions;
+
+    fn rules(patterns: &[&str]) -> Result<Rules> {
+        let options = RegexOptions::default();
+        Rules::new(patterns.iter().map(|p| ByteDfa::from_regex_with_calls(p, &options).unwrap()).collect())
+    }
+
+    fn accepts(rules: &Rules, text: &str) -> bool {
+        let mut frames = Vec::new();
+        let mut config = Config { rule: 0, state: rules.main().start(), stack: NO_FRAME };
+        for &b in text.as_bytes() {
+            match rules.step(config, b, &mut frames) {
+                Some(next) => config = next,
+                None => return false,
+            }
+        }
+        rules.can_end(config, &frames)
+    }
+
+    #[test]
+    fn nested_brackets() {
+        // Rule 1: a balanced list of `a`s, e.g. [a,[a,[]]].
+        let list = format!(r"\[(?:(?:a|{c})(?:,(?:a|{c}))*)?\]", c = call(1));
+        let rules = rules(&[&call(1), &list]).unwrap();
+        for ok in ["[]", "[a]", "[a,[a,[]]]", "[[[[]]]]"] {
+            assert!(accepts(&rules, ok), "{ok}");
+        }
+        for bad in ["", "[", "[a,]", "[[]", "[]]", "a"] {
+            assert!(!accepts(&rules, bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ambiguous_rules_are_refused() {
+        let digits = "[0-9]+";
+        // After a number, a digit could continue it or follow it.
+        assert!(rules(&[&format!("{}1", call(1)), digits]).is_err());
+        // A digit could be read directly or start the called rule.
+        assert!(rules(&[&format!("{}|1", call(1)), digits]).is_err());
+        assert!(rules(&[&format!("{},", call(1)), digits]).is_ok());
+        // A called rule must not match the empty string.
+        assert!(rules(&[&call(1), "[0-9]*"]).is_err());
+    }
+}

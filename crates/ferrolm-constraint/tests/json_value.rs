@@ -1,0 +1,167 @@
+//! Values of any type (a stack of rule calls): JSON documents of any shape and depth are
+//! accepted token by token, invalid ones refused, and the trie mask equals the mask made
+//! by trying every token.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{random_tokenization, small_vocab, Rng};
+use ferrolm_constraint::json_schema::{JsonSchemaOptions, Whitespace};
+use ferrolm_constraint::{Grammar, Matcher, Vocabulary};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn vocab() -> (Arc<Vocabulary>, u32) {
+    let extra: Vec<Vec<u8>> =
+        ["\":", "\",\"", "[[", "]]", "]}", "},{", "{\"", "true", "null", "12", "\"]", ".5"]
+            .iter()
+            .map(|t| t.as_bytes().to_vec())
+            .collect();
+    small_vocab(&extra)
+}
+
+/// The mask equals trying every token with `is_token_allowed`.
+fn check_mask(matcher: &Matcher, vocab: &Vocabulary) {
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    matcher.fill_next_token_bitmask(&mut mask).unwrap();
+    for id in 0..vocab.size() as u32 {
+        let in_mask = mask[id as usize / 32] >> (id % 32) & 1 == 1;
+        assert_eq!(in_mask, matcher.is_token_allowed(id), "token {id} {:?}", vocab.token_bytes(id));
+    }
+}
+
+fn accepts(
+    grammar: &Arc<Grammar>,
+    vocab: &Vocabulary,
+    eos: u32,
+    text: &str,
+    rng: &mut Rng,
+    check: bool,
+) -> bool {
+    let mut matcher = Matcher::new(grammar.clone());
+    for token in random_tokenization(vocab, text.as_bytes(), rng) {
+        if check {
+            check_mask(&matcher, vocab);
+        }
+        if !matcher.accept_token(token) {
+            return false;
+        }
+    }
+    if check {
+        check_mask(&matcher, vocab);
+    }
+    matcher.accept_token(eos)
+}
+
+#[test]
+fn any_value_documents() {
+    let (vocab, eos) = vocab();
+    let grammar = Grammar::json_value(vocab.clone(), &JsonSchemaOptions::default()).unwrap();
+    assert!(grammar.is_recursive());
+    let mut rng = Rng(1);
+    for doc in [
+        "1",
+        "-0.5e3",
+        "\"a\\\"b\"",
+        "true",
+        "null",
+        "[]",
+        "{}",
+        "[[[[[[]]]]]]",
+        r#"{"a":[1,{"b":null}],"c":"d"}"#,
+    ] {
+        assert!(accepts(&grammar, &vocab, eos, doc, &mut rng, true), "{doc}");
+    }
+    for doc in ["", "01", "[1,]", "{\"a\"}", "[[]", "[]]", "{\"a\":1,}", "tru", "[1 2]", "{1:2}"] {
+        assert!(!accepts(&grammar, &vocab, eos, doc, &mut rng, true), "{doc}");
+    }
+}
+
+#[test]
+fn json_object_requires_an_object_and_whitespace_is_capped() {
+    let (vocab, eos) = vocab();
+    let options = JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, ..Default::default() };
+    let grammar = Grammar::json_object(vocab.clone(), &options).unwrap();
+    let mut rng = Rng(2);
+    assert!(accepts(&grammar, &vocab, eos, "{ \"a\" : [ 1 , {} ] }", &mut rng, true));
+    assert!(!accepts(&grammar, &vocab, eos, "[1]", &mut rng, false));
+    assert!(!accepts(&grammar, &vocab, eos, "{   \"a\":1}", &mut rng, false));
+}
+
+#[test]
+fn jump_forward_and_ending_with_a_stack() {
+    let (vocab, _) = vocab();
+    let grammar = Grammar::json_value(vocab, &JsonSchemaOptions::default()).unwrap();
+    let mut matcher = Matcher::new(grammar);
+    assert!(matcher.accept_str("[[tr"));
+    assert_eq!(matcher.stack_depth(), 3, "main -> value -> array element -> array element");
+    assert_eq!(matcher.forced_bytes(), b"ue");
+    assert!(matcher.accept_str("ue]]"));
+    assert!(matcher.can_end() && matcher.must_end());
+    matcher.rollback(1).unwrap(); // back to "[[tr": one accept_str is one step
+    assert_eq!(matcher.stack_depth(), 3);
+    assert!(matcher.accept_str("ue]") && !matcher.can_end() && !matcher.must_end());
+    assert!(matcher.accept_str("]") && matcher.can_end());
+}
+
+#[test]
+fn schemas_with_values_of_any_type() {
+    let (vocab, eos) = vocab();
+    let options = JsonSchemaOptions::default();
+    let mut rng = Rng(3);
+    let cases = [
+        (json!({}), vec![r#"{"x":[1,2]}"#, "3"], vec!["[1,"]),
+        (json!({"type": "array"}), vec!["[]", r#"[1,"a",[null]]"#], vec!["{}"]),
+        (
+            json!({"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "required": ["a", "c"]}),
+            vec![r#"{"a":{"k":[true]},"b":1,"c":null}"#, r#"{"a":1,"c":[]}"#],
+            vec![r#"{"a":1}"#, r#"{"c":1,"a":1}"#],
+        ),
+        (json!({"anyOf": [{"type": "integer"}, true]}), vec!["\"s\"", "1"], vec![]),
+        (
+            json!({"type": "object", "additionalProperties": {"type": "integer"}}),
+            vec![r#"{"x":1,"y":2}"#, "{}"],
+            vec![r#"{"x":"s"}"#],
+        ),
+    ];
+    for (schema, valid, invalid) in cases {
+        let grammar = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &options).unwrap();
+        for doc in valid {
+            assert!(accepts(&grammar, &vocab, eos, doc, &mut rng, true), "{schema}: {doc}");
+        }
+        for doc in invalid {
+            assert!(!accepts(&grammar, &vocab, eos, doc, &mut rng, true), "{schema}: {doc}");
+        }
+    }
+}
+
+fn json_strategy() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i32>().prop_map(|n| json!(n)),
+        (-1e6f64..1e6).prop_map(|f| json!(f)),
+        "[a-c\"\\\\é\\n]{0,4}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(5, 32, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::vec(("[a-c\"]{0,3}", inner), 0..4)
+                .prop_map(|members| Value::Object(members.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_json_is_accepted_with_exact_masks(value in json_strategy(), seed in any::<u64>()) {
+        let (vocab, eos) = vocab();
+        let grammar = Grammar::json_value(vocab.clone(), &JsonSchemaOptions::default()).unwrap();
+        let document = value.to_string();
+        let mut rng = Rng(seed);
+        prop_assert!(accepts(&grammar, &vocab, eos, &document, &mut rng, true), "{}", document);
+    }
+}
