@@ -76,3 +76,25 @@ fn loop_index_masks_equal_full_walks_on_a_real_vocabulary() {
         assert_eq!(fast, full, "state {state}");
     }
 }
+
+#[test]
+#[ignore = "needs FERROLM_TIKTOKEN_FILE"]
+fn recursive_masks_equal_trying_every_token_on_a_real_vocabulary() {
+    let Some(vocab) = load() else {
+        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
+        return;
+    };
+    let grammar = Grammar::json_value(vocab.clone(), &Default::default()).unwrap();
+    let document = r#"{"a":[1,{"b":[[true],null]}],"c":"dé\"f","d":-2.5e3}"#;
+    let mut matcher = Matcher::new(grammar);
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    for &byte in document.as_bytes() {
+        matcher.fill_next_token_bitmask(&mut mask).unwrap();
+        for id in 0..vocab.size() as u32 {
+            let got = mask[id as usize / 32] >> (id % 32) & 1 == 1;
+            assert_eq!(got, matcher.is_token_allowed(id), "token {id} at depth {}", matcher.stack_depth());
+        }
+        assert!(matcher.accept_bytes(&[byte]));
+    }
+    assert!(matcher.can_end());
+}
