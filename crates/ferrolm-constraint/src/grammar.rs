@@ -15,7 +15,7 @@ use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
 use crate::json_schema::{any_json_rules, json_schema_to_rules, JsonSchemaOptions};
 use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
-use crate::region::Loop;
+use crate::region::{Loop, Override};
 use crate::vocab::Vocabulary;
 
 /// Default memory budget of the per-state mask cache of one grammar.
@@ -201,11 +201,45 @@ impl Grammar {
         }
     }
 
+    /// Like [`Grammar::compute_token_mask`], carrying configurations. Inside a loop of
+    /// the current rule the stack stays as it is, so the loop indexes apply, with every
+    /// byte a call or a return could take counted as leaving the loop.
     fn compute_recursive_token_mask(&self, rules: &Rules, config: Config, frames: &[Frame], out: &mut [u32]) {
         out.fill(0);
         let trie = self.vocab.trie();
         let mut scratch = ScratchFrames::new(frames);
-        trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out);
+        let dfa = rules.rule(config.rule);
+        let may_return = config.stack != NO_FRAME;
+        let overrides = |state: u32, byte: u8| {
+            if byte >= CALL_BASE {
+                Override::Dead
+            } else if (may_return && dfa.is_accepting(state))
+                || rules.call_on(config.rule, state, byte).is_some()
+            {
+                Override::Exit
+            } else {
+                Override::Plain
+            }
+        };
+        let loop_index = Loop::around_with(dfa, config.state, overrides)
+            .and_then(|l| Some((self.vocab.loop_indexes().get_or_build(trie, &l.key, out.len())?, l)));
+        match loop_index {
+            Some((index, around)) => {
+                out.copy_from_slice(&index.inside);
+                let mut states = vec![config; trie.max_depth() + 1];
+                for &(node, loop_state) in &index.exits {
+                    let parent = Config { state: around.states[loop_state as usize], ..config };
+                    trie.walk_subtree_into_mask(
+                        node,
+                        parent,
+                        |c, b| rules.step(c, b, &mut scratch),
+                        out,
+                        &mut states,
+                    );
+                }
+            }
+            None => trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out),
+        }
         for &(first, other) in trie.duplicates() {
             if get_bit(out, first) {
                 set_bit(out, other);

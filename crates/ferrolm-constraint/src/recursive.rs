@@ -125,6 +125,10 @@ impl Rules {
         &self.dfas[0]
     }
 
+    pub(crate) fn rule(&self, rule: u32) -> &ByteDfa {
+        &self.dfas[rule as usize]
+    }
+
     /// The configuration after `byte`, or `None` if the byte is refused.
     #[inline]
     pub(crate) fn step(&self, mut config: Config, byte: u8, frames: &mut impl Frames) -> Option<Config> {
@@ -168,7 +172,7 @@ impl Rules {
 
     /// A call from `state` of `rule` whose callee can begin with `byte`.
     #[inline]
-    fn call_on(&self, rule: u32, state: u32, byte: u8) -> Option<(u32, u32)> {
+    pub(crate) fn call_on(&self, rule: u32, state: u32, byte: u8) -> Option<(u32, u32)> {
         let dfa = &self.dfas[rule as usize];
         (0..self.dfas.len()).find_map(|callee| {
             let ret = dfa.next(state, CALL_BASE + callee as u8);

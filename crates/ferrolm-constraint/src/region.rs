@@ -34,8 +34,25 @@ pub(crate) struct Loop {
     pub key: Box<[u32]>,
 }
 
+/// How a recursive grammar overrides a byte's plain transition inside a loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Override {
+    /// The DFA transition is the whole story.
+    Plain,
+    /// Never text (a call byte).
+    Dead,
+    /// Leaves the loop even where the DFA says dead (a call or a return may take it).
+    Exit,
+}
+
 impl Loop {
     pub fn around(dfa: &ByteDfa, state: u32) -> Option<Loop> {
+        Self::around_with(dfa, state, |_, _| Override::Plain)
+    }
+
+    /// [`Loop::around`] where `overrides(state, byte)` may turn a transition dead or
+    /// into an exit (for rules of a recursive grammar).
+    pub fn around_with(dfa: &ByteDfa, state: u32, overrides: impl Fn(u32, u8) -> Override) -> Option<Loop> {
         if !dfa.is_in_cycle(state) {
             return None;
         }
@@ -47,19 +64,22 @@ impl Loop {
             let from = states[i];
             for byte in 0..=255u8 {
                 let target = dfa.next(from, byte);
-                let mark = if target == DEAD {
-                    DEAD_MARK
-                } else if !dfa.same_component(target, state) {
-                    EXIT_MARK
-                } else if let Some(&j) = index.get(&target) {
-                    j
-                } else {
-                    if states.len() == MAX_LOOP_STATES {
-                        return None;
-                    }
-                    index.insert(target, states.len() as u32);
-                    states.push(target);
-                    states.len() as u32 - 1
+                let mark = match overrides(from, byte) {
+                    Override::Dead => DEAD_MARK,
+                    Override::Exit if target == DEAD => EXIT_MARK,
+                    _ if target == DEAD => DEAD_MARK,
+                    _ if !dfa.same_component(target, state) => EXIT_MARK,
+                    _ => match index.get(&target) {
+                        Some(&j) => j,
+                        None => {
+                            if states.len() == MAX_LOOP_STATES {
+                                return None;
+                            }
+                            index.insert(target, states.len() as u32);
+                            states.push(target);
+                            states.len() as u32 - 1
+                        }
+                    },
                 };
                 key.push(mark);
             }
