@@ -136,6 +136,43 @@ fn schemas_with_values_of_any_type() {
     }
 }
 
+#[test]
+fn recursive_refs_become_rules() {
+    let (vocab, eos) = vocab();
+    let options = JsonSchemaOptions::default();
+    let mut rng = Rng(4);
+    let tree = json!({"type": "object", "properties": {
+        "v": {"type": "integer"},
+        "kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["v"]});
+    let list = json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "string"},
+            "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["v", "next"]}},
+        "$ref": "#/$defs/node"});
+    let cases = [
+        (
+            tree,
+            vec![r#"{"v":1}"#, r#"{"v":1,"kids":[{"v":2,"kids":[{"v":3},{"v":4,"kids":[]}]}]}"#],
+            vec![r#"{"v":1,"kids":[{"kids":[]}]}"#, r#"{"v":1,"kids":[{"v":"x"}]}"#],
+        ),
+        (
+            list,
+            vec![r#"{"v":"a","next":null}"#, r#"{"v":"a","next":{"v":"b","next":{"v":"c","next":null}}}"#],
+            vec![r#"{"v":"a","next":{"v":"b"}}"#, r#"{"v":"a","next":{"v":1,"next":null}}"#],
+        ),
+    ];
+    for (schema, valid, invalid) in cases {
+        let grammar = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &options).unwrap();
+        assert!(grammar.is_recursive());
+        for doc in valid {
+            assert!(accepts(&grammar, &vocab, eos, doc, &mut rng, true), "{schema}: {doc}");
+        }
+        for doc in invalid {
+            assert!(!accepts(&grammar, &vocab, eos, doc, &mut rng, true), "{schema}: {doc}");
+        }
+    }
+}
+
 fn json_strategy() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),

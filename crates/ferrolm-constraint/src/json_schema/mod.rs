@@ -9,8 +9,10 @@
 //!   allows properties of any type);
 //! - `format` restricts strings to the formats' common syntax.
 //!
-//! Anything that would change what is valid and that we cannot express — recursive
-//! `$ref`, values of any type, `pattern`, `oneOf`, numeric bounds on `number`, ... — is a
+//! Values of any type and recursive `$ref`s become rules that call each other (see
+//! `recursive.rs`; the regex of the main rule then contains calls). Anything that would
+//! change what is valid and that we cannot express — `oneOf`, numeric bounds on
+//! `number`, `not`, ... — is a
 //! [`ConstraintError::UnsupportedSchema`] naming the keyword, unless `lenient` is set,
 //! in which case the keyword is ignored and the grammar may be looser or stricter.
 
@@ -22,7 +24,7 @@ mod values;
 use serde_json::{Map, Value};
 
 use crate::error::{ConstraintError, Result};
-use crate::recursive::call;
+use crate::recursive::{call, MAX_RULES};
 
 pub use int_range::integer_range_regex;
 
@@ -118,10 +120,30 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         ws: ws.clone(),
         ref_stack: Vec::new(),
         uses_any_value: false,
+        recursive_refs: Vec::new(),
     };
     let main = translator.schema(schema, "#")?;
-    Ok(if translator.uses_any_value { vec![main, any_value_rule(&ws)] } else { vec![main] })
+    // Each recurring target, translated with itself on the stack so that its own
+    // references call its rule (new recurring targets may be found on the way).
+    let mut ref_rules = Vec::new();
+    while ref_rules.len() < translator.recursive_refs.len() {
+        let reference = translator.recursive_refs[ref_rules.len()].clone();
+        let pointer = decode_pointer(reference.strip_prefix('#').unwrap_or_default());
+        let target = schema.pointer(&pointer).expect("resolved when first met");
+        translator.ref_stack = vec![reference.clone()];
+        ref_rules.push(translator.schema(target, &reference)?);
+    }
+    if !translator.uses_any_value && ref_rules.is_empty() {
+        return Ok(vec![main]);
+    }
+    // Rule 1 is always the any-value rule, so that reference rules keep their numbers.
+    let mut rules = vec![main, any_value_rule(&ws)];
+    rules.extend(ref_rules);
+    Ok(rules)
 }
+
+/// The rule of the first recurring `$ref`.
+const FIRST_REF_RULE: usize = 2;
 
 /// The rules of "one JSON value of any type" (`top_level_object`: an object).
 pub(crate) fn any_json_rules(options: &JsonSchemaOptions, top_level_object: bool) -> Vec<String> {
@@ -165,6 +187,8 @@ struct Translator<'a> {
     ref_stack: Vec<String>,
     /// Some position takes a value of any type (the any-value rule is needed).
     uses_any_value: bool,
+    /// `$ref`s that recur; the i-th is rule `FIRST_REF_RULE + i`.
+    recursive_refs: Vec<String>,
 }
 
 impl<'a> Translator<'a> {
@@ -279,13 +303,24 @@ impl<'a> Translator<'a> {
         let pointer = reference
             .strip_prefix('#')
             .ok_or_else(|| self.unsupported(&format!("$ref {reference:?} (only local references)"), path))?;
-        if self.ref_stack.iter().any(|r| r == reference) {
-            return Err(self.unsupported(&format!("recursive $ref {reference:?}"), path));
-        }
         let target = self
             .root
             .pointer(&decode_pointer(pointer))
             .ok_or_else(|| self.invalid(path, format!("unknown $ref {reference:?}")))?;
+        if self.ref_stack.iter().any(|r| r == reference) {
+            // Recursion: the target becomes a rule of its own, called from here.
+            let index = match self.recursive_refs.iter().position(|r| r == reference) {
+                Some(index) => index,
+                None => {
+                    if FIRST_REF_RULE + self.recursive_refs.len() >= MAX_RULES {
+                        return Err(self.unsupported("more recursive $refs than rules", path));
+                    }
+                    self.recursive_refs.push(reference.to_string());
+                    self.recursive_refs.len() - 1
+                }
+            };
+            return Ok(call(FIRST_REF_RULE + index));
+        }
         self.ref_stack.push(reference.to_string());
         let result = self.schema(target, reference);
         self.ref_stack.pop();
