@@ -1,20 +1,21 @@
-//! JSON Schema -> regex, for the part of JSON Schema a regular language can express.
+//! JSON Schema -> regexes: one for the main rule and, where the schema recurses or takes
+//! values of any type, more for the rules it calls.
 //!
 //! Generation-oriented choices (the documents we produce are always valid, but some
 //! valid documents are not produced):
 //! - compact JSON by default, or JSON whitespace capped at a run length;
 //! - properties in the order the schema lists them; an absent `additionalProperties`
 //!   generates no undeclared property, as `false` would (`forbid_extra_properties`;
-//!   turn it off and an absent `additionalProperties` is unsupported instead, since it
-//!   allows properties of any type);
+//!   turn it off and it allows members of any name and type, which is supported where
+//!   the schema declares no properties);
 //! - `format` restricts strings to the formats' common syntax.
 //!
 //! Values of any type and recursive `$ref`s become rules that call each other (see
 //! `recursive.rs`; the regex of the main rule then contains calls). Anything that would
 //! change what is valid and that we cannot express — `oneOf`, numeric bounds on
-//! `number`, `not`, ... — is a
-//! [`ConstraintError::UnsupportedSchema`] naming the keyword, unless `lenient` is set,
-//! in which case the keyword is ignored and the grammar may be looser or stricter.
+//! `number`, `not`, ... — is a [`ConstraintError::UnsupportedSchema`] naming the
+//! keyword, unless `lenient` is set, in which case the keyword is ignored and the
+//! grammar may be looser or stricter.
 
 mod formats;
 mod int_range;
