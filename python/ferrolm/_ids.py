@@ -3,6 +3,7 @@ Rust binding's ``convert.rs``, so both tree backends reject the same inputs alik
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,14 @@ def as_ids(obj: Any, what: str, max_value: int = U32_MAX) -> list[int]:
         values = obj.tolist()
     elif isinstance(obj, (str, bytes)):
         raise InvalidInputError(f"{what} must be a sequence of integers, not a string")
+    elif not isinstance(obj, (list, tuple)) and (
+        isinstance(obj, dict) or not (isinstance(obj, Sequence) or hasattr(type(obj), "__getitem__"))
+    ):
+        # what the binding takes as a sequence (PySequence): not sets, dicts, iterators
+        raise InvalidInputError(
+            f"{what} must be a 1-D numpy integer array or a sequence of ints, "
+            f"got {type(obj).__name__}"
+        )
     else:
         try:
             values = [_as_int(v) for v in obj]

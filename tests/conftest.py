@@ -1,0 +1,64 @@
+"""Shared test setup: one suite for both tree backends, and the hypothesis profile.
+
+``FERROLM_HYPOTHESIS_EXAMPLES=N`` raises the number of examples the property tests run
+(default: a moderate number that keeps the whole suite well under two minutes on a
+2-core machine); ``FERROLM_HYPOTHESIS_STEPS=N`` lengthens each stateful run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import ferrolm
+
+BACKENDS = ("rust", "python")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+HYPOTHESIS_EXAMPLES = _env_int("FERROLM_HYPOTHESIS_EXAMPLES", 100)
+HYPOTHESIS_STEPS = _env_int("FERROLM_HYPOTHESIS_STEPS", 60)
+
+settings.register_profile(
+    "ferrolm",
+    max_examples=HYPOTHESIS_EXAMPLES,
+    stateful_step_count=HYPOTHESIS_STEPS,
+    # the machine is shared and noisy: no per-example deadline, no slowness health check
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.load_profile("ferrolm")
+
+
+def make_tree(backend: str, **kw: Any) -> ferrolm.RustRadixCache | ferrolm.PyRadixCache:
+    """A radix cache of the named backend, built through the public factory."""
+    return ferrolm.RadixCache(backend=backend, **kw)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Runs the test once per tree backend."""
+    return request.param
+
+
+@pytest.fixture
+def make(backend: str):
+    """``make(**kw)``: a tree of this test's backend."""
+
+    def build(**kw: Any):
+        return make_tree(backend, **kw)
+
+    return build
