@@ -176,12 +176,27 @@ fn unsupported_keywords_are_named_unless_lenient() {
     // Keywords without `type`: the other types stay unconstrained, i.e. any value
     // except the constrained ones, which a union cannot say.
     assert!(unsupported(json!({"minimum": 1})).contains("any type"));
-    let extra =
-        json!({"type": "object", "properties": {"a": {"type": "null"}}, "additionalProperties": true});
-    assert!(unsupported(extra).contains("additionalProperties"));
     let lenient = JsonSchemaOptions { lenient: true, ..JsonSchemaOptions::default() };
     let re = language(&json!({"type": "string", "pattern": "(a)\\1"}), &lenient);
     assert!(re.is_match(r#""anything""#));
+}
+
+#[test]
+fn extra_properties_have_other_names_and_come_last() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "integer"}},
+        "required": ["b"], "additionalProperties": {"type": "boolean"}});
+    check(
+        schema,
+        &[r#"{"b":1}"#, r#"{"a":null,"b":1,"x":true}"#, r#"{"b":1,"x":true,"aa":false}"#],
+        &[r#"{"b":1,"a":true}"#, r#"{"b":1,"b":true}"#, r#"{"x":true,"b":1}"#, r#"{"b":1,"x":1}"#],
+    );
+    let optional = json!({"type": "object", "properties": {"a": {"type": "null"}},
+        "additionalProperties": {"type": "integer"}});
+    check(
+        optional,
+        &["{}", r#"{"a":null}"#, r#"{"z":1}"#, r#"{"a":null,"z":1,"y":2}"#],
+        &[r#"{"a":1}"#, r#"{,"z":1}"#],
+    );
 }
 
 #[test]

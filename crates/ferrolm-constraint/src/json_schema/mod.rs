@@ -19,6 +19,7 @@
 
 mod formats;
 mod int_range;
+mod names;
 mod pattern;
 mod values;
 

@@ -194,8 +194,7 @@ fn encode_hir(hir: &Hir) -> Result<Hir, String> {
 
 /// `c` as serde_json writes it inside a string.
 fn encode_char(c: char) -> Hir {
-    let quoted = serde_json::Value::String(c.to_string()).to_string();
-    Hir::literal(&quoted.as_bytes()[1..quoted.len() - 1])
+    Hir::literal(super::names::unit(c).into_bytes())
 }
 
 #[cfg(test)]

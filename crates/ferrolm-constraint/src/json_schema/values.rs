@@ -4,8 +4,9 @@ use serde_json::{Map, Value};
 
 use super::formats::format_regex;
 use super::int_range::integer_range_regex;
+use super::names::name_except;
 use super::pattern::pattern_regex;
-use super::{any_object, Translator, NUMBER, STRING_CHAR};
+use super::{Translator, NUMBER, STRING_CHAR};
 use crate::error::Result;
 
 /// Largest repetition count we write into a regex; larger bounds would build huge
@@ -162,43 +163,59 @@ impl<'a> Translator<'a> {
             .filter(|name| !properties.iter().any(|(p, _)| p.as_str() == *name))
             .collect();
         let ws = self.ws.clone();
-        if let Some(value) = extra {
-            if properties.is_empty() && required.is_empty() {
-                return Ok(any_object(&ws, &value));
-            }
-            // Extra names would have to differ from the declared ones.
-            self.refuse("additionalProperties (other than false) next to properties or required", path)?;
-        }
         let mut members = Vec::new();
-        for (name, schema) in properties {
-            let key = regex_syntax::escape(&Value::String(name.clone()).to_string());
+        for (name, schema) in &properties {
+            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
             let value = self.schema(schema, &format!("{path}/properties/{}", escape_pointer(name)))?;
             members.push((format!("{key}{ws}:{ws}(?:{value})"), required.contains(&name.as_str())));
         }
         // Required but not described: present, with a value of any type, after the others.
-        for name in undeclared {
+        for name in &undeclared {
             let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
             let value = self.any_value();
             members.push((format!("{key}{ws}:{ws}(?:{value})"), true));
         }
         // Members in schema order, optional ones omissible, commas only between present
-        // ones. `after` = the rest once some member is already written (each remaining
-        // member then brings its own comma); `first` = the rest when none is written yet.
+        // ones. `after` = the rest once some member is written (each remaining member
+        // then brings its own comma); `nonempty` = the rest, written first, when at
+        // least one member remains to be written.
         let separator = format!("{ws},{ws}");
         let mut after = String::new();
-        let mut first = String::new();
+        let mut nonempty: Option<String> = None;
         for (member, is_required) in members.iter().rev() {
-            let with_comma = format!("{separator}{member}{after}");
             let as_first = format!("{member}{after}");
             if *is_required {
-                after = with_comma;
-                first = as_first;
+                after = format!("{separator}{member}{after}");
+                nonempty = Some(as_first);
             } else {
                 after = format!("(?:{separator}{member})?{after}");
-                first = format!("(?:{as_first}|{first})");
+                nonempty = Some(match nonempty {
+                    Some(rest) => format!("(?:{as_first}|{rest})"),
+                    None => as_first,
+                });
             }
         }
-        Ok(format!(r"\{{{ws}{first}{ws}\}}"))
+        let all_optional = members.iter().all(|(_, required)| !required);
+        // Extra members come after the declared ones, under names other than theirs.
+        let body = match (extra, nonempty) {
+            (None, None) => String::new(),
+            (None, Some(declared)) if all_optional => format!("(?:{declared})?"),
+            (None, Some(declared)) => declared,
+            (Some(value), declared) => {
+                let mut names: Vec<&str> = properties.iter().map(|(n, _)| n.as_str()).collect();
+                names.extend(&undeclared);
+                let extra = format!("\"(?:{})\"{ws}:{ws}(?:{value})", name_except(&names));
+                let extras = format!("{extra}(?:{separator}{extra})*");
+                match declared {
+                    None => format!("(?:{extras})?"),
+                    Some(declared) if all_optional => {
+                        format!("(?:{declared}(?:{separator}{extra})*|{extras})?")
+                    }
+                    Some(declared) => format!("{declared}(?:{separator}{extra})*"),
+                }
+            }
+        };
+        Ok(format!(r"\{{{ws}{body}{ws}\}}"))
     }
 
     /// A `(min, max)` pair of length keywords (`max = None`: unbounded).

@@ -1,0 +1,93 @@
+//! Regexes for JSON object member names written canonically (as serde_json writes
+//! them), so that "a name other than these" is a regular language: with one way to
+//! write each character, two names are equal exactly when their texts are.
+
+use std::collections::BTreeMap;
+
+/// One character of a string body as serde_json writes it: itself, or for `"`, `\`
+/// and controls their one escape (`\n` rather than `\u000a`, lowercase hex).
+pub const CANONICAL_CHAR: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7]|0b|0e|0f|1[0-9a-f]))"#;
+
+/// The canonical text of one character.
+pub fn unit(c: char) -> String {
+    let quoted = serde_json::Value::String(c.to_string()).to_string();
+    quoted[1..quoted.len() - 1].to_string()
+}
+
+/// The canonical encoding of every character of the body except `excluded` ones.
+fn char_except(excluded: &[char]) -> String {
+    let raw: String = excluded
+        .iter()
+        .filter(|c| unit(**c).len() == c.len_utf8())
+        .map(|c| regex_syntax::escape(&c.to_string()))
+        .collect();
+    let escapes: Vec<String> = ['"', '\\', '\u{8}', '\u{c}', '\n', '\r', '\t']
+        .into_iter()
+        .filter(|c| !excluded.contains(c))
+        .map(|c| regex_syntax::escape(&unit(c)))
+        .collect();
+    let controls: Vec<String> = (0u32..0x20)
+        .filter_map(char::from_u32)
+        .filter(|c| !excluded.contains(c) && unit(*c).starts_with("\\u"))
+        .map(|c| regex_syntax::escape(&unit(c)))
+        .collect();
+    let mut alternatives = vec![format!(r#"[^"\\\x00-\x1f{raw}]"#)];
+    alternatives.extend(escapes);
+    alternatives.extend(controls);
+    format!("(?:{})", alternatives.join("|"))
+}
+
+#[derive(Default)]
+struct Node {
+    is_name: bool,
+    children: BTreeMap<char, Node>,
+}
+
+/// A regex for the body (between the quotes) of every name except `names`.
+pub fn name_except(names: &[&str]) -> String {
+    let mut root = Node::default();
+    for name in names {
+        let mut node = &mut root;
+        for c in name.chars() {
+            node = node.children.entry(c).or_default();
+        }
+        node.is_name = true;
+    }
+    except(&root)
+}
+
+fn except(node: &Node) -> String {
+    let mut alternatives = Vec::new();
+    if !node.is_name {
+        alternatives.push(String::new());
+    }
+    for (&c, child) in &node.children {
+        alternatives.push(format!("{}(?:{})", regex_syntax::escape(&unit(c)), except(child)));
+    }
+    let next: Vec<char> = node.children.keys().copied().collect();
+    alternatives.push(format!("{}{CANONICAL_CHAR}*", char_except(&next)));
+    alternatives.join("|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_other_name(names: &[&str], text: &str) -> bool {
+        let body = name_except(names);
+        regex::Regex::new(&format!("^(?:{body})$")).unwrap().is_match(text)
+    }
+
+    #[test]
+    fn every_name_but_the_declared_ones() {
+        let names = ["a", "ab", "é\"", ""];
+        for declared in ["a", "ab", "é\\\"", ""] {
+            assert!(!is_other_name(&names, declared), "{declared}");
+        }
+        for other in ["b", "abc", "é", "aa", "\\n", "x\\u0001", "é\\\"x"] {
+            assert!(is_other_name(&names, other), "{other}");
+        }
+        assert!(!is_other_name(&names, "\\u000a"), "not canonical");
+        assert!(!is_other_name(&names, "\\/"), "not canonical");
+    }
+}
