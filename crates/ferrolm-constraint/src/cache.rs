@@ -24,6 +24,8 @@ pub enum GrammarSource {
     /// JSON Schema text and its options.
     JsonSchema(String, JsonSchemaOptions),
     Choice(Vec<String>),
+    /// Any JSON object (`response_format: json_object`).
+    JsonObject(JsonSchemaOptions),
     /// Free text until the trigger first appears, then the inner grammar.
     Segment {
         trigger: String,
@@ -40,6 +42,7 @@ impl GrammarSource {
                 let choices: Vec<&str> = choices.iter().map(String::as_str).collect();
                 Grammar::from_choices(vocab, &choices)
             }
+            GrammarSource::JsonObject(options) => Grammar::json_object(vocab, options),
             GrammarSource::Segment { trigger, then } => {
                 Grammar::after_trigger(trigger, &*then.compile(vocab)?)
             }

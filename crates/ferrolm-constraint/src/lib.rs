@@ -1,11 +1,12 @@
-//! ferrolm's structured-output constraint engine: make a model's output match a regex
-//! by masking, at every decode step, the tokens that would break it.
+//! ferrolm's structured-output constraint engine: make a model's output match a regex or
+//! a JSON Schema by masking, at every decode step, the tokens that would break it.
 //!
 //! Key types:
 //! - [`Vocabulary`]: token bytes, special and EOS ids, and the token trie; built once per
 //!   tokenizer (from a list, a tiktoken file or a `tokenizer.json`) and shared.
-//! - [`Grammar`]: a regex, a JSON Schema ([`json_schema`]), a list of choices, or free
-//!   text until a trigger then one of those, compiled to a byte-level DFA bound to a
+//! - [`Grammar`]: a regex, a JSON Schema ([`json_schema`]), any JSON object, a list of
+//!   choices, or free text until a trigger then one of those, compiled to byte-level
+//!   DFAs (several that call each other where JSON nests without bound) bound to a
 //!   vocabulary, with a mask cache shared by all its matchers. [`GrammarCache`] compiles
 //!   each source once, under a time limit.
 //! - [`Matcher`]: one per request; fills the next-token bitmask, accepts tokens, rolls

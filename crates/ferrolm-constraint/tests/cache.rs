@@ -47,6 +47,15 @@ fn choices_match_exactly_one_option() {
 }
 
 #[test]
+fn json_object_source() {
+    let (vocab, eos) = small_vocab(&[]);
+    let cache = GrammarCache::new(vocab, 8, Duration::from_secs(30));
+    let grammar = cache.get_or_compile(&GrammarSource::JsonObject(JsonSchemaOptions::default())).unwrap();
+    let mut matcher = Matcher::new(grammar);
+    assert!(!matcher.accept_str("[") && matcher.accept_str(r#"{"a":[{}]}"#) && matcher.accept_token(eos));
+}
+
+#[test]
 fn slow_compilation_times_out() {
     let (vocab, _) = small_vocab(&[]);
     let cache = GrammarCache::new(vocab, 8, Duration::from_millis(1));

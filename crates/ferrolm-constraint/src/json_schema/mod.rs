@@ -17,6 +17,7 @@
 //! keyword, unless `lenient` is set, in which case the keyword is ignored and the
 //! grammar may be looser or stricter.
 
+mod any;
 mod formats;
 mod int_range;
 mod names;
@@ -27,6 +28,9 @@ use serde_json::{Map, Value};
 
 use crate::error::{ConstraintError, Result};
 use crate::recursive::{call, MAX_RULES};
+
+pub(crate) use any::any_json_rules;
+use any::{any_value_rule, ANY_VALUE_RULE};
 
 pub use int_range::integer_range_regex;
 
@@ -147,36 +151,11 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
 /// The rule of the first recurring `$ref`.
 const FIRST_REF_RULE: usize = 2;
 
-/// The rules of "one JSON value of any type" (`top_level_object`: an object).
-pub(crate) fn any_json_rules(options: &JsonSchemaOptions, top_level_object: bool) -> Vec<String> {
-    let ws = whitespace_regex(options.whitespace);
-    let main = if top_level_object { any_object(&ws, &call(ANY_VALUE_RULE)) } else { call(ANY_VALUE_RULE) };
-    vec![main, any_value_rule(&ws)]
-}
-
 fn whitespace_regex(whitespace: Whitespace) -> String {
     match whitespace {
         Whitespace::Compact => String::new(),
         Whitespace::Flexible { max_run } => format!(r"[ \t\n\r]{{0,{max_run}}}"),
     }
-}
-
-/// The rule index of "a JSON value of any type".
-const ANY_VALUE_RULE: usize = 1;
-
-/// A JSON value of any type; its array elements and object members call it again.
-fn any_value_rule(ws: &str) -> String {
-    let value = call(ANY_VALUE_RULE);
-    let string = format!("\"{STRING_CHAR}*\"");
-    let array = format!(r"\[{ws}(?:{value}{ws}(?:,{ws}{value}{ws})*)?\]");
-    let object = any_object(ws, &value);
-    format!("{string}|{NUMBER}|true|false|null|{array}|{object}")
-}
-
-/// An object whose members have any names and values matching `value`.
-fn any_object(ws: &str, value: &str) -> String {
-    let member = format!("\"{STRING_CHAR}*\"{ws}:{ws}(?:{value}){ws}");
-    format!(r"\{{{ws}(?:{member}(?:,{ws}{member})*)?\}}")
 }
 
 struct Translator<'a> {
