@@ -106,7 +106,11 @@ impl Grammar {
     /// `"</think>"` then a JSON Schema). The output may end only once `then` may.
     pub fn after_trigger(trigger: &str, then: &Grammar) -> Result<Arc<Grammar>> {
         let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
-        Ok(Arc::new(Self::from_dfa(then.vocab.clone(), dfa)))
+        Ok(Arc::new(match &then.rules {
+            // The free-text part goes in front of the main rule; the others are unchanged.
+            Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
+            None => Self::from_dfa(then.vocab.clone(), dfa),
+        }))
     }
 
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {

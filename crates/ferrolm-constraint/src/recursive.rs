@@ -121,6 +121,13 @@ impl Rules {
         Ok(rules)
     }
 
+    /// The same rules with another main rule (checked again).
+    pub fn with_main(&self, main: ByteDfa) -> Result<Rules> {
+        let mut dfas = self.dfas.clone();
+        dfas[0] = main;
+        Rules::new(dfas)
+    }
+
     pub fn main(&self) -> &ByteDfa {
         &self.dfas[0]
     }

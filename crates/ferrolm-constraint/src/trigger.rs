@@ -4,10 +4,12 @@
 //! Built as one automaton: a string-matching automaton for the trigger (Knuth-Morris-
 //! Pratt: state k = the last k bytes are the first k bytes of the trigger) whose
 //! completion enters the grammar's start state. The document may end only inside the
-//! grammar.
+//! grammar. Free text is any bytes but 0xF8..=0xFF, which UTF-8 text never contains
+//! (and which recursive grammars use for calls).
 
 use crate::dfa::{ByteDfa, DEAD};
 use crate::error::{ConstraintError, Result};
+use crate::recursive::CALL_BASE;
 
 /// Any bytes until the first occurrence of `trigger` (included), then `then`.
 pub fn after_trigger(trigger: &[u8], then: &ByteDfa) -> Result<ByteDfa> {
@@ -20,13 +22,14 @@ pub fn after_trigger(trigger: &[u8], then: &ByteDfa) -> Result<ByteDfa> {
     let m = trigger.len();
     let next_matched = kmp_table(trigger);
 
-    // Classes: bytes the grammar tells apart, and each byte of the trigger apart.
-    let mut pair_to_class: Vec<(u8, i16)> = Vec::new();
+    // Classes: bytes the grammar tells apart, each byte of the trigger apart, and the
+    // bytes that are never text apart.
+    let mut pair_to_class: Vec<(u8, i16, bool)> = Vec::new();
     let mut classes = [0u8; 256];
     let mut representative: Vec<u8> = Vec::new();
     for byte in 0..=255u8 {
         let in_trigger = trigger.iter().position(|&t| t == byte).map_or(-1, |p| p as i16);
-        let pair = (then.byte_class(byte), in_trigger);
+        let pair = (then.byte_class(byte), in_trigger, byte >= CALL_BASE);
         let class = match pair_to_class.iter().position(|&p| p == pair) {
             Some(c) => c,
             None => {
@@ -47,6 +50,9 @@ pub fn after_trigger(trigger: &[u8], then: &ByteDfa) -> Result<ByteDfa> {
     let mut accepting = vec![false; total];
     for k in 0..m {
         for (class, &byte) in representative.iter().enumerate() {
+            if byte >= CALL_BASE {
+                continue; // never text (in a recursive grammar, the bytes of calls)
+            }
             let matched = next_matched(k, byte);
             transitions[trigger_state(k) as usize * num_classes + class] =
                 if matched == m { grammar_state(then.start()) } else { trigger_state(matched) };

@@ -173,6 +173,18 @@ fn recursive_refs_become_rules() {
     }
 }
 
+#[test]
+fn free_text_then_any_json_object() {
+    let (vocab, eos) = vocab();
+    let object = Grammar::json_object(vocab.clone(), &JsonSchemaOptions::default()).unwrap();
+    let grammar = Grammar::after_trigger("</a>", &object).unwrap();
+    assert!(grammar.is_recursive());
+    let mut rng = Rng(5);
+    assert!(accepts(&grammar, &vocab, eos, r#"thinking {[ </a>{"k":[1,{"x":null}]}"#, &mut rng, true));
+    assert!(!accepts(&grammar, &vocab, eos, r#"no trigger {"k":1}"#, &mut rng, true));
+    assert!(!accepts(&grammar, &vocab, eos, "</a>[1]", &mut rng, true));
+}
+
 fn json_strategy() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
