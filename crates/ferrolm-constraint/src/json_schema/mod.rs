@@ -21,6 +21,7 @@ mod any;
 mod formats;
 mod int_range;
 mod names;
+mod one_of;
 mod pattern;
 mod values;
 
@@ -88,6 +89,7 @@ const HANDLED: &[&str] = &[
     "const",
     "anyOf",
     "allOf",
+    "oneOf",
     "$ref",
     "items",
     "prefixItems",
@@ -261,15 +263,17 @@ impl<'a> Translator<'a> {
         match keyword {
             "allOf" if branches.len() == 1 => self.schema(&branches[0], &format!("{path}/allOf/0")),
             "allOf" => Err(self.unsupported("allOf with more than one schema", path)),
-            // oneOf also demands that exactly one branch matches, which a union cannot
-            // express; lenient mode accepts the looser union.
-            "oneOf" if !self.lenient => Err(self.unsupported("oneOf", path)),
+            // oneOf also demands that exactly one branch matches: a union says that only
+            // when no value satisfies two branches. Lenient mode accepts the union anyway.
+            "oneOf" if !self.lenient && !one_of::branches_exclusive(self.root, branches) => {
+                Err(self.unsupported("oneOf (branches that may overlap)", path))
+            }
             _ => {
                 let mut alternatives = Vec::new();
                 for (i, branch) in branches.iter().enumerate() {
                     let inner = self.schema(branch, &format!("{path}/{keyword}/{i}"))?;
-                    // A branch that takes anything makes the others redundant.
-                    if inner == call(ANY_VALUE_RULE) {
+                    // In anyOf, a branch that takes anything makes the others redundant.
+                    if inner == call(ANY_VALUE_RULE) && keyword == "anyOf" {
                         return Ok(inner);
                     }
                     alternatives.push(format!("(?:{inner})"));
