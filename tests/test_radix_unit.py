@@ -1250,3 +1250,36 @@ def test_large_sequence_round_trip(make):
     assert t.total_size() == 30_000
     assert np.array_equal(t.match_prefix(branch).kv_slots[10_000:], kv[10_000:] + 20_000)
     check(t)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"page_size": 2**64}, "page_size"),
+        ({"page_size": 1.5}, "page_size"),
+        ({"eviction_policy": 3}, "eviction_policy"),
+        ({"kv_event_block_size": 0}, "kv_event_block_size"),
+    ],
+)
+def test_bad_constructor_argument_types_name_their_field(backend, kwargs, field):
+    with pytest.raises(InvalidInputError) as e:
+        make_tree(backend, **kwargs)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"priority": 1.5}, "priority"), ({"priority": 2**70}, "priority"), ({"namespace": 5}, "namespace")],
+)
+def test_bad_insert_argument_types_name_their_field_and_change_nothing(backend, kwargs, field):
+    t = make_tree(backend)
+    with pytest.raises(InvalidInputError) as e:
+        t.insert([1, 2], [3, 4], **kwargs)
+    assert e.value.field == field
+    assert t.total_size() == 0
+
+
+def test_evicting_more_than_any_machine_count_frees_everything(backend):
+    t = make_tree(backend)
+    t.insert([1, 2, 3], [4, 5, 6])
+    assert sorted(t.evict(2**80).tolist()) == [4, 5, 6]

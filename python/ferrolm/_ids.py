@@ -18,19 +18,20 @@ def as_ids(obj: Any, what: str, max_value: int = U32_MAX) -> list[int]:
     """``obj`` as a list of ints in ``0..=max_value``; ``what`` names it in errors."""
     if isinstance(obj, np.ndarray):
         if obj.ndim != 1:
-            raise InvalidInputError(f"{what} must be a 1-D array, got shape {list(obj.shape)}")
+            raise InvalidInputError(f"{what} must be a 1-D array, got shape {list(obj.shape)}", what)
         if obj.dtype.kind not in "iu":
-            raise InvalidInputError(f"{what} must be an integer array, got dtype {obj.dtype}")
+            raise InvalidInputError(f"{what} must be an integer array, got dtype {obj.dtype}", what)
         values = obj.tolist()
     elif isinstance(obj, (str, bytes)):
-        raise InvalidInputError(f"{what} must be a sequence of integers, not a string")
+        raise InvalidInputError(f"{what} must be a sequence of integers, not a string", what)
     elif not isinstance(obj, (list, tuple)) and (
         isinstance(obj, dict) or not (isinstance(obj, Sequence) or hasattr(type(obj), "__getitem__"))
     ):
         # what the binding takes as a sequence (PySequence): not sets, dicts, iterators
         raise InvalidInputError(
             f"{what} must be a 1-D numpy integer array or a sequence of ints, "
-            f"got {type(obj).__name__}"
+            f"got {type(obj).__name__}",
+            what,
         )
     else:
         try:
@@ -38,11 +39,12 @@ def as_ids(obj: Any, what: str, max_value: int = U32_MAX) -> list[int]:
         except (TypeError, ValueError):
             raise InvalidInputError(
                 f"{what} must be a 1-D numpy integer array or a sequence of ints, "
-                f"got {type(obj).__name__}"
+                f"got {type(obj).__name__}",
+                what,
             ) from None
     for i, v in enumerate(values):
         if v < 0 or v > max_value:
-            raise InvalidInputError(f"{what}[{i}] is {v}; values must be in 0..={max_value}")
+            raise InvalidInputError(f"{what}[{i}] is {v}; values must be in 0..={max_value}", what)
     return values
 
 
@@ -54,15 +56,30 @@ def _as_int(v: Any) -> int:
 
 def as_count(obj: Any, what: str) -> int:
     if not isinstance(obj, (int, np.integer)):
-        raise InvalidInputError(f"{what} must be an int, got {type(obj).__name__}")
+        raise InvalidInputError(f"{what} must be an int, got {type(obj).__name__}", what)
     if obj < 0:
-        raise InvalidInputError(f"{what} must be >= 0, got {obj}")
+        raise InvalidInputError(f"{what} must be >= 0, got {obj}", what)
     return int(obj)
 
 
 def as_handle(obj: Any) -> int:
     if not isinstance(obj, (int, np.integer)) or obj < 0:
         raise InvalidInputError(
-            f"node must be a handle from match_prefix (a non-negative int), got {type(obj).__name__}"
+            f"node must be a handle from match_prefix (a non-negative int), got {type(obj).__name__}",
+            "node",
         )
     return int(obj)
+
+
+def as_int_in_range(obj: Any, what: str, lo: int, hi: int) -> int:
+    """An int in ``lo..=hi``; anything else is an ``InvalidInputError`` naming ``what``."""
+    if not isinstance(obj, (int, np.integer)):
+        raise InvalidInputError(f"{what} must be an int in {lo}..={hi}, got {type(obj).__name__}", what)
+    if not lo <= obj <= hi:
+        raise InvalidInputError(f"{what} must be in {lo}..={hi}, got {obj}", what)
+    return int(obj)
+
+
+def as_namespace(obj: Any) -> None:
+    if obj is not None and not isinstance(obj, str):
+        raise InvalidInputError(f"namespace must be a str, got {type(obj).__name__}", "namespace")

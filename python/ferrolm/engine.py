@@ -17,7 +17,7 @@ import numpy as np
 
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
-from ferrolm.model import ForwardBatch, ModelRunner, NumpyRunner, load_model
+from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, NumpyRunner, load_model
 from ferrolm.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | np.ndarray
@@ -81,11 +81,16 @@ def deltas_of(out: _core.StepOutputs) -> list[Delta]:
 
 
 class Engine:
-    """A model, its tokenizer, a runner with a paged KV pool, and the Rust engine core."""
+    """A model, its tokenizer, a runner with a paged KV pool, and the Rust engine core.
+
+    Outputs are routed: ``generate`` and ``stream`` take the deltas of their own requests;
+    those of requests queued with ``submit`` wait in an outbox and come out of the next
+    ``step()``, so nothing is lost whichever way requests were made.
+    """
 
     def __init__(
         self,
-        model: str = "tiny",
+        model: str | LoadedModel = "tiny",
         *,
         kv_capacity: int = 32_768,
         max_running_requests: int = 64,
@@ -96,7 +101,12 @@ class Engine:
         seed: int = 0,
         runner: ModelRunner | None = None,
     ) -> None:
-        self.config, weights, self.tokenizer = load_model(model)
+        self.config, weights, self.tokenizer = model if isinstance(model, LoadedModel) else load_model(model)
+        runner_slots = getattr(runner, "num_slots", None)
+        if runner_slots is not None and runner_slots < kv_capacity:
+            raise InvalidInputError(
+                f"kv_capacity: {kv_capacity} slots, but the runner's KV pool has only {runner_slots}", "kv_capacity"
+            )
         self.runner = runner or NumpyRunner(self.config, weights, kv_capacity)
         self.core = _core.Engine(
             self.tokenizer.token_bytes(),
@@ -112,11 +122,21 @@ class Engine:
             seed=seed,
         )
         self._rids = itertools.count()
+        self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
+        self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
+        self._abandoned: set[int] = set()  # aborted by a generate/stream that is gone
+        self._held: dict[int, list[Delta]] = {}  # claimed deltas another caller's step made
 
     # ---- the loop ----
 
     def step(self) -> list[Delta]:
-        """One engine step: schedule, forward, commit."""
+        """One engine step (schedule, forward, commit); returns the deltas of requests
+        queued with ``submit``."""
+        mine, _ = self._sort(self._step(), set())
+        out, self._outbox = self._outbox + mine, []
+        return out
+
+    def _step(self) -> list[Delta]:
         plan = self.core.schedule()
         if len(plan) == 0:
             return deltas_of(self.core.take_outputs())
@@ -129,24 +149,60 @@ class Engine:
             raise
         return deltas_of(self.core.commit(logits))
 
+    def _sort(self, deltas: list[Delta], rids: set[int]) -> tuple[list[Delta], list[Delta]]:
+        """Splits a step's deltas into those of ``submit``-ed requests and those of
+        ``rids``; deltas of other claimed requests were taken by their own caller's step,
+        and those of abandoned requests are dropped."""
+        unclaimed, wanted = [], []
+        for d in deltas:
+            if d.rid in rids:
+                wanted.append(d)
+            elif d.rid in self._abandoned:
+                if d.finish_reason is not None:
+                    self._abandoned.discard(d.rid)
+            elif d.rid in self._claimed:
+                self._held.setdefault(d.rid, []).append(d)
+            else:
+                unclaimed.append(d)
+        return unclaimed, wanted
+
+    def _step_claimed(self, rids: set[int]) -> list[Delta]:
+        """A step on behalf of generate/stream: their deltas back (first any that another
+        caller's step already made), the rest to the outbox."""
+        held = [d for rid in rids if rid in self._held for d in self._held.pop(rid)]
+        if held:
+            return held
+        unclaimed, wanted = self._sort(self._step(), rids)
+        self._outbox += unclaimed
+        return wanted
+
     def has_work(self) -> bool:
-        return self.core.has_work()
+        return self.core.has_work() or bool(self._outbox)
 
     # ---- requests ----
 
-    def encode(self, prompt: Prompt) -> np.ndarray:
+    def encode(self, prompt: Prompt) -> Any:
+        """Text becomes token ids; ids pass through (the core checks them)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidInputError("prompt: the prompt is empty", "prompt")
             return self.tokenizer.encode(prompt)
-        return np.asarray(prompt)
+        return prompt
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, **core_kw: Any) -> int:
-        """Queues one sample of ``prompt`` (``params.n`` is for ``generate``); returns its rid.
-        ``core_kw``: further ``_core.Engine.submit`` arguments (priority, namespace, ...)."""
-        params = params or SamplingParams()
+        """Queues one sample of ``prompt`` (``params.n`` is for ``generate``); returns its
+        rid. ``core_kw``: further ``_core.Engine.submit`` arguments (priority, namespace, ...)."""
+        return self._submit(self.encode(prompt), params or SamplingParams(), core_kw)
+
+    def _submit(self, ids: Any, params: SamplingParams, core_kw: dict[str, Any], claim: bool = False) -> int:
         rid = next(self._rids)
-        self.core.submit(rid, self.encode(prompt), **params.core_kwargs(), **core_kw)
+        if claim:
+            self._claimed.add(rid)
+        try:
+            self.core.submit(rid, ids, **params.core_kwargs(), **core_kw)
+        except BaseException:
+            self._claimed.discard(rid)
+            raise
         return rid
 
     def abort(self, rid: int) -> bool:
@@ -155,41 +211,62 @@ class Engine:
     def generate(
         self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None
     ) -> list[GenerationResult]:
-        """Runs prompts to completion, ``params.n`` samples each, in one batch."""
+        """Runs prompts to completion, ``params.n`` samples each, in one batch. Every
+        prompt is checked before any is queued; the other samples of a prompt start once
+        its first has cached the prompt, so they share it."""
         params = params or SamplingParams()
-        if isinstance(prompts, (str, np.ndarray)) or (prompts and isinstance(prompts[0], int)):
+        if _is_single_prompt(prompts):
             prompts = [prompts]  # type: ignore[list-item]
+        encoded = [self.encode(p) for p in prompts]  # type: ignore[union-attr]
         results: dict[int, GenerationResult] = {}
-        first_samples = []
-        for prompt in prompts:  # type: ignore[union-attr]
-            ids = self.encode(prompt)
-            rid = self.submit(ids, params)
-            results[rid] = GenerationResult(rid, [int(i) for i in ids])
-            first_samples.append((rid, ids))
-        pending = list(first_samples) if params.n > 1 else []
-        while self.has_work():
-            for d in self.step():
-                results[d.rid].add(d)
-                # the other samples of a prompt start once its first has cached the prefill
-                for k, (rid, ids) in enumerate(pending):
-                    if rid == d.rid:
-                        del pending[k]
+        waiting_for_first: dict[int, Any] = {}
+        try:
+            for ids in encoded:
+                rid = self._submit(ids, params, {}, claim=True)
+                results[rid] = GenerationResult(rid, [int(i) for i in ids])
+                if params.n > 1:
+                    waiting_for_first[rid] = ids
+            while any(r.finish_reason is None for r in results.values()):
+                for d in self._step_claimed(set(results)):
+                    results[d.rid].add(d)
+                    ids = waiting_for_first.pop(d.rid, None)
+                    if ids is not None:
                         for j in range(1, params.n):
                             seed = None if params.seed is None else (params.seed + j) % 2**64
-                            sib = self.submit(ids, dataclasses.replace(params, seed=seed))
+                            sib = self._submit(ids, dataclasses.replace(params, seed=seed), {}, claim=True)
                             results[sib] = GenerationResult(sib, [int(i) for i in ids])
-                        break
+        finally:
+            self._release(results)
         return [results[r] for r in sorted(results)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Delta]:
-        """One sample of ``prompt``, delta by delta (other requests keep running)."""
-        rid = self.submit(prompt, params)
+        """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep
+        running and their deltas wait for ``step()``. Bad input raises here, not at the
+        first ``next()``."""
+        rid = self._submit(self.encode(prompt), params or SamplingParams(), {}, claim=True)
+        return self._stream(rid)
+
+    def _stream(self, rid: int) -> Iterator[Delta]:
         try:
             while True:
-                for d in self.step():
-                    if d.rid == rid:
-                        yield d
-                        if d.finish_reason is not None:
-                            return
+                for d in self._step_claimed({rid}):
+                    yield d
+                    if d.finish_reason is not None:
+                        return
         finally:
-            self.core.abort(rid)
+            self._release({rid: None})
+
+    def _release(self, rids: Any) -> None:
+        """Aborts whatever of these is still running (an exception, a closed stream) and
+        drops the claims; an aborted request's last delta is not needed by anyone."""
+        for rid in rids:
+            if self.core.abort(rid):
+                self._abandoned.add(rid)
+            self._claimed.discard(rid)
+            self._held.pop(rid, None)
+
+
+def _is_single_prompt(prompts: Any) -> bool:
+    if isinstance(prompts, (str, np.ndarray)):
+        return True
+    return len(prompts) > 0 and isinstance(prompts[0], (int, np.integer))

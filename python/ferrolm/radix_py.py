@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ferrolm._ids import I32_MAX, as_count, as_handle, as_ids
+from ferrolm._ids import I32_MAX, as_count, as_handle, as_ids, as_int_in_range, as_namespace
 from ferrolm.errors import InvalidInputError, InvariantViolation, NotLockedError, StaleHandleError
 from ferrolm.kv_events import (
     AllBlocksCleared,
@@ -78,17 +78,19 @@ class PyRadixCache:
         enable_kv_events: bool = False,
         kv_event_block_size: int | None = None,
     ) -> None:
-        if not isinstance(page_size, int) or not 1 <= page_size <= 1 << 20:
-            raise InvalidInputError(f"page_size must be in 1..=1048576, got {page_size}")
+        page_size = as_int_in_range(page_size, "page_size", 1, 1 << 20)
+        if not isinstance(eviction_policy, str):
+            raise InvalidInputError(
+                f"eviction_policy must be a str, got {type(eviction_policy).__name__}", "eviction_policy"
+            )
         if eviction_policy not in POLICIES:
             raise InvalidInputError(
                 f"eviction_policy: unknown eviction policy {eviction_policy!r}; "
-                f"expected one of {', '.join(POLICIES)}"
+                f"expected one of {', '.join(POLICIES)}",
+                "eviction_policy",
             )
-        if kv_event_block_size is not None and not 1 <= kv_event_block_size <= 1 << 20:
-            raise InvalidInputError(
-                f"kv_event_block_size must be in 1..=1048576, got {kv_event_block_size}"
-            )
+        if kv_event_block_size is not None:
+            kv_event_block_size = as_int_in_range(kv_event_block_size, "kv_event_block_size", 1, 1 << 20)
         if kv_event_block_size is not None and kv_event_block_size % page_size:
             # see the Rust tree: a block must be whole pages, or two branches can share it
             raise InvalidInputError(
@@ -134,6 +136,7 @@ class PyRadixCache:
 
     def match_prefix(self, tokens: object, namespace: str | None = None) -> MatchResult:
         tokens = as_ids(tokens, "tokens")
+        as_namespace(namespace)
         self._clock += 1
         aligned = len(tokens) // self._page * self._page
         node = self._root if namespace is None else self._ns_roots.get(namespace)
@@ -165,6 +168,8 @@ class PyRadixCache:
     ) -> int:
         tokens = as_ids(tokens, "tokens")
         kv_slots = as_ids(kv_slots, "kv_slots", I32_MAX)
+        as_namespace(namespace)
+        priority = as_int_in_range(priority, "priority", -(2**63), 2**63 - 1)
         if len(tokens) != len(kv_slots):
             raise InvalidInputError(
                 f"kv_slots has {len(kv_slots)} entries but tokens has {len(tokens)}; "

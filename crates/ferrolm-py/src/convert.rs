@@ -40,14 +40,16 @@ pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'
         return from_array(array, what, max);
     }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
-        return Err(errors::invalid_input(
+        return Err(errors::invalid_field(
             py,
+            what,
             format!("{what} must be a sequence of integers, not a string"),
         ));
     }
     let values: Vec<i64> = obj.extract().map_err(|_| {
-        errors::invalid_input(
+        errors::invalid_field(
             py,
+            what,
             format!("{what} must be a 1-D numpy integer array or a sequence of ints, got {}", type_name(obj)),
         )
     })?;
@@ -57,8 +59,9 @@ pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'
 fn from_array<'py>(array: &Bound<'py, PyUntypedArray>, what: &str, max: u32) -> PyResult<Ids<'py>> {
     let py = array.py();
     if array.ndim() != 1 {
-        return Err(errors::invalid_input(
+        return Err(errors::invalid_field(
             py,
+            what,
             format!("{what} must be a 1-D array, got shape {:?}", array.shape()),
         ));
     }
@@ -86,7 +89,7 @@ fn from_array<'py>(array: &Bound<'py, PyUntypedArray>, what: &str, max: u32) -> 
         let wide = wide.cast::<numpy::PyArray1<i64>>()?.readonly();
         return checked(py, wide.as_array().iter().copied(), what, max).map(Ids::Owned);
     }
-    Err(errors::invalid_input(py, format!("{what} must be an integer array, got dtype {dtype}")))
+    Err(errors::invalid_field(py, what, format!("{what} must be an integer array, got dtype {dtype}")))
 }
 
 fn check_max(py: Python<'_>, values: impl Iterator<Item = i64>, what: &str, max: u32) -> PyResult<()> {
@@ -114,7 +117,7 @@ fn checked(py: Python<'_>, values: impl Iterator<Item = i64>, what: &str, max: u
 }
 
 fn out_of_range(py: Python<'_>, what: &str, index: usize, value: i64, max: u32) -> PyErr {
-    errors::invalid_input(py, format!("{what}[{index}] is {value}; values must be in 0..={max}"))
+    errors::invalid_field(py, what, format!("{what}[{index}] is {value}; values must be in 0..={max}"))
 }
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -125,9 +128,97 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
 pub fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     match obj.extract::<i64>() {
         Ok(v) if v >= 0 => Ok(v as usize),
-        Ok(v) => Err(errors::invalid_input(obj.py(), format!("{what} must be >= 0, got {v}"))),
-        Err(_) => {
-            Err(errors::invalid_input(obj.py(), format!("{what} must be an int, got {}", type_name(obj))))
+        Ok(v) => Err(errors::invalid_field(obj.py(), what, format!("{what} must be >= 0, got {v}"))),
+        Err(_) => Err(errors::invalid_field(
+            obj.py(),
+            what,
+            format!("{what} must be an int, got {}", type_name(obj)),
+        )),
+    }
+}
+
+/// An int in `min..=max`; anything else is an `InvalidInputError` naming `what`.
+pub fn int_in_range(obj: &Bound<'_, PyAny>, what: &'static str, min: i128, max: i128) -> PyResult<i128> {
+    let py = obj.py();
+    let v: i128 = obj.extract().map_err(|_| {
+        let got = if obj.extract::<f64>().is_ok() && !obj.is_instance_of::<pyo3::types::PyFloat>() {
+            "an int out of range".to_string() // too large even for i128
+        } else {
+            type_name(obj)
+        };
+        errors::invalid_field(py, what, format!("{what} must be an int in {min}..={max}, got {got}"))
+    })?;
+    if v < min || v > max {
+        return Err(errors::invalid_field(py, what, format!("{what} must be in {min}..={max}, got {v}")));
+    }
+    Ok(v)
+}
+
+/// Typed arguments: each refuses a wrong type or value with `InvalidInputError` naming the
+/// argument, where PyO3's own extraction would raise a bare `TypeError`/`OverflowError`.
+macro_rules! int_arg {
+    ($(#[$doc:meta])* $name:ident($ty:ty), $arg:literal, $min:expr, $max:expr) => {
+        $(#[$doc])*
+        pub struct $name(pub $ty);
+
+        impl<'a, 'py> FromPyObject<'a, 'py> for $name {
+            type Error = PyErr;
+            fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+                int_in_range(&obj, $arg, $min as i128, $max as i128).map(|v| $name(v as $ty))
+            }
         }
+    };
+}
+
+int_arg!(
+    /// Tokens per page.
+    PageSize(usize), "page_size", 1, 1 << 20
+);
+int_arg!(
+    /// Tokens per KV event block.
+    BlockSize(usize), "kv_event_block_size", 1, 1 << 20
+);
+int_arg!(
+    /// Eviction priority of inserted tokens.
+    Priority(i64), "priority", i64::MIN, i64::MAX
+);
+
+macro_rules! str_arg {
+    ($(#[$doc:meta])* $name:ident, $arg:literal) => {
+        $(#[$doc])*
+        pub struct $name(pub String);
+
+        impl<'a, 'py> FromPyObject<'a, 'py> for $name {
+            type Error = PyErr;
+            fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+                match obj.cast::<pyo3::types::PyString>() {
+                    Ok(s) => Ok($name(s.to_str()?.to_string())),
+                    Err(_) => Err(errors::invalid_field(
+                        obj.py(),
+                        $arg,
+                        format!("{} must be a str, got {}", $arg, type_name(&obj)),
+                    )),
+                }
+            }
+        }
+    };
+}
+
+str_arg!(
+    /// An eviction policy's name.
+    PolicyName, "eviction_policy"
+);
+str_arg!(
+    /// A cache namespace (LoRA id, cache salt).
+    Namespace, "namespace"
+);
+
+/// A count where any int too large for the machine means "all of them".
+pub fn count_or_all(obj: &Bound<'_, PyAny>, what: &'static str) -> PyResult<usize> {
+    match obj.extract::<i128>() {
+        Ok(v) if v < 0 => Err(errors::invalid_field(obj.py(), what, format!("{what} must be >= 0, got {v}"))),
+        Ok(v) => Ok(usize::try_from(v).unwrap_or(usize::MAX)),
+        Err(_) if obj.is_instance_of::<pyo3::types::PyInt>() && obj.gt(0)? => Ok(usize::MAX),
+        Err(_) => count(obj, what),
     }
 }

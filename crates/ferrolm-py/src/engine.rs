@@ -264,6 +264,13 @@ impl PyEngine {
             queue_timeout_s: queue_timeout,
         };
         let vocab = self.engine.config().vocab_size;
+        if allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Err(errors::invalid_field(
+                py,
+                "allowed_token_ids",
+                "allowed_token_ids: the list is empty, so no token could ever be sampled".into(),
+            ));
+        }
         if let Some(bad) = allowed_token_ids.as_ref().and_then(|a| a.iter().find(|&&t| t as usize >= vocab)) {
             return Err(errors::invalid_field(
                 py,

@@ -6,7 +6,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
-use crate::convert::{count, ids, type_name};
+use crate::convert::{count_or_all, ids, type_name, BlockSize, Namespace, PageSize, PolicyName, Priority};
 use crate::errors;
 use crate::guard::Poison;
 
@@ -58,8 +58,9 @@ fn slots_array(py: Python<'_>, slots: Vec<u32>) -> Bound<'_, PyArray1<i32>> {
 
 fn handle(obj: &Bound<'_, PyAny>) -> PyResult<NodeHandle> {
     obj.extract::<u64>().map(NodeHandle).map_err(|_| {
-        errors::invalid_input(
+        errors::invalid_field(
             obj.py(),
+            "node",
             format!("node must be a handle from match_prefix (a non-negative int), got {}", type_name(obj)),
         )
     })
@@ -68,39 +69,26 @@ fn handle(obj: &Bound<'_, PyAny>) -> PyResult<NodeHandle> {
 #[pymethods]
 impl PyRadixTree {
     #[new]
-    #[pyo3(signature = (page_size = 1, eviction_policy = "lru", enable_kv_events = false, kv_event_block_size = None))]
+    #[pyo3(
+        signature = (page_size = PageSize(1), eviction_policy = PolicyName("lru".into()), enable_kv_events = false, kv_event_block_size = None),
+        text_signature = "(page_size=1, eviction_policy='lru', enable_kv_events=False, kv_event_block_size=None)"
+    )]
     fn new(
         py: Python<'_>,
-        page_size: i64,
-        eviction_policy: &str,
+        page_size: PageSize,
+        eviction_policy: PolicyName,
         enable_kv_events: bool,
-        kv_event_block_size: Option<i64>,
+        kv_event_block_size: Option<BlockSize>,
     ) -> PyResult<Self> {
-        if !(1..=1 << 20).contains(&page_size) {
-            return Err(errors::invalid_input(
-                py,
-                format!("page_size must be in 1..=1048576, got {page_size}"),
-            ));
-        }
         let policy: EvictionPolicy =
-            eviction_policy.parse().map_err(|e: ferrolm_core::radix::policy::UnknownPolicy| {
-                errors::invalid_input(py, format!("eviction_policy: {e}"))
+            eviction_policy.0.parse().map_err(|e: ferrolm_core::radix::policy::UnknownPolicy| {
+                errors::invalid_field(py, "eviction_policy", format!("eviction_policy: {e}"))
             })?;
-        let event_block_size = match kv_event_block_size {
-            None => 0,
-            Some(b) if (1..=1 << 20).contains(&b) => b as usize,
-            Some(b) => {
-                return Err(errors::invalid_input(
-                    py,
-                    format!("kv_event_block_size must be in 1..=1048576, got {b}"),
-                ))
-            }
-        };
         let config = TreeConfig {
-            page_size: page_size as usize,
+            page_size: page_size.0,
             policy,
             kv_events: enable_kv_events,
-            event_block_size,
+            event_block_size: kv_event_block_size.map_or(0, |b| b.0),
         };
         let tree = RadixTree::new(config).map_err(|e| errors::tree(py, e))?;
         Ok(PyRadixTree { tree, poison: Poison::default() })
@@ -111,23 +99,28 @@ impl PyRadixTree {
         &mut self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        namespace: Option<&str>,
+        namespace: Option<Namespace>,
     ) -> PyResult<MatchResult> {
         let tokens = ids(tokens, "tokens", u32::MAX)?;
         let tokens = tokens.as_slice();
+        let namespace = namespace.as_ref().map(|n| n.0.as_str());
         let m = self.poison.run(py, &mut self.tree, |t| t.match_prefix(tokens, namespace))?;
         Ok(MatchResult { length: m.length, kv_slots: slots_array(py, m.kv_slots).unbind(), node: m.node.0 })
     }
 
-    #[pyo3(signature = (tokens, kv_slots, namespace = None, priority = 0))]
+    #[pyo3(
+        signature = (tokens, kv_slots, namespace = None, priority = Priority(0)),
+        text_signature = "($self, tokens, kv_slots, namespace=None, priority=0)"
+    )]
     fn insert(
         &mut self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         kv_slots: &Bound<'_, PyAny>,
-        namespace: Option<&str>,
-        priority: i64,
+        namespace: Option<Namespace>,
+        priority: Priority,
     ) -> PyResult<usize> {
+        let (namespace, priority) = (namespace.as_ref().map(|n| n.0.as_str()), priority.0);
         let tokens = ids(tokens, "tokens", u32::MAX)?;
         let kv_slots = ids(kv_slots, "kv_slots", MAX_SLOT)?;
         let (tokens, kv_slots) = (tokens.as_slice(), kv_slots.as_slice());
@@ -151,7 +144,7 @@ impl PyRadixTree {
         py: Python<'py>,
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let n = count(num_tokens, "num_tokens")?;
+        let n = count_or_all(num_tokens, "num_tokens")?;
         let freed = self.poison.run(py, &mut self.tree, |t| t.evict(n))?;
         Ok(slots_array(py, freed))
     }

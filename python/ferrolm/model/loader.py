@@ -30,7 +30,8 @@ def resolve_model_folder(model: str | Path) -> Path:
     if not folder.is_dir():
         raise InvalidInputError(
             f"model {str(model)!r} is neither an embedded model {EMBEDDED_MODELS} nor a folder; "
-            "ferrolm never downloads weights: pass the path of a Hugging Face model folder"
+            "ferrolm never downloads weights: pass the path of a Hugging Face model folder",
+            "model",
         )
     return folder
 

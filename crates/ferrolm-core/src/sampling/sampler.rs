@@ -38,7 +38,7 @@ pub struct NoAllowedToken;
 
 impl std::fmt::Display for NoAllowedToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("no token is allowed at this step (the grammar mask left nothing)")
+        f.write_str("no token is allowed at this step: the request's constraint (grammar or allowed tokens) left none")
     }
 }
 
