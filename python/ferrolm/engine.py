@@ -259,11 +259,17 @@ class Engine:
     def _release(self, rids: Any) -> None:
         """Aborts whatever of these is still running (an exception, a closed stream) and
         drops the claims; an aborted request's last delta is not needed by anyone."""
+        aborted = False
         for rid in rids:
             if self.core.abort(rid):
                 self._abandoned.add(rid)
+                aborted = True
             self._claimed.discard(rid)
             self._held.pop(rid, None)
+        if aborted:
+            # collect the aborts' outputs now (routing any others'), so no work is left behind
+            unclaimed, _ = self._sort(deltas_of(self.core.take_outputs()), set())
+            self._outbox += unclaimed
 
 
 def _is_single_prompt(prompts: Any) -> bool:
