@@ -111,6 +111,11 @@ fn string_patterns() {
 fn numbers_and_integer_bounds() {
     check(json!({"type": "number"}), &["0", "-1.5", "1e10", "2.5E-3"], &["01", "1.", ".5", "+1", "--1"]);
     check(
+        json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        &["1", "0.5", "1.0", "0.001"],
+        &["0", "0.0", "1.5", "-0.5", "1e-3"],
+    );
+    check(
         json!({"type": "integer", "minimum": -5, "exclusiveMaximum": 100}),
         &["-5", "0", "99"],
         &["-6", "100", "1000", "-0"],

@@ -1,5 +1,5 @@
-//! Regexes for the decimal integers in a range, as JSON writes them: no leading zeros,
-//! no `+`, no `-0`.
+//! Regexes for the numbers in a range, as JSON writes them: no leading zeros, no `+`,
+//! no `-0`; integers, and decimals between integer bounds.
 
 /// A regex for the integers `x` with `min <= x <= max` (either bound may be open).
 /// Returns `None` when the range is empty.
@@ -25,6 +25,42 @@ pub fn integer_range_regex(min: Option<i128>, max: Option<i128>) -> Option<Strin
         alternatives.push(natural_range(lo, max.map(|hi| hi as u128)));
     }
     Some(alternatives.join("|"))
+}
+
+/// A bound of a number range: the integer, and whether it is excluded.
+pub type Bound = (i128, bool);
+
+/// A regex for the numbers `x` between integer bounds, written without an exponent
+/// (the generated subset): integers (optionally with a zero fraction `.0`) and
+/// decimals with a nonzero fraction. `None` when no number lies between the bounds.
+///
+/// A decimal `i.f` with a nonzero fraction lies strictly between `i` and `i + 1`, so
+/// it is in range exactly when `[i, i + 1]` is, whatever the bounds' exclusivity; the
+/// same holds for `-i.f` between `-(i + 1)` and `-i`.
+pub fn number_range_regex(min: Option<Bound>, max: Option<Bound>) -> Option<String> {
+    const ZERO_FRACTION: &str = r"(?:\.0+)?";
+    const NONZERO_FRACTION: &str = r"\.[0-9]*[1-9][0-9]*";
+    let mut alternatives = Vec::new();
+    let integer_min = min.map(|(m, exclusive)| m + i128::from(exclusive));
+    let integer_max = max.map(|(m, exclusive)| m - i128::from(exclusive));
+    if let Some(integers) = integer_range_regex(integer_min, integer_max) {
+        alternatives.push(format!("(?:{integers}){ZERO_FRACTION}"));
+    }
+    // Non-negative decimals: integer part in [max(min, 0), max - 1].
+    let lo = min.map_or(0, |(m, _)| m.max(0));
+    let hi = max.map(|(m, _)| m - 1);
+    if hi.is_none_or(|h| h >= lo) {
+        let parts = natural_range(lo as u128, hi.map(|h| h as u128));
+        alternatives.push(format!("(?:{parts}){NONZERO_FRACTION}"));
+    }
+    // Negative decimals: integer part in [max(0, -max), -min - 1].
+    let lo = max.map_or(0, |(m, _)| (-m).max(0));
+    let hi = min.map(|(m, _)| -m - 1);
+    if hi.is_none_or(|h| h >= lo) {
+        let parts = natural_range(lo as u128, hi.map(|h| h as u128));
+        alternatives.push(format!("-(?:{parts}){NONZERO_FRACTION}"));
+    }
+    (!alternatives.is_empty()).then(|| alternatives.join("|"))
 }
 
 /// Non-negative integers in `[lo, hi]` (`hi = None`: unbounded).
@@ -117,7 +153,63 @@ mod tests {
         assert_eq!(integer_range_regex(Some(2), Some(1)), None);
     }
 
+    /// `text` (a decimal without exponent) compared with an integer, exactly.
+    fn compare(text: &str, bound: i128) -> std::cmp::Ordering {
+        let (negative, digits) = text.strip_prefix('-').map_or((false, text), |d| (true, d));
+        let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+        let int: i128 = int.parse().unwrap();
+        let nonzero_fraction = frac.bytes().any(|b| b != b'0');
+        let fraction = if nonzero_fraction { std::cmp::Ordering::Greater } else { std::cmp::Ordering::Equal };
+        if negative {
+            // -(int + f) against bound: (int + f) against -bound, reversed.
+            int.cmp(&(-bound)).then(fraction).reverse()
+        } else {
+            int.cmp(&bound).then(fraction)
+        }
+    }
+
     proptest! {
+        #[test]
+        fn number_range_regex_matches_exactly_the_range(
+            lo in proptest::option::of((-30i128..30, any::<bool>())),
+            hi in proptest::option::of((-30i128..30, any::<bool>())),
+        ) {
+            let Some(pattern) = number_range_regex(lo, hi) else {
+                // Empty: then no value in [-40, 40] (in tenths) may be in range.
+                for tenths in -400i128..400 {
+                    let text = format!("{}{}.{}", if tenths < 0 { "-" } else { "" }, tenths.abs() / 10, tenths.abs() % 10);
+                    let inside = lo.is_none_or(|(l, e)| if e { compare(&text, l).is_gt() } else { compare(&text, l).is_ge() })
+                        && hi.is_none_or(|(h, e)| if e { compare(&text, h).is_lt() } else { compare(&text, h).is_le() });
+                    prop_assert!(!inside, "{} is in [{:?}, {:?}] but the range was called empty", text, lo, hi);
+                }
+                return Ok(());
+            };
+            let re = regex::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+            let mut texts: Vec<String> = Vec::new();
+            for n in -40i128..40 {
+                texts.push(n.to_string());
+                for frac in ["0", "00", "5", "05", "999", "001"] {
+                    let int = n.abs();
+                    let sign = if n < 0 { "-" } else { "" };
+                    texts.push(format!("{sign}{int}.{frac}"));
+                }
+            }
+            texts.extend(["-0.5".to_string(), "-0.001".to_string(), "0.5".to_string()]);
+            for text in texts {
+                let inside = lo.is_none_or(|(l, e)| if e { compare(&text, l).is_gt() } else { compare(&text, l).is_ge() })
+                    && hi.is_none_or(|(h, e)| if e { compare(&text, h).is_lt() } else { compare(&text, h).is_le() });
+                // "-0.0"-style texts are never generated; only require they are not
+                // accepted when out of range.
+                let generated_form = !(text.starts_with("-0") && !text[1..].bytes().any(|b| (b'1'..=b'9').contains(&b)));
+                if generated_form {
+                    prop_assert_eq!(re.is_match(&text), inside, "{} for [{:?}, {:?}]", text, lo, hi);
+                } else {
+                    prop_assert!(!re.is_match(&text) || inside, "{}", text);
+                }
+            }
+            prop_assert!(!re.is_match("1e5") && !re.is_match("01") && !re.is_match("1."));
+        }
+
         #[test]
         fn range_regex_matches_exactly_the_range(
             lo in proptest::option::of(-1200i128..1200), hi in proptest::option::of(-1200i128..1200),

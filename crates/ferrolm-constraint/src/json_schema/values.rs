@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::formats::format_regex;
-use super::int_range::integer_range_regex;
+use super::int_range::{integer_range_regex, number_range_regex};
 use super::names::name_except;
 use super::pattern::pattern_regex;
 use super::{Translator, NUMBER, STRING_CHAR};
@@ -43,13 +43,55 @@ impl<'a> Translator<'a> {
             .ok_or_else(|| self.invalid(path, "no integer lies between the bounds"))
     }
 
+    /// Without bounds, any JSON number; with integer bounds, the numbers between them
+    /// written without an exponent; other bounds are unsupported.
     pub(super) fn number(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
-        for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
-            if map.contains_key(key) {
-                self.refuse(&format!("{key} on a number"), path)?;
+        let lower = self.tighter_bound(map, "minimum", "exclusiveMinimum", true, path)?;
+        let upper = self.tighter_bound(map, "maximum", "exclusiveMaximum", false, path)?;
+        if lower.is_none() && upper.is_none() {
+            return Ok(NUMBER.to_string());
+        }
+        let as_integer = |bound: Option<(f64, bool)>| match bound {
+            None => Some(None),
+            Some((v, exclusive)) if v.fract() == 0.0 && v.abs() <= 1e30 => Some(Some((v as i128, exclusive))),
+            Some(_) => None,
+        };
+        match (as_integer(lower), as_integer(upper)) {
+            (Some(lower), Some(upper)) => number_range_regex(lower, upper)
+                .ok_or_else(|| self.invalid(path, "no number lies between the bounds")),
+            _ => {
+                self.refuse("bounds on a number other than integers", path)?;
+                Ok(NUMBER.to_string())
             }
         }
-        Ok(NUMBER.to_string())
+    }
+
+    /// The tighter of an inclusive and an exclusive bound: `(value, exclusive)`.
+    fn tighter_bound(
+        &self,
+        map: &Map<String, Value>,
+        inclusive_key: &str,
+        exclusive_key: &str,
+        lower: bool,
+        path: &str,
+    ) -> Result<Option<(f64, bool)>> {
+        let read = |key: &str| -> Result<Option<f64>> {
+            match map.get(key) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| self.invalid(path, format!("`{key}` must be a number"))),
+            }
+        };
+        Ok(match (read(inclusive_key)?, read(exclusive_key)?) {
+            (None, None) => None,
+            (Some(i), None) => Some((i, false)),
+            (None, Some(e)) => Some((e, true)),
+            // At equal values the exclusive bound is the tighter.
+            (Some(i), Some(e)) if (lower && i > e) || (!lower && i < e) => Some((i, false)),
+            (Some(_), Some(e)) => Some((e, true)),
+        })
     }
 
     pub(super) fn string(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
