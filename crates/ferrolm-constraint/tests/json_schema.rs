@@ -284,3 +284,31 @@ proptest! {
         prop_assert!(matcher.accept_token(eos), "cannot end {}", document);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every ordered subset of the members is accepted exactly when it holds all the
+    /// required ones; other orders never are.
+    #[test]
+    fn members_in_order_with_every_required_one(required in proptest::collection::vec(any::<bool>(), 1..7)) {
+        let names: Vec<String> = (0..required.len()).map(|i| format!("m{i}")).collect();
+        let properties: serde_json::Map<String, Value> =
+            names.iter().map(|n| (n.clone(), json!({"type": "integer"}))).collect();
+        let required_names: Vec<&String> = names.iter().zip(&required).filter(|(_, r)| **r).map(|(n, _)| n).collect();
+        let schema = json!({"type": "object", "properties": properties, "required": required_names});
+        let re = language(&schema, &JsonSchemaOptions::default());
+        for subset in 0u32..(1 << names.len()) {
+            let chosen: Vec<usize> = (0..names.len()).filter(|i| subset >> i & 1 == 1).collect();
+            let doc = format!("{{{}}}", chosen.iter().map(|i| format!("\"m{i}\":1")).collect::<Vec<_>>().join(","));
+            let complete = required.iter().enumerate().all(|(i, r)| !r || chosen.contains(&i));
+            prop_assert_eq!(re.is_match(&doc), complete, "{} for required {:?}", doc, required);
+            if chosen.len() >= 2 {
+                let mut reversed = chosen.clone();
+                reversed.reverse();
+                let doc = format!("{{{}}}", reversed.iter().map(|i| format!("\"m{i}\":1")).collect::<Vec<_>>().join(","));
+                prop_assert!(!re.is_match(&doc), "{}", doc);
+            }
+        }
+    }
+}
