@@ -55,4 +55,4 @@ pub use error::{ConstraintError, Result};
 pub use grammar::{Grammar, DEFAULT_MASK_CACHE_BYTES};
 pub use matcher::{fill_next_token_bitmask_batch, fill_next_token_bitmask_batch_i32, Matcher};
 pub use trie::TokenTrie;
-pub use vocab::{TokenKind, Vocabulary, VocabularyBuilder};
+pub use vocab::{TokenKind, Vocabulary, VocabularyBuilder, MAX_VOCAB_SIZE};

@@ -5,6 +5,9 @@ use crate::error::{ConstraintError, Result};
 use crate::region::LoopIndexCache;
 use crate::trie::{TokenTrie, MAX_TOKEN_BYTES};
 
+/// Real vocabularies have up to a few hundred thousand ids; refuse more than this.
+pub const MAX_VOCAB_SIZE: usize = 1 << 24;
+
 /// How a token id takes part in constraint matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenKind {
@@ -166,8 +169,11 @@ impl VocabularyBuilder {
             .max()
             .unwrap_or(0);
         let size = max_id.max(self.min_size);
-        if size > u32::MAX as usize {
-            return Err(ConstraintError::InvalidVocabulary("too many token ids".into()));
+        if size > MAX_VOCAB_SIZE {
+            // A stray huge id (a corrupt file) would otherwise allocate gigabytes.
+            return Err(ConstraintError::InvalidVocabulary(format!(
+                "{size} token ids is implausibly many (at most {MAX_VOCAB_SIZE})"
+            )));
         }
         if self.eos_ids.is_empty() {
             return Err(ConstraintError::InvalidVocabulary(

@@ -73,6 +73,8 @@ fn bad_vocabularies_are_typed_errors() {
     builder.add_token(0, b"a".to_vec()).add_token(0, b"b".to_vec()).mark_eos(1);
     assert!(matches!(builder.build().unwrap_err(), ConstraintError::InvalidVocabulary(_)));
     assert!(builder.mark_eos_by_text("</s>").is_err());
+    let huge = from_tiktoken("YQ== 4000000000\n").unwrap().mark_eos(0).build().unwrap_err();
+    assert!(matches!(huge, ConstraintError::InvalidVocabulary(_)), "{huge}");
 }
 
 #[test]
