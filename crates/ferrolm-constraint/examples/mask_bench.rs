@@ -115,10 +115,10 @@ fn run_case(
             // also depends on the stack); its first fills are the uncached figure.
             if !grammar.is_recursive() {
                 let t = Instant::now();
-                grammar.compute_mask_by_full_walk(matcher.state(), &mut mask);
+                grammar.compute_mask_by_full_walk(matcher.state(), &mut mask)?;
                 full.push(t.elapsed());
                 let t = Instant::now();
-                grammar.compute_mask(matcher.state(), &mut mask);
+                grammar.compute_mask(matcher.state(), &mut mask)?;
                 fresh.push(t.elapsed());
             }
             let t = Instant::now();
@@ -152,7 +152,7 @@ fn full_walk(vocab: &Arc<Vocabulary>) -> Result<(), Box<dyn std::error::Error>> 
     let mut best = Duration::MAX;
     for _ in 0..30 {
         let t = Instant::now();
-        grammar.compute_mask_by_full_walk(grammar.dfa().start(), &mut mask);
+        grammar.compute_mask_by_full_walk(grammar.dfa().start(), &mut mask)?;
         best = best.min(t.elapsed());
     }
     let allowed: u32 = mask.iter().map(|w| w.count_ones()).sum();

@@ -291,29 +291,42 @@ impl Grammar {
     }
 
     /// The mask of `state`, uncached: from the loop index when `state` sits in a loop
-    /// of the automaton (see `region.rs`), else by a full trie walk.
-    /// For a recursive grammar, `state` is one of the main rule's, with an empty stack.
-    pub fn compute_mask(&self, state: u32, out: &mut [u32]) {
-        if let Some(rules) = &self.rules {
-            let config = Config { rule: 0, state, stack: NO_FRAME };
-            self.compute_recursive_token_mask(rules, config, &[], out);
-            if rules.can_end(config, &[]) {
-                self.set_eos(out);
-            }
-            return;
-        }
-        self.compute_token_mask(state, out, true);
-        self.add_eos(state, out);
+    /// of the automaton (see `region.rs`), else by a full trie walk. For a recursive
+    /// grammar, `state` is one of the main rule's, with an empty stack. A state the
+    /// grammar does not have allows nothing.
+    pub fn compute_mask(&self, state: u32, out: &mut [u32]) -> Result<()> {
+        self.compute_mask_with(state, out, true)
     }
 
     /// The mask of `state` by a full trie walk, never using loop indexes: the reference
     /// the fast paths are tested and benchmarked against.
-    pub fn compute_mask_by_full_walk(&self, state: u32, out: &mut [u32]) {
-        if self.rules.is_some() {
-            return self.compute_mask(state, out);
+    pub fn compute_mask_by_full_walk(&self, state: u32, out: &mut [u32]) -> Result<()> {
+        self.compute_mask_with(state, out, false)
+    }
+
+    fn compute_mask_with(&self, state: u32, out: &mut [u32], use_loops: bool) -> Result<()> {
+        let expected = self.vocab.bitmask_words();
+        if out.len() != expected {
+            return Err(ConstraintError::BitmaskSize { expected, got: out.len() });
         }
-        self.compute_token_mask(state, out, false);
-        self.add_eos(state, out);
+        if state as usize >= self.dfa.num_states() {
+            out.fill(0);
+            return Ok(());
+        }
+        match &self.rules {
+            Some(rules) => {
+                let config = Config { rule: 0, state, stack: NO_FRAME };
+                self.compute_recursive_token_mask(rules, config, &[], out);
+                if rules.can_end(config, &[]) {
+                    self.set_eos(out);
+                }
+            }
+            None => {
+                self.compute_token_mask(state, out, use_loops);
+                self.add_eos(state, out);
+            }
+        }
+        Ok(())
     }
 
     /// The mask without EOS.

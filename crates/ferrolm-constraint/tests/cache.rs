@@ -82,7 +82,7 @@ fn matchers_fill_masks_from_many_threads() {
     let grammar = cache.get_or_compile(&GrammarSource::Regex("(?:ab|c)*d".into())).unwrap();
     let expected = {
         let mut mask = vec![0u32; vocab.bitmask_words()];
-        grammar.compute_mask_by_full_walk(grammar.dfa().start(), &mut mask);
+        grammar.compute_mask_by_full_walk(grammar.dfa().start(), &mut mask).unwrap();
         mask
     };
     std::thread::scope(|scope| {

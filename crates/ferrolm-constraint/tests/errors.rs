@@ -37,6 +37,11 @@ fn bitmask_size_mismatch_is_an_error() {
         let err = matcher.fill_next_token_bitmask(&mut vec![0; len]).unwrap_err();
         assert_eq!(err, ConstraintError::BitmaskSize { expected: words, got: len });
     }
+    let err = matcher.grammar().compute_mask(0, &mut vec![0; words + 1]).unwrap_err();
+    assert_eq!(err, ConstraintError::BitmaskSize { expected: words, got: words + 1 });
+    let mut mask = vec![u32::MAX; words];
+    matcher.grammar().compute_mask(u32::MAX, &mut mask).unwrap();
+    assert!(mask.iter().all(|&w| w == 0), "an unknown state allows nothing");
     let err = fill_next_token_bitmask_batch(&[&matcher, &matcher], &mut vec![0; words]).unwrap_err();
     assert_eq!(err, ConstraintError::BitmaskSize { expected: 2 * words, got: words });
 }
