@@ -19,6 +19,10 @@ pub use compile::RegexOptions;
 pub const DEAD: u32 = 0;
 
 /// A DFA over bytes in which every state except [`DEAD`] can still reach acceptance.
+///
+/// The low-level table under a grammar, read on the hot path: its methods take the
+/// state ids it hands out (`start`, `next`, below `num_states`) and index with them
+/// directly, so a made-up id panics. Untrusted callers go through `Matcher`.
 #[derive(Debug, Clone)]
 pub struct ByteDfa {
     /// Byte -> equivalence class (bytes no regex construct distinguishes share a class).
