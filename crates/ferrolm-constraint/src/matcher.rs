@@ -77,7 +77,7 @@ impl Matcher {
     /// Whether `token` may come next; no state change.
     pub fn is_token_allowed(&self, token: u32) -> bool {
         if self.grammar.vocab().is_eos(token) {
-            return self.eos_allowed();
+            return self.ended || self.eos_allowed();
         }
         let mut scratch = ScratchFrames::new(&self.frames);
         self.config_after_token(token, &mut scratch).is_some()
@@ -87,9 +87,13 @@ impl Matcher {
         !self.ended && self.grammar.can_end_at(self.config, &self.frames)
     }
 
-    /// Advance by `token` if allowed; `false` and no change otherwise.
+    /// Advance by `token` if allowed; `false` and no change otherwise. After the end,
+    /// EOS is still allowed (as the mask says) and changes nothing.
     pub fn accept_token(&mut self, token: u32) -> bool {
         if self.grammar.vocab().is_eos(token) {
+            if self.ended {
+                return true;
+            }
             if !self.eos_allowed() {
                 return false;
             }

@@ -68,6 +68,10 @@ fn unknown_special_and_unfit_tokens_are_refused_without_change() {
     assert!(!matcher.accept_token(b'b' as u32));
     assert_eq!(matcher.num_steps(), 0);
     assert!(matcher.accept_token(b'a' as u32));
+    assert!(matcher.accept_token(eos) && matcher.is_ended());
+    assert!(matcher.is_token_allowed(eos) && matcher.accept_token(eos), "EOS again after the end: a no-op");
+    assert!(!matcher.accept_token(b'a' as u32));
+    assert_eq!(matcher.num_steps(), 2);
 }
 
 #[test]
