@@ -14,7 +14,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
-		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "bpe-openai>=0.1.4" \
+		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "threadpoolctl>=3.1" "bpe-openai>=0.1.4" \
 		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10"
 	touch $@
 
@@ -44,13 +44,17 @@ test-python: build
 stubtest: build
 	$(BIN)/python -m mypy.stubtest ferrolm._core --mypy-config-file pyproject.toml
 
-.PHONY: run  ## the main job on the embedded default: the tree benchmark, for now
+.PHONY: run  ## the main job on the embedded default: generate with the tiny model, then the tree benchmark
 run: build
+	$(BIN)/ferrolm generate --model tiny --stream --max-new-tokens 24 \
+		--prompt "The radix tree lets requests that share a prefix" \
+		--prompt "Once upon a time"
 	$(BIN)/ferrolm bench tree
 
 .PHONY: bench  ## every benchmark
 bench: build
 	$(BIN)/ferrolm bench tree
+	$(BIN)/ferrolm bench engine
 
 .PHONY: lint  ## rustfmt and clippy
 lint:

@@ -11,10 +11,13 @@ from ferrolm.bench import tree as bench_tree
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ferrolm.engine import Engine
+    from ferrolm.engine import Engine, default_blas_threads
+
+    if args.blas_threads is None:
+        args.blas_threads = default_blas_threads()
     from ferrolm.sampling_params import SamplingParams
 
-    engine = Engine(args.model, seed=args.seed)
+    engine = Engine(args.model, seed=args.seed, blas_threads=args.blas_threads)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -53,6 +56,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--blas-threads", type=int, default=None, help="cap numpy's BLAS threads (default: half the cores)")
     p.set_defaults(func=_generate)
 
 

@@ -59,10 +59,12 @@ def step_times(batch: int, vocab: int, mode: str, steps: int, seed: int = 0) -> 
 def tiny_end_to_end(batch: int, new_tokens: int = 32) -> dict[str, float]:
     """Tokens/s of the tiny model through ``ferrolm.Engine``, with the step split into the
     core's share (schedule + commit) and the runner's (forward)."""
-    from ferrolm.engine import Engine, deltas_of
+    from ferrolm.engine import Engine, default_blas_threads, deltas_of
     from ferrolm.model import ForwardBatch
 
-    engine = Engine("tiny", kv_capacity=batch * 128 + 1024, max_running_requests=batch)
+    engine = Engine(
+        "tiny", kv_capacity=batch * 128 + 1024, max_running_requests=batch, blas_threads=default_blas_threads()
+    )
     rng = np.random.default_rng(0)
     for _ in range(batch):
         prompt = rng.integers(0, 32_000, int(rng.integers(16, 48)), dtype=np.int32)
