@@ -1,5 +1,7 @@
 //! Regexes for the string `format`s we generate. Each matches the JSON-encoded string
-//! body; none contains a character JSON would escape.
+//! body; none contains a character JSON would escape. Where a format's full grammar is
+//! large (hostnames' total length, URIs), the regex is a plainly valid subset: we must
+//! never generate an invalid value, not every valid one.
 
 const DATE: &str = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
 const TIME: &str = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\.[0-9]{1,9})?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
@@ -8,6 +10,33 @@ const IPV4_OCTET: &str = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
 /// The common subset of addresses (RFC 5321 dot-atoms); quoted local parts are not
 /// generated.
 const EMAIL: &str = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*";
+
+/// RFC 1123 labels; at most four of at most 62 characters keep the name within 253.
+const HOSTNAME: &str = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?){0,3}";
+const H16: &str = "[0-9a-fA-F]{1,4}";
+/// URI characters of a path segment, query or fragment (RFC 3986 `pchar`).
+const PCHAR: &str = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
+
+/// RFC 4291 text form (RFC 3986 `IPv6address`): eight groups, or fewer around `::`,
+/// the last two possibly an IPv4 address.
+fn ipv6() -> String {
+    let ipv4 = format!(r"{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}}");
+    let ls32 = format!("(?:{H16}:{H16}|{ipv4})");
+    let groups = |n: usize| format!("(?:{H16}:){{{n}}}");
+    let before = |n: usize| if n == 0 { String::new() } else { format!("(?:(?:{H16}:){{0,{}}}{H16})?", n - 1) };
+    let forms = [
+        format!("{}{ls32}", groups(6)),
+        format!("::{}{ls32}", groups(5)),
+        format!("{}::{}{ls32}", before(1), groups(4)),
+        format!("{}::{}{ls32}", before(2), groups(3)),
+        format!("{}::{}{ls32}", before(3), groups(2)),
+        format!("{}::{}{ls32}", before(4), groups(1)),
+        format!("{}::{ls32}", before(5)),
+        format!("{}::{H16}", before(6)),
+        format!("{}::", before(7)),
+    ];
+    forms.map(|f| format!("(?:{f})")).join("|")
+}
 
 /// The regex of a supported format, or `None`.
 pub fn format_regex(format: &str) -> Option<String> {
@@ -18,6 +47,41 @@ pub fn format_regex(format: &str) -> Option<String> {
         "uuid" => UUID.to_string(),
         "ipv4" => format!(r"{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}}"),
         "email" => EMAIL.to_string(),
+        "hostname" => HOSTNAME.to_string(),
+        "ipv6" => ipv6(),
+        // http(s) URLs with a hostname or IPv4 host: a valid subset of RFC 3986 URIs.
+        "uri" => format!(
+            r"https?://(?:{HOSTNAME}|{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}})(?::[0-9]{{1,5}})?(?:/{PCHAR}*)*(?:\?(?:{PCHAR}|[/?])*)?(?:#(?:{PCHAR}|[/?])*)?"
+        ),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(format: &str, text: &str) -> bool {
+        let re = format_regex(format).unwrap();
+        regex::Regex::new(&format!("^(?:{re})$")).unwrap().is_match(text)
+    }
+
+    #[test]
+    fn ipv6_forms() {
+        for ok in ["::", "::1", "1::", "1:2:3:4:5:6:7:8", "fe80::1:2", "::ffff:192.168.0.1", "1:2:3:4:5:6:1.2.3.4", "a::b:c"] {
+            assert!(matches("ipv6", ok), "{ok}");
+        }
+        for bad in ["1:2:3:4:5:6:7:8:9", "1::2::3", ":::", "12345::", "1:2:3:4:5:6:7", "::1.2.3"] {
+            assert!(!matches("ipv6", bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hostnames_and_uris() {
+        assert!(matches("hostname", "example.com") && matches("hostname", "a-b.c"));
+        assert!(!matches("hostname", "-a.com") && !matches("hostname", "a..b") && !matches("hostname", "a_b"));
+        assert!(matches("uri", "https://example.com/a/b?x=1&y=%20#top"));
+        assert!(matches("uri", "http://10.0.0.1:8080/"));
+        assert!(!matches("uri", "example.com") && !matches("uri", "https://exa mple.com"));
+    }
 }

@@ -77,6 +77,20 @@ fn greedy(max_new: usize) -> RequestParams {
     }
 }
 
+/// One step: schedule, run the fake model, commit (or collect outputs when idle), check
+/// KV conservation.
+fn step(engine: &mut Engine, model: &mut FakeModel) -> StepOutputs {
+    let plan = engine.schedule().unwrap();
+    let out = if plan.is_empty() {
+        engine.take_outputs()
+    } else {
+        let mut logits = model.forward(&plan);
+        engine.commit(&mut logits, VOCAB).unwrap()
+    };
+    engine.check_invariants().unwrap();
+    out
+}
+
 /// Runs until everything finished; returns each rid's tokens, text and finish.
 fn drain(
     engine: &mut Engine,
@@ -88,14 +102,7 @@ fn drain(
     while engine.has_work() {
         steps += 1;
         assert!(steps < 100_000, "engine made no progress");
-        let plan = engine.schedule().unwrap();
-        let out = if plan.is_empty() {
-            engine.take_outputs()
-        } else {
-            let mut logits = model.forward(&plan);
-            engine.commit(&mut logits, VOCAB).unwrap()
-        };
-        engine.check_invariants().unwrap();
+        let out = step(engine, model);
         record(&mut tokens, &out);
     }
     tokens.into_iter().map(|(rid, (t, s, f))| (rid, (t, s, f.expect("every request finished")))).collect()
@@ -442,31 +449,17 @@ fn randomized_soak_keeps_kv_conserved() {
             let rid = live.swap_remove(pick(live.len() as u64));
             engine.abort(rid);
         }
-        let plan = engine.schedule().unwrap();
-        let out = if plan.is_empty() {
-            engine.take_outputs()
-        } else {
-            let mut logits = model.forward(&plan);
-            engine.commit(&mut logits, VOCAB).unwrap()
-        };
+        let out = step(&mut engine, &mut model);
         finished += out.finished.iter().filter(|f| f.is_some()).count();
-        engine.check_invariants().unwrap();
         if next_rid == 400 && !engine.has_work() {
             break;
         }
     }
     let mut acc = Default::default();
     while engine.has_work() {
-        let plan = engine.schedule().unwrap();
-        let out = if plan.is_empty() {
-            engine.take_outputs()
-        } else {
-            let mut logits = model.forward(&plan);
-            engine.commit(&mut logits, VOCAB).unwrap()
-        };
+        let out = step(&mut engine, &mut model);
         record(&mut acc, &out);
         finished += out.finished.iter().filter(|f| f.is_some()).count();
-        engine.check_invariants().unwrap();
     }
     assert_eq!(finished as u64, next_rid, "every request finished exactly once");
     let stats = engine.stats();
