@@ -12,7 +12,8 @@ const IPV4_OCTET: &str = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
 const EMAIL: &str = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*";
 
 /// RFC 1123 labels; at most four of at most 62 characters keep the name within 253.
-const HOSTNAME: &str = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?){0,3}";
+const HOSTNAME: &str =
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?){0,3}";
 const H16: &str = "[0-9a-fA-F]{1,4}";
 /// URI characters of a path segment, query or fragment (RFC 3986 `pchar`).
 const PCHAR: &str = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
@@ -23,7 +24,8 @@ fn ipv6() -> String {
     let ipv4 = format!(r"{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}}");
     let ls32 = format!("(?:{H16}:{H16}|{ipv4})");
     let groups = |n: usize| format!("(?:{H16}:){{{n}}}");
-    let before = |n: usize| if n == 0 { String::new() } else { format!("(?:(?:{H16}:){{0,{}}}{H16})?", n - 1) };
+    let before =
+        |n: usize| if n == 0 { String::new() } else { format!("(?:(?:{H16}:){{0,{}}}{H16})?", n - 1) };
     let forms = [
         format!("{}{ls32}", groups(6)),
         format!("::{}{ls32}", groups(5)),
@@ -68,7 +70,16 @@ mod tests {
 
     #[test]
     fn ipv6_forms() {
-        for ok in ["::", "::1", "1::", "1:2:3:4:5:6:7:8", "fe80::1:2", "::ffff:192.168.0.1", "1:2:3:4:5:6:1.2.3.4", "a::b:c"] {
+        for ok in [
+            "::",
+            "::1",
+            "1::",
+            "1:2:3:4:5:6:7:8",
+            "fe80::1:2",
+            "::ffff:192.168.0.1",
+            "1:2:3:4:5:6:1.2.3.4",
+            "a::b:c",
+        ] {
             assert!(matches("ipv6", ok), "{ok}");
         }
         for bad in ["1:2:3:4:5:6:7:8:9", "1::2::3", ":::", "12345::", "1:2:3:4:5:6:7", "::1.2.3"] {
@@ -79,7 +90,9 @@ mod tests {
     #[test]
     fn hostnames_and_uris() {
         assert!(matches("hostname", "example.com") && matches("hostname", "a-b.c"));
-        assert!(!matches("hostname", "-a.com") && !matches("hostname", "a..b") && !matches("hostname", "a_b"));
+        assert!(
+            !matches("hostname", "-a.com") && !matches("hostname", "a..b") && !matches("hostname", "a_b")
+        );
         assert!(matches("uri", "https://example.com/a/b?x=1&y=%20#top"));
         assert!(matches("uri", "http://10.0.0.1:8080/"));
         assert!(!matches("uri", "example.com") && !matches("uri", "https://exa mple.com"));
