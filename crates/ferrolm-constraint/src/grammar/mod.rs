@@ -1,0 +1,187 @@
+//! A compiled grammar: a DFA (or, for recursion, rules of DFAs) bound to a vocabulary,
+//! with the mask caches its matchers share (`masks.rs`), and the stepping a matcher
+//! needs (`advance`, `can_end_at`, `next_bytes`).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::dfa::{ByteDfa, RegexOptions, DEAD};
+use crate::error::{ConstraintError, Result};
+use crate::json_schema::{any_json_rules, json_schema_to_rules, JsonSchemaOptions};
+use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
+use crate::vocab::Vocabulary;
+
+mod masks;
+
+pub(crate) use masks::set_bit;
+
+/// Default memory budget of the per-state mask cache of one grammar.
+pub const DEFAULT_MASK_CACHE_BYTES: usize = 64 << 20;
+
+/// Masks of recursive grammars are cached only while the stack is at most this deep.
+const MAX_CACHED_STACK: usize = 256;
+
+#[derive(Debug)]
+pub struct Grammar {
+    vocab: Arc<Vocabulary>,
+    dfa: ByteDfa,
+    /// State -> index into `masks`.
+    mask_class: Vec<u32>,
+    masks: Vec<OnceLock<Box<[u32]>>>,
+    cache_bytes_left: AtomicUsize,
+    /// For grammars with rule calls (`recursive.rs`): the rules, and masks cached by
+    /// configuration (rule, state and the whole stack).
+    rules: Option<Rules>,
+    stack_masks: Mutex<HashMap<Vec<u32>, Arc<[u32]>>>,
+}
+
+impl Grammar {
+    /// Compile `pattern`; the whole output must match it.
+    pub fn from_regex(vocab: Arc<Vocabulary>, pattern: &str) -> Result<Arc<Grammar>> {
+        Self::from_regex_with(vocab, pattern, &RegexOptions::default())
+    }
+
+    pub fn from_regex_with(
+        vocab: Arc<Vocabulary>,
+        pattern: &str,
+        options: &RegexOptions,
+    ) -> Result<Arc<Grammar>> {
+        let dfa = ByteDfa::from_regex(pattern, options)?;
+        Ok(Arc::new(Self::from_dfa(vocab, dfa)))
+    }
+
+    /// Compile a JSON Schema (given as JSON text); see [`crate::json_schema`] for what
+    /// is supported.
+    pub fn from_json_schema(
+        vocab: Arc<Vocabulary>,
+        schema: &str,
+        options: &JsonSchemaOptions,
+    ) -> Result<Arc<Grammar>> {
+        let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
+            ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
+        })?;
+        Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+    }
+
+    /// One JSON object with members of any names and values (`response_format:
+    /// json_object`); whitespace as in `options`.
+    pub fn json_object(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
+        Self::from_rule_regexes(vocab, any_json_rules(options, true))
+    }
+
+    /// One JSON value of any type.
+    pub fn json_value(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
+        Self::from_rule_regexes(vocab, any_json_rules(options, false))
+    }
+
+    /// One regex: a plain grammar; more: rules that call each other.
+    fn from_rule_regexes(vocab: Arc<Vocabulary>, regexes: Vec<String>) -> Result<Arc<Grammar>> {
+        if let [pattern] = &regexes[..] {
+            return Self::from_regex(vocab, pattern);
+        }
+        let options = RegexOptions::default();
+        let dfas = regexes
+            .iter()
+            .map(|pattern| ByteDfa::from_regex_with_calls(pattern, &options))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(Self::from_rules(vocab, Rules::new(dfas)?)))
+    }
+
+    /// Exactly one of `choices` (for classification-style outputs).
+    pub fn from_choices(vocab: Arc<Vocabulary>, choices: &[&str]) -> Result<Arc<Grammar>> {
+        if choices.is_empty() {
+            return Err(ConstraintError::InvalidRegex {
+                pattern: String::new(),
+                message: "a choice needs at least one option".into(),
+            });
+        }
+        let escaped: Vec<String> = choices.iter().map(|c| regex_syntax::escape(c)).collect();
+        Self::from_regex(vocab, &escaped.join("|"))
+    }
+
+    /// Free text until `trigger` first appears in the output, then `then` (e.g.
+    /// `"</think>"` then a JSON Schema). The output may end only once `then` may.
+    pub fn after_trigger(trigger: &str, then: &Grammar) -> Result<Arc<Grammar>> {
+        let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
+        Ok(Arc::new(match &then.rules {
+            // The free-text part goes in front of the main rule; the others are unchanged.
+            Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
+            None => Self::from_dfa(then.vocab.clone(), dfa),
+        }))
+    }
+
+    pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
+        let mask_class = dfa.equivalence_up_to(vocab.trie().max_depth());
+        let num_classes = mask_class.iter().max().map_or(0, |&c| c as usize + 1);
+        let masks = (0..num_classes).map(|_| OnceLock::new()).collect();
+        Grammar {
+            vocab,
+            dfa,
+            mask_class,
+            masks,
+            cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
+            rules: None,
+            stack_masks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A grammar whose rules call each other (rule 0 is the main one).
+    pub(crate) fn from_rules(vocab: Arc<Vocabulary>, rules: Rules) -> Grammar {
+        Grammar {
+            vocab,
+            dfa: rules.main().clone(),
+            mask_class: Vec::new(),
+            masks: Vec::new(),
+            cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
+            rules: Some(rules),
+            stack_masks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether rules call rules (the matcher then keeps a stack).
+    pub fn is_recursive(&self) -> bool {
+        self.rules.is_some()
+    }
+
+    pub(crate) fn start_config(&self) -> Config {
+        Config { rule: 0, state: self.dfa.start(), stack: NO_FRAME }
+    }
+
+    /// The configuration after `bytes`, or `None` if they are refused. Frames pushed on
+    /// the way stay in `frames` either way (the caller truncates if it must).
+    pub(crate) fn advance(&self, config: Config, bytes: &[u8], frames: &mut impl Frames) -> Option<Config> {
+        match &self.rules {
+            None => {
+                let state = self.dfa.run(config.state, bytes);
+                (state != DEAD).then_some(Config { state, ..config })
+            }
+            Some(rules) => bytes.iter().try_fold(config, |c, &b| rules.step(c, b, frames)),
+        }
+    }
+
+    pub(crate) fn can_end_at(&self, config: Config, frames: &[Frame]) -> bool {
+        match &self.rules {
+            None => self.dfa.is_accepting(config.state),
+            Some(rules) => rules.can_end(config, frames),
+        }
+    }
+
+    /// The bytes that can come next (jump-forward and `must_end` use this).
+    pub(crate) fn next_bytes(&self, config: Config, frames: &[Frame]) -> Vec<u8> {
+        (0..CALL_BASE)
+            .filter(|&b| {
+                let mut scratch = ScratchFrames::new(frames);
+                self.advance(config, &[b], &mut scratch).is_some()
+            })
+            .collect()
+    }
+
+    pub fn vocab(&self) -> &Arc<Vocabulary> {
+        &self.vocab
+    }
+
+    pub fn dfa(&self) -> &ByteDfa {
+        &self.dfa
+    }
+}
