@@ -178,9 +178,6 @@ fn unsupported_keywords_are_named_unless_lenient() {
     );
     assert!(unsupported(json!({"oneOf": [{"type": "integer"}, {"type": "number"}]})).starts_with("oneOf"));
     assert_eq!(unsupported(json!({"not": {"type": "string"}})), "not");
-    // Keywords without `type`: the other types stay unconstrained, i.e. any value
-    // except the constrained ones, which a union cannot say.
-    assert!(unsupported(json!({"minimum": 1})).contains("any type"));
     let lenient = JsonSchemaOptions { lenient: true, ..JsonSchemaOptions::default() };
     let re = language(&json!({"type": "string", "pattern": "(a)\\1"}), &lenient);
     assert!(re.is_match(r#""anything""#));
@@ -216,6 +213,24 @@ fn one_of_with_exclusive_branches() {
         &[r#"{"kind":"cat","lives":9}"#, r#"{"kind":"dog","good":true}"#],
         &[r#"{"kind":"dog","lives":9}"#, r#"{"kind":"cow"}"#],
     );
+}
+
+#[test]
+fn keywords_without_type_constrain_only_their_own_type() {
+    let (vocab, eos) = small_vocab(&[]);
+    let schema = json!({"minimum": 1, "maxLength": 2, "items": {"type": "null"}});
+    let grammar =
+        Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &JsonSchemaOptions::default()).unwrap();
+    let accepts = |doc: &str| {
+        let mut matcher = Matcher::new(grammar.clone());
+        matcher.accept_str(doc) && matcher.accept_token(eos)
+    };
+    for doc in ["1", "2.5", r#""ab""#, "true", "null", "[null,null]", "{}"] {
+        assert!(accepts(doc), "{doc}");
+    }
+    for doc in ["0", "0.5", r#""abc""#, "[1]", "tru"] {
+        assert!(!accepts(doc), "{doc}");
+    }
 }
 
 #[test]

@@ -3,8 +3,19 @@
 //! large (hostnames' total length, URIs), the regex is a plainly valid subset: we must
 //! never generate an invalid value, not every valid one.
 
-const DATE: &str = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
-const TIME: &str = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\.[0-9]{1,9})?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+/// RFC 3339 full-date: days per month, and February 29 in leap years only (divisible
+/// by 4, centuries only when divisible by 400).
+const DATE: &str = concat!(
+    r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)",
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+    r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29",
+);
+/// RFC 3339 full-time. A leap second is valid only at 23:59 UTC; we write it only with
+/// a zero offset (a valid subset: other offsets would need every local 23:59 spelled out).
+const TIME: &str = concat!(
+    r"(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])",
+    r"|23:59:60(?:\.[0-9]+)?(?:[Zz]|[+-]00:00))",
+);
 const UUID: &str = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
 const IPV4_OCTET: &str = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
 /// The common subset of addresses (RFC 5321 dot-atoms); quoted local parts are not
@@ -43,9 +54,9 @@ fn ipv6() -> String {
 /// The regex of a supported format, or `None`.
 pub fn format_regex(format: &str) -> Option<String> {
     Some(match format {
-        "date" => DATE.to_string(),
+        "date" => format!("(?:{DATE})"),
         "time" => TIME.to_string(),
-        "date-time" => format!("{DATE}[Tt]{TIME}"),
+        "date-time" => format!("(?:{DATE})[Tt](?:{TIME})"),
         "uuid" => UUID.to_string(),
         "ipv4" => format!(r"{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}}"),
         "email" => EMAIL.to_string(),

@@ -53,11 +53,20 @@ pub struct JsonSchemaOptions {
     /// Read an absent `additionalProperties` as `false` (the default: what a caller
     /// asking for structured output means, and what OpenAI's strict mode requires).
     pub forbid_extra_properties: bool,
+    /// Generate strings in their `format` (the default: what a caller naming a format
+    /// wants). Draft 2020-12 makes `format` an annotation unless the format-assertion
+    /// vocabulary is in use; turn this off for that reading.
+    pub assert_formats: bool,
 }
 
 impl Default for JsonSchemaOptions {
     fn default() -> Self {
-        JsonSchemaOptions { whitespace: Whitespace::Compact, lenient: false, forbid_extra_properties: true }
+        JsonSchemaOptions {
+            whitespace: Whitespace::Compact,
+            lenient: false,
+            forbid_extra_properties: true,
+            assert_formats: true,
+        }
     }
 }
 
@@ -125,6 +134,7 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         root: schema,
         lenient: options.lenient,
         forbid_extra_properties: options.forbid_extra_properties,
+        assert_formats: options.assert_formats,
         ws: ws.clone(),
         ref_stack: Vec::new(),
         uses_any_value: false,
@@ -164,6 +174,7 @@ struct Translator<'a> {
     root: &'a Value,
     lenient: bool,
     forbid_extra_properties: bool,
+    assert_formats: bool,
     /// Regex for optional whitespace between tokens (empty when compact).
     ws: String,
     /// `$ref`s being expanded, to detect recursion.
@@ -312,28 +323,14 @@ impl<'a> Translator<'a> {
         result
     }
 
-    /// The listed types, or the one implied by the keywords present.
+    /// The listed types; without `type`, every type: each keyword constrains only the
+    /// values of its own type (`{"minimum": 1}` also allows strings, arrays, ...).
     fn types(&self, map: &Map<String, Value>, path: &str) -> Result<Vec<String>> {
         if map.contains_key("type") {
             return self.listed_types(map, path);
         }
-        let implied = [
-            ("object", &["properties", "required", "additionalProperties"][..]),
-            ("array", &["items", "prefixItems", "minItems", "maxItems"][..]),
-            ("string", &["minLength", "maxLength", "format"][..]),
-            ("number", &["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"][..]),
-        ];
-        let found: Vec<String> = implied
-            .iter()
-            .filter(|(_, keys)| keys.iter().any(|k| map.contains_key(*k)))
-            .map(|(ty, _)| ty.to_string())
-            .collect();
-        // Without `type`, values of the other types would be valid too: only a schema
-        // whose keywords name exactly one type is read as that type, and only leniently.
-        if found.len() == 1 && self.lenient {
-            return Ok(found);
-        }
-        Err(self.unsupported("schema without `type` (values of any type)", path))
+        // `number` covers integers; the first bytes of these six never overlap.
+        Ok(["null", "boolean", "number", "string", "array", "object"].map(String::from).to_vec())
     }
 
     /// `const` / `enum`: the compact serializations of the values that also have the

@@ -99,7 +99,7 @@ impl<'a> Translator<'a> {
         if let Some(pattern) = map.get("pattern") {
             let pattern = pattern.as_str().ok_or_else(|| self.invalid(path, "`pattern` must be a string"))?;
             // Both would need the intersection of two languages.
-            if map.contains_key("format") || min > 0 || max.is_some() {
+            if (self.assert_formats && map.contains_key("format")) || min > 0 || max.is_some() {
                 self.refuse("pattern next to format/minLength/maxLength", path)?;
             }
             match pattern_regex(pattern, STRING_CHAR) {
@@ -107,7 +107,7 @@ impl<'a> Translator<'a> {
                 Err(message) => self.refuse(&format!("pattern: {message}"), path)?,
             }
         }
-        if let Some(format) = map.get("format") {
+        if let Some(format) = map.get("format").filter(|_| self.assert_formats) {
             let name = format.as_str().ok_or_else(|| self.invalid(path, "`format` must be a string"))?;
             match format_regex(name) {
                 Some(regex) => {
