@@ -4,18 +4,20 @@
 //! Generation-oriented choices (the documents we produce are always valid, but some
 //! valid documents are not produced):
 //! - compact JSON by default, or JSON whitespace capped at a run length;
-//! - properties in the order the schema lists them; an absent `additionalProperties`
-//!   generates no undeclared property, as `false` would (`forbid_extra_properties`;
-//!   turn it off and it allows members of any name and type, which is supported where
-//!   the schema declares no properties);
-//! - `format` restricts strings to the formats' common syntax.
+//! - properties in the order the schema lists them, extra ones after them; an absent
+//!   `additionalProperties` generates no undeclared property, as `false` would
+//!   (`forbid_extra_properties`; off, it allows members of any name and type);
+//! - numbers without exponent where bounds apply; integral values without a fraction;
+//! - `format` restricts strings to the format (`assert_formats`), some formats to a
+//!   valid subset (see `formats.rs`).
 //!
+//! Without `type`, a schema allows every type, each keyword constraining its own.
 //! Values of any type and recursive `$ref`s become rules that call each other (see
 //! `recursive.rs`; the regex of the main rule then contains calls). Anything that would
-//! change what is valid and that we cannot express — `oneOf`, numeric bounds on
-//! `number`, `not`, ... — is a [`ConstraintError::UnsupportedSchema`] naming the
-//! keyword, unless `lenient` is set, in which case the keyword is ignored and the
-//! grammar may be looser or stricter.
+//! change what is valid and that we cannot express — `not`, `if`, `uniqueItems`,
+//! `oneOf` with branches that may overlap, ... — is a
+//! [`ConstraintError::UnsupportedSchema`] naming the keyword, unless `lenient` is set,
+//! in which case the keyword is ignored and the grammar may be looser or stricter.
 
 mod any;
 mod formats;
