@@ -60,6 +60,21 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_generate)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from ferrolm.server.args import server_args_from
+    from ferrolm.server.launch import run_server
+
+    return run_server(server_args_from(args))
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from ferrolm.server.args import add_serve_arguments
+
+    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible and native API)")
+    add_serve_arguments(p)
+    p.set_defaults(func=_serve)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ferrolm", description="ferrolm: an LLM serving runtime whose hot paths run in Rust")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_tree.add_parser(bench_sub)
     bench_engine.add_parser(bench_sub)
     _add_generate(sub)
+    _add_serve(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

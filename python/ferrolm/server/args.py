@@ -1,0 +1,63 @@
+"""``ServerArgs``: the settings of ``ferrolm serve``, with the flag names users know from
+SGLang, and the argparse wiring that fills them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(slots=True)
+class ServerArgs:
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    max_running_requests: int = 64
+    schedule_policy: str = "fcfs"
+    chunked_prefill_size: int = 2048
+    max_total_tokens: int = 32_768
+    disable_radix_cache: bool = False
+    seed: int = 0
+    blas_threads: int | None = None
+    log_level: str = "info"
+
+    @property
+    def model_name(self) -> str:
+        """The id clients send as ``model`` and ``/v1/models`` lists."""
+        return self.served_model_name or self.model
+
+    def public_dict(self) -> dict[str, Any]:
+        """The settings as ``/server_info`` shows them: the API key never leaves."""
+        settings = asdict(self)
+        settings["api_key"] = "set" if self.api_key else None
+        return settings
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = ServerArgs()
+    parser.add_argument("--model", "--model-path", dest="model", default=defaults.model,
+                        help="'tiny' (embedded) or a Hugging Face model folder")
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)")
+    parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests)
+    parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=defaults.schedule_policy)
+    parser.add_argument("--chunked-prefill-size", type=int, default=defaults.chunked_prefill_size,
+                        help="prompt tokens prefilled per step")
+    parser.add_argument("--max-total-tokens", type=int, default=defaults.max_total_tokens,
+                        help="KV cache capacity in tokens")
+    parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
+    parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
+
+
+def server_args_from(ns: argparse.Namespace) -> ServerArgs:
+    return ServerArgs(**{name: getattr(ns, name) for name in ServerArgs.__dataclass_fields__})

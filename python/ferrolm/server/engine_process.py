@@ -1,0 +1,198 @@
+"""The engine loop in its own process. The API process talks to it over one duplex pipe
+(``multiprocessing.connection.Connection``); messages are plain tuples.
+
+API -> engine:
+  ("submit", rids, input_ids, params, core_kw)  rids: one per sample of the same prompt
+  ("abort", rids)
+  ("call", call_id, name)                       name: see ``EngineLoop.CALLS``
+  ("shutdown",)
+engine -> API:
+  ("ready", info) | ("failed", message)         once, at start
+  ("submitted", rid) | ("rejected", rid, message, field)   answer to a submit (first rid)
+  ("deltas", [Delta, ...])                      one message per step
+  ("reply", call_id, ok, value)
+
+Messages arrive and leave in order, so a request's "submitted" always comes before its
+first delta.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ferrolm.engine import Delta, Engine, default_blas_threads
+from ferrolm.errors import CorePanicError, FerrolmError, InvalidInputError
+from ferrolm.sampling_params import SamplingParams
+from ferrolm.server.args import ServerArgs
+
+log = logging.getLogger("ferrolm.engine_process")
+
+
+@dataclasses.dataclass(slots=True)
+class _Siblings:
+    """Samples 2..n of a prompt, held back until the first sample has prefilled (and so
+    cached) the prompt, so that they share its KV instead of computing it again."""
+
+    rids: list[int]
+    input_ids: Any
+    params: SamplingParams
+    core_kw: dict[str, Any]
+
+
+class EngineLoop:
+    CALLS = ("stats", "metrics", "flush_cache", "abort_all", "info")
+
+    def __init__(self, engine: Engine, conn: Connection) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.held_siblings: dict[int, _Siblings] = {}  # keyed by the first sample's rid
+        self.synthetic: list[Delta] = []  # finishes of siblings aborted before they started
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            # block while idle; while requests run, take whatever arrived and step again
+            wait: float | None = 0.0 if self._busy() else None
+            while self.running and self.conn.poll(wait):
+                self._handle(self.conn.recv())
+                wait = 0.0
+            if self.running and self._busy():
+                self._step()
+
+    def _busy(self) -> bool:
+        return self.engine.has_work() or bool(self.synthetic)
+
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step()
+        except CorePanicError:
+            raise  # the core refuses further use: end the process, the API fails its requests
+        except Exception:
+            # a failed forward: the engine has aborted its requests; report them as errors
+            # and keep serving the next ones
+            log.error("step failed:\n%s", traceback.format_exc())
+            deltas = self.engine.step()
+            for d in deltas:
+                if d.finish_reason == "abort":
+                    d.finish_reason, d.error = "error", "the engine step failed (see the server log)"
+        for d in deltas:
+            siblings = self.held_siblings.pop(d.rid, None)
+            if siblings is not None:
+                self._submit_siblings(siblings)
+        deltas += self.synthetic
+        self.synthetic = []
+        if deltas:
+            self.conn.send(("deltas", deltas))
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            self._submit(*msg[1:])
+        elif kind == "abort":
+            self._abort(msg[1])
+        elif kind == "call":
+            self._call(msg[1], msg[2])
+        elif kind == "shutdown":
+            self.running = False
+
+    def _submit(self, rids: list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
+        first = rids[0]
+        try:
+            self.engine.core.submit(first, input_ids, **params.core_kwargs(), **core_kw)
+        except InvalidInputError as e:
+            self.conn.send(("rejected", first, str(e), e.field))
+            return
+        self.conn.send(("submitted", first))
+        if len(rids) > 1:
+            self.held_siblings[first] = _Siblings(rids[1:], input_ids, params, core_kw)
+
+    def _submit_siblings(self, s: _Siblings) -> None:
+        for j, rid in enumerate(s.rids, start=1):
+            seed = None if s.params.seed is None else (s.params.seed + j) % 2**64
+            try:
+                self.engine.core.submit(rid, s.input_ids, **dataclasses.replace(s.params, seed=seed).core_kwargs(), **s.core_kw)
+            except InvalidInputError as e:  # the first sample's prompt passed: unlikely
+                self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="error", error=str(e)))
+
+    def _abort(self, rids: list[int]) -> None:
+        for rid in rids:
+            if self.engine.abort(rid):
+                continue
+            # a held-back sibling never reached the core: finish it here
+            for first, s in list(self.held_siblings.items()):
+                if rid in s.rids:
+                    s.rids.remove(rid)
+                    self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="abort"))
+                    if not s.rids:
+                        del self.held_siblings[first]
+        # the core reports the aborts with the next step's outputs (has_work() says so)
+
+    def _call(self, call_id: int, name: str) -> None:
+        core = self.engine.core
+        try:
+            if name == "stats":
+                value: Any = core.stats()
+            elif name == "metrics":
+                value = {"stats": core.stats(), "latencies": {k: v.tolist() for k, v in core.take_latencies().items()}}
+            elif name == "flush_cache":
+                value = core.flush_cache()
+            elif name == "abort_all":
+                value = core.abort_all()
+                for s in self.held_siblings.values():
+                    self.synthetic += [Delta(rid, [], "", [], [], finish_reason="abort") for rid in s.rids]
+                value += sum(len(s.rids) for s in self.held_siblings.values())
+                self.held_siblings.clear()
+            elif name == "info":
+                value = model_info(self.engine)
+            else:
+                raise ValueError(f"unknown call {name!r}")
+        except Exception as e:  # answered, not fatal: the caller decides
+            self.conn.send(("reply", call_id, False, f"{type(e).__name__}: {e}"))
+            return
+        self.conn.send(("reply", call_id, True, value))
+
+
+def model_info(engine: Engine) -> dict[str, Any]:
+    c = engine.config
+    return {
+        "model_type": c.model_type,
+        "vocab_size": engine.core.vocab_size,
+        "max_context_length": c.max_position_embeddings,
+        "hidden_size": c.hidden_size,
+        "num_layers": c.num_layers,
+        "eos_token_ids": list(c.eos_token_ids),
+        "kv_capacity": engine.core.kv_capacity,
+    }
+
+
+def engine_main(args: ServerArgs, conn: Connection) -> None:
+    """Entry point of the engine process (spawned: nothing is inherited but ``args``)."""
+    logging.basicConfig(level=args.log_level.upper() if args.log_level != "trace" else "DEBUG",
+                        format="%(asctime)s engine %(levelname)s %(message)s")
+    try:
+        engine = Engine(
+            args.model,
+            kv_capacity=args.max_total_tokens,
+            max_running_requests=args.max_running_requests,
+            max_prefill_tokens=args.chunked_prefill_size,
+            schedule_policy=args.schedule_policy,
+            enable_prefix_cache=not args.disable_radix_cache,
+            seed=args.seed,
+            blas_threads=args.blas_threads or default_blas_threads(),
+        )
+    except (FerrolmError, OSError) as e:
+        conn.send(("failed", str(e)))
+        return
+    conn.send(("ready", model_info(engine)))
+    loop = EngineLoop(engine, conn)
+    try:
+        loop.run()
+    except (EOFError, BrokenPipeError):
+        pass  # the API process is gone: nothing left to serve
+    except BaseException:
+        log.error("engine loop failed:\n%s", traceback.format_exc())
+        raise

@@ -1,0 +1,137 @@
+"""One HTTP request's generation: its samples in the engine, what each has produced so far,
+and the usage to report. Shared by the OpenAI endpoints and ``/generate``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from ferrolm.engine import Delta
+from ferrolm.errors import InvalidInputError
+from ferrolm.sampling_params import SamplingParams
+from ferrolm.server.engine_client import EngineClient, EngineUnavailable, RequestHandle
+from ferrolm.server.errors import APIError, from_invalid_input
+
+
+@dataclass(slots=True)
+class Sample:
+    """One choice: everything its deltas have brought so far."""
+
+    index: int  # the choice index: prompt_index * n + j
+    first_of_prompt: bool  # the sample whose usage counts the prompt
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, d: Delta) -> None:
+        self.token_ids += d.token_ids
+        self.text += d.text
+        self.logprobs += d.logprobs
+        self.top_logprobs += d.top_logprobs
+        if d.finish_reason is not None:
+            self.finish_reason, self.matched_stop, self.error = d.finish_reason, d.matched_stop, d.error
+            self.prompt_tokens, self.cached_tokens = d.prompt_tokens, d.cached_tokens
+
+
+class Generation:
+    """Submit prompts, then read updates until every sample has finished. ``close()``
+    aborts whatever still runs, so a client that goes away frees its KV."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.handle = RequestHandle()
+        self.samples: dict[int, Sample] = {}  # by rid
+
+    async def add(self, input_ids: Any, params: SamplingParams, prompt_index: int,
+                  field_names: dict[str, str], **core_kw: Any) -> None:
+        try:
+            rids = await self.client.submit(self.handle, input_ids, params, **core_kw)
+        except InvalidInputError as e:
+            raise from_invalid_input(e, field_names) from None
+        except EngineUnavailable as e:
+            raise APIError(503, str(e)) from None
+        for j, rid in enumerate(rids):
+            self.samples[rid] = Sample(index=prompt_index * params.n + j, first_of_prompt=j == 0)
+
+    async def updates(self) -> AsyncIterator[list[tuple[Sample, Delta]]]:
+        """Batches of (sample, what it produced since the last batch), as they arrive;
+        several deltas of one sample are merged into one."""
+        while not self.handle.finished:
+            merged: dict[int, Delta] = {}
+            for d in await self.handle.next_deltas():
+                self.samples[d.rid].add(d)
+                if d.rid in merged:
+                    merged[d.rid] = merge_deltas(merged[d.rid], d)
+                else:
+                    merged[d.rid] = d
+            yield [(self.samples[rid], d) for rid, d in merged.items()]
+
+    async def run_to_end(self, request: Request) -> list[Sample]:
+        """Every sample, finished, by choice index; aborts them if the client disconnects."""
+        async def collect() -> None:
+            async for _ in self.updates():
+                pass
+
+        done = asyncio.ensure_future(collect())
+        gone = asyncio.ensure_future(wait_for_disconnect(request))
+        try:
+            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not done.done():
+                done.cancel()
+        if not done.done() or done.cancelled():
+            raise ClientGone()
+        done.result()
+        return self.ordered()
+
+    def ordered(self) -> list[Sample]:
+        return sorted(self.samples.values(), key=lambda s: s.index)
+
+    def close(self) -> None:
+        self.client.release(self.handle)
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage: each prompt counted once (its first sample's numbers), every
+        sample's completion tokens."""
+        prompt = sum(s.prompt_tokens for s in self.samples.values() if s.first_of_prompt)
+        cached = sum(s.cached_tokens for s in self.samples.values() if s.first_of_prompt)
+        completion = sum(len(s.token_ids) for s in self.samples.values())
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    def raise_for_errors(self) -> None:
+        for s in self.samples.values():
+            if s.finish_reason == "error":
+                raise APIError(500, f"generation failed: {s.error}")
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    # the body has been read: the next ASGI message is the disconnect
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def merge_deltas(a: Delta, b: Delta) -> Delta:
+    """``a`` then ``b`` of the same request, as one delta (``b`` may finish it)."""
+    return Delta(a.rid, a.token_ids + b.token_ids, a.text + b.text, a.logprobs + b.logprobs,
+                 a.top_logprobs + b.top_logprobs, b.finish_reason, b.matched_stop, b.error,
+                 b.prompt_tokens, b.cached_tokens, b.completion_tokens)

@@ -1,0 +1,73 @@
+"""Routes that describe the server: health, models, settings and load, model info, and
+the cache flush."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+import ferrolm
+from ferrolm.server.engine_client import EngineUnavailable
+from ferrolm.server.errors import APIError
+from ferrolm.server.state import state_of
+
+
+async def health(request: Request) -> Response:
+    """200 once the engine serves; 503 while it starts or after it failed."""
+    state = state_of(request)
+    if state.client.ready:
+        return JSONResponse({"status": "ok"})
+    reason = state.client.failure or "the engine is starting"
+    return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+
+
+def _model_card(request: Request) -> dict[str, Any]:
+    state = state_of(request)
+    card: dict[str, Any] = {"id": state.args.model_name, "object": "model", "created": int(state.started_at),
+                            "owned_by": "ferrolm", "root": state.args.model}
+    if state.client.info:
+        card["max_model_len"] = state.client.info["max_context_length"]
+    return card
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(request)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    model_id = request.path_params["model_id"]
+    card = _model_card(request)
+    if model_id != card["id"]:
+        raise APIError(404, f"model: {model_id!r} is not served here", "model", "model_not_found")
+    return JSONResponse(card)
+
+
+async def get_model_info(request: Request) -> Response:
+    state = state_of(request)
+    await state.engine_ready()
+    return JSONResponse({"model_path": state.args.model, "served_model_name": state.args.model_name,
+                         "is_generation": True, **state.client.info})
+
+
+async def server_info(request: Request) -> Response:
+    """Settings (the API key only as set / not set) and the engine's current load."""
+    state = state_of(request)
+    load: dict[str, Any] | None = None
+    if state.client.ready:
+        try:
+            load = await state.client.call("stats")
+        except EngineUnavailable:
+            load = None
+    return JSONResponse({"version": ferrolm.__version__, "settings": state.args.public_dict(),
+                         "ready": state.client.ready, "load": load, "model": state.client.info})
+
+
+async def flush_cache(request: Request) -> Response:
+    """Drops the prefix cache; refused while requests run (their KV is in use)."""
+    state = state_of(request)
+    await state.engine_ready()
+    if not await state.client.call("flush_cache"):
+        raise APIError(400, "the cache cannot be flushed while requests are running; try again when idle")
+    return JSONResponse({"success": True, "message": "cache flushed"})

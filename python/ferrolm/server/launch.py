@@ -1,0 +1,22 @@
+"""``ferrolm serve``: the app under uvicorn, on one event loop in this process, with the
+engine in a child process."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from ferrolm.server.app import create_app
+from ferrolm.server.args import ServerArgs
+
+
+def run_server(args: ServerArgs) -> int:
+    level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = create_app(args, exit_on_engine_failure=True)
+    print(f"ferrolm: serving {args.model_name!r} at http://{args.host}:{args.port} (OpenAI API under /v1)", flush=True)
+    # one worker: the engine process holds the model; more API processes would need a router
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level in ("debug", "trace"),
+                timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,127 @@
+"""The native API, after SGLang's: ``/generate`` (text or ids in, text, ids and meta_info
+out; SSE with the cumulative text when streamed) and ``/abort_request``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ferrolm.errors import InvalidInputError
+from ferrolm.sampling_params import SamplingParams
+from ferrolm.server.errors import bad_request, error_envelope, from_invalid_input
+from ferrolm.server.generation import Generation, Sample
+from ferrolm.server.openai_common import finite, parse_body, parse_logit_bias
+from ferrolm.server.protocol import AbortRequest, GenerateRequest, NativeSamplingParams
+from ferrolm.server.sse import DONE, SSE_HEADERS, sse_event
+from ferrolm.server.state import ServerState, state_of
+from ferrolm.server.structured_output import constraint_kwargs
+
+FIELD_NAMES = {name: f"sampling_params.{name}" for name in SamplingParams.__dataclass_fields__}
+FIELD_NAMES |= {"input_ids": "input_ids", "logprobs": "return_logprob", "top_logprobs": "top_logprobs_num"}
+
+
+def native_params(sp: NativeSamplingParams, req: GenerateRequest) -> SamplingParams:
+    constraint = constraint_kwargs(regex=sp.regex, json_schema=sp.json_schema, ebnf=sp.ebnf, prefix="sampling_params.")
+    try:
+        return SamplingParams(
+            max_new_tokens=sp.max_new_tokens, min_new_tokens=sp.min_new_tokens, temperature=sp.temperature,
+            top_p=sp.top_p, top_k=0 if sp.top_k == -1 else sp.top_k, min_p=sp.min_p,
+            repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty,
+            presence_penalty=sp.presence_penalty,
+            logit_bias=parse_logit_bias(sp.logit_bias, "sampling_params.logit_bias"), seed=sp.seed,
+            logprobs=req.return_logprob, top_logprobs=req.top_logprobs_num if req.return_logprob else 0,
+            stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
+            stop_token_ids=list(sp.stop_token_ids or []), include_stop_str=sp.no_stop_trim,
+            skip_special_tokens=sp.skip_special_tokens, ignore_eos=sp.ignore_eos, n=sp.n, **constraint,
+        )
+    except InvalidInputError as e:
+        raise from_invalid_input(e, FIELD_NAMES) from None
+
+
+async def generate(request: Request) -> Response:
+    state = state_of(request)
+    req = await parse_body(request, GenerateRequest)
+    if (req.text is None) == (req.input_ids is None):
+        raise bad_request("text: give exactly one of text and input_ids", "text")
+    if req.text == "" or req.input_ids == []:
+        field = "text" if req.text is not None else "input_ids"
+        raise bad_request(f"{field}: the prompt is empty", field)
+    params = native_params(req.sampling_params, req)
+    if req.stream and params.n > 1:
+        raise bad_request("stream: streaming is for n = 1", "stream")
+    rid = req.rid
+    if rid is not None and rid in state.named:
+        raise bad_request(f"rid: {rid!r} is already in flight", "rid")
+    await state.engine_ready()
+    ids = state.tokenizer.encode(req.text) if req.text is not None else req.input_ids
+    gen = Generation(state.client)
+    try:
+        await gen.add(ids, params, 0, {**FIELD_NAMES, "input_ids": "text" if req.text is not None else "input_ids"})
+    except BaseException:
+        gen.close()
+        raise
+    rid = rid or f"gen-{gen.handle.rids[0]}"
+    state.named[rid] = gen
+    if req.stream:
+        return StreamingResponse(_stream(state, gen, rid, req.return_logprob), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    try:
+        samples = await gen.run_to_end(request)
+    finally:
+        _forget(state, rid, gen)
+    gen.raise_for_errors()
+    out = [_result(s, rid, req.return_logprob) for s in samples]
+    return JSONResponse(out[0] if len(out) == 1 else out)
+
+
+def _result(s: Sample, rid: str, with_logprobs: bool) -> dict[str, Any]:
+    finish = None if s.finish_reason is None else {"type": s.finish_reason, "matched": s.matched_stop}
+    if s.error is not None and finish is not None:
+        finish["message"] = s.error
+    meta: dict[str, Any] = {
+        "id": rid, "finish_reason": finish, "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": len(s.token_ids), "cached_tokens": s.cached_tokens,
+    }
+    if with_logprobs:
+        meta["output_token_logprobs"] = [[finite(x), t] for x, t in zip(s.logprobs, s.token_ids)]
+        meta["output_top_logprobs"] = [[[finite(y), a] for a, y in alts] for alts in s.top_logprobs]
+    return {"text": s.text, "output_ids": s.token_ids, "meta_info": meta}
+
+
+async def _stream(state: ServerState, gen: Generation, rid: str, with_logprobs: bool) -> AsyncIterator[bytes]:
+    try:
+        async for batch in gen.updates():
+            for sample, d in batch:
+                if d.finish_reason == "error":
+                    yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+                yield sse_event(_result(sample, rid, with_logprobs))
+        yield DONE
+    finally:
+        _forget(state, rid, gen)
+
+
+def _forget(state: ServerState, rid: str, gen: Generation) -> None:
+    gen.close()
+    if state.named.get(rid) is gen:
+        del state.named[rid]
+
+
+async def abort_request(request: Request) -> Response:
+    """Aborts one native request by its rid, or every request of the engine."""
+    state = state_of(request)
+    req = await parse_body(request, AbortRequest)
+    if req.abort_all:
+        await state.engine_ready()
+        count = await state.client.call("abort_all")
+        return JSONResponse({"aborted": count})
+    if req.rid is None:
+        raise bad_request("rid: give a rid, or abort_all: true", "rid")
+    gen = state.named.get(req.rid)
+    if gen is None:
+        return JSONResponse({"aborted": 0})
+    unfinished = sorted(gen.handle.unfinished)
+    state.client.abort(unfinished)
+    return JSONResponse({"aborted": len(unfinished)})

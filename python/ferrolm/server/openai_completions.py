@@ -1,0 +1,116 @@
+"""``POST /v1/completions``: text (or token ids) in, text out; ``n`` samples of each prompt,
+streamed over SSE or answered at the end."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ferrolm.server.errors import APIError, bad_request, error_envelope
+from ferrolm.server.generation import Generation, Sample
+from ferrolm.server.openai_common import (
+    completion_id, completion_logprobs, now, parse_body, sampling_params_from,
+)
+from ferrolm.server.protocol import CompletionRequest
+from ferrolm.server.sse import DONE, SSE_HEADERS, sse_event
+from ferrolm.server.state import ServerState, state_of
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+FIELD_NAMES = {"input_ids": "prompt", "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+               "top_logprobs": "logprobs"}
+
+
+def prompts_of(req: CompletionRequest, state: ServerState) -> list[Any]:
+    """The prompts as token id sequences (the core checks ids against the vocabulary)."""
+    prompt = req.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]  # type: ignore[list-item]
+    if not prompt:
+        raise bad_request("prompt: no prompt given", "prompt")
+    out = []
+    for p in prompt:
+        if isinstance(p, str):
+            if not p:
+                raise bad_request("prompt: the prompt is empty", "prompt")
+            out.append(state.tokenizer.encode(p))
+        elif not p:
+            raise bad_request("prompt: the prompt is empty", "prompt")
+        else:
+            out.append(p)
+    return out
+
+
+async def create_completion(request: Request) -> Response:
+    state = state_of(request)
+    req = await parse_body(request, CompletionRequest)
+    state.check_model(req.model)
+    if req.echo:
+        raise bad_request("echo: not supported yet", "echo")
+    if req.suffix:
+        raise bad_request("suffix: not supported yet", "suffix")
+    params = sampling_params_from(
+        req, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs or 0, field_names=FIELD_NAMES,
+    )
+    prompts = prompts_of(req, state)
+    await state.engine_ready()
+    gen = Generation(state.client)
+    try:
+        for i, ids in enumerate(prompts):
+            await gen.add(ids, params, i, FIELD_NAMES)
+    except BaseException:
+        gen.close()
+        raise
+    meta = {"id": completion_id("cmpl"), "object": "text_completion", "created": now(), "model": state.args.model_name}
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return StreamingResponse(_stream(state, gen, meta, req.logprobs is not None, include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        samples = await gen.run_to_end(request)
+    finally:
+        gen.close()
+    gen.raise_for_errors()
+    choices = [_choice(state, s, req.logprobs is not None) for s in samples]
+    return JSONResponse({**meta, "choices": choices, "usage": gen.usage()})
+
+
+def _choice(state: ServerState, s: Sample, with_logprobs: bool) -> dict[str, Any]:
+    logprobs = completion_logprobs(state, s.token_ids, s.logprobs, s.top_logprobs, 0) if with_logprobs else None
+    return {"index": s.index, "text": s.text, "logprobs": logprobs, "finish_reason": s.finish_reason}
+
+
+async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], with_logprobs: bool,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    extra = {"usage": None} if include_usage else {}
+    text_offsets: dict[int, int] = {}  # per choice: where its next token's text starts
+
+    def chunk(index: int, text: str, logprobs: Any, finish_reason: str | None) -> bytes:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse_event({**meta, "choices": [choice], **extra})
+
+    try:
+        async for batch in gen.updates():
+            for sample, d in batch:
+                if d.token_ids or d.text:
+                    logprobs = None
+                    if with_logprobs:
+                        start = text_offsets.get(sample.index, 0)
+                        logprobs = completion_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs, start)
+                        text_offsets[sample.index] = start + sum(len(t) for t in logprobs["tokens"])
+                    yield chunk(sample.index, d.text, logprobs, None)
+                if d.finish_reason == "error":
+                    yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+                if d.finish_reason is not None:
+                    yield chunk(sample.index, "", None, d.finish_reason)
+        if include_usage:
+            yield sse_event({**meta, "choices": [], "usage": gen.usage()})
+        yield DONE
+    finally:
+        gen.close()  # a client that went away mid-stream: its samples are aborted here
+
+
+__all__ = ["create_completion", "APIError"]
