@@ -327,3 +327,47 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Arrays of every length up to 7: accepted exactly when the length is within
+    /// minItems/maxItems and every element has its position's type.
+    #[test]
+    fn array_lengths_and_positions(
+        min in 0u64..4, extra in proptest::option::of(0u64..4), prefix in 0usize..4, items in any::<bool>()
+    ) {
+        let max = extra.map(|e| min + e);
+        let mut schema = serde_json::Map::new();
+        schema.insert("type".into(), json!("array"));
+        // Prefix positions hold strings, later ones integers (or nothing, without items).
+        schema.insert("prefixItems".into(), Value::Array(vec![json!({"type": "string"}); prefix]));
+        schema.insert("items".into(), if items { json!({"type": "integer"}) } else { json!(false) });
+        schema.insert("minItems".into(), json!(min));
+        if let Some(max) = max {
+            schema.insert("maxItems".into(), json!(max));
+        }
+        let schema = Value::Object(schema);
+        let Ok(pattern) = json_schema_to_regex(&schema, &JsonSchemaOptions::default()) else {
+            // Only an impossible length range may fail to compile.
+            let longest = if items { max.unwrap_or(u64::MAX) } else { max.unwrap_or(u64::MAX).min(prefix as u64) };
+            prop_assert!(longest < min, "{} failed to compile", schema);
+            return Ok(());
+        };
+        let re = regex::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+        for len in 0usize..7 {
+            let elements: Vec<String> = (0..len).map(|i| if i < prefix { "\"s\"".to_string() } else { "1".to_string() }).collect();
+            let doc = format!("[{}]", elements.join(","));
+            let fits_positions = items || len <= prefix;
+            let valid = fits_positions && len as u64 >= min && max.is_none_or(|m| len as u64 <= m);
+            prop_assert_eq!(re.is_match(&doc), valid, "{} for {}", doc, schema);
+            // A wrong type at any position is refused.
+            if len > 0 {
+                let mut wrong = elements.clone();
+                wrong[len - 1] = "true".into();
+                let doc = format!("[{}]", wrong.join(","));
+                prop_assert!(!re.is_match(&doc), "{} for {}", doc, schema);
+            }
+        }
+    }
+}
