@@ -1,0 +1,83 @@
+"""Test harness: ``ferrolm serve`` in a subprocess on a free loopback port, stopped on
+exit. Used by ``tests/test_server_*.py``; handy for trying the server by hand too."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+
+STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[bytes]
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(*flags: str, api_key: str | None = None, log_path: str | None = None) -> Iterator[RunningServer]:
+    """Starts the server with ``flags`` and waits until /health says ready; stops it
+    (SIGTERM, then SIGKILL) however the block ends."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *flags]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    log = open(log_path or os.devnull, "wb")
+    # its own process group: stopping it stops the engine process too
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = RunningServer(f"http://127.0.0.1:{port}", process, api_key)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        _stop(process)
+        log.close()
+
+
+def _wait_healthy(server: RunningServer) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.process.returncode} before it was ready")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server was not ready within {STARTUP_TIMEOUT_S} s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left (the engine)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)

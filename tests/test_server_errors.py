@@ -1,0 +1,118 @@
+"""Bad requests get status 400 (never 422 or 500) with OpenAI's error envelope naming the
+field at fault, and leave the server serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from ferrolm.server.testing import RunningServer, running_server
+
+CONTEXT = 4096  # the tiny model's context
+KV = 1024
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", str(KV)) as s:
+        yield s
+
+
+def post(server: RunningServer, path: str, body: Any, raw: bool = False) -> httpx.Response:
+    if raw:
+        return httpx.post(f"{server.url}{path}", content=body, headers={"content-type": "application/json"}, timeout=30)
+    return httpx.post(f"{server.url}{path}", json=body, timeout=30)
+
+
+def assert_envelope(r: httpx.Response, status: int, param: str | None) -> None:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    assert error["param"] == param, error
+
+
+C = "/v1/completions"
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+BAD = [
+    pytest.param(C, {"prompt": "x", "max_tokens": "ten"}, "max_tokens", id="wrong-type-int"),
+    pytest.param(C, {"prompt": "x", "temperature": "hot"}, "temperature", id="wrong-type-float"),
+    pytest.param(C, {"prompt": "x", "stream": "yes"}, "stream", id="wrong-type-bool"),
+    pytest.param(C, {"prompt": 5}, "prompt", id="prompt-a-number"),
+    pytest.param(C, {"max_tokens": 3}, "prompt", id="prompt-missing"),
+    pytest.param(C, {"prompt": ""}, "prompt", id="prompt-empty"),
+    pytest.param(C, {"prompt": []}, "prompt", id="prompt-empty-list"),
+    pytest.param(C, {"prompt": "x", "temperature": -0.5}, "temperature", id="temperature-negative"),
+    pytest.param(C, {"prompt": "x", "temperature": 1e9}, "temperature", id="temperature-absurd"),
+    pytest.param(C, {"prompt": "x", "top_p": 1.5}, "top_p", id="top_p-above-1"),
+    pytest.param(C, {"prompt": "x", "n": 0}, "n", id="n-zero"),
+    pytest.param(C, {"prompt": "x", "max_tokens": 0}, "max_tokens", id="max_tokens-zero"),
+    pytest.param(C, {"prompt": "x", "max_tokens": CONTEXT}, "max_tokens", id="max_tokens-beyond-context"),
+    pytest.param(C, {"prompt": "x", "logprobs": 50}, "logprobs", id="logprobs-too-many"),
+    pytest.param(C, {"prompt": "x", "frequency_penalty": 3}, "frequency_penalty", id="penalty-out-of-range"),
+    pytest.param(C, {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias", id="logit_bias-key"),
+    pytest.param(C, {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias", id="logit_bias-outside-vocab"),
+    pytest.param(C, {"prompt": "x", "stop": [""]}, "stop", id="stop-empty"),
+    pytest.param(C, {"prompt": "x", "seed": -1}, "seed", id="seed-negative"),
+    pytest.param(C, {"prompt": [1, 2, 99999]}, "prompt", id="ids-outside-vocab"),
+    pytest.param(C, {"prompt": [-1]}, "prompt", id="ids-negative"),
+    pytest.param(C, {"prompt": "word " * (KV + 10), "max_tokens": 1}, "prompt", id="prompt-too-long"),
+    pytest.param(C, {"prompt": "x", "model": "gpt-4"}, "model", id="unknown-model"),
+    pytest.param(C, {"prompt": "x", "echo": True}, "echo", id="echo-unsupported"),
+    pytest.param(C, {"prompt": "x", "regex": "[a-z]+"}, "regex", id="regex-not-yet"),
+    pytest.param(C, {"prompt": "x", "json_schema": {"type": "object"}}, "json_schema", id="json_schema-not-yet"),
+    pytest.param(C, {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format",
+                 id="response_format-not-yet"),
+    pytest.param(C, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type",
+                 id="response_format-unknown"),
+    pytest.param(CHAT, {"messages": []}, "messages", id="chat-no-messages"),
+    pytest.param(CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", id="chat-bad-role"),
+    pytest.param(CHAT, {"messages": [{"role": "user", "content": 3}]}, "messages.0.content", id="chat-content-type"),
+    pytest.param(CHAT, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens", id="chat-max-zero"),
+    pytest.param(CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs", id="chat-top-without-logprobs"),
+    pytest.param(CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, "tools", id="chat-tools"),
+    pytest.param(CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                 "schema": {"type": "object"}}}}, "response_format", id="chat-json_schema-not-yet"),
+    pytest.param(CHAT, {"messages": [{"role": "user", "content": "word " * (KV + 10)}]}, "messages",
+                 id="chat-prompt-too-long"),
+    pytest.param("/generate", {"sampling_params": {"max_new_tokens": 1}}, "text", id="generate-no-prompt"),
+    pytest.param("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature",
+                 id="generate-temperature"),
+    pytest.param("/generate", {"input_ids": [99999]}, "input_ids", id="generate-ids-outside-vocab"),
+    pytest.param("/generate", {"text": "x", "sampling_params": {"regex": "a+"}}, "sampling_params.regex",
+                 id="generate-regex-not-yet"),
+    pytest.param("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [99999]}},
+                 "sampling_params.stop_token_ids", id="generate-stop-token-outside-vocab"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD)
+def test_bad_input_is_a_400_naming_the_field(server: RunningServer, path: str, body: dict[str, Any], param: str) -> None:
+    assert_envelope(post(server, path, body), 400, param)
+    if "stream" not in body:  # a streamed request is refused the same way, before any event
+        assert_envelope(post(server, path, {**body, "stream": True}), 400, param)
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"null", b'{"prompt": "x",}'])
+def test_malformed_json_is_a_400(server: RunningServer, raw: bytes) -> None:
+    for path in (C, CHAT, "/generate"):
+        assert_envelope(post(server, path, raw, raw=True), 400, None)
+
+
+def test_unknown_route_and_method(server: RunningServer) -> None:
+    r = httpx.get(f"{server.url}/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(f"{server.url}/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_server_still_serves_after_bad_input(server: RunningServer) -> None:
+    r = post(server, C, {"prompt": "still here", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    info = httpx.get(f"{server.url}/server_info").json()["load"]
+    assert info["waiting"] == 0 and info["running"] == 0 and info["kv_used"] == info["cached_tokens"]
