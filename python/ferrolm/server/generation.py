@@ -51,6 +51,7 @@ class Generation:
         self.client = client
         self.handle = RequestHandle()
         self.samples: dict[int, Sample] = {}  # by rid
+        self.closed = False
 
     async def add(self, input_ids: Any, params: SamplingParams, prompt_index: int,
                   field_names: dict[str, str], **core_kw: Any) -> None:
@@ -99,7 +100,9 @@ class Generation:
         return sorted(self.samples.values(), key=lambda s: s.index)
 
     def close(self) -> None:
-        self.client.release(self.handle)
+        if not self.closed:
+            self.closed = True
+            self.client.release(self.handle)
 
     def usage(self) -> dict[str, Any]:
         """OpenAI's usage: each prompt counted once (its first sample's numbers), every

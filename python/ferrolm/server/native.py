@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
@@ -15,7 +15,7 @@ from ferrolm.server.errors import bad_request, error_envelope, from_invalid_inpu
 from ferrolm.server.generation import Generation, Sample
 from ferrolm.server.openai_common import finite, parse_body, parse_logit_bias
 from ferrolm.server.protocol import AbortRequest, GenerateRequest, NativeSamplingParams
-from ferrolm.server.sse import DONE, SSE_HEADERS, sse_event
+from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
 from ferrolm.server.state import ServerState, state_of
 from ferrolm.server.structured_output import constraint_kwargs
 
@@ -66,8 +66,7 @@ async def generate(request: Request) -> Response:
     rid = rid or f"gen-{gen.handle.rids[0]}"
     state.named[rid] = gen
     if req.stream:
-        return StreamingResponse(_stream(state, gen, rid, req.return_logprob), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return EventStreamResponse(_stream(gen, rid, req.return_logprob), lambda: _forget(state, rid, gen))
     try:
         samples = await gen.run_to_end(request)
     finally:
@@ -91,16 +90,13 @@ def _result(s: Sample, rid: str, with_logprobs: bool) -> dict[str, Any]:
     return {"text": s.text, "output_ids": s.token_ids, "meta_info": meta}
 
 
-async def _stream(state: ServerState, gen: Generation, rid: str, with_logprobs: bool) -> AsyncIterator[bytes]:
-    try:
-        async for batch in gen.updates():
-            for sample, d in batch:
-                if d.finish_reason == "error":
-                    yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
-                yield sse_event(_result(sample, rid, with_logprobs))
-        yield DONE
-    finally:
-        _forget(state, rid, gen)
+async def _stream(gen: Generation, rid: str, with_logprobs: bool) -> AsyncIterator[bytes]:
+    async for batch in gen.updates():
+        for sample, d in batch:
+            if d.finish_reason == "error":
+                yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+            yield sse_event(_result(sample, rid, with_logprobs))
+    yield DONE
 
 
 def _forget(state: ServerState, rid: str, gen: Generation) -> None:

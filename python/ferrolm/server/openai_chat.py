@@ -8,20 +8,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ferrolm.errors import InvalidInputError
 from ferrolm.server.errors import bad_request, error_envelope, from_invalid_input
 from ferrolm.server.generation import Generation, Sample
 from ferrolm.server.openai_common import chat_logprobs, completion_id, now, parse_body, sampling_params_from
 from ferrolm.server.protocol import ChatCompletionRequest
-from ferrolm.server.sse import DONE, SSE_HEADERS, sse_event
+from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
 from ferrolm.server.state import ServerState, state_of
 
 
 def prompt_ids_of(req: ChatCompletionRequest, state: ServerState) -> Any:
     messages = []
-    for i, m in enumerate(req.messages):
+    for m in req.messages:
         content = m.content if isinstance(m.content, str) or m.content is None else "".join(p.text for p in m.content)
         messages.append({"role": m.role, "content": content or ""})
     try:
@@ -61,8 +61,7 @@ async def create_chat_completion(request: Request) -> Response:
     meta = {"id": completion_id("chatcmpl"), "created": now(), "model": state.args.model_name}
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return StreamingResponse(_stream(state, gen, meta, req.n, req.logprobs, include_usage),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStreamResponse(_stream(state, gen, meta, req.n, req.logprobs, include_usage), gen.close)
     try:
         samples = await gen.run_to_end(request)
     finally:
@@ -87,20 +86,18 @@ async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], n: 
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return sse_event({**meta, "choices": [choice], **extra})
 
-    try:
-        for index in range(n):
-            yield chunk(index, {"role": "assistant", "content": ""})
-        async for batch in gen.updates():
-            for sample, d in batch:
-                if d.token_ids or d.text:
-                    logprobs = chat_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs) if with_logprobs else None
-                    yield chunk(sample.index, {"content": d.text}, logprobs)
-                if d.finish_reason == "error":
-                    yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
-                if d.finish_reason is not None:
-                    yield chunk(sample.index, {}, None, d.finish_reason)
-        if include_usage:
-            yield sse_event({**meta, "choices": [], "usage": gen.usage()})
-        yield DONE
-    finally:
-        gen.close()  # a client that went away mid-stream: its samples are aborted here
+    # no try/finally: EventStreamResponse releases the request however the stream ends
+    for index in range(n):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    async for batch in gen.updates():
+        for sample, d in batch:
+            if d.token_ids or d.text:
+                logprobs = chat_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs) if with_logprobs else None
+                yield chunk(sample.index, {"content": d.text}, logprobs)
+            if d.finish_reason == "error":
+                yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+            if d.finish_reason is not None:
+                yield chunk(sample.index, {}, None, d.finish_reason)
+    if include_usage:
+        yield sse_event({**meta, "choices": [], "usage": gen.usage()})
+    yield DONE

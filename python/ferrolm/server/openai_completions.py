@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ferrolm.server.errors import APIError, bad_request, error_envelope
 from ferrolm.server.generation import Generation, Sample
@@ -15,7 +15,7 @@ from ferrolm.server.openai_common import (
     completion_id, completion_logprobs, now, parse_body, sampling_params_from,
 )
 from ferrolm.server.protocol import CompletionRequest
-from ferrolm.server.sse import DONE, SSE_HEADERS, sse_event
+from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
 from ferrolm.server.state import ServerState, state_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -26,20 +26,14 @@ FIELD_NAMES = {"input_ids": "prompt", "max_new_tokens": "max_tokens", "min_new_t
 def prompts_of(req: CompletionRequest, state: ServerState) -> list[Any]:
     """The prompts as token id sequences (the core checks ids against the vocabulary)."""
     prompt = req.prompt
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        prompt = [prompt]  # type: ignore[list-item]
-    if not prompt:
+    prompts: list[Any] = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    if not prompts:
         raise bad_request("prompt: no prompt given", "prompt")
-    out = []
-    for p in prompt:
-        if isinstance(p, str):
-            if not p:
-                raise bad_request("prompt: the prompt is empty", "prompt")
-            out.append(state.tokenizer.encode(p))
-        elif not p:
+    out: list[Any] = []
+    for p in prompts:
+        if not p:
             raise bad_request("prompt: the prompt is empty", "prompt")
-        else:
-            out.append(p)
+        out.append(state.tokenizer.encode(p) if isinstance(p, str) else p)
     return out
 
 
@@ -67,8 +61,7 @@ async def create_completion(request: Request) -> Response:
     meta = {"id": completion_id("cmpl"), "object": "text_completion", "created": now(), "model": state.args.model_name}
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return StreamingResponse(_stream(state, gen, meta, req.logprobs is not None, include_usage),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStreamResponse(_stream(state, gen, meta, req.logprobs is not None, include_usage), gen.close)
     try:
         samples = await gen.run_to_end(request)
     finally:
@@ -92,25 +85,23 @@ async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], wit
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return sse_event({**meta, "choices": [choice], **extra})
 
-    try:
-        async for batch in gen.updates():
-            for sample, d in batch:
-                if d.token_ids or d.text:
-                    logprobs = None
-                    if with_logprobs:
-                        start = text_offsets.get(sample.index, 0)
-                        logprobs = completion_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs, start)
-                        text_offsets[sample.index] = start + sum(len(t) for t in logprobs["tokens"])
-                    yield chunk(sample.index, d.text, logprobs, None)
-                if d.finish_reason == "error":
-                    yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
-                if d.finish_reason is not None:
-                    yield chunk(sample.index, "", None, d.finish_reason)
-        if include_usage:
-            yield sse_event({**meta, "choices": [], "usage": gen.usage()})
-        yield DONE
-    finally:
-        gen.close()  # a client that went away mid-stream: its samples are aborted here
+    # no try/finally: EventStreamResponse releases the request however the stream ends
+    async for batch in gen.updates():
+        for sample, d in batch:
+            if d.token_ids or d.text:
+                logprobs = None
+                if with_logprobs:
+                    start = text_offsets.get(sample.index, 0)
+                    logprobs = completion_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs, start)
+                    text_offsets[sample.index] = start + sum(len(t) for t in logprobs["tokens"])
+                yield chunk(sample.index, d.text, logprobs, None)
+            if d.finish_reason == "error":
+                yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+            if d.finish_reason is not None:
+                yield chunk(sample.index, "", None, d.finish_reason)
+    if include_usage:
+        yield sse_event({**meta, "choices": [], "usage": gen.usage()})
+    yield DONE
 
 
 __all__ = ["create_completion", "APIError"]

@@ -28,23 +28,23 @@ class OpenAISampling(_Body):
     """What completions and chat completions share."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=128)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=128)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**64)
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
     logit_bias: dict[str, float] | None = None
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     # extra sampling fields, as SGLang and vLLM accept them
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -57,7 +57,7 @@ class OpenAISampling(_Body):
 
 class CompletionRequest(OpenAISampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
 
@@ -75,31 +75,31 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
 
 
 class NativeSamplingParams(_Body):
     """``sampling_params`` of ``/generate``, named as SGLang names them."""
 
-    max_new_tokens: int = Field(128, ge=1)
-    min_new_tokens: int = Field(0, ge=0)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    max_new_tokens: int = Field(default=128, ge=1)
+    min_new_tokens: int = Field(default=0, ge=0)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-    seed: int | None = Field(None, ge=0, lt=2**64)
-    n: int = Field(1, ge=1, le=128)
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    n: int = Field(default=1, ge=1, le=128)
     logit_bias: dict[str, float] | None = None
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
@@ -109,11 +109,11 @@ class NativeSamplingParams(_Body):
 class GenerateRequest(_Body):
     text: str | None = None
     input_ids: list[int] | None = None
-    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
+    sampling_params: NativeSamplingParams = Field(default_factory=lambda: NativeSamplingParams())
     stream: bool = False
     rid: str | None = None
     return_logprob: bool = False
-    top_logprobs_num: int = Field(0, ge=0, le=20)
+    top_logprobs_num: int = Field(default=0, ge=0, le=20)
 
 
 class AbortRequest(_Body):

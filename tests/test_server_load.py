@@ -1,0 +1,142 @@
+"""Many clients at once, clients that go away, slow readers, and the Prometheus counters,
+against a real ``ferrolm serve``. Every loop here is bounded in count and time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ferrolm.server.testing import RunningServer, running_server
+
+CONCURRENT_STREAMS = 48
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-running-requests", "64", "--max-total-tokens", "16384") as s:
+        yield s
+
+
+def load(server: RunningServer) -> dict[str, int]:
+    return httpx.get(f"{server.url}/server_info", timeout=30).json()["load"]
+
+
+def wait_until(check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def assert_no_request_holds_kv(server: RunningServer) -> None:
+    after = wait_until(lambda: (s := load(server))["running"] == 0 and s["waiting"] == 0 and s)
+    assert after["kv_used"] == after["cached_tokens"], after
+
+
+def metric_values(server: RunningServer) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if not s.labels or set(s.labels) == {"le"} and s.labels["le"] == "+Inf"}
+
+
+LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}
+
+
+def test_concurrent_streams_all_complete(server: RunningServer) -> None:
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None]:
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"client {i} says hello"}], max_tokens=12,
+            temperature=0, stream=True)
+        text, finish = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        return text, finish
+
+    async def all_of_them() -> list[tuple[str, str | None]]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(client, i) for i in range(CONCURRENT_STREAMS))), 150)
+        finally:
+            await client.close()
+
+    results = asyncio.run(all_of_them())
+    assert len(results) == CONCURRENT_STREAMS
+    assert all(finish in ("length", "stop") for _, finish in results)
+    # the same prompt alone gives the same text as in the crowd (greedy)
+    alone = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "client 7 says hello"}], max_tokens=12, temperature=0)
+    assert alone.choices[0].message.content == results[7][0]
+    assert_no_request_holds_kv(server)
+
+
+def test_stream_disconnect_aborts_and_frees_kv(server: RunningServer) -> None:
+    body = {"model": "tiny", "prompt": "go on and on", "stream": True, **LONG}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(4)]  # a few events, then hang up
+        assert any(line.startswith("data: ") for line in got)
+        assert load(server)["running"] == 1
+    assert_no_request_holds_kv(server)
+
+
+def test_non_streamed_disconnect_aborts_and_frees_kv(server: RunningServer) -> None:
+    body = {"model": "tiny", "prompt": "a long answer please", **LONG}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+    assert_no_request_holds_kv(server)
+    stats = load(server)
+    assert stats["generation_tokens"] < 10_000  # the 3000-token answer was not finished in the background
+
+
+def test_slow_reader_loses_nothing(server: RunningServer) -> None:
+    body = {"model": "tiny", "prompt": "slow reader", "max_tokens": 40, "temperature": 0}
+    whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    text = ""
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        for i, line in enumerate(r.iter_lines()):
+            if i == 0:
+                time.sleep(1.0)  # the engine runs ahead meanwhile
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[len("data: "):])["choices"][0]["text"]
+    assert text == whole
+
+
+def test_metrics_count_the_requests_sent(server: RunningServer) -> None:
+    before = metric_values(server)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    prompt_tokens = completion_tokens = 0
+    sent = 5
+    for i in range(sent):
+        r = client.completions.create(model="tiny", prompt=f"metrics request {i}", max_tokens=4 + i, temperature=0)
+        assert r.usage is not None
+        prompt_tokens += r.usage.prompt_tokens
+        completion_tokens += r.usage.completion_tokens
+    after = metric_values(server)
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert delta("ferrolm:num_requests_finished_total") == sent
+    assert delta("ferrolm:prompt_tokens_total") == prompt_tokens
+    assert delta("ferrolm:generation_tokens_total") == completion_tokens
+    assert delta("ferrolm:time_to_first_token_seconds_count") == sent
+    assert delta("ferrolm:e2e_request_latency_seconds_count") == sent
+    assert delta("ferrolm:queue_time_seconds_count") == sent
+    assert delta("ferrolm:inter_token_latency_seconds_count") == completion_tokens - sent
+    for name in ("ferrolm:num_running_reqs", "ferrolm:num_queue_reqs", "ferrolm:kv_cache_usage",
+                 "ferrolm:cache_hit_tokens_total", "ferrolm:num_retractions_total"):
+        assert name in after, name
+    assert after["ferrolm:num_running_reqs"] == 0
