@@ -23,6 +23,8 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     max_total_tokens: int = 32_768
     disable_radix_cache: bool = False
+    max_queued_requests: int | None = None  # beyond running + this many waiting: 429
+    queue_timeout: float | None = None  # seconds a request may wait before its first step: then 503
     seed: int = 0
     blas_threads: int | None = None
     log_level: str = "info"
@@ -54,6 +56,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-total-tokens", type=int, default=defaults.max_total_tokens,
                         help="KV cache capacity in tokens")
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
+    parser.add_argument("--max-queued-requests", type=int, default=None,
+                        help="requests allowed to wait beyond the running ones; more are refused with 429")
+    parser.add_argument("--queue-timeout", type=float, default=None,
+                        help="seconds a request may wait in the queue; longer is answered with 503")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)

@@ -29,6 +29,10 @@ class EngineUnavailable(RuntimeError):
     """The engine process is not (or no longer) serving."""
 
 
+class EngineError(RuntimeError):
+    """The engine failed on a request through no fault of the request (a bug)."""
+
+
 class RequestHandle:
     """The samples of one HTTP request (several prompts, ``n`` samples each); their deltas
     arrive on one queue, in step order."""
@@ -108,6 +112,11 @@ class EngineClient:
                 self._process.join(timeout)
 
     # ---- requests ----
+
+    @property
+    def in_flight(self) -> int:
+        """Samples submitted and not yet finished (running or waiting)."""
+        return len(self._routes)
 
     def new_rids(self, n: int) -> list[int]:
         return [next(self._rids) for _ in range(n)]
@@ -197,8 +206,9 @@ class EngineClient:
         elif kind == "submitted":
             _resolve(self._acks.pop(msg[1], None), None)
         elif kind == "rejected":
-            _, rid, message, field_name = msg
-            _resolve(self._acks.pop(rid, None), error=InvalidInputError(message, field_name))
+            _, rid, message, field_name, bad_input = msg
+            error = InvalidInputError(message, field_name) if bad_input else EngineError(message)
+            _resolve(self._acks.pop(rid, None), error=error)
         elif kind == "reply":
             _, call_id, ok, value = msg
             _resolve(self._replies.get(call_id), value if ok else None, None if ok else RuntimeError(value))

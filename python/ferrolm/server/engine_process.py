@@ -8,7 +8,7 @@ API -> engine:
   ("shutdown",)
 engine -> API:
   ("ready", info) | ("failed", message)         once, at start
-  ("submitted", rid) | ("rejected", rid, message, field)   answer to a submit (first rid)
+  ("submitted", rid) | ("rejected", rid, message, field, bad_input)   answer to a submit
   ("deltas", [Delta, ...])                      one message per step
   ("reply", call_id, ok, value)
 
@@ -102,20 +102,35 @@ class EngineLoop:
     def _submit(self, rids: list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         first = rids[0]
         try:
-            self.engine.core.submit(first, input_ids, **params.core_kwargs(), **core_kw)
-        except InvalidInputError as e:
-            self.conn.send(("rejected", first, str(e), e.field))
+            self._core_submit(first, input_ids, params, core_kw)
+        except (InvalidInputError, ValueError, TypeError) as e:
+            # bad input (the core checks ranges and ids; a grammar may not compile)
+            self.conn.send(("rejected", first, str(e), getattr(e, "field", None), True))
+            return
+        except Exception as e:  # a bug, not the client's fault: refuse this request, keep serving
+            log.error("submit failed:\n%s", traceback.format_exc())
+            self.conn.send(("rejected", first, f"{type(e).__name__}: {e}", None, False))
             return
         self.conn.send(("submitted", first))
         if len(rids) > 1:
             self.held_siblings[first] = _Siblings(rids[1:], input_ids, params, core_kw)
 
+    def _core_submit(self, rid: int, input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
+        """``Engine.submit`` with the API process's rid (the rids of all requests come from
+        there, so they are unique across the whole server)."""
+        # structured output: the engine compiles the request's grammar, where it can
+        compile_grammar = getattr(self.engine, "grammar", None)
+        grammar = compile_grammar(params) if compile_grammar is not None else None
+        if grammar is not None:
+            core_kw = {**core_kw, "grammar": grammar}
+        self.engine.core.submit(rid, input_ids, **params.core_kwargs(), **core_kw)
+
     def _submit_siblings(self, s: _Siblings) -> None:
         for j, rid in enumerate(s.rids, start=1):
             seed = None if s.params.seed is None else (s.params.seed + j) % 2**64
             try:
-                self.engine.core.submit(rid, s.input_ids, **dataclasses.replace(s.params, seed=seed).core_kwargs(), **s.core_kw)
-            except InvalidInputError as e:  # the first sample's prompt passed: unlikely
+                self._core_submit(rid, s.input_ids, dataclasses.replace(s.params, seed=seed), s.core_kw)
+            except Exception as e:  # the first sample's prompt passed: unlikely
                 self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="error", error=str(e)))
 
     def _abort(self, rids: list[int]) -> None:

@@ -14,6 +14,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
 }

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from ferrolm.engine import Delta
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.engine_client import EngineClient, EngineUnavailable, RequestHandle
+from ferrolm.server.engine_client import EngineClient, EngineError, EngineUnavailable, RequestHandle
 from ferrolm.server.errors import APIError, from_invalid_input
 
 
@@ -55,12 +55,22 @@ class Generation:
 
     async def add(self, input_ids: Any, params: SamplingParams, prompt_index: int,
                   field_names: dict[str, str], **core_kw: Any) -> None:
+        args = self.client.args
+        if args.max_queued_requests is not None:
+            limit = args.max_running_requests + args.max_queued_requests
+            if self.client.in_flight + params.n > limit:
+                raise APIError(429, f"the server is at capacity ({self.client.in_flight} requests running or "
+                                    "waiting); retry later", code="queue_full")
+        if args.queue_timeout is not None:
+            core_kw.setdefault("queue_timeout", args.queue_timeout)
         try:
             rids = await self.client.submit(self.handle, input_ids, params, **core_kw)
         except InvalidInputError as e:
             raise from_invalid_input(e, field_names) from None
         except EngineUnavailable as e:
             raise APIError(503, str(e)) from None
+        except EngineError as e:
+            raise APIError(500, f"the engine could not take the request: {e}") from None
         for j, rid in enumerate(rids):
             self.samples[rid] = Sample(index=prompt_index * params.n + j, first_of_prompt=j == 0)
 
@@ -120,7 +130,19 @@ class Generation:
     def raise_for_errors(self) -> None:
         for s in self.samples.values():
             if s.finish_reason == "error":
-                raise APIError(500, f"generation failed: {s.error}")
+                raise error_of(s.error)
+
+
+# how the core words a request that waited past its queue_timeout (engine/core.rs)
+QUEUE_TIMEOUT_MESSAGE = "waited in the queue longer than"
+
+
+def error_of(message: str | None) -> APIError:
+    """A request that finished with an error: 503 if it waited too long (the server is
+    overloaded, a retry may succeed), else 500."""
+    if message and QUEUE_TIMEOUT_MESSAGE in message:
+        return APIError(503, f"the server is overloaded: the request {message}", code="queue_timeout")
+    return APIError(500, f"generation failed: {message}")
 
 
 class ClientGone(Exception):

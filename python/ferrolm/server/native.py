@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.errors import bad_request, error_envelope, from_invalid_input
-from ferrolm.server.generation import Generation, Sample
-from ferrolm.server.openai_common import finite, parse_body, parse_logit_bias
+from ferrolm.server.errors import bad_request, from_invalid_input
+from ferrolm.server.generation import Generation, Sample, error_of
+from ferrolm.server.openai_common import core_kwargs, finite, parse_body, parse_logit_bias
 from ferrolm.server.protocol import AbortRequest, GenerateRequest, NativeSamplingParams
 from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
 from ferrolm.server.state import ServerState, state_of
@@ -59,7 +59,8 @@ async def generate(request: Request) -> Response:
     ids = state.tokenizer.encode(req.text) if req.text is not None else req.input_ids
     gen = Generation(state.client)
     try:
-        await gen.add(ids, params, 0, {**FIELD_NAMES, "input_ids": "text" if req.text is not None else "input_ids"})
+        await gen.add(ids, params, 0, {**FIELD_NAMES, "input_ids": "text" if req.text is not None else "input_ids"},
+                      **core_kwargs(req.priority))
     except BaseException:
         gen.close()
         raise
@@ -94,7 +95,7 @@ async def _stream(gen: Generation, rid: str, with_logprobs: bool) -> AsyncIterat
     async for batch in gen.updates():
         for sample, d in batch:
             if d.finish_reason == "error":
-                yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+                yield sse_event(error_of(d.error).envelope())
             yield sse_event(_result(sample, rid, with_logprobs))
     yield DONE
 

@@ -11,9 +11,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ferrolm.errors import InvalidInputError
-from ferrolm.server.errors import bad_request, error_envelope, from_invalid_input
-from ferrolm.server.generation import Generation, Sample
-from ferrolm.server.openai_common import chat_logprobs, completion_id, now, parse_body, sampling_params_from
+from ferrolm.server.errors import bad_request, from_invalid_input
+from ferrolm.server.generation import Generation, Sample, error_of
+from ferrolm.server.openai_common import (
+    chat_logprobs, completion_id, core_kwargs, now, parse_body, sampling_params_from,
+)
 from ferrolm.server.protocol import ChatCompletionRequest
 from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
 from ferrolm.server.state import ServerState, state_of
@@ -54,7 +56,7 @@ async def create_chat_completion(request: Request) -> Response:
                                   top_logprobs=req.top_logprobs or 0, field_names=field_names)
     gen = Generation(state.client)
     try:
-        await gen.add(ids, params, 0, field_names)
+        await gen.add(ids, params, 0, field_names, **core_kwargs(req.priority))
     except BaseException:
         gen.close()
         raise
@@ -95,7 +97,7 @@ async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], n: 
                 logprobs = chat_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs) if with_logprobs else None
                 yield chunk(sample.index, {"content": d.text}, logprobs)
             if d.finish_reason == "error":
-                yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+                yield sse_event(error_of(d.error).envelope())
             if d.finish_reason is not None:
                 yield chunk(sample.index, {}, None, d.finish_reason)
     if include_usage:

@@ -78,6 +78,11 @@ def sampling_params_from(req: OpenAISampling, *, max_tokens: int, logprobs: bool
         raise from_invalid_input(e, field_names) from None
 
 
+def core_kwargs(priority: int | None) -> dict[str, Any]:
+    """Engine-core arguments beyond sampling (the scheduler's, per request)."""
+    return {} if priority is None else {"priority": priority}
+
+
 def completion_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 

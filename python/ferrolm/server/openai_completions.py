@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ferrolm.server.errors import APIError, bad_request, error_envelope
-from ferrolm.server.generation import Generation, Sample
+from ferrolm.server.errors import bad_request
+from ferrolm.server.generation import Generation, Sample, error_of
 from ferrolm.server.openai_common import (
-    completion_id, completion_logprobs, now, parse_body, sampling_params_from,
+    completion_id, completion_logprobs, core_kwargs, now, parse_body, sampling_params_from,
 )
 from ferrolm.server.protocol import CompletionRequest
 from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
@@ -54,7 +54,7 @@ async def create_completion(request: Request) -> Response:
     gen = Generation(state.client)
     try:
         for i, ids in enumerate(prompts):
-            await gen.add(ids, params, i, FIELD_NAMES)
+            await gen.add(ids, params, i, FIELD_NAMES, **core_kwargs(req.priority))
     except BaseException:
         gen.close()
         raise
@@ -96,12 +96,10 @@ async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], wit
                     text_offsets[sample.index] = start + sum(len(t) for t in logprobs["tokens"])
                 yield chunk(sample.index, d.text, logprobs, None)
             if d.finish_reason == "error":
-                yield sse_event(error_envelope(500, f"generation failed: {d.error}"))
+                yield sse_event(error_of(d.error).envelope())
             if d.finish_reason is not None:
                 yield chunk(sample.index, "", None, d.finish_reason)
     if include_usage:
         yield sse_event({**meta, "choices": [], "usage": gen.usage()})
     yield DONE
 
-
-__all__ = ["create_completion", "APIError"]

@@ -48,6 +48,7 @@ class OpenAISampling(_Body):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    priority: int | None = None  # with --schedule-policy priority: larger runs first
     # structured output: accepted here, refused until the engine supports it
     response_format: ResponseFormat | None = None
     regex: str | None = None
@@ -114,6 +115,7 @@ class GenerateRequest(_Body):
     rid: str | None = None
     return_logprob: bool = False
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    priority: int | None = None
 
 
 class AbortRequest(_Body):

@@ -1,0 +1,129 @@
+"""The server's life: /health says 503 until the engine is ready, a model that cannot load
+ends the server, an engine that dies fails its requests instead of hanging them and takes
+the server down, and overload is answered with 429 / 503."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ferrolm.server.testing import free_port, running_server
+
+
+def wait_until(check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def engine_process_of(server_pid: int) -> int:
+    """The server's engine process (its other child is multiprocessing's resource tracker)."""
+    found = []
+    for task in Path(f"/proc/{server_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                found.append(int(child))
+    [engine] = found
+    return engine
+
+
+def test_health_is_503_until_ready_then_200() -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    statuses: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (not statuses or statuses[-1] != 200):
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.05)  # not listening yet
+                continue
+            statuses.append(r.status_code)
+            if r.status_code == 503:
+                assert r.json()["status"] == "unavailable"
+        assert statuses and statuses[-1] == 200, statuses
+        assert set(statuses) <= {200, 503}, statuses
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit says why
+    assert process.returncode in (0, -signal.SIGTERM), process.returncode
+
+
+def test_a_model_that_cannot_load_ends_the_server(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(free_port()), "--model", str(tmp_path / "nothing")]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=60, start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError("the server kept running without a model") from e
+    assert done.returncode != 0
+    assert b"nothing" in done.stderr + done.stdout
+
+
+def test_an_engine_that_dies_fails_its_requests_and_ends_the_server() -> None:
+    with running_server() as server:
+        events: list[str] = []
+
+        def stream() -> None:
+            body = {"prompt": "long", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+                events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        wait_until(lambda: len(events) > 2 or httpx.get(f"{server.url}/server_info").json()["load"]["running"] == 1)
+        os.kill(engine_process_of(server.process.pid), signal.SIGKILL)
+        reader.join(timeout=30)
+        assert not reader.is_alive(), "the stream must end, not hang"
+        assert events[-1] == "data: [DONE]"
+        errors = [json.loads(e[6:]) for e in events[:-1] if "error" in json.loads(e[6:])]
+        assert errors and errors[0]["error"]["message"]
+        # the server does not linger half-alive
+        server.process.wait(timeout=30)
+
+
+def test_overload_is_429_when_full_and_503_after_waiting_too_long() -> None:
+    flags = ("--max-running-requests", "1", "--max-queued-requests", "1", "--queue-timeout", "0.5")
+    with running_server(*flags) as server:
+        long = {"prompt": "hog", "max_tokens": 3000, "ignore_eos": True}
+        hog = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=long, timeout=60))
+        hog.start()
+        try:
+            wait_until(lambda: httpx.get(f"{server.url}/server_info").json()["load"]["running"] == 1)
+            waited: dict[str, httpx.Response] = {}
+            waiter = threading.Thread(target=lambda: waited.setdefault("r", httpx.post(
+                f"{server.url}/v1/completions", json={"prompt": "wait", "max_tokens": 2}, timeout=60)))
+            waiter.start()
+            wait_until(lambda: httpx.get(f"{server.url}/server_info").json()["load"]["waiting"] == 1)
+            full = httpx.post(f"{server.url}/v1/completions", json={"prompt": "one more", "max_tokens": 2})
+            assert full.status_code == 429, full.text
+            assert full.json()["error"]["type"] == "rate_limit_error"
+            waiter.join(timeout=30)
+            assert waited["r"].status_code == 503, waited["r"].text
+            assert "queue" in waited["r"].json()["error"]["message"]
+        finally:
+            httpx.post(f"{server.url}/abort_request", json={"abort_all": True})
+            hog.join(timeout=30)
+        assert not hog.is_alive()

@@ -1,0 +1,60 @@
+"""Structured output through the HTTP API (regex, json_schema, response_format), once the
+engine supports it; until then the fields are refused (see test_server_errors.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from ferrolm.engine import Engine
+from ferrolm.sampling_params import SamplingParams
+from ferrolm.server.testing import RunningServer, running_server
+
+pytestmark = pytest.mark.skipif(
+    not {"regex", "json_schema", "json_object"} <= set(SamplingParams.__dataclass_fields__)
+    or not hasattr(Engine, "grammar"),
+    reason="the engine has no structured output yet",
+)
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+          "required": ["ok", "n"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server() as s:
+        yield s
+
+
+def test_regex_completion_matches(server: RunningServer) -> None:
+    pattern = "[a-z]{3}-[0-9]{2}"
+    body = {"prompt": "code:", "regex": pattern, "max_tokens": 24, "temperature": 1.0, "seed": 5}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    assert re.fullmatch(pattern, r["choices"][0]["text"]), r
+    assert r["choices"][0]["finish_reason"] == "stop"
+    streamed = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60)
+    text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in streamed.text.splitlines()
+                   if line.startswith("data: {") and json.loads(line[6:])["choices"])
+    assert text == r["choices"][0]["text"]
+
+
+def test_json_schema_output_validates(server: RunningServer) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    body = {"messages": [{"role": "user", "content": "answer in JSON"}], "max_tokens": 40,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), SCHEMA)
+    native = httpx.post(f"{server.url}/generate", json={"text": "JSON:", "sampling_params": {
+        "json_schema": json.dumps(SCHEMA), "max_new_tokens": 40}}, timeout=60).json()
+    jsonschema.validate(json.loads(native["text"]), SCHEMA)
+
+
+def test_a_regex_that_does_not_compile_is_a_400(server: RunningServer) -> None:
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "regex": "(("}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "regex", r.text
+    r = httpx.post(f"{server.url}/generate", json={"text": "x", "sampling_params": {"regex": "(("}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.regex", r.text
