@@ -52,6 +52,7 @@ def test_health_is_503_until_ready_then_200() -> None:
             try:
                 r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
             except httpx.TransportError:
+                assert process.poll() is None, f"the server exited ({process.returncode}) before it was ready"
                 time.sleep(0.05)  # not listening yet
                 continue
             statuses.append(r.status_code)
