@@ -15,7 +15,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
 		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "threadpoolctl>=3.1" "bpe-openai>=0.1.4" \
-		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10"
+		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "jsonschema>=4"
 	touch $@
 
 .PHONY: venv  ## make the virtualenv with build and test dependencies
@@ -32,9 +32,9 @@ build-dev: $(DEPS_STAMP)
 .PHONY: test  ## Rust tests, Python tests and the stub check: what CI runs
 test: build test-rust test-python stubtest
 
-.PHONY: test-rust  ## cargo test of the core crate (no Python needed)
+.PHONY: test-rust  ## cargo test of the core crates (no Python needed)
 test-rust:
-	cargo test --release -p ferrolm-core
+	cargo test -p ferrolm-core -p ferrolm-constraint
 
 .PHONY: test-python  ## pytest against the built module
 test-python: build

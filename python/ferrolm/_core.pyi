@@ -16,7 +16,18 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
-__all__ = ["__version__", "RadixTree", "MatchResult", "Engine", "BatchPlan", "StepOutputs"]
+__all__ = [
+    "__version__",
+    "RadixTree",
+    "MatchResult",
+    "Engine",
+    "BatchPlan",
+    "StepOutputs",
+    "Vocabulary",
+    "Grammar",
+    "Matcher",
+    "fill_next_token_bitmask_batch",
+]
 __version__: str
 
 @final
@@ -267,8 +278,11 @@ class Engine:
         namespace: str | None = None,
         queue_timeout: float | None = None,
         allowed_token_ids: list[int] | None = None,
+        grammar: Grammar | None = None,
     ) -> None:
-        """Queues a request. Mutates: the waiting queue. Raises ``InvalidInputError`` with
+        """Queues a request. ``grammar`` (compiled for a vocabulary of the engine's size)
+        or ``allowed_token_ids`` constrains every sampled token; EOS then comes only where
+        the grammar's document may end. Mutates: the waiting queue. Raises ``InvalidInputError`` with
         ``field`` set (changing nothing) for an empty prompt, ids outside the vocabulary, a
         prompt or prompt + ``max_new_tokens`` beyond the context, a prompt larger than the
         KV pool, out-of-range sampling values, an empty stop string, a rid already in use.
@@ -303,3 +317,88 @@ class Engine:
     def vocab_size(self) -> int: ...
     @property
     def kv_capacity(self) -> int: ...
+
+@final
+class Vocabulary:
+    """Token bytes, special and EOS ids, and the token trie: built once per tokenizer and
+    shared by every grammar compiled from it (grammars are cached per source, and each
+    compilation runs with the GIL released under ``compile_timeout_s``)."""
+
+    def __new__(
+        cls,
+        token_bytes: list[bytes],
+        *,
+        special_token_ids: list[int] = ...,
+        eos_token_ids: list[int] = ...,
+        compile_timeout_s: float = 10.0,
+    ) -> Self:
+        """Special tokens never match grammar bytes; EOS ids are allowed exactly where the
+        document may end. Raises ``InvalidInputError`` (field ``vocabulary``)."""
+    @staticmethod
+    def from_tokenizer_json(
+        text: str, *, eos_token_ids: list[int] = ..., vocab_size: int | None = None, compile_timeout_s: float = 10.0
+    ) -> Vocabulary:
+        """From a Hugging Face ``tokenizer.json`` (byte-level BPE with ``Ġ`` bytes, or
+        SentencePiece ``▁`` with ``<0x..>`` fallback); ``vocab_size`` pads to the model's."""
+    @staticmethod
+    def from_tiktoken(text: str, *, eos_token_ids: list[int] = ..., compile_timeout_s: float = 10.0) -> Vocabulary:
+        """From a tiktoken file's text (``base64 rank`` lines)."""
+    @property
+    def size(self) -> int: ...
+    @property
+    def bitmask_words(self) -> int:
+        """``(size + 31) // 32``: the length of a bitmask row."""
+    def regex(self, pattern: str) -> Grammar:
+        """Raises ``InvalidInputError`` (field ``regex``; ``grammar`` when too large or slow)."""
+    def json_schema(
+        self, schema: str, *, whitespace: str = "compact", max_whitespace: int = 4, lenient: bool = False
+    ) -> Grammar:
+        """A JSON Schema (draft 2020-12, as text), properties in schema order. ``whitespace``
+        is ``compact`` or ``flexible`` (runs capped at ``max_whitespace``). A keyword that
+        would change what is valid but is not supported raises ``InvalidInputError``
+        (field ``json_schema``) naming it, unless ``lenient``."""
+    def json_object(self, *, whitespace: str = "compact", max_whitespace: int = 4) -> Grammar:
+        """Any JSON object (``response_format: json_object``)."""
+    def choice(self, choices: list[str]) -> Grammar:
+        """Exactly one of ``choices``."""
+    def after_trigger(self, trigger: str, then: Grammar) -> Grammar:
+        """Free text until ``trigger`` appears, then ``then`` (think, then answer in JSON)."""
+
+@final
+class Grammar:
+    """A compiled grammar bound to its vocabulary; immutable and shared."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    def matcher(self) -> Matcher: ...
+
+@final
+class Matcher:
+    """One request's position in a grammar."""
+
+    def __new__(cls, grammar: Grammar) -> Self: ...
+    def fill_next_token_bitmask(self, bitmask: npt.NDArray[np.int32]) -> None:
+        """Fills the caller's ``int32[(vocab + 31) // 32]`` row: bit ``t % 32`` of word
+        ``t // 32`` set means token ``t`` is allowed. Raises ``InvalidInputError`` (field
+        ``bitmask``) for a wrong dtype, shape or length."""
+    def accept_token(self, token: int) -> bool:
+        """Advances by one token; False (and no change) if it is not allowed."""
+    def accept_string(self, text: str) -> bool:
+        """Advances by the text's bytes (one rollback step); False (no change) if invalid."""
+    def is_token_allowed(self, token: int) -> bool: ...
+    def rollback(self, steps: int) -> None:
+        """Undoes the last ``steps`` accepts; raises ``InvalidInputError`` (field ``steps``)."""
+    def reset(self) -> None: ...
+    def can_end(self) -> bool:
+        """EOS is allowed now (the document is complete)."""
+    def must_end(self) -> bool:
+        """Nothing but EOS may follow."""
+    def is_ended(self) -> bool:
+        """EOS was accepted."""
+    def forced_bytes(self) -> bytes:
+        """What must come next whatever is sampled (jump-forward); empty if not forced."""
+    @property
+    def num_steps(self) -> int: ...
+
+def fill_next_token_bitmask_batch(matchers: list[Matcher], bitmask: npt.NDArray[np.int32]) -> None:
+    """Fills row ``i`` of ``bitmask`` (``int32[len(matchers), words]``) for ``matchers[i]``."""

@@ -125,6 +125,11 @@ class Engine:
             max_context=self.config.max_position_embeddings,
             seed=seed,
         )
+        self.vocabulary = _core.Vocabulary(
+            self.tokenizer.token_bytes(),
+            special_token_ids=self.tokenizer.special_token_ids,
+            eos_token_ids=list(self.config.eos_token_ids),
+        )
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
         self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
@@ -198,7 +203,27 @@ class Engine:
         rid. ``core_kw``: further ``_core.Engine.submit`` arguments (priority, namespace, ...)."""
         return self._submit(self.encode(prompt), params or SamplingParams(), core_kw)
 
+    def grammar(self, params: SamplingParams) -> _core.Grammar | None:
+        """The compiled grammar of a request's structured-output fields (cached by source)."""
+        source = params.grammar_source()
+        if source is None:
+            return None
+        kind, value = source
+        v = self.vocabulary
+        if kind == "regex":
+            g = v.regex(value)
+        elif kind == "json_schema":
+            g = v.json_schema(value, whitespace=params.whitespace)
+        elif kind == "json_object":
+            g = v.json_object(whitespace=params.whitespace)
+        else:
+            g = v.choice(value)
+        return v.after_trigger(params.structured_after, g) if params.structured_after else g
+
     def _submit(self, ids: Any, params: SamplingParams, core_kw: dict[str, Any], claim: bool = False) -> int:
+        grammar = self.grammar(params)
+        if grammar is not None:
+            core_kw = {**core_kw, "grammar": grammar}
         rid = next(self._rids)
         if claim:
             self._claimed.add(rid)

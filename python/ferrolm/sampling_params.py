@@ -3,6 +3,7 @@ for ranges by the Rust core (which names the field at fault)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +32,14 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     allowed_token_ids: list[int] | None = None
+    # structured output: at most one of these
+    regex: str | None = None
+    json_schema: dict[str, Any] | str | None = None
+    json_object: bool = False
+    choice: list[str] | None = None
+    # free text until this string, then the structured part (e.g. "</think>")
+    structured_after: str | None = None
+    whitespace: str = "compact"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -47,9 +56,29 @@ class SamplingParams:
                 raise InvalidInputError(f"{name} must be a number, got {value!r}", name)
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise InvalidInputError(f"seed must be an int in [0, 2**64), got {self.seed!r}", "seed")
+        kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
+        kinds += ["json_object"] if self.json_object else []
+        if len(kinds) > 1:
+            raise InvalidInputError(f"give at most one of regex, json_schema, json_object, choice; got {kinds}", kinds[1])
+        if self.structured_after is not None and not kinds:
+            raise InvalidInputError("structured_after needs a regex, json_schema, json_object or choice", "structured_after")
+
+    def grammar_source(self) -> tuple[str, Any] | None:
+        """(kind, source) of the structured-output grammar, if any."""
+        if self.regex is not None:
+            return ("regex", self.regex)
+        if self.json_schema is not None:
+            schema = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)
+            return ("json_schema", schema)
+        if self.json_object:
+            return ("json_object", None)
+        if self.choice is not None:
+            return ("choice", list(self.choice))
+        return None
 
     def core_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``_core.Engine.submit``."""
         kw = asdict(self)
-        del kw["n"]
+        for name in ("n", "regex", "json_schema", "json_object", "choice", "structured_after", "whitespace"):
+            del kw[name]
         return kw

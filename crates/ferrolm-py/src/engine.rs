@@ -201,7 +201,7 @@ impl PyEngine {
         min_p = 0.0, repetition_penalty = 1.0, frequency_penalty = 0.0, presence_penalty = 0.0,
         logit_bias = None, seed = None, logprobs = false, top_logprobs = 0, stop = Vec::new(),
         stop_token_ids = Vec::new(), include_stop_str = false, skip_special_tokens = true, ignore_eos = false,
-        priority = 0, namespace = None, queue_timeout = None, allowed_token_ids = None,
+        priority = 0, namespace = None, queue_timeout = None, allowed_token_ids = None, grammar = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
@@ -231,6 +231,7 @@ impl PyEngine {
         namespace: Option<String>,
         queue_timeout: Option<f64>,
         allowed_token_ids: Option<Vec<u32>>,
+        grammar: Option<PyRef<'_, crate::constraint::PyGrammar>>,
     ) -> PyResult<()> {
         let input_ids = ids(input_ids, "input_ids", u32::MAX)?;
         let input_ids = input_ids.as_slice();
@@ -278,8 +279,30 @@ impl PyEngine {
                 format!("allowed_token_ids: {bad} is outside the vocabulary (size {vocab})"),
             ));
         }
-        let constraint: Option<Box<dyn TokenConstraint>> =
-            allowed_token_ids.map(|a| Box::new(AllowList::new(vocab, &a)) as Box<dyn TokenConstraint>);
+        let constraint: Option<Box<dyn TokenConstraint>> = match (allowed_token_ids, grammar) {
+            (Some(_), Some(_)) => {
+                return Err(errors::invalid_field(
+                    py,
+                    "grammar",
+                    "grammar: give a grammar or allowed_token_ids, not both".into(),
+                ))
+            }
+            (Some(a), None) => Some(Box::new(AllowList::new(vocab, &a))),
+            (None, Some(g)) => {
+                if g.grammar.vocab().size() != vocab {
+                    return Err(errors::invalid_field(
+                        py,
+                        "grammar",
+                        format!(
+                            "grammar: compiled for a vocabulary of {} tokens, the engine has {vocab}",
+                            g.grammar.vocab().size()
+                        ),
+                    ));
+                }
+                Some(Box::new(ferrolm_constraint::Matcher::new(g.grammar.clone())))
+            }
+            (None, None) => None,
+        };
         self.poison
             .run(py, &mut self.engine, |e| e.submit(rid, input_ids, params, constraint))?
             .map_err(|e| engine_err(py, e))

@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod constraint;
 mod convert;
 mod engine;
 mod errors;
@@ -16,6 +17,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     radix::init(m)?;
     engine::init(m)?;
+    constraint::init(m)?;
     Ok(())
 }
 

@@ -40,3 +40,18 @@ impl TokenConstraint for AllowList {
         false
     }
 }
+
+/// A structured-output grammar's matcher steers a request directly. The engine checks at
+/// submit that the grammar's vocabulary has its own size, so the mask rows agree.
+impl TokenConstraint for ferrolm_constraint::Matcher {
+    fn fill_mask(&mut self, mask: &mut [u32]) {
+        // The only failure is a row of the wrong length, which submit rules out.
+        self.fill_next_token_bitmask(mask).expect("mask row sized to the grammar's vocabulary");
+    }
+    fn accept_token(&mut self, token: u32) -> bool {
+        ferrolm_constraint::Matcher::accept_token(self, token)
+    }
+    fn must_end(&self) -> bool {
+        ferrolm_constraint::Matcher::must_end(self)
+    }
+}

@@ -504,3 +504,27 @@ fn admission_counts_slots_already_allocated_once() {
     }
     assert_eq!(engine.schedule().unwrap().num_requests(), 8);
 }
+
+#[test]
+fn a_grammar_shapes_the_output_and_ends_it_with_eos() {
+    use ferrolm_constraint::{Grammar, Matcher, Vocabulary};
+    let v = vocab();
+    let gv = Arc::new(Vocabulary::new(v.tokens.clone(), &[EOS], &[EOS]).unwrap());
+    let grammar = Grammar::from_regex(gv, r#"\{"a": (true|false), "n": [0-9]{1,3}\}"#).unwrap();
+    let mut engine = Engine::new(config(|_| {}), v.clone()).unwrap();
+    let mut model = FakeModel::new(4096);
+    for (rid, seed) in [(1u64, 1u64), (2, 2), (3, 3)] {
+        let p = RequestParams {
+            sampling: SamplingParams { temperature: 1.0, seed: Some(seed), ..Default::default() },
+            ignore_eos: false,
+            ..greedy(40)
+        };
+        engine.submit(rid, &[1, 2, 3], p, Some(Box::new(Matcher::new(grammar.clone())))).unwrap();
+    }
+    let out = drain(&mut engine, &mut model);
+    let re = regex_automata::meta::Regex::new(r#"^\{"a": (true|false), "n": [0-9]{1,3}\}$"#).unwrap();
+    for (rid, (_, text, fin)) in out {
+        assert_eq!(fin.reason, FinishReason::Stop(StopReason::Token(EOS)), "request {rid}");
+        assert!(re.is_match(&text), "request {rid} produced {text:?}");
+    }
+}

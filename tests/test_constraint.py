@@ -1,0 +1,184 @@
+"""The structured-output constraint engine through Python: grammars compiled from a real
+tokenizer, masks into caller-owned numpy rows, and the engine producing documents that
+validate, with typed errors for bad grammars and bad buffers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+
+from ferrolm import SamplingParams, _core
+from ferrolm.engine import Engine
+from ferrolm.errors import InvalidInputError
+from ferrolm.model import LoadedModel, load_model
+from ferrolm.model.tiny import tiny_folder
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LoadedModel:
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny: LoadedModel) -> _core.Vocabulary:
+    text = (tiny_folder() / "tokenizer.json").read_text()
+    return _core.Vocabulary.from_tokenizer_json(text, eos_token_ids=list(tiny.config.eos_token_ids))
+
+
+def allowed(vocab: _core.Vocabulary, m: _core.Matcher) -> set[int]:
+    row = np.zeros(vocab.bitmask_words, np.int32)
+    m.fill_next_token_bitmask(row)
+    bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: vocab.size]
+    return set(np.flatnonzero(bits).tolist())
+
+
+def test_vocabulary_from_tokenizer_json_matches_the_engine_table(tiny: LoadedModel, vocab: _core.Vocabulary) -> None:
+    assert vocab.size == len(tiny.tokenizer.token_bytes())
+    assert vocab.bitmask_words == (vocab.size + 31) // 32
+
+
+def test_mask_equals_trying_every_token_and_leads_to_a_valid_document(
+    tiny: LoadedModel, vocab: _core.Vocabulary
+) -> None:
+    pattern = r"(cat|dog)s? [0-9]{1,2}"
+    m = vocab.regex(pattern).matcher()
+    token_bytes = tiny.tokenizer.token_bytes()
+    eos = set(tiny.config.eos_token_ids)
+    text = b""
+    for _ in range(12):
+        mask = allowed(vocab, m)
+        assert mask == {t for t in range(vocab.size) if m.is_token_allowed(t)}
+        assert bool(mask & eos) == m.can_end(), "EOS exactly where the document may end"
+        if m.can_end():
+            break
+        token = max(mask)  # an arbitrary allowed token: every one must lead somewhere valid
+        assert m.accept_token(token)
+        text += token_bytes[token]
+    assert m.can_end()
+    assert re.fullmatch(pattern, text.decode()), text
+
+
+def test_accept_refuses_without_changing_state_and_rollback_restores(vocab: _core.Vocabulary) -> None:
+    m = vocab.choice(["yes", "no"]).matcher()
+    before = allowed(vocab, m)
+    refused = next(t for t in range(vocab.size) if t not in before)
+    assert not m.accept_token(refused)
+    assert allowed(vocab, m) == before
+    assert m.accept_string("ye")
+    assert not m.can_end()
+    assert m.forced_bytes() == b"s"
+    assert m.accept_string("s") and m.can_end() and m.must_end()
+    m.rollback(2)
+    assert allowed(vocab, m) == before
+    with pytest.raises(InvalidInputError) as e:
+        m.rollback(5)
+    assert e.value.field == "steps"
+
+
+def test_batch_fill_matches_single_fills(vocab: _core.Vocabulary) -> None:
+    grammars = [vocab.regex("[a-z]+"), vocab.json_object(), vocab.choice(["alpha", "beta"])]
+    matchers = [g.matcher() for g in grammars]
+    matchers[1].accept_string('{"k": ')
+    rows = np.zeros((3, vocab.bitmask_words), np.int32)
+    _core.fill_next_token_bitmask_batch(matchers, rows)
+    for i, m in enumerate(matchers):
+        single = np.zeros(vocab.bitmask_words, np.int32)
+        m.fill_next_token_bitmask(single)
+        assert np.array_equal(rows[i], single)
+
+
+def test_bad_buffers_and_grammars_are_typed_errors(vocab: _core.Vocabulary) -> None:
+    m = vocab.regex("a+").matcher()
+    for bad in (np.zeros(vocab.bitmask_words - 1, np.int32), np.zeros(vocab.bitmask_words, np.int64), [0] * 4):
+        with pytest.raises(InvalidInputError) as e:
+            m.fill_next_token_bitmask(bad)
+        assert e.value.field == "bitmask"
+    with pytest.raises(InvalidInputError) as e:
+        _core.fill_next_token_bitmask_batch([m], np.zeros((2, vocab.bitmask_words), np.int32))
+    assert e.value.field == "bitmask"
+    cases = [
+        (lambda: vocab.regex("(("), "regex"),
+        (lambda: vocab.json_schema("{not json"), "json_schema"),
+        (lambda: vocab.json_schema(json.dumps({"type": "object", "not": {}})), "json_schema"),
+        (lambda: vocab.json_schema(json.dumps({"$ref": "#/$defs/missing"})), "json_schema"),
+        (lambda: vocab.json_object(whitespace="lots"), "whitespace"),
+        (lambda: vocab.choice([]), "choice"),
+    ]
+    for make, field in cases:
+        with pytest.raises(InvalidInputError) as e:
+            make()
+        assert e.value.field == field, e.value
+    # lenient mode ignores what it cannot enforce
+    vocab.json_schema(json.dumps({"type": "object", "not": {}}), lenient=True)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+    },
+    "required": ["name", "age", "role", "tags"],
+}
+
+
+def test_engine_output_validates_against_the_schema(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, kv_capacity=4096)
+    params = SamplingParams(max_new_tokens=120, temperature=1.0, json_schema=SCHEMA)
+    for seed in range(6):
+        params.seed = seed
+        [r] = engine.generate("Reply in JSON:", params)
+        assert r.finish_reason == "stop", r
+        jsonschema.validate(json.loads(r.text), SCHEMA)
+    [r] = engine.generate("x", SamplingParams(max_new_tokens=30, temperature=1.0, seed=1, regex=r"[0-9]{3}-[a-z]{2}"))
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", r.text), r.text
+    [r] = engine.generate("x", SamplingParams(max_new_tokens=30, temperature=1.0, seed=2, choice=["red", "green"]))
+    assert r.text in ("red", "green")
+    flexible = SamplingParams(max_new_tokens=200, temperature=1.0, seed=4, json_object=True, whitespace="flexible")
+    [r] = engine.generate("x", flexible)
+    if r.finish_reason == "stop":
+        assert isinstance(json.loads(r.text), dict)
+    assert "     " not in r.text, "whitespace runs are capped"
+    engine.core.check_invariants()
+
+
+def test_free_text_until_the_trigger_then_strict(vocab: _core.Vocabulary) -> None:
+    m = vocab.after_trigger("</think>", vocab.choice(["A", "B"])).matcher()
+    assert m.accept_string("anything goes here, {not json} ")
+    assert not m.can_end()
+    assert m.accept_string("</think>")
+    assert not m.accept_string("C"), "after the trigger only the grammar's documents"
+    assert m.accept_string("B") and m.can_end()
+
+
+def test_engine_structured_after_a_trigger(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, kv_capacity=4096)
+    params = SamplingParams(max_new_tokens=60, temperature=1.0, seed=5, choice=["A", "B"], structured_after="X")
+    [r] = engine.generate("x", params)
+    # the output is free text, then (if the model wrote the trigger) exactly one choice
+    if r.finish_reason == "stop":
+        head, trigger, tail = r.text.partition("X")
+        assert trigger == "X" and tail in ("A", "B"), r.text
+    else:
+        assert r.finish_reason == "length" and ("X" not in r.text or r.text.split("X", 1)[1] in ("", "A", "B"))
+
+
+def test_engine_refuses_conflicting_or_foreign_grammars(tiny: LoadedModel, vocab: _core.Vocabulary) -> None:
+    engine = Engine(tiny, kv_capacity=1024)
+    with pytest.raises(InvalidInputError) as e:
+        SamplingParams(regex="a", json_object=True)
+    assert e.value.field == "json_object"
+    with pytest.raises(InvalidInputError) as e:
+        engine.submit("x", SamplingParams(regex="a", allowed_token_ids=[1]))
+    assert e.value.field == "grammar"
+    small = _core.Vocabulary([b"a", b"b", b"<eos>"], eos_token_ids=[2])
+    with pytest.raises(InvalidInputError) as e:
+        engine.core.submit(99, [1, 2], grammar=small.regex("a+"))
+    assert e.value.field == "grammar"
+    assert not engine.has_work()
