@@ -140,3 +140,17 @@ def test_metrics_count_the_requests_sent(server: RunningServer) -> None:
                  "ferrolm:cache_hit_tokens_total", "ferrolm:num_retractions_total"):
         assert name in after, name
     assert after["ferrolm:num_running_reqs"] == 0
+
+
+def test_abort_an_openai_stream_by_its_id(server: RunningServer) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "abort me"}], "stream": True, **LONG}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        first = json.loads(next(lines)[len("data: "):])
+        aborted = httpx.post(f"{server.url}/abort_request", json={"rid": first["id"]}, timeout=30).json()
+        assert aborted == {"aborted": 1}
+        rest = list(lines)  # bounded: the request ends now, well before 3000 tokens
+    assert rest[-1] == "data: [DONE]"
+    finish = json.loads(rest[-2][len("data: "):])["choices"][0]
+    assert finish["finish_reason"] == "abort" and finish["delta"] == {}
+    assert_no_request_holds_kv(server)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -186,6 +187,8 @@ def model_info(engine: Engine) -> dict[str, Any]:
 
 def engine_main(args: ServerArgs, conn: Connection) -> None:
     """Entry point of the engine process (spawned: nothing is inherited but ``args``)."""
+    # Ctrl+C reaches the whole process group: the API process stops this one in order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=args.log_level.upper() if args.log_level != "trace" else "DEBUG",
                         format="%(asctime)s engine %(levelname)s %(message)s")
     try:

@@ -16,7 +16,7 @@ from ferrolm.server.generation import Generation, Sample, error_of
 from ferrolm.server.openai_common import core_kwargs, finite, parse_body, parse_logit_bias
 from ferrolm.server.protocol import AbortRequest, GenerateRequest, NativeSamplingParams
 from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
-from ferrolm.server.state import ServerState, state_of
+from ferrolm.server.state import state_of
 from ferrolm.server.structured_output import constraint_kwargs
 
 FIELD_NAMES = {name: f"sampling_params.{name}" for name in SamplingParams.__dataclass_fields__}
@@ -65,13 +65,13 @@ async def generate(request: Request) -> Response:
         gen.close()
         raise
     rid = rid or f"gen-{gen.handle.rids[0]}"
-    state.named[rid] = gen
+    release = state.track(rid, gen)
     if req.stream:
-        return EventStreamResponse(_stream(gen, rid, req.return_logprob), lambda: _forget(state, rid, gen))
+        return EventStreamResponse(_stream(gen, rid, req.return_logprob), release)
     try:
         samples = await gen.run_to_end(request)
     finally:
-        _forget(state, rid, gen)
+        release()
     gen.raise_for_errors()
     out = [_result(s, rid, req.return_logprob) for s in samples]
     return JSONResponse(out[0] if len(out) == 1 else out)
@@ -100,14 +100,9 @@ async def _stream(gen: Generation, rid: str, with_logprobs: bool) -> AsyncIterat
     yield DONE
 
 
-def _forget(state: ServerState, rid: str, gen: Generation) -> None:
-    gen.close()
-    if state.named.get(rid) is gen:
-        del state.named[rid]
-
-
 async def abort_request(request: Request) -> Response:
-    """Aborts one native request by its rid, or every request of the engine."""
+    """Aborts one request by its id (a /generate rid or an OpenAI response id), or every
+    request of the engine."""
     state = state_of(request)
     req = await parse_body(request, AbortRequest)
     if req.abort_all:

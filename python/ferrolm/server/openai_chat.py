@@ -60,14 +60,16 @@ async def create_chat_completion(request: Request) -> Response:
     except BaseException:
         gen.close()
         raise
-    meta = {"id": completion_id("chatcmpl"), "created": now(), "model": state.args.model_name}
+    response_id = completion_id("chatcmpl")
+    meta = {"id": response_id, "created": now(), "model": state.args.model_name}
+    release = state.track(response_id, gen)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStreamResponse(_stream(state, gen, meta, req.n, req.logprobs, include_usage), gen.close)
+        return EventStreamResponse(_stream(state, gen, meta, req.n, req.logprobs, include_usage), release)
     try:
         samples = await gen.run_to_end(request)
     finally:
-        gen.close()
+        release()
     gen.raise_for_errors()
     choices = [_choice(state, s, req.logprobs) for s in samples]
     return JSONResponse({**meta, "object": "chat.completion", "choices": choices, "usage": gen.usage()})

@@ -58,14 +58,16 @@ async def create_completion(request: Request) -> Response:
     except BaseException:
         gen.close()
         raise
-    meta = {"id": completion_id("cmpl"), "object": "text_completion", "created": now(), "model": state.args.model_name}
+    response_id = completion_id("cmpl")
+    meta = {"id": response_id, "object": "text_completion", "created": now(), "model": state.args.model_name}
+    release = state.track(response_id, gen)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStreamResponse(_stream(state, gen, meta, req.logprobs is not None, include_usage), gen.close)
+        return EventStreamResponse(_stream(state, gen, meta, req.logprobs is not None, include_usage), release)
     try:
         samples = await gen.run_to_end(request)
     finally:
-        gen.close()
+        release()
     gen.raise_for_errors()
     choices = [_choice(state, s, req.logprobs is not None) for s in samples]
     return JSONResponse({**meta, "choices": choices, "usage": gen.usage()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -23,8 +24,21 @@ class ServerState:
     client: EngineClient
     tokenizer: Tokenizer
     started_at: float = field(default_factory=time.time)
-    # native rids (/generate's "rid") of requests in flight, for /abort_request
+    # requests in flight by their public id (/generate's rid, the OpenAI response id),
+    # for /abort_request
     named: dict[str, Generation] = field(default_factory=dict)
+
+    def track(self, public_id: str, gen: Generation) -> Callable[[], None]:
+        """Registers a request for /abort_request; returns what ends it: aborts what still
+        runs and forgets the id (safe to call more than once)."""
+        self.named[public_id] = gen
+
+        def release() -> None:
+            gen.close()
+            if self.named.get(public_id) is gen:
+                del self.named[public_id]
+
+        return release
 
     @cached_property
     def token_bytes(self) -> list[bytes]:
