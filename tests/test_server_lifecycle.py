@@ -14,9 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 
-from ferrolm.server.testing import free_port, running_server
+from ferrolm.server.testing import skip_without_server_dependencies
+
+skip_without_server_dependencies()  # before the imports that need them
+
+import httpx  # noqa: E402
+
+from ferrolm.server.testing import free_port, running_server  # noqa: E402
 
 
 def wait_until(check: Any, timeout: float = 20.0) -> Any:

@@ -7,12 +7,17 @@ import json
 import re
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
-from ferrolm.engine import Engine
-from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import skip_without_server_dependencies
+
+skip_without_server_dependencies()  # before the imports that need them
+
+import httpx  # noqa: E402
+
+from ferrolm.engine import Engine  # noqa: E402
+from ferrolm.sampling_params import SamplingParams  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not {"regex", "json_schema", "json_object"} <= set(SamplingParams.__dataclass_fields__)

@@ -36,7 +36,9 @@ def create_app(args: ServerArgs, *, exit_on_engine_failure: bool = False) -> Fas
         tokenizer = Tokenizer.from_folder(resolve_model_folder(args.model))
         client = EngineClient(args)
         client.start()
-        app.state.ferrolm = ServerState(args, client, tokenizer)
+        app.state.ferrolm = state = ServerState(args, client, tokenizer)
+        # the token table for logprobs takes a moment on a large vocabulary: not on the loop
+        asyncio.get_running_loop().run_in_executor(None, lambda: state.token_bytes)
         watcher = asyncio.create_task(_watch_engine(client, exit_on_engine_failure))
         try:
             yield

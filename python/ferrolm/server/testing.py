@@ -13,9 +13,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import httpx
-
 STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
+
+
+# what the server needs beyond ferrolm's own dependencies (and its tests: openai)
+SERVER_DEPENDENCIES = ("fastapi", "uvicorn", "httpx", "openai", "prometheus_client")
+
+
+def skip_without_server_dependencies() -> None:
+    """Skips the calling test module, saying why, where the server's packages are missing
+    (a virtualenv made before they joined the dependencies)."""
+    import pytest
+
+    for name in SERVER_DEPENDENCIES:
+        pytest.importorskip(name, reason=f"the server's dependency {name!r} is not installed")
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ def running_server(*flags: str, api_key: str | None = None, log_path: str | None
 
 
 def _wait_healthy(server: RunningServer) -> None:
+    import httpx
+
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
