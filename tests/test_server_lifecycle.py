@@ -111,7 +111,7 @@ def test_an_engine_that_dies_fails_its_requests_and_ends_the_server() -> None:
 
 
 def test_overload_is_429_when_full_and_503_after_waiting_too_long() -> None:
-    flags = ("--max-running-requests", "1", "--max-queued-requests", "1", "--queue-timeout", "0.5")
+    flags = ("--max-running-requests", "1", "--max-queued-requests", "2", "--queue-timeout", "0.5")
     with running_server(*flags) as server:
         long = {"prompt": "hog", "max_tokens": 3000, "ignore_eos": True}
         hog = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=long, timeout=60))
@@ -120,8 +120,9 @@ def test_overload_is_429_when_full_and_503_after_waiting_too_long() -> None:
             wait_until(lambda: httpx.get(f"{server.url}/server_info").json()["load"]["running"] == 1)
             waited: dict[str, httpx.Response] = {}
             waiter = threading.Thread(target=lambda: waited.setdefault("r", httpx.post(
-                f"{server.url}/v1/completions", json={"prompt": "wait", "max_tokens": 2}, timeout=60)))
+                f"{server.url}/v1/completions", json={"prompt": "wait", "max_tokens": 2, "n": 2}, timeout=60)))
             waiter.start()
+            # its second sample waits for the first to prefill: the queue holds one
             wait_until(lambda: httpx.get(f"{server.url}/server_info").json()["load"]["waiting"] == 1)
             full = httpx.post(f"{server.url}/v1/completions", json={"prompt": "one more", "max_tokens": 2})
             assert full.status_code == 429, full.text

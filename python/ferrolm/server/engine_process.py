@@ -82,7 +82,13 @@ class EngineLoop:
                     d.finish_reason, d.error = "error", "the engine step failed (see the server log)"
         for d in deltas:
             siblings = self.held_siblings.pop(d.rid, None)
-            if siblings is not None:
+            if siblings is None:
+                continue
+            if d.finish_reason in ("abort", "error") and not d.token_ids:
+                # the first sample never ran (aborted, timed out in the queue): nor do they
+                self.synthetic += [Delta(rid, [], "", [], [], finish_reason=d.finish_reason, error=d.error)
+                                   for rid in siblings.rids]
+            else:
                 self._submit_siblings(siblings)
         deltas += self.synthetic
         self.synthetic = []

@@ -45,6 +45,8 @@ async def create_completion(request: Request) -> Response:
         raise bad_request("echo: not supported yet", "echo")
     if req.suffix:
         raise bad_request("suffix: not supported yet", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request("best_of: not supported yet (other than equal to n)", "best_of")
     params = sampling_params_from(
         req, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0, field_names=FIELD_NAMES,

@@ -61,6 +61,7 @@ class CompletionRequest(OpenAISampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
 
 
 class TextPart(_Body):
