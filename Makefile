@@ -45,8 +45,12 @@ test-python: build
 stubtest: build
 	$(BIN)/python -m mypy.stubtest ferrolm._core --mypy-config-file pyproject.toml
 
-.PHONY: run  ## the main job on the embedded default: generate with the tiny model, then the tree benchmark
+.PHONY: run  ## the main job on the embedded default: serve the tiny model (OpenAI API) on 127.0.0.1:30000
 run: build
+	$(BIN)/ferrolm serve --model tiny
+
+.PHONY: demo  ## generate with the tiny model from the command line, then benchmark the tree
+demo: build
 	$(BIN)/ferrolm generate --model tiny --stream --max-new-tokens 24 \
 		--prompt "The radix tree lets requests that share a prefix" \
 		--prompt "Once upon a time"

@@ -15,7 +15,14 @@ def run_server(args: ServerArgs) -> int:
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(args, exit_on_engine_failure=True)
-    print(f"ferrolm: serving {args.model_name!r} at http://{args.host}:{args.port} (OpenAI API under /v1)", flush=True)
+    url = f"http://{args.host}:{args.port}"
+    auth = f' -H "Authorization: Bearer $FERROLM_API_KEY"' if args.api_key else ""
+    print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1)", flush=True)
+    print(
+        f"try:  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+        f"""-d '{{"model": "{args.model_name}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'""",
+        flush=True,
+    )
     # one worker: the engine process holds the model; more API processes would need a router
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level in ("debug", "trace"),
                 timeout_graceful_shutdown=5)
