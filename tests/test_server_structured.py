@@ -1,5 +1,4 @@
-"""Structured output through the HTTP API (regex, json_schema, response_format), once the
-engine supports it; until then the fields are refused (see test_server_errors.py)."""
+"""Structured output through the HTTP API (regex, json_schema, response_format)."""
 
 from __future__ import annotations
 
@@ -15,15 +14,9 @@ skip_without_server_dependencies()  # before the imports that need them
 
 import httpx  # noqa: E402
 
-from ferrolm.engine import Engine  # noqa: E402
-from ferrolm.sampling_params import SamplingParams  # noqa: E402
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+import jsonschema  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not {"regex", "json_schema", "json_object"} <= set(SamplingParams.__dataclass_fields__)
-    or not hasattr(Engine, "grammar"),
-    reason="the engine has no structured output yet",
-)
+from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
           "required": ["ok", "n"], "additionalProperties": False}
@@ -48,7 +41,6 @@ def test_regex_completion_matches(server: RunningServer) -> None:
 
 
 def test_json_schema_output_validates(server: RunningServer) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     body = {"messages": [{"role": "user", "content": "answer in JSON"}], "max_tokens": 40,
             "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
@@ -63,3 +55,17 @@ def test_a_regex_that_does_not_compile_is_a_400(server: RunningServer) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "regex", r.text
     r = httpx.post(f"{server.url}/generate", json={"text": "x", "sampling_params": {"regex": "(("}}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.regex", r.text
+
+
+def test_grammar_times_reach_the_metrics(server: RunningServer) -> None:
+    def count() -> float:
+        for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+            if line.startswith("ferrolm:grammar_compile_seconds_count"):
+                return float(line.split()[-1])
+        raise AssertionError("no grammar compile histogram")
+
+    before = count()
+    for i in range(3):
+        body = {"prompt": "x", "regex": f"[a-c]{{{i + 1}}}", "max_tokens": 8}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
+    assert count() - before == 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,7 @@ class Engine:
             special_token_ids=self.tokenizer.special_token_ids,
             eos_token_ids=list(self.config.eos_token_ids),
         )
+        self._grammar_seconds: list[float] = []  # per structured request, for metrics
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
         self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
@@ -210,6 +212,7 @@ class Engine:
             return None
         kind, value = source
         v = self.vocabulary
+        started = time.perf_counter()
         if kind == "regex":
             g = v.regex(value)
         elif kind == "json_schema":
@@ -218,7 +221,16 @@ class Engine:
             g = v.json_object(whitespace=params.whitespace)
         else:
             g = v.choice(value)
-        return v.after_trigger(params.structured_after, g) if params.structured_after else g
+        if params.structured_after:
+            g = v.after_trigger(params.structured_after, g)
+        self._grammar_seconds.append(time.perf_counter() - started)
+        return g
+
+    def take_grammar_seconds(self) -> list[float]:
+        """Seconds each structured request waited for its grammar (a compile, or a cache
+        hit) since the last call."""
+        out, self._grammar_seconds = self._grammar_seconds, []
+        return out
 
     def _submit(self, ids: Any, params: SamplingParams, core_kw: dict[str, Any], claim: bool = False) -> int:
         grammar = self.grammar(params)

@@ -159,7 +159,9 @@ class EngineLoop:
             if name == "stats":
                 value: Any = core.stats()
             elif name == "metrics":
-                value = {"stats": core.stats(), "latencies": {k: v.tolist() for k, v in core.take_latencies().items()}}
+                latencies = {k: v.tolist() for k, v in core.take_latencies().items()}
+                latencies["grammar_s"] = self.engine.take_grammar_seconds()
+                value = {"stats": core.stats(), "latencies": latencies}
             elif name == "flush_cache":
                 value = core.flush_cache()
             elif name == "abort_all":

@@ -74,6 +74,10 @@ class ServerMetrics:
             "itl_s": histogram("ferrolm:inter_token_latency_seconds", "Time between consecutive tokens."),
             "e2e_s": histogram("ferrolm:e2e_request_latency_seconds", "Time from arrival to finish."),
             "queue_s": histogram("ferrolm:queue_time_seconds", "Time waiting before the first prefill."),
+            "grammar_s": histogram(
+                "ferrolm:grammar_compile_seconds",
+                "Time a structured-output request waited for its grammar (a compile, or a cache hit).",
+            ),
         }
 
     def update(self, snapshot: dict[str, Any]) -> None:
