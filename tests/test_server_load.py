@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
 
-CONCURRENT_STREAMS = 48
+CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 
 
 @pytest.fixture(scope="module")
