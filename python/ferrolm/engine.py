@@ -256,9 +256,8 @@ class Engine:
         prompt is checked before any is queued; the other samples of a prompt start once
         its first has cached the prompt, so they share it."""
         params = params or SamplingParams()
-        if _is_single_prompt(prompts):
-            prompts = [prompts]  # type: ignore[list-item]
-        encoded = [self.encode(p) for p in prompts]  # type: ignore[union-attr]
+        batch: list[Prompt] = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item,arg-type]
+        encoded = [self.encode(p) for p in batch]
         results: dict[int, GenerationResult] = {}
         waiting_for_first: dict[int, Any] = {}
         try:

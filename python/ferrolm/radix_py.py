@@ -54,7 +54,8 @@ class _Node:
         self.value = value
         # children by first page: the first token when pages are one token, else a tuple
         self.children: dict[object, _Node] = {}
-        self.parent = parent
+        # a root is its own parent: walks up stop at is_root, and no node's parent is None
+        self.parent: _Node = parent if parent is not None else self
         self.start = start
         self.lock_ref = 0
         self.own_locks = 0
@@ -433,7 +434,7 @@ class PyRadixCache:
                 return f"namespace root {name!r} has no children"
         roots = [(self._root, None)] + [(r, ns) for ns, r in self._ns_roots.items()]
         for root, ns in roots:
-            stack = [(root, [], namespace_seed(ns))]
+            stack: list[tuple[_Node, list[int], int]] = [(root, [], namespace_seed(ns))]
             while stack:
                 node, path, last_hash = stack.pop()
                 if not node.is_root:
