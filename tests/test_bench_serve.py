@@ -1,0 +1,89 @@
+"""Smoke test of ``ferrolm bench serve``: a few requests against a real ``ferrolm serve``
+started by the test harness; checks the report's structure and that nothing failed (no
+timing assertions: the machine is shared)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ferrolm.server.testing import skip_without_server_dependencies
+
+skip_without_server_dependencies()  # before the imports that need them
+
+from ferrolm.bench import serve as bench_serve  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+
+QUANTILES = {"mean", "p50", "p90", "p99", "max"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", "16384") as s:
+        yield s
+
+
+def bench(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    bench_serve.add_parser(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(["serve", *argv])
+    return int(args.func(args))
+
+
+def test_workload_is_seeded_and_multi_turn() -> None:
+    a = bench_serve.make_requests(40, seed=3)
+    b = bench_serve.make_requests(40, seed=3)
+    assert [r.messages for r in a] == [r.messages for r in b]
+    assert len(a) == 40 and {r.max_tokens for r in a} <= {16, 64, 256}
+    # a later turn repeats its conversation's earlier turn word for word
+    later = [r for r in a if r.turn > 0]
+    assert later
+    for r in later:
+        earlier = next(e for e in a if e.conversation == r.conversation and e.turn == r.turn - 1)
+        assert r.messages[: len(earlier.messages)] == earlier.messages
+        assert earlier.index < r.index
+
+
+def test_concurrency_run_reports_every_figure(server: RunningServer, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    rc = bench("--base-url", server.url, "--concurrency", "4", "--num-requests", "8", "--output-lens", "4,8",
+               "--output-weights", "1,1", "--warmup", "1", "--no-progress", "--json", str(out), "--strict")
+    assert rc == 0
+    report = json.loads(out.read_text())
+    [point] = report["points"]
+    s = point["summary"]
+    assert s["requests"] == s["completed"] == 8
+    assert s["errors"] == 0 and s["first_errors"] == []
+    assert s["length_mismatches"] == 0  # ignore_eos: outputs are exactly max_tokens
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(s[key]) == QUANTILES
+        assert all(v is not None and v >= 0 for v in s[key].values())
+    assert s["output_tokens"] == sum(r["max_tokens"] for r in point["requests"])
+    assert 0.0 <= s["cache_hit_rate"] <= 1.0 and s["prompt_tokens"] > 0
+    assert s["request_throughput"] > 0 and s["output_throughput"] > 0
+    assert len(point["requests"]) == 8 and all(r["ok"] for r in point["requests"])
+    assert "server_cpu" not in s  # CPU figures only for a server the bench launched
+    text = capsys.readouterr().out
+    assert "TTFT" in text and "TPOT" in text and "cache hit rate" in text
+
+
+def test_rate_sweep_writes_json_and_plot(server: RunningServer, tmp_path: Path) -> None:
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    rc = bench("--base-url", server.url + "/v1", "--request-rate", "inf", "--sweep", "4,inf", "--num-requests", "6",
+               "--output-lens", "4", "--output-weights", "1", "--warmup", "0", "--no-progress",
+               "--json", str(out), "--plot", str(png), "--strict")
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["sweep_by"] == "rate"
+    assert [p["load"] for p in report["points"]] == [4.0, "inf"]
+    assert all(p["summary"]["errors"] == 0 and p["summary"]["completed"] == 6 for p in report["points"])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
