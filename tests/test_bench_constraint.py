@@ -1,0 +1,88 @@
+"""Smoke test of ``ferrolm bench constraint`` on a tiny synthetic vocabulary: the report's
+structure, and that valid documents are accepted token by token (no timing checked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ferrolm.bench import constraint as bc
+
+MERGES = [b'":', b'",', b'","', b"na", b"me", b"name", b"tr", b"ue", b"true", b"nu", b"ll", b"null", b"00", b"20", b"-0"]
+
+
+@pytest.fixture(scope="module")
+def vocab() -> bc.BenchVocab:
+    return bc.synthetic_vocab(MERGES)
+
+
+def test_bpe_merges_by_rank_and_round_trips(vocab: bc.BenchVocab) -> None:
+    text = '{"name":"Ada","ok":true,"x":null,"d":"2024-01-02"}'
+    tokens = vocab.encode(text)
+    assert vocab.decode(tokens) == text.encode()
+    assert vocab.ranks[b"name"] in tokens and vocab.ranks[b"true"] in tokens and vocab.ranks[b'":'] in tokens
+    assert len(tokens) < len(text.encode())
+    assert bc.bpe_encode(vocab.ranks, b"nametrue") == [vocab.ranks[b"name"], vocab.ranks[b"true"]]
+
+
+def test_suite_documents_follow_schema_order_and_generation_reading() -> None:
+    schema = {"properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+    assert bc.compact(bc.order_value({"a": "x", "b": 1.0}, schema, schema)) == '{"b":1,"a":"x"}'
+    assert bc.within_generation_reading({"a": "x"}, schema, schema)
+    assert not bc.within_generation_reading({"c": 1}, schema, schema)  # undeclared member
+    assert bc.within_generation_reading({"c": 1}, {**schema, "additionalProperties": True}, schema)
+    assert not bc.within_generation_reading("nope", {"format": "email"}, {})
+    cases, stats = bc.suite_cases()
+    assert stats["schemas"] == len(cases) > 300
+    assert 0 < stats["documents"] <= stats["valid_instances"] - stats["left_out"]
+
+
+def test_hand_written_documents_are_valid() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    assert 20 <= len(bc.HAND_SCHEMAS) <= 40
+    for name, schema, doc in bc.HAND_SCHEMAS:
+        validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        errors = [e.message for e in validator.iter_errors(json.loads(bc.compact(doc)))]
+        assert not errors, (name, errors)
+
+
+def test_report_structure_and_documents_accepted(vocab: bc.BenchVocab) -> None:
+    hand = [c for c in bc.hand_cases() if c.name in ("user", "order", "tool_call", "org_chart")]
+    suite, _ = bc.suite_cases()
+    suite = [c for c in suite if c.documents][:6]
+    cases = hand + suite
+    report = bc.bench(vocab, cases, ["ferrolm", "xgrammar"], seed=1, batch=4, batch_rounds=2)
+    json.dumps(report)  # serializable
+    assert report["schemas"] == {"total": len(cases), "suite": len(suite), "hand": len(hand)}
+    assert report["vocab_size"] == vocab.size == 256 + len(MERGES) + 1
+    assert "xgrammar" in report["skipped"] or "xgrammar" in report["engines"]
+    ours = report["engines"]["ferrolm"]
+    assert ours["by_source"]["hand"] == {"schemas": len(hand), "compiled": len(hand)}
+    assert ours["attempted"] == len(cases) and ours["compiled"] >= len(hand)
+    assert ours["rejected_valid"] == 0, ours["rejections"]
+    assert ours["documents"] >= len(hand) and ours["tokens"] > ours["documents"]
+    for key in ("p50", "p95", "max"):
+        assert ours["compile_ms"][key] > 0
+    assert 0 < ours["mask_us"]["p50"] <= ours["mask_us"]["p99"]
+    assert ours["batch64_us"] is not None and ours["batch64_us"] > 0
+    table = bc.format_table(report)
+    assert "ferrolm" in table and "floor: no valid document rejected: met" in table
+
+
+def test_a_wrong_document_is_reported_as_rejected(vocab: bc.BenchVocab) -> None:
+    case = bc.Case("t", json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+                   ['{"n":1}', '{"n":"x"}'], "hand")
+    report = bc.bench(vocab, [case], ["ferrolm"], batch=2, batch_rounds=1)
+    [rejection] = report["engines"]["ferrolm"]["rejections"]
+    assert rejection["document"] == '{"n":"x"}' and rejection["token_index"] > 0
+
+
+def test_add_parser_defaults() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bc.add_parser(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(["constraint", "--max-schemas", "5", "--json", "out.json"])
+    assert (args.vocab, args.max_schemas, args.seed, args.json) == ("o200k_base", 5, 0, "out.json")
+    assert args.func is bc.run
