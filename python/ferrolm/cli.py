@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ferrolm.bench import constraint as bench_constraint
 from ferrolm.bench import engine as bench_engine
+from ferrolm.bench import serve as bench_serve
 from ferrolm.errors import FerrolmError
 from ferrolm.bench import tree as bench_tree
 
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     bench_tree.add_parser(bench_sub)
     bench_engine.add_parser(bench_sub)
+    bench_serve.add_parser(bench_sub)
+    bench_constraint.add_parser(bench_sub)
     _add_generate(sub)
     _add_serve(sub)
     args = parser.parse_args(argv)
