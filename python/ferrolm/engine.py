@@ -43,9 +43,9 @@ class Delta:
 
 
 @dataclass(slots=True)
-class GenerationResult:
-    rid: int
-    prompt_ids: list[int]
+class Output:
+    """Everything a request's deltas have brought so far."""
+
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[float] = field(default_factory=list)
@@ -53,6 +53,7 @@ class GenerationResult:
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     error: str | None = None
+    prompt_tokens: int = 0
     cached_tokens: int = 0
 
     def add(self, d: Delta) -> None:
@@ -62,7 +63,13 @@ class GenerationResult:
         self.top_logprobs += d.top_logprobs
         if d.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = d.finish_reason, d.matched_stop, d.error
-            self.cached_tokens = d.cached_tokens
+            self.prompt_tokens, self.cached_tokens = d.prompt_tokens, d.cached_tokens
+
+
+@dataclass(slots=True)
+class GenerationResult(Output):
+    rid: int = -1
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 def deltas_of(out: _core.StepOutputs) -> list[Delta]:
@@ -263,7 +270,7 @@ class Engine:
         try:
             for ids in encoded:
                 rid = self._submit(ids, params, {}, claim=True)
-                results[rid] = GenerationResult(rid, [int(i) for i in ids])
+                results[rid] = GenerationResult(rid=rid, prompt_ids=[int(i) for i in ids])
                 if params.n > 1:
                     waiting_for_first[rid] = ids
             while any(r.finish_reason is None for r in results.values()):
@@ -274,7 +281,7 @@ class Engine:
                         for j in range(1, params.n):
                             seed = None if params.seed is None else (params.seed + j) % 2**64
                             sib = self._submit(ids, dataclasses.replace(params, seed=seed), {}, claim=True)
-                            results[sib] = GenerationResult(sib, [int(i) for i in ids])
+                            results[sib] = GenerationResult(rid=sib, prompt_ids=[int(i) for i in ids])
         finally:
             self._release(results)
         return [results[r] for r in sorted(results)]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
-from ferrolm.engine import Delta
+from ferrolm.engine import Delta, Output
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.engine_client import EngineClient, EngineError, EngineUnavailable, RequestHandle
@@ -18,29 +18,11 @@ from ferrolm.server.errors import APIError, from_invalid_input
 
 
 @dataclass(slots=True)
-class Sample:
+class Sample(Output):
     """One choice: everything its deltas have brought so far."""
 
-    index: int  # the choice index: prompt_index * n + j
-    first_of_prompt: bool  # the sample whose usage counts the prompt
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    matched_stop: str | int | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-
-    def add(self, d: Delta) -> None:
-        self.token_ids += d.token_ids
-        self.text += d.text
-        self.logprobs += d.logprobs
-        self.top_logprobs += d.top_logprobs
-        if d.finish_reason is not None:
-            self.finish_reason, self.matched_stop, self.error = d.finish_reason, d.matched_stop, d.error
-            self.prompt_tokens, self.cached_tokens = d.prompt_tokens, d.cached_tokens
+    index: int = 0  # the choice index: prompt_index * n + j
+    first_of_prompt: bool = False  # the sample whose usage counts the prompt
 
 
 class Generation:
