@@ -21,17 +21,7 @@ skip_without_server_dependencies()  # before the imports that need them
 
 import httpx  # noqa: E402
 
-from ferrolm.server.testing import free_port, running_server  # noqa: E402
-
-
-def wait_until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from ferrolm.server.testing import free_port, running_server, wait_until  # noqa: E402
 
 
 def engine_process_of(server_pid: int) -> int:
@@ -111,7 +101,8 @@ def test_an_engine_that_dies_fails_its_requests_and_ends_the_server() -> None:
 
 
 def test_overload_is_429_when_full_and_503_after_waiting_too_long() -> None:
-    flags = ("--max-running-requests", "1", "--max-queued-requests", "2", "--queue-timeout", "0.5")
+    # the queue timeout leaves a window wide enough to see the waiter queued on a busy machine
+    flags = ("--max-running-requests", "1", "--max-queued-requests", "2", "--queue-timeout", "3")
     with running_server(*flags) as server:
         long = {"prompt": "hog", "max_tokens": 3000, "ignore_eos": True}
         hog = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=long, timeout=60))

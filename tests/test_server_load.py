@@ -19,7 +19,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server, wait_until  # noqa: E402
 
 CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 
@@ -32,16 +32,6 @@ def server() -> Iterator[RunningServer]:
 
 def load(server: RunningServer) -> dict[str, int]:
     return httpx.get(f"{server.url}/server_info", timeout=30).json()["load"]
-
-
-def wait_until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def assert_no_request_holds_kv(server: RunningServer) -> None:

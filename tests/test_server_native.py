@@ -17,7 +17,7 @@ skip_without_server_dependencies()  # before the imports that need them
 
 import httpx  # noqa: E402
 
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server, wait_until  # noqa: E402
 
 SECRET = "s3cret-key-never-shown"
 
@@ -32,16 +32,6 @@ def server() -> Iterator[RunningServer]:
 def http(server: RunningServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
         yield c
-
-
-def wait_until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def load(http: httpx.Client) -> dict[str, int]:

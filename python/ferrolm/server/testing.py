@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
 
@@ -38,6 +39,17 @@ class RunningServer:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def wait_until(check: Any, timeout: float = 20.0) -> Any:
+    """Polls ``check`` until it returns something truthy (returned), failing after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
 
 
 def free_port() -> int:
