@@ -62,3 +62,18 @@ def make(backend: str):
         return make_tree(backend, **kw)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Any:
+    """The embedded tiny model, loaded once for the whole run."""
+    from ferrolm.model import load_model
+
+    return load_model("tiny")
+
+
+def make_engine(tiny: Any, kv_capacity: int = 4096, **kw: Any) -> Any:
+    """An engine over the already-loaded tiny model with a pool of ``kv_capacity`` slots."""
+    from ferrolm.engine import Engine
+
+    return Engine(tiny, kv_capacity=kv_capacity, **kw)

@@ -14,13 +14,8 @@ import pytest
 from ferrolm import SamplingParams, _core
 from ferrolm.engine import Engine
 from ferrolm.errors import InvalidInputError
-from ferrolm.model import LoadedModel, load_model
+from ferrolm.model import LoadedModel
 from ferrolm.model.tiny import tiny_folder
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +90,7 @@ def test_bad_buffers_and_grammars_are_typed_errors(vocab: _core.Vocabulary) -> N
     m = vocab.regex("a+").matcher()
     for bad in (np.zeros(vocab.bitmask_words - 1, np.int32), np.zeros(vocab.bitmask_words, np.int64), [0] * 4):
         with pytest.raises(InvalidInputError) as e:
-            m.fill_next_token_bitmask(bad)
+            m.fill_next_token_bitmask(bad)  # type: ignore[arg-type]
         assert e.value.field == "bitmask"
     with pytest.raises(InvalidInputError) as e:
         _core.fill_next_token_bitmask_batch([m], np.zeros((2, vocab.bitmask_words), np.int32))

@@ -14,21 +14,13 @@ import ferrolm
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
 from ferrolm.errors import InvalidInputError
-from ferrolm.model import LoadedModel, NumpyRunner, load_model
+from ferrolm.model import LoadedModel
+
+from conftest import make_engine as _make_engine
 
 KV_CAPACITY = 256
 CONTEXT = 4096  # the tiny model's max_position_embeddings
 GOOD = SamplingParams(temperature=0.0, max_new_tokens=6)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-def make_engine(tiny: LoadedModel, kv_capacity: int = KV_CAPACITY, **kw: Any) -> Engine:
-    runner = NumpyRunner(tiny.config, tiny.weights, kv_capacity)
-    return Engine("tiny", kv_capacity=kv_capacity, runner=runner, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +172,7 @@ def test_refusals_leave_the_engine_reusable_after_many(engine: Engine, expected:
         assert after[key] == before[key], key
     [r] = engine.generate("a good prompt", GOOD)
     assert r.token_ids == expected
+
+
+def make_engine(tiny: LoadedModel, kv_capacity: int = KV_CAPACITY, **kw: Any) -> Engine:
+    return _make_engine(tiny, kv_capacity, **kw)

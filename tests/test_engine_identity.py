@@ -14,8 +14,10 @@ import pytest
 
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
-from ferrolm.model import LoadedModel, NumpyRunner, load_model
+from ferrolm.model import LoadedModel
 from ferrolm.model.reference import reference_logits
+
+from conftest import make_engine
 
 MAX_NEW = 16
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW, ignore_eos=True)
@@ -44,18 +46,6 @@ def _prompts() -> list[Any]:
 
 
 PROMPTS = _prompts()
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-def make_engine(tiny: LoadedModel, kv_capacity: int = 4096, **kw: Any) -> Engine:
-    """An engine over a prebuilt runner. (The constructor still loads the model itself,
-    about 0.3 s, which is tolerable here.)"""
-    runner = NumpyRunner(tiny.config, tiny.weights, kv_capacity)
-    return Engine("tiny", kv_capacity=kv_capacity, runner=runner, **kw)
 
 
 def run_batch(engine: Engine, prompts: list[Any], params: SamplingParams) -> list[list[int]]:

@@ -15,11 +15,6 @@ from ferrolm.model import LoadedModel, NumpyRunner, load_model
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4)
 
 
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
 @pytest.fixture
 def engine(tiny: LoadedModel) -> Engine:
     return Engine(tiny, kv_capacity=256)

@@ -12,20 +12,12 @@ import pytest
 
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
-from ferrolm.model import LoadedModel, NumpyRunner, load_model
+from ferrolm.model import LoadedModel
 from ferrolm.model.reference import reference_logits
 
+from conftest import make_engine
+
 PROMPT = "In the beginning the universe was created. This has made a lot of people"
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-def make_engine(tiny: LoadedModel, kv_capacity: int = 4096, **kw: Any) -> Engine:
-    runner = NumpyRunner(tiny.config, tiny.weights, kv_capacity)
-    return Engine("tiny", kv_capacity=kv_capacity, runner=runner, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,13 @@ import pytest
 
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
-from ferrolm.model import LoadedModel, NumpyRunner, load_model
+from ferrolm.model import LoadedModel
+
+from conftest import make_engine
 
 NUM_REQUESTS = 300
 KV_CAPACITY = 160
 STOP_STRINGS = ["e", "th", " a", "in", "\n", "ing", "xq", "ation", "(", "er"]
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-def make_engine(tiny: LoadedModel, kv_capacity: int, **kw: Any) -> Engine:
-    runner = NumpyRunner(tiny.config, tiny.weights, kv_capacity)
-    return Engine("tiny", kv_capacity=kv_capacity, runner=runner, **kw)
 
 
 @dataclass

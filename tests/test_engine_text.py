@@ -15,7 +15,9 @@ import pytest
 
 from ferrolm import SamplingParams
 from ferrolm.engine import Delta, Engine
-from ferrolm.model import ForwardBatch, LoadedModel, NumpyRunner, load_model
+from ferrolm.model import ForwardBatch, LoadedModel
+
+from conftest import make_engine
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -25,16 +27,6 @@ PROMPTS = [
     "日本語のテキスト",
     "1, 2, 3, 4,",
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
-def make_engine(tiny: LoadedModel, kv_capacity: int = 4096, **kw: Any) -> Engine:
-    runner = NumpyRunner(tiny.config, tiny.weights, kv_capacity)
-    return Engine("tiny", kv_capacity=kv_capacity, runner=runner, **kw)
 
 
 @pytest.fixture(scope="module")
