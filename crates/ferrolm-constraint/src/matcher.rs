@@ -105,13 +105,7 @@ impl Matcher {
         let mut frames = std::mem::take(&mut self.frames);
         let next = self.config_after_token(token, &mut frames);
         self.frames = frames;
-        let Some(next) = next else {
-            self.frames.truncate(pushed_from);
-            return false;
-        };
-        self.history.push(self.config);
-        self.config = next;
-        true
+        self.commit_step(pushed_from, next)
     }
 
     /// Advance by raw bytes (e.g. a jump-forward string) as one step; all or nothing.
@@ -121,6 +115,12 @@ impl Matcher {
         }
         let pushed_from = self.frames.len();
         let next = self.grammar.advance(self.config, bytes, &mut self.frames);
+        self.commit_step(pushed_from, next)
+    }
+
+    /// Takes a step to `next` (remembering the old configuration for rollback), or, if
+    /// there is none, drops the frames the attempt pushed and changes nothing.
+    fn commit_step(&mut self, pushed_from: usize, next: Option<Config>) -> bool {
         let Some(next) = next else {
             self.frames.truncate(pushed_from);
             return false;

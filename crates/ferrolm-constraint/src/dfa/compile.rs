@@ -83,7 +83,6 @@ impl ByteDfa {
                 }
             })?;
         let table = copy_reachable(&dfa, options)?;
-        let table = table.keep_live_states();
         if table.start == DEAD {
             return Err(invalid("the regex matches no string".into()));
         }
@@ -91,7 +90,8 @@ impl ByteDfa {
     }
 }
 
-/// Breadth-first copy of the states reachable from the anchored start.
+/// Breadth-first copy of the states reachable from the anchored start, trimmed to the
+/// states that can still reach acceptance.
 fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<ByteDfa> {
     let started = Instant::now();
     let byte_classes = dfa.byte_classes();
@@ -143,18 +143,7 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         accepting.push(dfa.is_match_state(dfa.next_eoi_state(state)));
         next_to_expand += 1;
     }
-    Ok(ByteDfa {
-        classes,
-        num_classes,
-        transitions,
-        row_transitions: Vec::new(),
-        accepting,
-        single_byte: Vec::new(),
-        can_continue: Vec::new(),
-        component: Vec::new(),
-        component_has_cycle: Vec::new(),
-        start: start_id,
-    })
+    Ok(ByteDfa::from_table(classes, num_classes, transitions, accepting, start_id))
 }
 
 fn too_large(message: String) -> ConstraintError {

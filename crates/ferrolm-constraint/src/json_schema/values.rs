@@ -15,15 +15,7 @@ const MAX_COUNT: u64 = 10_000;
 
 impl<'a> Translator<'a> {
     pub(super) fn integer(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
-        let bound = |key: &str| -> Result<Option<f64>> {
-            match map.get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| self.invalid(path, format!("`{key}` must be a number"))),
-            }
-        };
+        let bound = |key: &str| self.number_keyword(map, key, path);
         let mut min = bound("minimum")?.map(|m| m.ceil());
         let mut max = bound("maximum")?.map(|m| m.floor());
         if let Some(e) = bound("exclusiveMinimum")? {
@@ -66,6 +58,16 @@ impl<'a> Translator<'a> {
         }
     }
 
+    /// The value of a numeric keyword, if present.
+    fn number_keyword(&self, map: &Map<String, Value>, key: &str, path: &str) -> Result<Option<f64>> {
+        match map.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                v.as_f64().map(Some).ok_or_else(|| self.invalid(path, format!("`{key}` must be a number")))
+            }
+        }
+    }
+
     /// The tighter of an inclusive and an exclusive bound: `(value, exclusive)`.
     fn tighter_bound(
         &self,
@@ -75,15 +77,7 @@ impl<'a> Translator<'a> {
         lower: bool,
         path: &str,
     ) -> Result<Option<(f64, bool)>> {
-        let read = |key: &str| -> Result<Option<f64>> {
-            match map.get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| self.invalid(path, format!("`{key}` must be a number"))),
-            }
-        };
+        let read = |key: &str| self.number_keyword(map, key, path);
         Ok(match (read(inclusive_key)?, read(exclusive_key)?) {
             (None, None) => None,
             (Some(i), None) => Some((i, false)),
