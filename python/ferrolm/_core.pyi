@@ -231,10 +231,8 @@ class Engine:
 
     def __new__(
         cls,
-        token_bytes: list[bytes],
+        vocabulary: Vocabulary,
         *,
-        special_token_ids: list[int] = ...,
-        eos_token_ids: list[int] = ...,
         kv_capacity: int = 65536,
         max_running_requests: int = 256,
         max_prefill_tokens: int = 8192,
@@ -246,11 +244,13 @@ class Engine:
         max_context: int = 32768,
         seed: int = 0,
     ) -> Self:
-        """``token_bytes[i]`` is token i's bytes (the vocabulary size is its length).
-        ``schedule_policy``: ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``.
-        ``max_prefill_tokens`` is the chunked-prefill budget per step. ``new_token_ratio``
-        of each running request's remaining ``max_new_tokens`` is kept free when admitting
-        others. Raises ``InvalidInputError`` naming a bad setting."""
+        """``vocabulary`` gives the token bytes the engine detokenizes with, its special
+        and EOS ids, and the vocabulary size; request grammars must be compiled from this
+        same object. ``schedule_policy``: ``fcfs``, ``lpm`` (longest cached prefix
+        first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
+        step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
+        is kept free when admitting others. Raises ``InvalidInputError`` naming a bad
+        setting."""
     def submit(
         self,
         rid: int,
@@ -280,8 +280,8 @@ class Engine:
         allowed_token_ids: list[int] | None = None,
         grammar: Grammar | None = None,
     ) -> None:
-        """Queues a request. ``grammar`` (compiled for a vocabulary of the engine's size)
-        or ``allowed_token_ids`` constrains every sampled token; EOS then comes only where
+        """Queues a request. ``grammar`` (compiled from the engine's own vocabulary) or
+        ``allowed_token_ids`` constrains every sampled token; EOS then comes only where
         the grammar's document may end. Mutates: the waiting queue. Raises ``InvalidInputError`` with
         ``field`` set (changing nothing) for an empty prompt, ids outside the vocabulary, a
         prompt or prompt + ``max_new_tokens`` beyond the context, a prompt larger than the

@@ -120,10 +120,14 @@ class Engine:
                 f"kv_capacity: {kv_capacity} slots, but the runner's KV pool has only {runner_slots}", "kv_capacity"
             )
         self.runner = runner or NumpyRunner(self.config, weights, kv_capacity)
-        self.core = _core.Engine(
+        # one vocabulary for detokenization and for every request's grammar
+        self.vocabulary = _core.Vocabulary(
             self.tokenizer.token_bytes(),
             special_token_ids=self.tokenizer.special_token_ids,
             eos_token_ids=list(self.config.eos_token_ids),
+        )
+        self.core = _core.Engine(
+            self.vocabulary,
             kv_capacity=kv_capacity,
             max_running_requests=max_running_requests,
             max_prefill_tokens=max_prefill_tokens,
@@ -132,11 +136,6 @@ class Engine:
             eviction_policy=eviction_policy,
             max_context=self.config.max_position_embeddings,
             seed=seed,
-        )
-        self.vocabulary = _core.Vocabulary(
-            self.tokenizer.token_bytes(),
-            special_token_ids=self.tokenizer.special_token_ids,
-            eos_token_ids=list(self.config.eos_token_ids),
         )
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
         self._rids = itertools.count()

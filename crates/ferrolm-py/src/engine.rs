@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrolm_core::detok::{StopConditions, StopReason, TokenTable};
+use ferrolm_core::detok::{StopConditions, StopReason};
 use ferrolm_core::engine::{
     AllowList, BatchPlan, Engine, EngineConfig, EngineError, FinishReason, RequestParams, StepOutputs,
     TokenConstraint,
@@ -22,6 +22,8 @@ use crate::guard::Poison;
 #[pyclass(module = "ferrolm._core", name = "Engine")]
 pub struct PyEngine {
     engine: Engine,
+    /// Detokenizes for the engine; a request's grammar must be compiled for it.
+    vocab: Arc<ferrolm_constraint::Vocabulary>,
     poison: Poison,
 }
 
@@ -149,7 +151,7 @@ impl PyStepOutputs {
 impl PyEngine {
     #[new]
     #[pyo3(signature = (
-        token_bytes, *, special_token_ids = Vec::new(), eos_token_ids = Vec::new(), kv_capacity = 65536,
+        vocabulary, *, kv_capacity = 65536,
         max_running_requests = 256, max_prefill_tokens = 8192, schedule_policy = "fcfs",
         enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
         max_context = 32768, seed = 0,
@@ -157,9 +159,7 @@ impl PyEngine {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        token_bytes: Vec<Vec<u8>>,
-        special_token_ids: Vec<u32>,
-        eos_token_ids: Vec<u32>,
+        vocabulary: PyRef<'_, crate::constraint::PyVocabulary>,
         kv_capacity: usize,
         max_running_requests: usize,
         max_prefill_tokens: usize,
@@ -186,13 +186,13 @@ impl PyEngine {
             new_token_ratio,
             fast_lane_tokens,
             max_context,
-            vocab_size: token_bytes.len(),
-            eos_token_ids,
+            vocab_size: vocabulary.vocab().size(),
+            eos_token_ids: vocabulary.vocab().eos_ids().to_vec(),
             seed,
         };
-        let vocab = Arc::new(TokenTable { tokens: token_bytes, special: special_token_ids });
-        let engine = Engine::new(config, vocab).map_err(|m| errors::invalid_input(py, m))?;
-        Ok(PyEngine { engine, poison: Poison::default() })
+        let vocab = vocabulary.vocab().clone();
+        let engine = Engine::new(config, vocab.clone()).map_err(|m| errors::invalid_input(py, m))?;
+        Ok(PyEngine { engine, vocab, poison: Poison::default() })
     }
 
     /// See `_core.pyi`.
@@ -289,14 +289,11 @@ impl PyEngine {
             }
             (Some(a), None) => Some(Box::new(AllowList::new(vocab, &a))),
             (None, Some(g)) => {
-                if g.grammar.vocab().size() != vocab {
+                if !Arc::ptr_eq(g.grammar.vocab(), &self.vocab) {
                     return Err(errors::invalid_field(
                         py,
                         "grammar",
-                        format!(
-                            "grammar: compiled for a vocabulary of {} tokens, the engine has {vocab}",
-                            g.grammar.vocab().size()
-                        ),
+                        "grammar: compiled for another vocabulary; compile it with the engine's".into(),
                     ));
                 }
                 Some(Box::new(ferrolm_constraint::Matcher::new(g.grammar.clone())))

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ferrolm._core import Engine
+from ferrolm._core import Engine, Vocabulary
 
 FLOOR_MS = 1.0  # batch 64, greedy, 32k vocab
 
 
-def _vocab(size: int) -> list[bytes]:
-    return [f"t{i} ".encode() for i in range(size)]
+def _vocab(size: int) -> Vocabulary:
+    return Vocabulary([f"t{i} ".encode() for i in range(size)])
 
 
 def step_times(batch: int, vocab: int, mode: str, steps: int, seed: int = 0) -> np.ndarray:

@@ -20,12 +20,26 @@ pub trait TokenBytes {
     fn is_special(&self, id: u32) -> bool;
 }
 
-/// A plain token table, for tests and callers without a richer vocabulary.
+/// The constraint engine's vocabulary is the one table of token bytes: the engine
+/// detokenizes with the same object its grammars are compiled for.
+impl TokenBytes for ferrolm_constraint::Vocabulary {
+    fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        ferrolm_constraint::Vocabulary::token_bytes(self, id)
+    }
+    fn is_special(&self, id: u32) -> bool {
+        use ferrolm_constraint::TokenKind;
+        matches!(self.kind(id), Some(TokenKind::Special | TokenKind::Eos))
+    }
+}
+
+/// A plain token table for tests.
+#[cfg(test)]
 pub struct TokenTable {
     pub tokens: Vec<Vec<u8>>,
     pub special: Vec<u32>,
 }
 
+#[cfg(test)]
 impl TokenBytes for TokenTable {
     fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.tokens.get(id as usize).map(Vec::as_slice)
