@@ -19,7 +19,8 @@ FLOOR_MS = 1.0  # batch 64, greedy, 32k vocab
 
 
 def _vocab(size: int) -> Vocabulary:
-    return Vocabulary([f"t{i} ".encode() for i in range(size)])
+    # the last id is EOS (requests run with ignore_eos, so every step decodes)
+    return Vocabulary([f"t{i} ".encode() for i in range(size - 1)] + [b"</s>"], eos_token_ids=[size - 1])
 
 
 def step_times(batch: int, vocab: int, mode: str, steps: int, seed: int = 0) -> np.ndarray:
