@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::detok::{Detokenizer, StopReason, TokenBytes};
 use crate::radix::{RadixTree, TreeConfig};
-use crate::sampling::{RequestRng, Sampler};
+use crate::sampling::{RequestRng, Sampled, Sampler};
 
 use super::config::{EngineConfig, SchedulePolicy};
 use super::constraint::TokenConstraint;
@@ -508,9 +508,10 @@ impl Engine {
         let in_flight = std::mem::take(&mut self.in_flight);
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
         let vocab = self.config.vocab_size;
-        for (i, f) in in_flight.iter().enumerate() {
+        let drawn = self.draw_all(&in_flight, logits, width);
+        for ((i, f), d) in in_flight.iter().enumerate().zip(drawn) {
             let row = &mut logits[i * width..i * width + vocab];
-            self.advance(f, row, &mut out);
+            self.advance_with(f, row, &mut out, None, d);
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
         Ok(out)
@@ -536,18 +537,72 @@ impl Engine {
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
         for (f, &t) in in_flight.iter().zip(tokens) {
             row[t as usize] = 0.0;
-            self.advance_with(f, &mut row, &mut out, Some(t));
+            self.advance_with(f, &mut row, &mut out, Some(t), None);
             row[t as usize] = f32::NEG_INFINITY;
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
         Ok(out)
     }
 
-    fn advance(&mut self, f: &InFlight, row: &mut [f32], out: &mut StepOutputs) {
-        self.advance_with(f, row, out, None)
+    /// Samples the rows of every entry that samples, split across two threads when the
+    /// batch is large enough to pay for one: rows, samplers and grammars are per request,
+    /// so the draws are independent. Returns each entry's draw (or `None`).
+    fn draw_all(
+        &mut self,
+        in_flight: &[InFlight],
+        logits: &mut [f32],
+        width: usize,
+    ) -> Vec<Option<Result<Sampled, String>>> {
+        const PARALLEL_FROM: usize = 16;
+        let vocab = self.config.vocab_size;
+        let index: HashMap<u64, usize> =
+            in_flight.iter().enumerate().filter(|(_, f)| f.samples).map(|(i, f)| (f.rid, i)).collect();
+        let mut rows: Vec<Option<&mut [f32]>> =
+            logits.chunks_mut(width).map(|r| Some(&mut r[..vocab])).collect();
+        let mut work: Vec<(usize, &mut Request, &mut [f32])> = Vec::with_capacity(index.len());
+        for (rid, r) in self.requests.iter_mut() {
+            if let Some(&i) = index.get(rid) {
+                if !r.aborted {
+                    work.push((i, r, rows[i].take().expect("one row per entry")));
+                }
+            }
+        }
+        let mut drawn: Vec<Option<Result<Sampled, String>>> = (0..in_flight.len()).map(|_| None).collect();
+        if work.len() < PARALLEL_FROM {
+            return drawn; // sampled one by one in advance_with, with the engine's buffers
+        }
+        let eos = &self.config.eos_token_ids;
+        let half = work.len() / 2;
+        let (mine, theirs) = work.split_at_mut(half);
+        let (mask, scratch) = (&mut self.mask, &mut self.scratch);
+        let (a, b) = std::thread::scope(|scope| {
+            let other = scope.spawn(move || {
+                let (mut mask, mut scratch) = (vec![0u32; vocab.div_ceil(32)], Vec::with_capacity(vocab));
+                theirs
+                    .iter_mut()
+                    .map(|(i, r, row)| (*i, draw(r, row, eos, None, &mut mask, &mut scratch)))
+                    .collect::<Vec<_>>()
+            });
+            let here: Vec<_> =
+                mine.iter_mut().map(|(i, r, row)| (*i, draw(r, row, eos, None, mask, scratch))).collect();
+            (here, other.join().expect("sampling thread"))
+        });
+        for (i, d) in a.into_iter().chain(b) {
+            drawn[i] = Some(d);
+        }
+        drawn
     }
 
-    fn advance_with(&mut self, f: &InFlight, row: &mut [f32], out: &mut StepOutputs, forced: Option<u32>) {
+    /// Advances one plan entry: `drawn` is its token when it was sampled ahead (in
+    /// parallel), else it is sampled here (or `forced`).
+    fn advance_with(
+        &mut self,
+        f: &InFlight,
+        row: &mut [f32],
+        out: &mut StepOutputs,
+        forced: Option<u32>,
+        drawn: Option<Result<Sampled, String>>,
+    ) {
         let Some(r) = self.requests.get_mut(&f.rid) else { return };
         r.kv_len = f.end;
         if r.aborted {
@@ -563,33 +618,10 @@ impl Engine {
             self.cache_prefill(f.rid);
         }
         let Some(r) = self.requests.get_mut(&f.rid) else { return };
-        let generated_before = r.generated();
-        let stops_active = generated_before >= r.params.min_new_tokens;
-        // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos)
-        let suppress_eos = r.params.ignore_eos || !stops_active;
-        if suppress_eos {
-            for &e in &self.config.eos_token_ids {
-                row[e as usize] = f32::NEG_INFINITY;
-            }
-        }
-        if !stops_active {
-            for &t in &r.params.stops.stop_token_ids {
-                row[t as usize] = f32::NEG_INFINITY;
-            }
-        }
-        let mask = match &mut r.constraint {
-            Some(c) => {
-                c.fill_mask(&mut self.mask);
-                Some(self.mask.as_slice())
-            }
-            None => None,
-        };
-        let sampled = match forced {
-            Some(t) if mask.is_none_or(|m| crate::sampling::mask_allows(m, t as usize)) => {
-                Ok(crate::sampling::Sampled { token: t, logprob: None, top_logprobs: Vec::new() })
-            }
-            Some(t) => Err(format!("token {t} is not allowed by the request's grammar")),
-            None => r.sampler.sample_with(row, mask, &mut self.scratch).map_err(|e| e.to_string()),
+        let stops_active = r.generated() >= r.params.min_new_tokens;
+        let sampled = match drawn {
+            Some(d) => d,
+            None => draw(r, row, &self.config.eos_token_ids, forced, &mut self.mask, &mut self.scratch),
         };
         let sampled = match sampled {
             Ok(s) => s,
@@ -688,6 +720,45 @@ impl Engine {
     fn finish_pending(&mut self, rid: u64, reason: FinishReason, text: String) {
         let fin = self.finish(rid, reason);
         self.pending.push(rid, text, Some(fin));
+    }
+}
+
+/// One request's next token from its row: EOS and stop tokens suppressed where they may
+/// not come yet, the grammar's mask applied, then its sampler (or the `forced` token,
+/// checked against the mask).
+fn draw(
+    r: &mut Request,
+    row: &mut [f32],
+    eos_ids: &[u32],
+    forced: Option<u32>,
+    mask: &mut Vec<u32>,
+    scratch: &mut Vec<f32>,
+) -> Result<Sampled, String> {
+    let stops_active = r.generated() >= r.params.min_new_tokens;
+    // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos)
+    if r.params.ignore_eos || !stops_active {
+        for &e in eos_ids {
+            row[e as usize] = f32::NEG_INFINITY;
+        }
+    }
+    if !stops_active {
+        for &t in &r.params.stops.stop_token_ids {
+            row[t as usize] = f32::NEG_INFINITY;
+        }
+    }
+    let mask = match &mut r.constraint {
+        Some(c) => {
+            c.fill_mask(mask);
+            Some(mask.as_slice())
+        }
+        None => None,
+    };
+    match forced {
+        Some(t) if mask.is_none_or(|m| crate::sampling::mask_allows(m, t as usize)) => {
+            Ok(Sampled { token: t, logprob: None, top_logprobs: Vec::new() })
+        }
+        Some(t) => Err(format!("token {t} is not allowed by the request's grammar")),
+        None => r.sampler.sample_with(row, mask, scratch).map_err(|e| e.to_string()),
     }
 }
 

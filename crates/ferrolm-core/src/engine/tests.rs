@@ -528,3 +528,27 @@ fn a_grammar_shapes_the_output_and_ends_it_with_eos() {
         assert!(re.is_match(&text), "request {rid} produced {text:?}");
     }
 }
+
+#[test]
+fn parallel_sampling_of_a_large_batch_matches_one_at_a_time() {
+    // 24 sampling rows take the two-thread path; alone, each takes the sequential one
+    let params = |seed| RequestParams {
+        sampling: SamplingParams { seed: Some(seed), temperature: 0.9, top_p: 0.95, ..Default::default() },
+        stops: StopConditions::default(),
+        ..greedy(8)
+    };
+    let run = |together: bool| {
+        let mut engine = Engine::new(config(|_| {}), vocab()).unwrap();
+        let mut model = FakeModel::new(4096);
+        let mut out = std::collections::BTreeMap::new();
+        for rid in 0..24u64 {
+            engine.submit(rid, &[1 + rid as u32, 2, 3], params(rid), None).unwrap();
+            if !together {
+                out.extend(drain(&mut engine, &mut model));
+            }
+        }
+        out.extend(drain(&mut engine, &mut model));
+        out.into_values().map(|v| v.0).collect::<Vec<_>>()
+    };
+    assert_eq!(run(true), run(false));
+}
