@@ -15,7 +15,7 @@ from ferrolm.server.errors import bad_request, from_invalid_input
 from ferrolm.server.generation import Generation, Sample, error_of
 from ferrolm.server.openai_common import core_kwargs, finite, parse_body, parse_logit_bias
 from ferrolm.server.protocol import AbortRequest, GenerateRequest, NativeSamplingParams
-from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
+from ferrolm.server.sse import DONE, sse_event
 from ferrolm.server.state import state_of
 from ferrolm.server.structured_output import constraint_kwargs
 
@@ -65,14 +65,9 @@ async def generate(request: Request) -> Response:
         gen.close()
         raise
     rid = rid or f"gen-{gen.handle.rids[0]}"
-    release = state.track(rid, gen)
     if req.stream:
-        return EventStreamResponse(_stream(gen, rid, req.return_logprob), release)
-    try:
-        samples = await gen.run_to_end(request)
-    finally:
-        release()
-    gen.raise_for_errors()
+        return state.stream(rid, gen, _stream(gen, rid, req.return_logprob))
+    samples = await state.collect(request, rid, gen)
     out = [_result(s, rid, req.return_logprob) for s in samples]
     return JSONResponse(out[0] if len(out) == 1 else out)
 

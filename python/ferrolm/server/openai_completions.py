@@ -15,7 +15,7 @@ from ferrolm.server.openai_common import (
     completion_id, completion_logprobs, core_kwargs, now, parse_body, sampling_params_from,
 )
 from ferrolm.server.protocol import CompletionRequest
-from ferrolm.server.sse import DONE, EventStreamResponse, sse_event
+from ferrolm.server.sse import DONE, sse_event
 from ferrolm.server.state import ServerState, state_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -62,15 +62,10 @@ async def create_completion(request: Request) -> Response:
         raise
     response_id = completion_id("cmpl")
     meta = {"id": response_id, "object": "text_completion", "created": now(), "model": state.args.model_name}
-    release = state.track(response_id, gen)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return EventStreamResponse(_stream(state, gen, meta, req.logprobs is not None, include_usage), release)
-    try:
-        samples = await gen.run_to_end(request)
-    finally:
-        release()
-    gen.raise_for_errors()
+        return state.stream(response_id, gen, _stream(state, gen, meta, req.logprobs is not None, include_usage))
+    samples = await state.collect(request, response_id, gen)
     choices = [_choice(state, s, req.logprobs is not None) for s in samples]
     return JSONResponse({**meta, "choices": choices, "usage": gen.usage()})
 

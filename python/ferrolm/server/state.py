@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -13,7 +13,8 @@ from ferrolm.model.tokenizer import Tokenizer
 from ferrolm.server.args import ServerArgs
 from ferrolm.server.engine_client import EngineClient, EngineUnavailable
 from ferrolm.server.errors import APIError
-from ferrolm.server.generation import Generation
+from ferrolm.server.generation import Generation, Sample
+from ferrolm.server.sse import EventStreamResponse
 
 READY_TIMEOUT_S = 120.0  # a request made while the engine starts waits this long for it
 
@@ -39,6 +40,21 @@ class ServerState:
                 del self.named[public_id]
 
         return release
+
+    def stream(self, public_id: str, gen: Generation, events: AsyncIterator[bytes]) -> EventStreamResponse:
+        """An SSE response of ``events`` that releases the request however it ends."""
+        return EventStreamResponse(events, self.track(public_id, gen))
+
+    async def collect(self, request: Request, public_id: str, gen: Generation) -> list[Sample]:
+        """Every sample to the end (aborted if the client goes away), released either way;
+        raises the API error of a sample that failed."""
+        release = self.track(public_id, gen)
+        try:
+            samples = await gen.run_to_end(request)
+        finally:
+            release()
+        gen.raise_for_errors()
+        return samples
 
     @cached_property
     def token_bytes(self) -> list[bytes]:
