@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ferrolm.server.testing import skip_without_server_dependencies
-
-skip_without_server_dependencies()  # before the imports that need them
-
-from ferrolm.bench import serve as bench_serve  # noqa: E402
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+from ferrolm.bench import serve as bench_serve
+from ferrolm.server.testing import RunningServer, running_server
 
 QUANTILES = {"mean", "p50", "p90", "p99", "max"}
 

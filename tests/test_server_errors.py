@@ -6,16 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-from ferrolm.server.testing import skip_without_server_dependencies
-
-skip_without_server_dependencies()  # before the imports that need them
-
-import httpx  # noqa: E402
-
-from ferrolm.sampling_params import SamplingParams  # noqa: E402
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+from ferrolm.sampling_params import SamplingParams
+from ferrolm.server.testing import RunningServer, running_server
 
 CONTEXT = 4096  # the tiny model's context
 KV = 1024

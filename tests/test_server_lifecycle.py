@@ -15,13 +15,9 @@ from pathlib import Path
 from typing import Any
 
 
-from ferrolm.server.testing import skip_without_server_dependencies
+import httpx
 
-skip_without_server_dependencies()  # before the imports that need them
-
-import httpx  # noqa: E402
-
-from ferrolm.server.testing import free_port, running_server, wait_until  # noqa: E402
+from ferrolm.server.testing import free_port, running_server, wait_until
 
 
 def engine_process_of(server_pid: int) -> int:

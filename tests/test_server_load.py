@@ -9,17 +9,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from ferrolm.server.testing import skip_without_server_dependencies
-
-skip_without_server_dependencies()  # before the imports that need them
-
-import httpx  # noqa: E402
-import openai  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from ferrolm.server.testing import RunningServer, running_server, wait_until  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server, wait_until
 
 CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 

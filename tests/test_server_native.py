@@ -9,15 +9,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-from ferrolm.server.testing import skip_without_server_dependencies
-
-skip_without_server_dependencies()  # before the imports that need them
-
-import httpx  # noqa: E402
-
-from ferrolm.server.testing import RunningServer, running_server, wait_until  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server, wait_until
 
 SECRET = "s3cret-key-never-shown"
 

@@ -7,16 +7,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
-from ferrolm.server.testing import skip_without_server_dependencies
-
-skip_without_server_dependencies()  # before the imports that need them
-
-import httpx  # noqa: E402
-import openai  # noqa: E402
-
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server
 
 MODEL = "tiny-served"
 

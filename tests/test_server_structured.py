@@ -6,17 +6,12 @@ import json
 import re
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
-from ferrolm.server.testing import skip_without_server_dependencies
+import jsonschema
 
-skip_without_server_dependencies()  # before the imports that need them
-
-import httpx  # noqa: E402
-
-import jsonschema  # noqa: E402
-
-from ferrolm.server.testing import RunningServer, running_server  # noqa: E402
+from ferrolm.server.testing import RunningServer, running_server
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
           "required": ["ok", "n"], "additionalProperties": False}

@@ -17,19 +17,6 @@ from typing import Any
 STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
 
 
-# what the server needs beyond ferrolm's own dependencies (and its tests: openai)
-SERVER_DEPENDENCIES = ("fastapi", "uvicorn", "httpx", "openai", "prometheus_client")
-
-
-def skip_without_server_dependencies() -> None:
-    """Skips the calling test module, saying why, where the server's packages are missing
-    (a virtualenv made before they joined the dependencies)."""
-    import pytest
-
-    for name in SERVER_DEPENDENCIES:
-        pytest.importorskip(name, reason=f"the server's dependency {name!r} is not installed")
-
-
 @dataclass(frozen=True)
 class RunningServer:
     url: str  # http://127.0.0.1:PORT
