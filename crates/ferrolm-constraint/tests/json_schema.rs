@@ -371,3 +371,87 @@ proptest! {
         }
     }
 }
+
+/// `check` through a grammar (the schema may need rules: values of any type, recursion).
+fn check_rules(schema: Value, options: &JsonSchemaOptions, valid: &[&str], invalid: &[&str]) {
+    let (vocab, eos) = small_vocab(&[]);
+    let grammar = Grammar::from_json_schema(vocab, &schema.to_string(), options).unwrap();
+    let accepts = |doc: &str| {
+        let mut matcher = Matcher::new(grammar.clone());
+        matcher.accept_str(doc) && matcher.accept_token(eos)
+    };
+    for doc in valid {
+        assert!(accepts(doc), "{schema} should accept {doc}");
+    }
+    for doc in invalid {
+        assert!(!accepts(doc), "{schema} should reject {doc}");
+    }
+}
+
+fn spec_options() -> JsonSchemaOptions {
+    JsonSchemaOptions {
+        forbid_extra_properties: false,
+        assert_formats: false,
+        ..JsonSchemaOptions::default()
+    }
+}
+
+#[test]
+fn all_of_merges_its_schemas() {
+    let schema = json!({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]},
+        {"properties": {"a": {"maximum": 9}, "b": {"type": "string"}}, "required": ["b"]}
+    ]});
+    check(
+        schema,
+        &[r#"{"a":0,"b":""}"#, r#"{"a":9,"b":"x"}"#],
+        &[r#"{"a":10,"b":""}"#, r#"{"a":-1,"b":""}"#, r#"{"a":1}"#, r#"{"b":""}"#, r#"{"a":1.5,"b":""}"#],
+    );
+    // Types intersect; enums filter; disjoint parts allow nothing.
+    check(
+        json!({"allOf": [{"type": ["integer", "string"]}, {"type": "number"}]}),
+        &["1"],
+        &["1.5", r#""a""#],
+    );
+    check(json!({"allOf": [{"enum": [1, 2, "a"]}, {"enum": [2, "a", 3]}]}), &["2", r#""a""#], &["1", "3"]);
+    assert!(json_schema_to_regex(
+        &json!({"allOf": [{"type": "string"}, {"type": "null"}]}),
+        &JsonSchemaOptions::default()
+    )
+    .is_err());
+    // A name one part does not declare takes that part's additionalProperties.
+    let closed = json!({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false},
+        {"properties": {"b": {"type": "integer"}}}
+    ]});
+    check(closed, &["{}", r#"{"a":1}"#], &[r#"{"b":1}"#, r#"{"a":1,"b":1}"#]);
+    // Two patterns would need an intersection of languages.
+    assert!(unsupported(json!({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})).contains("pattern"));
+}
+
+#[test]
+fn siblings_of_ref_any_of_and_all_of_are_merged() {
+    let schema = json!({
+        "$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+        "$ref": "#/$defs/base", "properties": {"name": {"type": "string"}}, "required": ["name"]});
+    check(schema, &[r#"{"id":1,"name":"x"}"#], &[r#"{"id":1}"#, r#"{"name":"x"}"#, r#"{"name":"x","id":1}"#]);
+    let distributed = json!({"type": "integer", "maximum": 10, "anyOf": [{"minimum": 8}, {"maximum": 1}]});
+    check(distributed, &["8", "10", "1", "-5"], &["11", "5", "2", "8.5"]);
+    // A reference that reaches itself with siblings cannot be inlined.
+    let recursive = json!({"$defs": {"node": {"type": "object",
+        "properties": {"next": {"$ref": "#/$defs/node", "type": "object"}}}}, "$ref": "#/$defs/node"});
+    assert!(unsupported(recursive).contains("recursive"));
+}
+
+#[test]
+fn unevaluated_keywords_on_merged_schemas() {
+    let schema = json!({"allOf": [{"properties": {"a": {"type": "integer"}}}],
+        "properties": {"b": {"type": "integer"}}, "unevaluatedProperties": false, "type": "object"});
+    check_rules(schema, &spec_options(), &["{}", r#"{"a":1,"b":2}"#], &[r#"{"a":1,"c":2}"#, r#"{"c":1}"#]);
+    let items = json!({"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "string"}});
+    check_rules(items, &spec_options(), &["[]", "[1]", r#"[1,"a","b"]"#], &[r#"["a"]"#, "[1,2]"]);
+    // Overlapping anyOf branches could both evaluate members: refused.
+    let overlapping = json!({"anyOf": [{"properties": {"a": true}}, {"properties": {"b": true}}],
+        "unevaluatedProperties": false});
+    assert!(unsupported(overlapping).starts_with("unevaluatedProperties"));
+}

@@ -22,6 +22,7 @@
 mod any;
 mod formats;
 mod int_range;
+mod merge;
 mod names;
 mod one_of;
 mod pattern;
@@ -139,9 +140,20 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         assert_formats: options.assert_formats,
         ws: ws.clone(),
         ref_stack: Vec::new(),
+        inline_stack: Vec::new(),
         uses_any_value: false,
         recursive_refs: Vec::new(),
     };
+    // Another metaschema may switch vocabularies (validation) off or on.
+    if let Some(metaschema) = schema.get("$schema").and_then(Value::as_str) {
+        let known = ["http://json-schema.org/", "https://json-schema.org/"];
+        if !known.iter().any(|k| metaschema.starts_with(k)) && !options.lenient {
+            return Err(ConstraintError::UnsupportedSchema {
+                keyword: format!("$schema {metaschema:?} (a custom metaschema)"),
+                path: "#".into(),
+            });
+        }
+    }
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
     // references call its rule (new recurring targets may be found on the way).
@@ -181,6 +193,8 @@ struct Translator<'a> {
     ws: String,
     /// `$ref`s being expanded, to detect recursion.
     ref_stack: Vec<String>,
+    /// `$ref`s inlined to be merged with their siblings, while their copies are translated.
+    inline_stack: Vec<String>,
     /// Some position takes a value of any type (the any-value rule is needed).
     uses_any_value: bool,
     /// `$ref`s that recur; the i-th is rule `FIRST_REF_RULE + i`.
@@ -205,13 +219,20 @@ impl<'a> Translator<'a> {
         }
     }
 
-    fn schema(&mut self, schema: &'a Value, path: &str) -> Result<String> {
+    fn schema(&mut self, schema: &Value, path: &str) -> Result<String> {
         let map = match schema {
             Value::Object(map) => map,
             Value::Bool(true) => return Ok(self.any_value()),
             Value::Bool(false) => return Err(self.invalid(path, "the schema `false` allows no value")),
             _ => return Err(self.invalid(path, "a schema must be an object or a boolean")),
         };
+        if merge::needs_flattening(map) {
+            match self.flattened(map, path) {
+                // Lenient: read the schema as before, ignoring what cannot be merged.
+                Err(ConstraintError::UnsupportedSchema { .. }) if self.lenient => {}
+                result => return result,
+            }
+        }
         for key in map.keys() {
             if !ANNOTATIONS.contains(&key.as_str()) && !HANDLED.contains(&key.as_str()) {
                 self.refuse(key, path)?;
@@ -264,7 +285,7 @@ impl<'a> Translator<'a> {
         }
     }
 
-    fn combinator(&mut self, keyword: &str, value: &'a Value, path: &str) -> Result<String> {
+    fn combinator(&mut self, keyword: &str, value: &Value, path: &str) -> Result<String> {
         if keyword == "$ref" {
             let reference = value.as_str().ok_or_else(|| self.invalid(path, "`$ref` must be a string"))?;
             return self.reference(reference, path);
@@ -375,7 +396,7 @@ impl<'a> Translator<'a> {
         }
     }
 
-    fn typed(&mut self, ty: &str, map: &'a Map<String, Value>, path: &str) -> Result<String> {
+    fn typed(&mut self, ty: &str, map: &Map<String, Value>, path: &str) -> Result<String> {
         match ty {
             "null" => Ok("null".into()),
             "boolean" => Ok("true|false".into()),

@@ -116,7 +116,7 @@ impl<'a> Translator<'a> {
         Ok(format!("\"{STRING_CHAR}{}\"", repeat_suffix(min, max)))
     }
 
-    pub(super) fn array(&mut self, map: &'a Map<String, Value>, path: &str) -> Result<String> {
+    pub(super) fn array(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
         let (min, max) = self.counts(map, "minItems", "maxItems", path)?;
         let prefix: Vec<String> = match map.get("prefixItems") {
             None => Vec::new(),
@@ -172,7 +172,7 @@ impl<'a> Translator<'a> {
         })
     }
 
-    pub(super) fn object(&mut self, map: &'a Map<String, Value>, path: &str) -> Result<String> {
+    pub(super) fn object(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
         // The value of members not named in `properties`, if any are allowed.
         let extra = match map.get("additionalProperties") {
             Some(Value::Bool(false)) => None,
@@ -180,7 +180,7 @@ impl<'a> Translator<'a> {
             None | Some(Value::Bool(true)) => Some(self.any_value()),
             Some(schema) => Some(self.schema(schema, &format!("{path}/additionalProperties"))?),
         };
-        let properties: Vec<(&'a String, &'a Value)> = match map.get("properties") {
+        let properties: Vec<(&String, &Value)> = match map.get("properties") {
             None => Vec::new(),
             Some(Value::Object(p)) => p.iter().collect(),
             Some(_) => return Err(self.invalid(path, "`properties` must be an object")),
@@ -201,6 +201,13 @@ impl<'a> Translator<'a> {
         let ws = self.ws.clone();
         let mut members = Vec::new();
         for (name, schema) in &properties {
+            // `false`: the member may not be present (its name is still not "other").
+            if **schema == Value::Bool(false) {
+                if required.contains(&name.as_str()) {
+                    return Err(self.invalid(path, format!("required property {name:?} allows no value")));
+                }
+                continue;
+            }
             let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
             let value = self.schema(schema, &format!("{path}/properties/{}", escape_pointer(name)))?;
             members.push((format!("{key}{ws}:{ws}(?:{value})"), required.contains(&name.as_str())));
