@@ -189,6 +189,16 @@ fn orderings(value: &Value, schema: &Value, root: &Value, depth: usize) -> Vec<V
                     }
                 }
             }
+            // Undeclared members that `dependentRequired` requires of present ones come
+            // next, in the order it lists them (the engine generates them as required).
+            let dependencies = map.get("dependentRequired").and_then(Value::as_object).into_iter().flatten();
+            for (_, needed) in dependencies.filter(|(d, _)| members.contains_key(*d)) {
+                for key in needed.as_array().into_iter().flatten().filter_map(Value::as_str) {
+                    if let (false, Some(v)) = (ordered.contains_key(key), members.get(key)) {
+                        ordered.insert(key.to_string(), v.clone());
+                    }
+                }
+            }
             for (key, v) in members {
                 if !ordered.contains_key(key) {
                     ordered.insert(key.clone(), v.clone());

@@ -455,3 +455,28 @@ fn unevaluated_keywords_on_merged_schemas() {
         "unevaluatedProperties": false});
     assert!(unsupported(overlapping).starts_with("unevaluatedProperties"));
 }
+
+#[test]
+fn contains_and_min_contains() {
+    let schema =
+        json!({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "minContains": 2});
+    check(schema, &["[5,6]", "[1,5,2,7,3]"], &["[]", "[5]", "[1,2,3]", r#"[5,6,"a"]"#]);
+    check_rules(
+        json!({"type": "array", "contains": {"const": 1}}),
+        &spec_options(),
+        &["[1]", r#"[{},"a",1,[]]"#],
+        &["[]", "[2]"],
+    );
+    assert_eq!(unsupported(json!({"type": "array", "contains": {"const": 1}, "maxContains": 2})), "contains");
+}
+
+#[test]
+fn dependent_required_and_schemas() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+        "c": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"c": {"required": ["a"]}}});
+    check(
+        schema,
+        &["{}", r#"{"b":1}"#, r#"{"a":1,"b":2}"#, r#"{"a":1,"b":2,"c":3}"#],
+        &[r#"{"a":1}"#, r#"{"b":1,"c":3}"#, r#"{"a":1,"c":3}"#],
+    );
+}

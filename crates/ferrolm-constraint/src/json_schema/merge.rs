@@ -26,6 +26,10 @@ const MAX_DEPTH: usize = 24;
 /// Keywords that apply a schema to the instance itself.
 const IN_PLACE: &[&str] = &["$ref", "allOf", "anyOf", "oneOf"];
 const UNEVALUATED: &[&str] = &["unevaluatedProperties", "unevaluatedItems"];
+/// Keywords rewritten as disjunctions: `dependentRequired: {a: [b]}` is
+/// `anyOf: [{properties: {a: false}}, {required: [b]}]`, `dependentSchemas: {a: S}`
+/// is `anyOf: [{properties: {a: false}}, {required: [a]} ∧ S]`.
+const REWRITTEN: &[&str] = &["dependentRequired", "dependentSchemas"];
 
 /// Flat schemas whose union is the schema. `exclusive`: no value matches two of them
 /// and each stands for one set of evaluated properties / items (so `unevaluated*` may
@@ -37,7 +41,7 @@ struct Flat {
 
 /// Whether `translate` would have to intersect languages to read this schema as is.
 pub(super) fn needs_flattening(map: &Map<String, Value>) -> bool {
-    if map.contains_key("allOf") || UNEVALUATED.iter().any(|k| map.contains_key(*k)) {
+    if map.contains_key("allOf") || UNEVALUATED.iter().chain(REWRITTEN).any(|k| map.contains_key(*k)) {
         return true;
     }
     let applicators = IN_PLACE.iter().filter(|k| map.contains_key(**k)).count();
@@ -123,6 +127,7 @@ impl<'a> Translator<'a> {
             .filter(|(k, _)| {
                 !IN_PLACE.contains(&k.as_str())
                     && !UNEVALUATED.contains(&k.as_str())
+                    && !REWRITTEN.contains(&k.as_str())
                     && !ANNOTATIONS.contains(&k.as_str())
             })
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -156,6 +161,37 @@ impl<'a> Translator<'a> {
                 flat.maps.extend(branch.maps);
             }
             factors.push(flat);
+        }
+        for keyword in REWRITTEN {
+            let Some(dependencies) = map.get(*keyword) else { continue };
+            let dependencies = dependencies
+                .as_object()
+                .ok_or_else(|| self.invalid(path, format!("`{keyword}` must be an object")))?;
+            for (name, dependency) in dependencies {
+                let absent = json!({ "properties": { name.clone(): false } });
+                let present = json!({ "required": [name] });
+                let mut flat =
+                    Flat { maps: vec![as_map(absent)], exclusive: *keyword == "dependentRequired" };
+                if *keyword == "dependentRequired" {
+                    // "Absent, or the dependencies present" (the name itself need not be
+                    // required: the first case covers its absence).
+                    let required: Vec<Value> = dependency.as_array().into_iter().flatten().cloned().collect();
+                    flat.maps.push(as_map(json!({ "required": required })));
+                } else {
+                    let path = format!("{path}/{keyword}");
+                    let dependency = self.flatten(dependency, &path, inlined, depth + 1)?;
+                    for case in &dependency.maps {
+                        flat.maps.extend(self.merge(
+                            &as_map(present.clone()),
+                            case,
+                            &path,
+                            inlined,
+                            depth,
+                        )?);
+                    }
+                }
+                factors.push(flat);
+            }
         }
         // The first `allOf` schema (often the "base class") before this schema's own.
         let mut own = Some(Flat { maps: vec![base], exclusive: true });
@@ -275,6 +311,20 @@ impl<'a> Translator<'a> {
             1 => cases.pop().expect("one"),
             _ => json!({ "anyOf": cases }),
         })
+    }
+
+    /// The regex of the values of both schemas; `None` when no value satisfies both.
+    pub(super) fn intersection(&mut self, a: &Value, b: &Value, path: &str) -> Result<Option<String>> {
+        let mut inlined = Vec::new();
+        let merged = self.merge_schemas(a, b, path, &mut inlined, 0)?;
+        if merged == Value::Bool(false) {
+            return Ok(None);
+        }
+        let depth = self.inline_stack.len();
+        self.inline_stack.extend(inlined);
+        let result = self.schema(&merged, path);
+        self.inline_stack.truncate(depth);
+        result.map(Some)
     }
 
     /// The conjunction of two flat schemas; `None` when no value satisfies both.
@@ -425,6 +475,20 @@ impl<'a> Translator<'a> {
                 }
             }
         }
+        // A required member that can take no value.
+        if let Some(Value::Array(required)) = out.get("required") {
+            let empty = Map::new();
+            let properties = out.get("properties").and_then(Value::as_object).unwrap_or(&empty);
+            let extra = out.get("additionalProperties");
+            let impossible = |name: &Value| {
+                name.as_str()
+                    .and_then(|n| properties.get(n).or(extra))
+                    .is_some_and(|s| s == &Value::Bool(false))
+            };
+            if required.iter().any(impossible) && type_list(&out).is_some_and(|t| t == ["object"]) {
+                return Ok(None);
+            }
+        }
         Ok(Some(out))
     }
 
@@ -539,6 +603,13 @@ impl<'a> Translator<'a> {
             (false, None) => {}
         }
         Ok(())
+    }
+}
+
+fn as_map(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
     }
 }
 

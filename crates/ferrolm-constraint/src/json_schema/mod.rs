@@ -116,6 +116,9 @@ const HANDLED: &[&str] = &[
     "exclusiveMaximum",
     "nullable",
     "pattern",
+    "contains",
+    "minContains",
+    "maxContains",
 ];
 
 /// One JSON string character, encoded: anything but `"`, `\` and control characters,

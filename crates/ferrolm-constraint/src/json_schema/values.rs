@@ -2,12 +2,14 @@
 
 use serde_json::{Map, Value};
 
+use super::any::{any_value_rule, ANY_VALUE_RULE};
 use super::formats::format_regex;
 use super::int_range::{integer_range_regex, number_range_regex};
 use super::names::name_except;
 use super::pattern::pattern_regex;
 use super::{Translator, NUMBER, STRING_CHAR};
 use crate::error::Result;
+use crate::recursive::call;
 
 /// Largest repetition count we write into a regex; larger bounds would build huge
 /// automata and are treated as unbounded above / refused below.
@@ -127,6 +129,11 @@ impl<'a> Translator<'a> {
                 .collect::<Result<_>>()?,
             Some(_) => return Err(self.invalid(path, "`prefixItems` must be an array")),
         };
+        if let Some(contains) = map.get("contains") {
+            if let Some(regex) = self.contains(map, contains, min, max, path)? {
+                return Ok(regex);
+            }
+        }
         let rest = match map.get("items") {
             Some(Value::Bool(false)) => None,
             Some(items) => Some(self.schema(items, &format!("{path}/items"))?),
@@ -172,6 +179,50 @@ impl<'a> Translator<'a> {
         })
     }
 
+    /// Arrays with at least `minContains` (default 1) elements matching `contains`:
+    /// `(I,)*B(,(I,)*B){n-1}(,I)*` where `I` is an item and `B` an item that also
+    /// matches `contains` (no complement needed). `None`: `contains` asks nothing.
+    fn contains(
+        &mut self,
+        map: &Map<String, Value>,
+        contains: &Value,
+        min: u64,
+        max: Option<u64>,
+        path: &str,
+    ) -> Result<Option<String>> {
+        let (at_least, at_most) = self.counts(map, "minContains", "maxContains", path)?;
+        let at_least = if map.contains_key("minContains") { at_least } else { 1 };
+        if at_least == 0 && at_most.is_none() {
+            return Ok(None);
+        }
+        // A count of the others (maxContains), or lengths and positions next to it,
+        // would need the complement of `contains` or a product of counters.
+        if at_most.is_some() || min > 1 || max.is_some() || map.contains_key("prefixItems") || at_least > 16 {
+            self.refuse("contains", path)?;
+            return Ok(None);
+        }
+        let any = Value::Bool(true);
+        let items = map.get("items").unwrap_or(&any);
+        let path = format!("{path}/contains");
+        let Some(both) = self.intersection(items, contains, &path)? else {
+            return Err(self.invalid(&path, "no item can match `contains`"));
+        };
+        let item = match items {
+            Value::Bool(false) => return Err(self.invalid(&path, "no item can match `contains`")),
+            items => self.schema(items, &path)?,
+        };
+        // A call next to bytes read directly would make the grammar ambiguous: values of
+        // any type written out at the top (their elements still call the rule).
+        let inline =
+            |regex: String| if regex == call(ANY_VALUE_RULE) { any_value_rule(&self.ws) } else { regex };
+        let (item, both) = (inline(item), inline(both));
+        let ws = &self.ws;
+        let sep = format!("{ws},{ws}");
+        let next = format!("(?:(?:{item}){sep})*(?:{both})");
+        let more = format!("(?:{sep}{next}){{{}}}", at_least - 1);
+        Ok(Some(format!(r"\[{ws}{next}{more}(?:{sep}(?:{item}))*{ws}\]")))
+    }
+
     pub(super) fn object(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
         // The value of members not named in `properties`, if any are allowed.
         let extra = match map.get("additionalProperties") {
@@ -212,10 +263,17 @@ impl<'a> Translator<'a> {
             let value = self.schema(schema, &format!("{path}/properties/{}", escape_pointer(name)))?;
             members.push((format!("{key}{ws}:{ws}(?:{value})"), required.contains(&name.as_str())));
         }
-        // Required but not described: present, with a value of any type, after the others.
+        // Required but not described: present, after the others, with a value of the
+        // `additionalProperties` schema if there is one (else of any type).
         for name in &undeclared {
             let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
-            let value = self.any_value();
+            let value = match map.get("additionalProperties") {
+                Some(Value::Bool(false)) => {
+                    return Err(self.invalid(path, format!("required property {name:?} is not allowed")))
+                }
+                Some(schema) => self.schema(schema, &format!("{path}/additionalProperties"))?,
+                None => self.any_value(),
+            };
             members.push((format!("{key}{ws}:{ws}(?:{value})"), true));
         }
         // Members in schema order, optional ones omissible, commas only between present
