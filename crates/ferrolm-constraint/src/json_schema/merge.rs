@@ -15,11 +15,12 @@
 
 use serde_json::{json, Map, Value};
 
+use super::negate::{FRACTION, NOT_ENUM};
 use super::{decode_pointer, one_of, Translator, ANNOTATIONS};
 use crate::error::Result;
 
 /// Most cases a distribution may produce.
-const MAX_BRANCHES: usize = 32;
+pub(super) const MAX_BRANCHES: usize = 32;
 /// Deepest nesting of `allOf` / `$ref` inlining.
 const MAX_DEPTH: usize = 24;
 
@@ -28,14 +29,15 @@ const IN_PLACE: &[&str] = &["$ref", "allOf", "anyOf", "oneOf"];
 const UNEVALUATED: &[&str] = &["unevaluatedProperties", "unevaluatedItems"];
 /// Keywords rewritten as disjunctions: `dependentRequired: {a: [b]}` is
 /// `anyOf: [{properties: {a: false}}, {required: [b]}]`, `dependentSchemas: {a: S}`
-/// is `anyOf: [{properties: {a: false}}, {required: [a]} ∧ S]`.
-const REWRITTEN: &[&str] = &["dependentRequired", "dependentSchemas"];
+/// is `anyOf: [{properties: {a: false}}, {required: [a]} ∧ S]`; `not`, `if`/`then`/
+/// `else` through `negate.rs`.
+const REWRITTEN: &[&str] = &["dependentRequired", "dependentSchemas", "not", "if", "then", "else"];
 
 /// Flat schemas whose union is the schema. `exclusive`: no value matches two of them
 /// and each stands for one set of evaluated properties / items (so `unevaluated*` may
 /// be decided on each).
-struct Flat {
-    maps: Vec<Map<String, Value>>,
+pub(super) struct Flat {
+    pub(super) maps: Vec<Map<String, Value>>,
     exclusive: bool,
 }
 
@@ -96,7 +98,7 @@ impl<'a> Translator<'a> {
         result
     }
 
-    fn flatten(
+    pub(super) fn flatten(
         &mut self,
         schema: &Value,
         path: &str,
@@ -152,7 +154,21 @@ impl<'a> Translator<'a> {
             let branches = self.branch_list(keyword, branches, path)?;
             let disjoint = one_of::branches_exclusive(self.root, branches);
             if keyword == "oneOf" && !disjoint {
-                return Err(self.unsupported("oneOf (branches that may overlap)", path));
+                // Each branch, and none of the others.
+                let mut flat = Flat { maps: Vec::new(), exclusive: false };
+                for (i, branch) in branches.iter().enumerate() {
+                    let path = format!("{path}/oneOf/{i}");
+                    let mut cases = self.flatten(branch, &path, inlined, depth + 1)?.maps;
+                    for (j, other) in branches.iter().enumerate() {
+                        if i != j && !cases.is_empty() {
+                            let failing = self.negate(other, &path, inlined, depth + 1)?;
+                            cases = self.product(&cases, &failing, &path, inlined, depth)?;
+                        }
+                    }
+                    flat.maps.extend(cases);
+                }
+                factors.push(flat);
+                continue;
             }
             let mut flat = Flat { maps: Vec::new(), exclusive: disjoint };
             for (i, branch) in branches.iter().enumerate() {
@@ -162,7 +178,7 @@ impl<'a> Translator<'a> {
             }
             factors.push(flat);
         }
-        for keyword in REWRITTEN {
+        for keyword in &REWRITTEN[..2] {
             let Some(dependencies) = map.get(*keyword) else { continue };
             let dependencies = dependencies
                 .as_object()
@@ -192,6 +208,22 @@ impl<'a> Translator<'a> {
                 }
                 factors.push(flat);
             }
+        }
+        if let Some(schema) = map.get("not") {
+            let path = format!("{path}/not");
+            // `not` collects no annotations: not exclusive, for `unevaluated*`.
+            factors.push(Flat { maps: self.negate(schema, &path, inlined, depth + 1)?, exclusive: false });
+        }
+        if let Some(condition) = map.get("if") {
+            let any = Value::Bool(true);
+            let path = format!("{path}/if");
+            let holds = self.flatten(condition, &path, inlined, depth + 1)?.maps;
+            let fails = self.negate(condition, &path, inlined, depth + 1)?;
+            let then = self.flatten(map.get("then").unwrap_or(&any), &path, inlined, depth + 1)?.maps;
+            let otherwise = self.flatten(map.get("else").unwrap_or(&any), &path, inlined, depth + 1)?.maps;
+            let mut maps = self.product(&holds, &then, &path, inlined, depth)?;
+            maps.extend(self.product(&fails, &otherwise, &path, inlined, depth)?);
+            factors.push(Flat { maps, exclusive: false });
         }
         // The first `allOf` schema (often the "base class") before this schema's own.
         let mut own = Some(Flat { maps: vec![base], exclusive: true });
@@ -328,7 +360,7 @@ impl<'a> Translator<'a> {
     }
 
     /// The conjunction of two flat schemas; `None` when no value satisfies both.
-    fn merge(
+    pub(super) fn merge(
         &mut self,
         a: &Map<String, Value>,
         b: &Map<String, Value>,
@@ -452,6 +484,12 @@ impl<'a> Translator<'a> {
             out.insert("dependentRequired".into(), Value::Object(merged));
             done.push("dependentRequired");
         }
+        if let (Some(Value::Array(x)), Some(Value::Array(y))) = (a.get(NOT_ENUM), b.get(NOT_ENUM)) {
+            let mut excluded = x.clone();
+            excluded.extend(y.iter().filter(|v| !x.contains(v)).cloned());
+            out.insert(NOT_ENUM.into(), Value::Array(excluded));
+            done.push(NOT_ENUM);
+        }
         if let (Some(x), Some(y)) = (a.get("propertyNames"), b.get("propertyNames")) {
             let merged = self.merge_schemas(x, y, path, inlined, depth)?;
             out.insert("propertyNames".into(), merged);
@@ -474,6 +512,18 @@ impl<'a> Translator<'a> {
                     return Err(self.unsupported(&format!("allOf with different `{key}` values"), path))
                 }
             }
+        }
+        // Listed values minus excluded ones.
+        if let (Some(Value::Array(values)), Some(Value::Array(excluded))) =
+            (out.get("enum"), out.get(NOT_ENUM))
+        {
+            let kept: Vec<Value> =
+                values.iter().filter(|v| !excluded.iter().any(|e| json_eq(v, e))).cloned().collect();
+            if kept.is_empty() {
+                return Ok(None);
+            }
+            out.insert("enum".into(), Value::Array(kept));
+            out.remove(NOT_ENUM);
         }
         // A required member that can take no value.
         if let Some(Value::Array(required)) = out.get("required") {
@@ -643,7 +693,7 @@ fn drop_loose_contains(map: &Map<String, Value>) -> Map<String, Value> {
     map
 }
 
-fn type_list(map: &Map<String, Value>) -> Option<Vec<String>> {
+pub(super) fn type_list(map: &Map<String, Value>) -> Option<Vec<String>> {
     match map.get("type")? {
         Value::String(t) => Some(vec![t.clone()]),
         Value::Array(list) => Some(list.iter().filter_map(Value::as_str).map(str::to_string).collect()),
@@ -651,7 +701,7 @@ fn type_list(map: &Map<String, Value>) -> Option<Vec<String>> {
     }
 }
 
-fn types_value(mut types: Vec<String>) -> Value {
+pub(super) fn types_value(mut types: Vec<String>) -> Value {
     if types.len() == 1 {
         Value::String(types.swap_remove(0))
     } else {
@@ -666,13 +716,22 @@ fn intersect_types(a: &[String], b: &[String]) -> Vec<String> {
             out.push(t.to_string());
         }
     };
+    let has = |t: &str| b.iter().any(|u| u == t);
     for t in a {
-        if b.contains(t) {
+        if has(t) {
             add(t);
-        } else if (t == "integer" && b.iter().any(|u| u == "number"))
-            || (t == "number" && b.iter().any(|u| u == "integer"))
-        {
-            add("integer");
+        }
+        // `number` is `integer` and `FRACTION`.
+        match t.as_str() {
+            "integer" | FRACTION if has("number") => add(t),
+            "number" => {
+                for part in ["integer", FRACTION] {
+                    if has(part) {
+                        add(part);
+                    }
+                }
+            }
+            _ => {}
         }
     }
     out

@@ -24,6 +24,7 @@ mod formats;
 mod int_range;
 mod merge;
 mod names;
+mod negate;
 mod one_of;
 mod pattern;
 mod values;
@@ -119,6 +120,7 @@ const HANDLED: &[&str] = &[
     "contains",
     "minContains",
     "maxContains",
+    negate::NOT_ENUM,
 ];
 
 /// One JSON string character, encoded: anything but `"`, `\` and control characters,
@@ -302,8 +304,10 @@ impl<'a> Translator<'a> {
             "allOf" => Err(self.unsupported("allOf with more than one schema", path)),
             // oneOf also demands that exactly one branch matches: a union says that only
             // when no value satisfies two branches. Lenient mode accepts the union anyway.
+            // Overlapping branches: each and the negation of the others (merge.rs).
             "oneOf" if !self.lenient && !one_of::branches_exclusive(self.root, branches) => {
-                Err(self.unsupported("oneOf (branches that may overlap)", path))
+                let map: Map<String, Value> = std::iter::once(("oneOf".to_string(), value.clone())).collect();
+                self.flattened(&map, path)
             }
             _ => {
                 let mut alternatives = Vec::new();
@@ -405,6 +409,7 @@ impl<'a> Translator<'a> {
             "boolean" => Ok("true|false".into()),
             "integer" => self.integer(map, path),
             "number" => self.number(map, path),
+            negate::FRACTION => self.fraction(map, path),
             "string" => self.string(map, path),
             "array" => self.array(map, path),
             "object" => self.object(map, path),
@@ -444,6 +449,7 @@ fn has_type(value: &Value, ty: &str) -> bool {
         "boolean" => value.is_boolean(),
         "integer" => value.as_i64().is_some() || value.as_u64().is_some(),
         "number" => value.is_number(),
+        negate::FRACTION => value.as_f64().is_some_and(|f| f.fract() != 0.0),
         "string" => value.is_string(),
         "array" => value.is_array(),
         "object" => value.is_object(),

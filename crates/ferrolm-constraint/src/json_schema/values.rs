@@ -6,6 +6,7 @@ use super::any::{any_value_rule, ANY_VALUE_RULE};
 use super::formats::format_regex;
 use super::int_range::{integer_range_regex, number_range_regex};
 use super::names::name_except;
+use super::negate::NOT_ENUM;
 use super::pattern::pattern_regex;
 use super::{Translator, NUMBER, STRING_CHAR};
 use crate::error::Result;
@@ -33,8 +34,37 @@ impl<'a> Translator<'a> {
             self.refuse("integer bounds beyond 1e30", path)?;
             return Ok(integer_range_regex(None, None).expect("unbounded range"));
         }
-        integer_range_regex(min.map(|m| m as i128), max.map(|m| m as i128))
-            .ok_or_else(|| self.invalid(path, "no integer lies between the bounds"))
+        let (min, max) = (min.map(|m| m as i128), max.map(|m| m as i128));
+        // Excluded values (a negated `enum`) split the range.
+        let mut excluded: Vec<i128> = excluded(map)
+            .filter_map(|v| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i128))
+            .filter(|&v| min.is_none_or(|m| v >= m) && max.is_none_or(|m| v <= m))
+            .collect();
+        excluded.sort_unstable();
+        excluded.dedup();
+        let mut parts = Vec::new();
+        let mut low = min;
+        for value in excluded.iter().copied().chain([i128::MAX]) {
+            let high = if value == i128::MAX { max } else { Some(value - 1) };
+            if let Some(part) = integer_range_regex(low, high) {
+                parts.push(format!("(?:{part})"));
+            }
+            low = Some(value.saturating_add(1));
+        }
+        if parts.is_empty() {
+            return Err(self.invalid(path, "no integer lies between the bounds"));
+        }
+        Ok(parts.join("|"))
+    }
+
+    /// Numbers that are not integers, as JSON serializers write them: a nonzero
+    /// fraction without exponent, or a mantissa in [1, 10) with a negative exponent.
+    pub(super) fn fraction(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        let bounded = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"];
+        if bounded.iter().any(|k| map.contains_key(*k)) || excluded(map).any(|v| v.is_number()) {
+            self.refuse("not (of an integer type next to number keywords)", path)?;
+        }
+        Ok(r"-?(?:0|[1-9][0-9]*)\.[0-9]*[1-9][0-9]*|-?[1-9](?:\.[0-9]*[1-9])?[eE]-0*[1-9][0-9]*".into())
     }
 
     /// Without bounds, any JSON number; with integer bounds, the numbers between them
@@ -92,6 +122,15 @@ impl<'a> Translator<'a> {
 
     pub(super) fn string(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
         let (min, max) = self.counts(map, "minLength", "maxLength", path)?;
+        let excluded: Vec<&str> = excluded(map).filter_map(Value::as_str).collect();
+        if !excluded.is_empty() {
+            // Strings written canonically (as names are), so that "other" is exact.
+            let constrained = ["pattern", "format", "minLength", "maxLength"];
+            if constrained.iter().any(|k| map.contains_key(*k)) {
+                self.refuse("not (of string values next to string keywords)", path)?;
+            }
+            return Ok(format!("\"(?:{})\"", name_except(&excluded)));
+        }
         if let Some(pattern) = map.get("pattern") {
             let pattern = pattern.as_str().ok_or_else(|| self.invalid(path, "`pattern` must be a string"))?;
             // Both would need the intersection of two languages.
@@ -350,6 +389,11 @@ impl<'a> Translator<'a> {
         }
         Ok((min.min(MAX_COUNT), max.filter(|&m| m <= MAX_COUNT)))
     }
+}
+
+/// The values a negated `enum` excludes.
+fn excluded(map: &Map<String, Value>) -> impl Iterator<Item = &Value> {
+    map.get(NOT_ENUM).and_then(Value::as_array).into_iter().flatten()
 }
 
 /// `{min,max}` as a regex suffix.
