@@ -13,9 +13,12 @@
 //!
 //! Without `type`, a schema allows every type, each keyword constraining its own.
 //! Values of any type and recursive `$ref`s become rules that call each other (see
-//! `recursive.rs`; the regex of the main rule then contains calls). Anything that would
-//! change what is valid and that we cannot express — `not`, `if`, `uniqueItems`,
-//! `oneOf` with branches that may overlap, ... — is a
+//! `recursive.rs`; the regex of the main rule then contains calls). `allOf`, keywords
+//! next to `$ref`/`anyOf`/`oneOf`, `dependent*`, `unevaluated*`, `not`, `if` and
+//! overlapping `oneOf` branches are rewritten into unions of merged schemas where that
+//! is exact (`merge.rs`, `negate.rs`). Anything that would change what is valid and
+//! that we cannot express — `uniqueItems`, `patternProperties`, `not` of a `pattern`,
+//! ... — is a
 //! [`ConstraintError::UnsupportedSchema`] naming the keyword, unless `lenient` is set,
 //! in which case the keyword is ignored and the grammar may be looser or stricter.
 

@@ -85,7 +85,10 @@ impl Translator<'_> {
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|name| Ok(json!({"type": "object", "properties": {as_name(name)?: false}})))
+                    .map(|name| {
+                        let name = as_name(name)?;
+                        Ok(json!({"type": "object", "properties": {name: false}, "additionalProperties": true}))
+                    })
                     .collect::<Result<_>>()?,
                 "properties" => {
                     let mut out = Vec::new();
