@@ -93,14 +93,14 @@ impl TokenTrie {
         let mut deepest_below: Vec<u8> = nodes.iter().map(|n| n.depth().min(255) as u8).collect();
         let mut parent_stack: Vec<usize> = Vec::new();
         let mut parent = vec![0u32; nodes.len()];
-        for index in 1..nodes.len() {
+        for (index, parent_of) in parent.iter_mut().enumerate().skip(1) {
             while let Some(&top) = parent_stack.last() {
                 if (nodes[top].subtree_end as usize) > index {
                     break;
                 }
                 parent_stack.pop();
             }
-            parent[index] = parent_stack.last().map_or(0, |&p| p as u32);
+            *parent_of = parent_stack.last().map_or(0, |&p| p as u32);
             parent_stack.push(index);
         }
         for index in (1..nodes.len()).rev() {
