@@ -4,7 +4,8 @@
 //! The limit is enforced by compiling on a helper thread and giving up waiting: the
 //! caller gets [`ConstraintError::GrammarTooLarge`] on time, while the abandoned
 //! compilation runs on until its size limits stop it (regex-automata's determinization
-//! cannot be interrupted). Failures are cached too, so a schema that times out is not
+//! cannot be interrupted). The helper thread is kept between compilations (spawning
+//! one costs more than compiling a small schema); an abandoned one exits when done. Failures are cached too, so a schema that times out is not
 //! compiled again on every request.
 
 use std::collections::HashMap;
@@ -57,13 +58,40 @@ pub struct GrammarCache {
     timeout: Duration,
     capacity: usize,
     entries: Mutex<HashMap<GrammarSource, Result<Arc<Grammar>>>>,
+    /// An idle compile thread's job queue (taken while in use, so concurrent callers
+    /// each get their own thread).
+    idle_worker: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+/// A compilation for the worker thread, and where its result goes.
+type Job = (GrammarSource, Arc<Vocabulary>, mpsc::Sender<Result<Arc<Grammar>>>);
+
+fn spawn_worker() -> Option<mpsc::Sender<Job>> {
+    let (jobs, queue) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("ferrolm-grammar-compile".into())
+        .spawn(move || {
+            // Ends when the sender is dropped (the cache is gone or gave up waiting).
+            for (source, vocab, reply) in queue {
+                // The receiver may be gone after a timeout; nothing to do then.
+                let _ = reply.send(source.compile(vocab));
+            }
+        })
+        .ok()?;
+    Some(jobs)
 }
 
 impl GrammarCache {
     /// At most `capacity` entries are kept (the cache is cleared when full: grammars in
     /// use stay alive through their `Arc`s); each compilation may take `timeout`.
     pub fn new(vocab: Arc<Vocabulary>, capacity: usize, timeout: Duration) -> Self {
-        GrammarCache { vocab, timeout, capacity: capacity.max(1), entries: Mutex::new(HashMap::new()) }
+        GrammarCache {
+            vocab,
+            timeout,
+            capacity: capacity.max(1),
+            entries: Mutex::new(HashMap::new()),
+            idle_worker: Mutex::new(None),
+        }
     }
 
     pub fn vocab(&self) -> &Arc<Vocabulary> {
@@ -94,18 +122,22 @@ impl GrammarCache {
     }
 
     fn compile_with_timeout(&self, source: &GrammarSource) -> Result<Arc<Grammar>> {
-        let (sender, receiver) = mpsc::channel();
-        let (vocab, owned) = (self.vocab.clone(), source.clone());
-        let spawned = std::thread::Builder::new().name("ferrolm-grammar-compile".into()).spawn(move || {
-            // The receiver may be gone after a timeout; nothing to do then.
-            let _ = sender.send(owned.compile(vocab));
-        });
-        if spawned.is_err() {
+        let idle = self.idle_worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(worker) = idle.or_else(spawn_worker) else {
             // No thread to be had: compile here, without the limit.
             return source.compile(self.vocab.clone());
+        };
+        let (reply, result) = mpsc::channel();
+        if worker.send((source.clone(), self.vocab.clone(), reply)).is_err() {
+            return source.compile(self.vocab.clone());
         }
-        match receiver.recv_timeout(self.timeout) {
-            Ok(result) => result,
+        match result.recv_timeout(self.timeout) {
+            Ok(result) => {
+                // Back to idle (if another caller parked one meanwhile, this one exits).
+                self.idle_worker.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(worker);
+                result
+            }
+            // Dropping `worker` lets the abandoned thread exit once it is done.
             Err(mpsc::RecvTimeoutError::Timeout) => Err(ConstraintError::GrammarTooLarge {
                 message: format!("compiling took longer than {:?}", self.timeout),
             }),

@@ -189,7 +189,8 @@ impl Rules {
 
     /// The greedy order is safe when, wherever a call is possible, no other move takes
     /// the same first byte, and after a rule that may end no byte both continues it and
-    /// follows the call.
+    /// follows the call. (Byte sets are built whole per state: this runs on every
+    /// compilation of a recursive grammar.)
     fn check_unambiguous(&self) -> std::result::Result<(), String> {
         // Bytes that continue rule k from a state where it may end.
         let continues: Vec<[bool; 256]> = (0..self.dfas.len())
@@ -197,8 +198,8 @@ impl Rules {
                 let dfa = &self.dfas[k];
                 let mut bytes = [false; 256];
                 for q in (1..dfa.num_states() as u32).filter(|&q| dfa.is_accepting(q)) {
-                    for b in 0..CALL_BASE {
-                        bytes[b as usize] |= self.moves_on(k, q, b);
+                    for (any, moves) in bytes.iter_mut().zip(self.moves_from(k, q)) {
+                        *any |= moves;
                     }
                 }
                 bytes
@@ -211,6 +212,7 @@ impl Rules {
                     .filter(|&(_, ret)| ret != DEAD)
                     .collect();
                 for (i, &(k, ret)) in calls.iter().enumerate() {
+                    let after_call = self.moves_from(rule, ret);
                     for b in 0..CALL_BASE {
                         let starts = self.first[k][b as usize];
                         if starts && dfa.next(state, b) != DEAD {
@@ -221,7 +223,7 @@ impl Rules {
                                 "rule {rule} state {state}: two calls start with byte {b:#x}"
                             ));
                         }
-                        if continues[k][b as usize] && self.moves_on(rule, ret, b) {
+                        if continues[k][b as usize] && after_call[b as usize] {
                             return Err(format!(
                                 "byte {b:#x} both continues rule {k} and follows it in rule {rule}"
                             ));
@@ -233,9 +235,21 @@ impl Rules {
         Ok(())
     }
 
-    /// Whether `byte` is read from `state` of `rule` directly or by a call.
-    fn moves_on(&self, rule: usize, state: u32, byte: u8) -> bool {
-        self.dfas[rule].next(state, byte) != DEAD || self.call_on(rule as u32, state, byte).is_some()
+    /// The text bytes read from `state` of `rule`, directly or by a call.
+    fn moves_from(&self, rule: usize, state: u32) -> [bool; 256] {
+        let dfa = &self.dfas[rule];
+        let mut bytes = [false; 256];
+        for b in 0..CALL_BASE {
+            bytes[b as usize] = dfa.next(state, b) != DEAD;
+        }
+        for (callee, first) in self.first.iter().enumerate() {
+            if dfa.next(state, CALL_BASE + callee as u8) != DEAD {
+                for (any, starts) in bytes.iter_mut().zip(first) {
+                    *any |= starts;
+                }
+            }
+        }
+        bytes
     }
 }
 

@@ -9,12 +9,30 @@
 //! loop and (b) the trie nodes where a path leaves it, with the loop state it leaves
 //! from. A state's mask is then (a) plus a walk of the subtrees under (b) with the real
 //! automaton: exact, and much cheaper than a full walk when most tokens stay inside.
+//!
+//! A state outside any loop can still behave like one for a while: the states of a
+//! counted repetition `[^"]{0,100}"` act like the loop `[^"]*"` for every byte string
+//! shorter than what is left of the count. [`LoopIndexCache::simulated`] finds an
+//! indexed loop that a state simulates up to some depth `d` (every byte string of at
+//! most `d` bytes is refused by both or followed by both, counting a loop exit as
+//! "anything goes"); the mask is then the loop's inside tokens no longer than `d`, the
+//! exits no deeper than `d` walked from the state's real successors, and a walk of the
+//! tokens longer than `d` alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use rustc_hash::FxHashSet;
+
 use crate::dfa::{ByteDfa, DEAD};
 use crate::trie::TokenTrie;
+
+/// A simulation shallower than this is not worth it: the walk of the longer tokens
+/// would cost about as much as a full walk.
+pub(crate) const MIN_SIMULATION_DEPTH: usize = 8;
+/// Simulations are not followed deeper than this: few tokens are longer (266 of
+/// o200k's 200k), and the search costs more with every level.
+pub(crate) const MAX_SIMULATION_DEPTH: usize = 32;
 
 /// Loops with more states than this are not indexed (their keys would be large).
 const MAX_LOOP_STATES: usize = 32;
@@ -96,6 +114,13 @@ pub(crate) struct LoopIndex {
     pub inside: Box<[u32]>,
     /// `(trie node, canonical loop state of its parent)` where a path leaves the loop.
     pub exits: Vec<(u32, u32)>,
+    /// Per exit: its depth, and a token under it (whose bytes spell the path to it).
+    pub exit_paths: Vec<(u32, u32)>,
+    /// The loop's canonical transitions (see [`Loop::key`]).
+    key: Box<[u32]>,
+    /// Bytes with the same column in `key` share a group (simulation reads one byte
+    /// per group).
+    byte_group: [u8; 256],
 }
 
 impl LoopIndex {
@@ -114,17 +139,135 @@ impl LoopIndex {
             },
             &mut inside,
         );
-        LoopIndex { inside: inside.into(), exits }
+        let exit_paths =
+            exits.iter().map(|&(node, _)| (trie.node_depth(node) as u32, trie.token_under(node))).collect();
+        let num_states = key.len() / 256;
+        let mut byte_group = [0u8; 256];
+        let mut columns: Vec<Vec<u32>> = Vec::new();
+        for byte in 0..256 {
+            let column: Vec<u32> = (0..num_states).map(|l| key[l * 256 + byte]).collect();
+            let group = columns.iter().position(|c| *c == column).unwrap_or_else(|| {
+                columns.push(column);
+                columns.len() - 1
+            });
+            byte_group[byte] = group as u8;
+        }
+        LoopIndex { inside: inside.into(), exits, exit_paths, key: key.into(), byte_group }
+    }
+
+    fn first_byte_agrees(&self, dfa: &ByteDfa, state: u32, byte: u8) -> bool {
+        let target = dfa.next(state, byte);
+        match self.key[byte as usize] {
+            EXIT_MARK => true,
+            DEAD_MARK => target == DEAD,
+            _ => target != DEAD,
+        }
+    }
+
+    /// How deep `state` of `dfa` simulates this loop from its first state: the largest
+    /// `d <= limit` such that no byte string of at most `d` bytes is followed by one and
+    /// refused by the other while the loop has not been left.
+    pub fn simulation_depth(&self, dfa: &ByteDfa, state: u32, limit: usize) -> usize {
+        // Most candidates fail on the first byte: check it plainly before any setup.
+        if limit == 0 || !(0..=255u8).all(|byte| self.first_byte_agrees(dfa, state, byte)) {
+            return 0;
+        }
+        // Then one byte per (grammar byte class, loop column group).
+        let mut joint: Vec<(u16, u8)> = (0..=255u8)
+            .map(|b| ((dfa.byte_class(b) as u16) << 8 | self.byte_group[b as usize] as u16, b))
+            .collect();
+        joint.sort_unstable();
+        joint.dedup_by_key(|(key, _)| *key);
+        let bytes: Vec<u8> = joint.into_iter().map(|(_, b)| b).collect();
+        let mut visited: FxHashSet<(u32, u32)> = FxHashSet::default();
+        let mut level = vec![(state, 0u32)];
+        visited.insert((state, 0));
+        for depth in 0..limit {
+            let mut next_level = Vec::new();
+            for &(q, l) in &level {
+                for &byte in &bytes {
+                    let target = dfa.next(q, byte);
+                    match self.key[l as usize * 256 + byte as usize] {
+                        EXIT_MARK => {}
+                        DEAD_MARK if target == DEAD => {}
+                        DEAD_MARK => return depth,
+                        _ if target == DEAD => return depth,
+                        next => {
+                            if visited.insert((target, next)) {
+                                next_level.push((target, next));
+                            }
+                        }
+                    }
+                }
+            }
+            if next_level.is_empty() {
+                // Every pair reachable has been checked: the simulation never breaks.
+                return limit;
+            }
+            level = next_level;
+        }
+        limit
     }
 }
 
-/// Per-vocabulary memo of loop indexes, keyed by the loop's canonical transitions.
+/// Per-vocabulary memo of loop indexes, keyed by the loop's canonical transitions, and
+/// of "tokens no longer than d bytes" masks.
 #[derive(Debug, Default)]
 pub(crate) struct LoopIndexCache {
     indexes: Mutex<HashMap<Box<[u32]>, Arc<LoopIndex>>>,
+    by_length: std::sync::OnceLock<Vec<(u32, u32)>>,
+    /// The index the last successful simulation used: tried first, since the states
+    /// of one grammar (the fields of one schema) mostly simulate the same loop.
+    last_simulated: Mutex<Option<Arc<LoopIndex>>>,
 }
 
 impl LoopIndexCache {
+    /// The indexed loop that `state` simulates deepest, with that depth, if it reaches
+    /// [`MIN_SIMULATION_DEPTH`]; `limit` (the longest token's length) and
+    /// [`MAX_SIMULATION_DEPTH`] cap the search.
+    pub fn simulated(&self, dfa: &ByteDfa, state: u32, limit: usize) -> Option<(Arc<LoopIndex>, usize)> {
+        let candidates: Vec<Arc<LoopIndex>> =
+            self.indexes.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let limit = limit.min(MAX_SIMULATION_DEPTH);
+        let last = self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(index) = last {
+            let depth = index.simulation_depth(dfa, state, limit);
+            if depth == limit && depth >= MIN_SIMULATION_DEPTH {
+                return Some((index, depth));
+            }
+        }
+        // Deepest first, then fewest exits (each exit is a walk from a real state).
+        let mut best: Option<(Arc<LoopIndex>, usize)> = None;
+        for index in candidates {
+            let depth = index.simulation_depth(dfa, state, limit);
+            let better = match &best {
+                None => depth >= MIN_SIMULATION_DEPTH,
+                Some((held, d)) => depth > *d || (depth == *d && index.exits.len() < held.exits.len()),
+            };
+            if better {
+                best = Some((index, depth));
+            }
+        }
+        if let Some((index, _)) = &best {
+            *self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()) = Some(index.clone());
+        }
+        best
+    }
+
+    /// Clear in `mask` the tokens longer than `max_len` bytes (`lengths` gives every
+    /// token's length; read once per vocabulary).
+    pub fn clear_longer_than(&self, lengths: impl FnOnce() -> Vec<usize>, max_len: usize, mask: &mut [u32]) {
+        let by_length = self.by_length.get_or_init(|| {
+            let mut by_length: Vec<(u32, u32)> =
+                lengths().into_iter().enumerate().map(|(id, len)| (len as u32, id as u32)).collect();
+            by_length.sort_unstable_by(|a, b| b.cmp(a));
+            by_length
+        });
+        for &(_, id) in by_length.iter().take_while(|&&(len, _)| len as usize > max_len) {
+            mask[id as usize / 32] &= !(1 << (id % 32));
+        }
+    }
+
     /// The index of `key`, built now if new; `None` once the cache is full (the caller
     /// then walks the whole trie, which costs no more than building an index would).
     pub fn get_or_build(&self, trie: &TokenTrie, key: &[u32], mask_words: usize) -> Option<Arc<LoopIndex>> {

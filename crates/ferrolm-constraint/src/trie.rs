@@ -39,6 +39,9 @@ impl TrieNode {
 #[derive(Debug, Clone)]
 pub struct TokenTrie {
     nodes: Vec<TrieNode>,
+    /// Per node: the length of the longest token in its subtree, capped at 255 (a
+    /// walk that only wants long tokens skips the subtrees without one).
+    deepest_below: Vec<u8>,
     duplicates: Vec<(u32, u32)>,
     max_depth: usize,
 }
@@ -85,7 +88,26 @@ impl TokenTrie {
         while let Some(closed) = path.pop() {
             nodes[closed].subtree_end = nodes.len() as u32;
         }
-        TokenTrie { nodes, duplicates, max_depth }
+        // Children come after their parent in preorder, so a backward pass sees every
+        // child before its parent; each node hands its depth up to its parent.
+        let mut deepest_below: Vec<u8> = nodes.iter().map(|n| n.depth().min(255) as u8).collect();
+        let mut parent_stack: Vec<usize> = Vec::new();
+        let mut parent = vec![0u32; nodes.len()];
+        for (index, parent_of) in parent.iter_mut().enumerate().skip(1) {
+            while let Some(&top) = parent_stack.last() {
+                if (nodes[top].subtree_end as usize) > index {
+                    break;
+                }
+                parent_stack.pop();
+            }
+            *parent_of = parent_stack.last().map_or(0, |&p| p as u32);
+            parent_stack.push(index);
+        }
+        for index in (1..nodes.len()).rev() {
+            let p = parent[index] as usize;
+            deepest_below[p] = deepest_below[p].max(deepest_below[index]);
+        }
+        TokenTrie { nodes, deepest_below, duplicates, max_depth }
     }
 
     pub fn num_nodes(&self) -> usize {
@@ -145,6 +167,55 @@ impl TokenTrie {
         states[root.depth() - 1] = parent;
         let range = node as usize..root.subtree_end as usize;
         self.walk_range(range, states, |_, s, b| step(s, b), mask);
+    }
+
+    /// Depth of `node` (bytes from the root).
+    pub(crate) fn node_depth(&self, node: u32) -> usize {
+        self.nodes[node as usize].depth()
+    }
+
+    /// A token in the subtree of `node` (its bytes begin with the node's path).
+    pub(crate) fn token_under(&self, node: u32) -> u32 {
+        let end = self.nodes[node as usize].subtree_end as usize;
+        let first = (node as usize..end).find(|&i| self.nodes[i].bits & HAS_TOKEN != 0);
+        self.nodes[first.expect("every subtree ends in a token")].token
+    }
+
+    /// [`TokenTrie::walk_into_mask`] for the tokens longer than `min_len` bytes only
+    /// (shorter ones reached on the way are set too): subtrees whose tokens are all
+    /// short are skipped whole.
+    pub(crate) fn walk_long_tokens_into_mask<S: Copy>(
+        &self,
+        start: S,
+        mut step: impl FnMut(S, u8) -> Option<S>,
+        mask: &mut [u32],
+        min_len: usize,
+    ) {
+        if min_len >= 255 {
+            // Depths are capped at 255 in `deepest_below`: walk everything.
+            return self.walk_into_mask(start, step, mask);
+        }
+        let mut states = vec![start; self.max_depth + 1];
+        let nodes = &self.nodes[..];
+        let deepest = &self.deepest_below[..];
+        let mut index = 1;
+        while index < nodes.len() {
+            let node = nodes[index];
+            if deepest[index] as usize <= min_len {
+                index = node.subtree_end as usize;
+                continue;
+            }
+            let depth = node.depth();
+            match step(states[depth - 1], node.byte()) {
+                None => index = node.subtree_end as usize,
+                Some(next) => {
+                    states[depth] = next;
+                    let (has, token) = node.token_bit();
+                    mask[(token >> 5) as usize] |= has << (token & 31);
+                    index += 1;
+                }
+            }
+        }
     }
 
     /// The one walking loop. `states[d]` = state after the first `d` bytes of the
@@ -214,6 +285,23 @@ mod tests {
         let mut states = vec![(); trie.max_depth() + 1];
         trie.walk_subtree_into_mask(1, (), |_, _| Some(()), &mut mask, &mut states);
         assert_eq!(set_ids(&mask), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn long_token_walk_skips_short_subtrees_only() {
+        let trie = trie_of(&["a", "ab", "abc", "b", "ba", "c", "cdef"]);
+        assert_eq!(trie.deepest_below[0] as usize, 4);
+        let mut mask = [0u32; 1];
+        trie.walk_long_tokens_into_mask((), |_, _| Some(()), &mut mask, 2);
+        // Every token longer than 2 is set; of the short ones, only those on the way.
+        let ids = set_ids(&mask);
+        assert!(ids.contains(&2) && ids.contains(&6), "{ids:?}");
+        assert!(!ids.contains(&3) && !ids.contains(&4), "{ids:?}");
+        let mut all = [0u32; 1];
+        trie.walk_long_tokens_into_mask((), |_, _| Some(()), &mut all, 0);
+        assert_eq!(set_ids(&all), vec![0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(trie.node_depth(1), 1);
+        assert_eq!(trie.token_under(1), 0);
     }
 
     #[test]

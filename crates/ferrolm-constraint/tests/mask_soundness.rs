@@ -136,6 +136,71 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// States of a counted repetition take their masks from the index of a loop they
+    /// simulate (`region.rs`): inside tokens up to the simulated depth, exits walked
+    /// from real states, longer tokens walked alone. Long tokens (up to 40 bytes) make
+    /// every part of that matter; the masks must equal the brute-force ones anyway.
+    #[test]
+    fn simulated_loop_masks_equal_brute_force(
+        body in prop::sample::select(vec!["[ab]", "[ab]|é", "a|b|é|c", "[abc]", "a|é"]),
+        min in 0usize..10,
+        extra_len in 0usize..40,
+        tail in prop::sample::select(vec!["\"c[ab]*", "\"(c|cc)", "\"", "\"[ab]{0,3}", "c\""]),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        let letters = ["a", "b", "c", "é", "\""];
+        let mut extra: Vec<Vec<u8>> = Vec::new();
+        for _ in 0..60 {
+            let len = 2 + rng.below(38);
+            extra.push((0..len).map(|_| letters[rng.below(letters.len())]).collect::<String>().into_bytes());
+        }
+        let (vocab, _) = small_vocab(&extra);
+        let mut fresh = vec![0u32; vocab.bitmask_words()];
+        // Loops for the vocabulary to index: masks of every state of these grammars.
+        for seed_pattern in ["(?:[ab]|é)*\"c[ab]*", "[ab]*\"", "(?:a|é)*c"] {
+            let looping = Grammar::from_regex(vocab.clone(), seed_pattern).unwrap();
+            for state in 1..looping.dfa().num_states() as u32 {
+                looping.compute_mask(state, &mut fresh).unwrap();
+            }
+        }
+        let pattern = format!("(?:{body}){{{min},{}}}{tail}", min + extra_len);
+        let grammar = Grammar::from_regex(vocab.clone(), &pattern).unwrap();
+        for state in 1..grammar.dfa().num_states() as u32 {
+            let expected = brute_force_mask(&grammar, &vocab, state);
+            grammar.compute_mask(state, &mut fresh).unwrap();
+            prop_assert_eq!(&fresh, &expected, "pattern {} state {} simulated {:?}", pattern, state, grammar.simulated_depth(state));
+        }
+    }
+}
+
+/// The simulation is taken where it should be: the states of `[ab]{0,40}"` far from
+/// the end of the count simulate the loop of `[ab]*"` (indexed first) deeply, and
+/// near the end not at all; every mask equals the brute-force one.
+#[test]
+fn counted_repetition_simulates_the_indexed_loop() {
+    let long: Vec<Vec<u8>> = (2..40).map(|n| "ab".repeat(n).into_bytes()[..n].to_vec()).collect();
+    let (vocab, _) = small_vocab(&long);
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    let looping = Grammar::from_regex(vocab.clone(), "[ab]*\"").unwrap();
+    looping.compute_mask(looping.dfa().start(), &mut mask).unwrap();
+    let counted = Grammar::from_regex(vocab.clone(), "[ab]{0,40}\"").unwrap();
+    let dfa = counted.dfa();
+    let start = dfa.start();
+    assert_eq!(counted.simulated_depth(start), Some(32), "capped at the maximum simulation depth");
+    let near_end = dfa.run(start, &[b'a'; 36]);
+    assert_eq!(counted.simulated_depth(near_end), None, "4 bytes left: too shallow");
+    let middle = dfa.run(start, &[b'a'; 25]);
+    assert_eq!(counted.simulated_depth(middle), Some(15));
+    for state in 1..dfa.num_states() as u32 {
+        counted.compute_mask(state, &mut mask).unwrap();
+        assert_eq!(mask, brute_force_mask(&counted, &vocab, state), "state {state}");
+    }
+}
+
 /// States of a counted repetition share a cached mask until fewer repetitions remain
 /// than the longest token spans; from there on each needs its own.
 #[test]

@@ -2,8 +2,10 @@
 //! `\z` appended so a match means the whole output matched); we copy the reachable
 //! states into our table, which then drops the states that cannot reach acceptance.
 
-use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
 
 use regex_automata::dfa::{dense, Automaton, StartKind};
 use regex_automata::nfa::thompson;
@@ -44,7 +46,31 @@ impl ByteDfa {
         Self::build(pattern, options, true)
     }
 
+    /// Compiled patterns are remembered process-wide: the rules every JSON Schema shares
+    /// (a value of any type, a string, a number) would otherwise be determinized again for
+    /// each schema. Only small tables are kept, and the memo is bounded.
     fn build(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
+        let key = MemoKey {
+            pattern: pattern.into(),
+            allow_calls,
+            max_automaton_bytes: options.max_automaton_bytes,
+            max_states: options.max_states,
+        };
+        if let Some(dfa) = lock_memo().get(&key) {
+            return Ok(ByteDfa::clone(dfa));
+        }
+        let dfa = Self::build_uncached(pattern, options, allow_calls)?;
+        if dfa.transitions.len() <= MEMO_MAX_TABLE {
+            let mut memo = lock_memo();
+            if memo.len() >= MEMO_MAX_ENTRIES {
+                memo.clear();
+            }
+            memo.insert(key, Arc::new(dfa.clone()));
+        }
+        Ok(dfa)
+    }
+
+    fn build_uncached(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
         let invalid =
             |message: String| ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
         let hir = regex_syntax::ParserBuilder::new()
@@ -90,6 +116,24 @@ impl ByteDfa {
     }
 }
 
+/// Patterns whose tables have at most this many entries are memoized.
+const MEMO_MAX_TABLE: usize = 1 << 16;
+/// The memo is cleared when it holds this many patterns.
+const MEMO_MAX_ENTRIES: usize = 1024;
+
+#[derive(PartialEq, Eq, Hash)]
+struct MemoKey {
+    pattern: Box<str>,
+    allow_calls: bool,
+    max_automaton_bytes: usize,
+    max_states: usize,
+}
+
+fn lock_memo() -> std::sync::MutexGuard<'static, FxHashMap<MemoKey, Arc<ByteDfa>>> {
+    static MEMO: OnceLock<Mutex<FxHashMap<MemoKey, Arc<ByteDfa>>>> = OnceLock::new();
+    MEMO.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Breadth-first copy of the states reachable from the anchored start, trimmed to the
 /// states that can still reach acceptance.
 fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<ByteDfa> {
@@ -109,7 +153,7 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         .start_state(&start::Config::new().anchored(Anchored::Yes))
         .map_err(|e| too_large(format!("no anchored start state: {e}")))?;
 
-    let mut ids: HashMap<StateID, u32> = HashMap::new();
+    let mut ids: FxHashMap<StateID, u32> = FxHashMap::default();
     let mut order: Vec<StateID> = vec![StateID::ZERO]; // slot 0 stands for DEAD
     let mut transitions = vec![DEAD; num_classes];
     let mut accepting = vec![false];

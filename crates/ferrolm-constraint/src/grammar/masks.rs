@@ -189,13 +189,57 @@ impl Grammar {
                     trie.walk_subtree_into_mask(node, parent, step, out, &mut scratch);
                 }
             }
-            None => trie.walk_into_mask(dfa.row_of(state), step, out),
+            None => match use_loops.then(|| self.simulate_loop(state, out)) {
+                Some(true) => {}
+                _ => trie.walk_into_mask(dfa.row_of(state), step, out),
+            },
         }
         for &(first, other) in trie.duplicates() {
             if get_bit(out, first) {
                 set_bit(out, other);
             }
         }
+    }
+
+    /// The mask of `state` (outside any indexed loop) from an indexed loop it simulates
+    /// deep enough (`region.rs`); `false`, with `out` untouched, when there is none.
+    fn simulate_loop(&self, state: u32, out: &mut [u32]) -> bool {
+        let dfa = &self.dfa;
+        let trie = self.vocab.trie();
+        let loops = self.vocab.loop_indexes();
+        let Some((index, depth)) = loops.simulated(dfa, state, trie.max_depth()) else {
+            return false;
+        };
+        let step = |row: u32, byte: u8| {
+            let next = dfa.next_row(row, byte);
+            (next != DEAD).then_some(next)
+        };
+        // Inside tokens no longer than the simulation: allowed from `state` too.
+        out.copy_from_slice(&index.inside);
+        if depth < trie.max_depth() {
+            let vocab = &self.vocab;
+            let lengths =
+                || (0..vocab.size() as u32).map(|id| vocab.token_bytes(id).map_or(0, <[u8]>::len)).collect();
+            loops.clear_longer_than(lengths, depth, out);
+        }
+        // Exits within the simulated depth, walked from the real state their path leads to.
+        let mut scratch = vec![0u32; trie.max_depth() + 1];
+        for (&(node, _), &(node_depth, token)) in index.exits.iter().zip(&index.exit_paths) {
+            if node_depth as usize > depth {
+                continue;
+            }
+            let path =
+                &self.vocab.token_bytes(token).expect("trie tokens have bytes")[..node_depth as usize - 1];
+            let parent = dfa.run(state, path);
+            if parent != DEAD {
+                trie.walk_subtree_into_mask(node, dfa.row_of(parent), step, out, &mut scratch);
+            }
+        }
+        // Tokens longer than the simulation, by a walk that skips the short subtrees.
+        if depth < trie.max_depth() {
+            trie.walk_long_tokens_into_mask(dfa.row_of(state), step, out, depth);
+        }
+        true
     }
 
     fn add_eos(&self, state: u32, out: &mut [u32]) {
@@ -208,6 +252,21 @@ impl Grammar {
         for &eos in self.vocab.eos_ids() {
             set_bit(out, eos);
         }
+    }
+
+    /// How deep `state` (of a plain grammar, outside any loop) simulates an indexed loop
+    /// of the vocabulary, if deep enough for its mask to come from that loop's index;
+    /// for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn simulated_depth(&self, state: u32) -> Option<usize> {
+        if self.rules.is_some() || state == DEAD || state as usize >= self.dfa.num_states() {
+            return None;
+        }
+        if Loop::around(&self.dfa, state).is_some() {
+            return None;
+        }
+        let trie = self.vocab.trie();
+        self.vocab.loop_indexes().simulated(&self.dfa, state, trie.max_depth()).map(|(_, depth)| depth)
     }
 
     /// Number of distinct mask-cache entries the grammar can have (at most one per state).
