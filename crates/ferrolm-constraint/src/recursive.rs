@@ -93,6 +93,39 @@ impl Frames for ScratchFrames<'_> {
     }
 }
 
+/// One rule seen as an automaton that may simulate a loop (`region.rs`): its own
+/// transitions, with every byte a call or a return could take counted as leaving.
+pub(crate) struct RuleSide<'a> {
+    pub rules: &'a Rules,
+    pub rule: u32,
+    /// The stack is not empty, so a rule that may end may return.
+    pub may_return: bool,
+}
+
+impl crate::region::SimulatingSide for RuleSide<'_> {
+    #[inline]
+    fn step(&self, state: u32, byte: u8) -> crate::region::SideStep {
+        use crate::region::SideStep;
+        if byte >= CALL_BASE {
+            return SideStep::Dead;
+        }
+        let dfa = self.rules.rule(self.rule);
+        match dfa.next(state, byte) {
+            DEAD if (self.may_return && dfa.is_accepting(state))
+                || self.rules.call_on(self.rule, state, byte).is_some() =>
+            {
+                SideStep::Exit
+            }
+            DEAD => SideStep::Dead,
+            target => SideStep::To(target),
+        }
+    }
+
+    fn byte_class(&self, byte: u8) -> u32 {
+        self.rules.rule(self.rule).byte_class(byte) as u32 | self.rules.starting_rules(byte) << 8
+    }
+}
+
 /// The rules of a recursive grammar, checked unambiguous.
 #[derive(Debug, Clone)]
 pub struct Rules {
@@ -175,6 +208,11 @@ impl Rules {
             let frame = frames[config.stack as usize];
             config = Config { rule: frame.rule, state: frame.state, stack: frame.below };
         }
+    }
+
+    /// Bit k set: rule k can begin with `byte`.
+    pub(crate) fn starting_rules(&self, byte: u8) -> u32 {
+        self.first.iter().enumerate().fold(0, |bits, (k, first)| bits | (first[byte as usize] as u32) << k)
     }
 
     /// A call from `state` of `rule` whose callee can begin with `byte`.

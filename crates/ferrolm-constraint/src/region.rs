@@ -155,27 +155,37 @@ impl LoopIndex {
         LoopIndex { inside: inside.into(), exits, exit_paths, key: key.into(), byte_group }
     }
 
-    fn first_byte_agrees(&self, dfa: &ByteDfa, state: u32, byte: u8) -> bool {
-        let target = dfa.next(state, byte);
-        match self.key[byte as usize] {
-            EXIT_MARK => true,
-            DEAD_MARK => target == DEAD,
-            _ => target != DEAD,
+    /// Whether `byte` from `q` keeps the simulation of loop state `l` (the pair to
+    /// continue with, if both stay inside), or breaks it.
+    #[inline]
+    fn pair_step(
+        &self,
+        side: &impl SimulatingSide,
+        q: u32,
+        l: u32,
+        byte: u8,
+    ) -> Result<Option<(u32, u32)>, ()> {
+        match (self.key[l as usize * 256 + byte as usize], side.step(q, byte)) {
+            (EXIT_MARK, _) => Ok(None),
+            (DEAD_MARK, SideStep::Dead) => Ok(None),
+            (DEAD_MARK, _) => Err(()),
+            (_, SideStep::Dead | SideStep::Exit) => Err(()),
+            (next, SideStep::To(target)) => Ok(Some((target, next))),
         }
     }
 
-    /// How deep `state` of `dfa` simulates this loop from its first state: the largest
-    /// `d <= limit` such that no byte string of at most `d` bytes is followed by one and
-    /// refused by the other while the loop has not been left.
-    pub fn simulation_depth(&self, dfa: &ByteDfa, state: u32, limit: usize) -> usize {
+    /// How deep `state` of `side` simulates this loop from its first state: the
+    /// largest `d <= limit` such that no byte string of at most `d` bytes is followed
+    /// by one and refused by the other while the loop has not been left. (Where the
+    /// side may leave by a call or a return, it must agree with the loop's exits.)
+    pub(crate) fn simulation_depth(&self, side: &impl SimulatingSide, state: u32, limit: usize) -> usize {
         // Most candidates fail on the first byte: check it plainly before any setup.
-        if limit == 0 || !(0..=255u8).all(|byte| self.first_byte_agrees(dfa, state, byte)) {
+        if limit == 0 || (0..=255u8).any(|byte| self.pair_step(side, state, 0, byte).is_err()) {
             return 0;
         }
-        // Then one byte per (grammar byte class, loop column group).
-        let mut joint: Vec<(u16, u8)> = (0..=255u8)
-            .map(|b| ((dfa.byte_class(b) as u16) << 8 | self.byte_group[b as usize] as u16, b))
-            .collect();
+        // Then one byte per (side's byte class, loop column group).
+        let mut joint: Vec<(u32, u8)> =
+            (0..=255u8).map(|b| (side.byte_class(b) << 8 | self.byte_group[b as usize] as u32, b)).collect();
         joint.sort_unstable();
         joint.dedup_by_key(|(key, _)| *key);
         let bytes: Vec<u8> = joint.into_iter().map(|(_, b)| b).collect();
@@ -186,17 +196,14 @@ impl LoopIndex {
             let mut next_level = Vec::new();
             for &(q, l) in &level {
                 for &byte in &bytes {
-                    let target = dfa.next(q, byte);
-                    match self.key[l as usize * 256 + byte as usize] {
-                        EXIT_MARK => {}
-                        DEAD_MARK if target == DEAD => {}
-                        DEAD_MARK => return depth,
-                        _ if target == DEAD => return depth,
-                        next => {
-                            if visited.insert((target, next)) {
-                                next_level.push((target, next));
+                    match self.pair_step(side, q, l, byte) {
+                        Err(()) => return depth,
+                        Ok(Some(pair)) => {
+                            if visited.insert(pair) {
+                                next_level.push(pair);
                             }
                         }
+                        Ok(None) => {}
                     }
                 }
             }
@@ -210,6 +217,36 @@ impl LoopIndex {
     }
 }
 
+/// Where a byte takes the simulating automaton.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SideStep {
+    Dead,
+    /// It may leave the rule (a call or a return): what follows is not this DFA's.
+    Exit,
+    To(u32),
+}
+
+/// The automaton that simulates a loop: a plain DFA, or a rule of a recursive grammar
+/// with its calls and returns.
+pub(crate) trait SimulatingSide {
+    fn step(&self, state: u32, byte: u8) -> SideStep;
+    /// Bytes of one class step alike from every state.
+    fn byte_class(&self, byte: u8) -> u32;
+}
+
+impl SimulatingSide for ByteDfa {
+    #[inline]
+    fn step(&self, state: u32, byte: u8) -> SideStep {
+        match self.next(state, byte) {
+            DEAD => SideStep::Dead,
+            target => SideStep::To(target),
+        }
+    }
+    fn byte_class(&self, byte: u8) -> u32 {
+        ByteDfa::byte_class(self, byte) as u32
+    }
+}
+
 /// Per-vocabulary memo of loop indexes, keyed by the loop's canonical transitions, and
 /// of "tokens no longer than d bytes" masks.
 #[derive(Debug, Default)]
@@ -219,19 +256,31 @@ pub(crate) struct LoopIndexCache {
     /// The index the last successful simulation used: tried first, since the states
     /// of one grammar (the fields of one schema) mostly simulate the same loop.
     last_simulated: Mutex<Option<Arc<LoopIndex>>>,
+    /// The JSON string loops have been indexed.
+    json_primed: std::sync::OnceLock<()>,
 }
 
 impl LoopIndexCache {
+    /// Run `prime` the first time only (per vocabulary).
+    pub fn prime_json_once(&self, prime: impl FnOnce()) {
+        self.json_primed.get_or_init(prime);
+    }
+
     /// The indexed loop that `state` simulates deepest, with that depth, if it reaches
     /// [`MIN_SIMULATION_DEPTH`]; `limit` (the longest token's length) and
     /// [`MAX_SIMULATION_DEPTH`] cap the search.
-    pub fn simulated(&self, dfa: &ByteDfa, state: u32, limit: usize) -> Option<(Arc<LoopIndex>, usize)> {
+    pub(crate) fn simulated(
+        &self,
+        side: &impl SimulatingSide,
+        state: u32,
+        limit: usize,
+    ) -> Option<(Arc<LoopIndex>, usize)> {
         let candidates: Vec<Arc<LoopIndex>> =
             self.indexes.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         let limit = limit.min(MAX_SIMULATION_DEPTH);
         let last = self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(index) = last {
-            let depth = index.simulation_depth(dfa, state, limit);
+            let depth = index.simulation_depth(side, state, limit);
             if depth == limit && depth >= MIN_SIMULATION_DEPTH {
                 return Some((index, depth));
             }
@@ -239,7 +288,7 @@ impl LoopIndexCache {
         // Deepest first, then fewest exits (each exit is a walk from a real state).
         let mut best: Option<(Arc<LoopIndex>, usize)> = None;
         for index in candidates {
-            let depth = index.simulation_depth(dfa, state, limit);
+            let depth = index.simulation_depth(side, state, limit);
             let better = match &best {
                 None => depth >= MIN_SIMULATION_DEPTH,
                 Some((held, d)) => depth > *d || (depth == *d && index.exits.len() < held.exits.len()),
@@ -254,15 +303,20 @@ impl LoopIndexCache {
         best
     }
 
-    /// Clear in `mask` the tokens longer than `max_len` bytes (`lengths` gives every
-    /// token's length; read once per vocabulary).
-    pub fn clear_longer_than(&self, lengths: impl FnOnce() -> Vec<usize>, max_len: usize, mask: &mut [u32]) {
-        let by_length = self.by_length.get_or_init(|| {
+    /// Token ids with their lengths, longest first (`lengths` gives every token's
+    /// length; read once per vocabulary).
+    pub fn tokens_by_length(&self, lengths: impl FnOnce() -> Vec<usize>) -> &[(u32, u32)] {
+        self.by_length.get_or_init(|| {
             let mut by_length: Vec<(u32, u32)> =
                 lengths().into_iter().enumerate().map(|(id, len)| (len as u32, id as u32)).collect();
             by_length.sort_unstable_by(|a, b| b.cmp(a));
             by_length
-        });
+        })
+    }
+
+    /// Clear in `mask` the tokens longer than `max_len` bytes.
+    pub fn clear_longer_than(&self, lengths: impl FnOnce() -> Vec<usize>, max_len: usize, mask: &mut [u32]) {
+        let by_length = self.tokens_by_length(lengths);
         for &(_, id) in by_length.iter().take_while(|&&(len, _)| len as usize > max_len) {
             mask[id as usize / 32] &= !(1 << (id % 32));
         }

@@ -85,6 +85,11 @@ impl Vocabulary {
         &self.eos_ids
     }
 
+    /// Every token's length in bytes, by id (0 for ids without bytes).
+    pub(crate) fn token_lengths(&self) -> Vec<usize> {
+        (0..self.size() as u32).map(|id| self.token_bytes(id).map_or(0, <[u8]>::len)).collect()
+    }
+
     pub fn trie(&self) -> &TokenTrie {
         &self.trie
     }

@@ -214,3 +214,42 @@ proptest! {
         prop_assert!(accepts(&grammar, &vocab, eos, &document, &mut rng, true), "{}", document);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Recursive grammars whose strings have counted lengths, over a vocabulary with long
+    /// tokens: their states outside loops simulate the (primed) JSON string loops, and
+    /// the masks must still equal trying every token.
+    #[test]
+    fn counted_strings_in_recursive_grammars_have_exact_masks(
+        min in 0usize..6,
+        extra_len in 0usize..45,
+        shape in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        let letters = ["a", "b", "é", "\"", ":", ",", "{", "}", "x"];
+        let mut extra: Vec<Vec<u8>> = ["\":", "\",\"", "{\"", "true"].iter().map(|t| t.as_bytes().to_vec()).collect();
+        for _ in 0..80 {
+            let len = 2 + rng.below(40);
+            extra.push((0..len).map(|_| letters[rng.below(letters.len())]).collect::<String>().into_bytes());
+        }
+        let (vocab, eos) = small_vocab(&extra);
+        let max = min + extra_len;
+        let (schema, document) = {
+            let text: String = (0..min + rng.below(extra_len + 1)).map(|_| ["a", "b", "é"][rng.below(3)]).collect();
+            match shape {
+                0 => (json!({"minLength": min, "maxLength": max}), json!(text)),
+                1 => (json!({"properties": {"foo": {}, "bar": {}}, "additionalProperties": {"type": "string", "minLength": min, "maxLength": max}}),
+                      json!({"foo": [1, {"x": null}], "bar": "y", &text: text.clone()})),
+                _ => (json!({"items": {"minLength": min, "maxLength": max}}), json!([text.clone(), {"k": text}])),
+            }
+        };
+        let options = JsonSchemaOptions { forbid_extra_properties: false, ..JsonSchemaOptions::default() };
+        let grammar = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &options).unwrap();
+        prop_assert!(grammar.is_recursive(), "{}", schema);
+        let document = document.to_string();
+        prop_assert!(accepts(&grammar, &vocab, eos, &document, &mut rng, true), "{} {}", schema, document);
+    }
+}

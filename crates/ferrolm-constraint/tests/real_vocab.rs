@@ -67,7 +67,8 @@ fn loop_index_masks_equal_full_walks_on_a_real_vocabulary() {
         return;
     };
     let schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array",
-        "items":{"type":"string","format":"email"}},"c":{"type":"number"}},"required":["a"]}"#;
+        "items":{"type":"string","format":"email"}},"c":{"type":"number"},
+        "d":{"type":"string","maxLength":60},"e":{"type":"string","minLength":3}},"required":["a"]}"#;
     let grammar = Grammar::from_json_schema(vocab.clone(), schema, &Default::default()).unwrap();
     let (mut fast, mut full) = (vec![0u32; vocab.bitmask_words()], vec![0u32; vocab.bitmask_words()]);
     for state in 1..grammar.dfa().num_states() as u32 {
@@ -84,17 +85,35 @@ fn recursive_masks_equal_trying_every_token_on_a_real_vocabulary() {
         eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
         return;
     };
-    let grammar = Grammar::json_value(vocab.clone(), &Default::default()).unwrap();
-    let document = r#"{"a":[1,{"b":[[true],null]}],"c":"dé\"f","d":-2.5e3}"#;
-    let mut matcher = Matcher::new(grammar);
-    let mut mask = vec![0u32; vocab.bitmask_words()];
-    for &byte in document.as_bytes() {
-        matcher.fill_next_token_bitmask(&mut mask).unwrap();
-        for id in 0..vocab.size() as u32 {
-            let got = mask[id as usize / 32] >> (id % 32) & 1 == 1;
-            assert_eq!(got, matcher.is_token_allowed(id), "token {id} at depth {}", matcher.stack_depth());
+    // Values of any type, then strings of counted length inside them (their states
+    // simulate the string loop rather than sit in it).
+    let counted = r#"{"minLength":2,"maxLength":40}"#;
+    let cases = [
+        (
+            Grammar::json_value(vocab.clone(), &Default::default()).unwrap(),
+            r#"{"a":[1,{"b":[[true],null]}],"c":"dé\"f","d":-2.5e3}"#,
+        ),
+        (
+            Grammar::from_json_schema(vocab.clone(), counted, &Default::default()).unwrap(),
+            r#"["ab",{"k":"dé\"fghijklmnopqrstuvwxyz"}]"#,
+        ),
+    ];
+    for (grammar, document) in cases {
+        let mut matcher = Matcher::new(grammar);
+        let mut mask = vec![0u32; vocab.bitmask_words()];
+        for &byte in document.as_bytes() {
+            matcher.fill_next_token_bitmask(&mut mask).unwrap();
+            for id in 0..vocab.size() as u32 {
+                let got = mask[id as usize / 32] >> (id % 32) & 1 == 1;
+                assert_eq!(
+                    got,
+                    matcher.is_token_allowed(id),
+                    "token {id} at depth {}",
+                    matcher.stack_depth()
+                );
+            }
+            assert!(matcher.accept_bytes(&[byte]), "{document}");
         }
-        assert!(matcher.accept_bytes(&[byte]));
+        assert!(matcher.can_end());
     }
-    assert!(matcher.can_end());
 }

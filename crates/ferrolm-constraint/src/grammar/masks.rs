@@ -16,8 +16,9 @@ use std::sync::{Arc, OnceLock};
 use super::{Grammar, MAX_CACHED_STACK};
 use crate::dfa::DEAD;
 use crate::error::{ConstraintError, Result};
+use crate::recursive::RuleSide;
 use crate::recursive::{Config, Frame, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
-use crate::region::{Loop, Override};
+use crate::region::{Loop, LoopIndex, Override};
 
 impl Grammar {
     /// [`Grammar::fill_mask`] for any configuration.
@@ -83,7 +84,19 @@ impl Grammar {
                     );
                 }
             }
-            None => trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out),
+            None => {
+                let side = RuleSide { rules, rule: config.rule, may_return };
+                match self.vocab.loop_indexes().simulated(&side, config.state, trie.max_depth()) {
+                    Some((index, depth)) => self.fill_from_simulation(
+                        &index,
+                        depth,
+                        config,
+                        |c, b| rules.step(c, b, &mut scratch),
+                        out,
+                    ),
+                    None => trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out),
+                }
+            }
         }
         for &(first, other) in trie.duplicates() {
             if get_bit(out, first) {
@@ -205,41 +218,50 @@ impl Grammar {
     /// deep enough (`region.rs`); `false`, with `out` untouched, when there is none.
     fn simulate_loop(&self, state: u32, out: &mut [u32]) -> bool {
         let dfa = &self.dfa;
-        let trie = self.vocab.trie();
-        let loops = self.vocab.loop_indexes();
-        let Some((index, depth)) = loops.simulated(dfa, state, trie.max_depth()) else {
+        let Some((index, depth)) =
+            self.vocab.loop_indexes().simulated(dfa, state, self.vocab.trie().max_depth())
+        else {
             return false;
         };
         let step = |row: u32, byte: u8| {
             let next = dfa.next_row(row, byte);
             (next != DEAD).then_some(next)
         };
-        // Inside tokens no longer than the simulation: allowed from `state` too.
+        self.fill_from_simulation(&index, depth, dfa.row_of(state), step, out);
+        true
+    }
+
+    /// The mask from a loop that the automaton at `start` simulates `depth` bytes deep:
+    /// the loop's inside tokens no longer than that, its exits within that depth walked
+    /// from the real states their paths lead to, and the longer tokens walked alone.
+    /// Duplicate ids are left to the caller.
+    fn fill_from_simulation<S: Copy>(
+        &self,
+        index: &LoopIndex,
+        depth: usize,
+        start: S,
+        mut step: impl FnMut(S, u8) -> Option<S>,
+        out: &mut [u32],
+    ) {
+        let vocab = &self.vocab;
+        let trie = vocab.trie();
         out.copy_from_slice(&index.inside);
         if depth < trie.max_depth() {
-            let vocab = &self.vocab;
-            let lengths =
-                || (0..vocab.size() as u32).map(|id| vocab.token_bytes(id).map_or(0, <[u8]>::len)).collect();
-            loops.clear_longer_than(lengths, depth, out);
+            vocab.loop_indexes().clear_longer_than(|| vocab.token_lengths(), depth, out);
         }
-        // Exits within the simulated depth, walked from the real state their path leads to.
-        let mut scratch = vec![0u32; trie.max_depth() + 1];
+        let mut scratch = vec![start; trie.max_depth() + 1];
         for (&(node, _), &(node_depth, token)) in index.exits.iter().zip(&index.exit_paths) {
             if node_depth as usize > depth {
                 continue;
             }
-            let path =
-                &self.vocab.token_bytes(token).expect("trie tokens have bytes")[..node_depth as usize - 1];
-            let parent = dfa.run(state, path);
-            if parent != DEAD {
-                trie.walk_subtree_into_mask(node, dfa.row_of(parent), step, out, &mut scratch);
+            let path = &vocab.token_bytes(token).expect("trie tokens have bytes")[..node_depth as usize - 1];
+            if let Some(parent) = path.iter().try_fold(start, |s, &b| step(s, b)) {
+                trie.walk_subtree_into_mask(node, parent, &mut step, out, &mut scratch);
             }
         }
-        // Tokens longer than the simulation, by a walk that skips the short subtrees.
         if depth < trie.max_depth() {
-            trie.walk_long_tokens_into_mask(dfa.row_of(state), step, out, depth);
+            trie.walk_long_tokens_into_mask(start, &mut step, out, depth);
         }
-        true
     }
 
     fn add_eos(&self, state: u32, out: &mut [u32]) {

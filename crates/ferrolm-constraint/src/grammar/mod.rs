@@ -77,6 +77,7 @@ impl Grammar {
 
     /// One regex: a plain grammar; more: rules that call each other.
     fn from_rule_regexes(vocab: Arc<Vocabulary>, regexes: Vec<String>) -> Result<Arc<Grammar>> {
+        Self::prime_json_loops(&vocab);
         if let [pattern] = &regexes[..] {
             return Self::from_regex(vocab, pattern);
         }
@@ -86,6 +87,22 @@ impl Grammar {
             .map(|pattern| ByteDfa::from_regex_with_calls(pattern, &options))
             .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(Self::from_rules(vocab, Rules::new(dfas)?)))
+    }
+
+    /// Index the JSON string loops of `vocab` (once per vocabulary: a trie walk each):
+    /// masks of states that only simulate them, such as the characters of a string
+    /// with a `maxLength`, then come from these indexes (`region.rs`).
+    fn prime_json_loops(vocab: &Arc<Vocabulary>) {
+        vocab.loop_indexes().prime_json_once(|| {
+            vocab.loop_indexes().tokens_by_length(|| vocab.token_lengths());
+            let mut mask = vec![0u32; vocab.bitmask_words()];
+            for body in crate::json_schema::string_loop_bodies() {
+                if let Ok(string) = Self::from_regex(vocab.clone(), &format!("\"{body}*\"")) {
+                    let inside = string.dfa.next(string.dfa.start(), b'"');
+                    let _ = string.compute_mask(inside, &mut mask);
+                }
+            }
+        });
     }
 
     /// Exactly one of `choices` (for classification-style outputs).

@@ -128,7 +128,7 @@ const HANDLED: &[&str] = &[
 
 /// One JSON string character, encoded: anything but `"`, `\` and control characters,
 /// or an escape.
-const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})"#;
+pub(crate) const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})"#;
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
 /// Translate a schema into a regex over the JSON text.
@@ -480,4 +480,12 @@ fn decode_pointer(pointer: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The bodies of the string loops JSON grammars are made of: values, and property
+/// names written canonically. Their loop indexes are built once per vocabulary
+/// (`Grammar::prime_json_loops`), so states that only simulate them (a string with a
+/// `maxLength`) find them from the start.
+pub(crate) fn string_loop_bodies() -> [&'static str; 2] {
+    [STRING_CHAR, names::CANONICAL_CHAR]
 }
