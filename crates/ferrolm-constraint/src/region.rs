@@ -121,6 +121,9 @@ pub(crate) struct LoopIndex {
     /// Bytes with the same column in `key` share a group (simulation reads one byte
     /// per group).
     byte_group: [u8; 256],
+    /// Bytes that stay in the loop from its first state: a state that steps on fewer
+    /// bytes cannot simulate it (a quick test before the search).
+    bytes_inside_from_start: usize,
 }
 
 impl LoopIndex {
@@ -152,7 +155,16 @@ impl LoopIndex {
             });
             byte_group[byte] = group as u8;
         }
-        LoopIndex { inside: inside.into(), exits, exit_paths, key: key.into(), byte_group }
+        let bytes_inside_from_start =
+            key[..256].iter().filter(|&&m| m != DEAD_MARK && m != EXIT_MARK).count();
+        LoopIndex {
+            inside: inside.into(),
+            exits,
+            exit_paths,
+            key: key.into(),
+            byte_group,
+            bytes_inside_from_start,
+        }
     }
 
     /// Whether `byte` from `q` keeps the simulation of loop state `l` (the pair to
@@ -278,8 +290,16 @@ impl LoopIndexCache {
         let candidates: Vec<Arc<LoopIndex>> =
             self.indexes.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         let limit = limit.min(MAX_SIMULATION_DEPTH);
+        // Structural states (after `{`, between members) step on a handful of bytes
+        // and are ruled out here, before any search.
+        let stepping = (0..=255u8).filter(|&b| matches!(side.step(state, b), SideStep::To(_))).count();
+        let candidates: Vec<Arc<LoopIndex>> =
+            candidates.into_iter().filter(|index| index.bytes_inside_from_start <= stepping).collect();
+        if candidates.is_empty() {
+            return None;
+        }
         let last = self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(index) = last {
+        if let Some(index) = last.filter(|index| index.bytes_inside_from_start <= stepping) {
             let depth = index.simulation_depth(side, state, limit);
             if depth == limit && depth >= MIN_SIMULATION_DEPTH {
                 return Some((index, depth));

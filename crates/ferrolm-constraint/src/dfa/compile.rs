@@ -82,7 +82,11 @@ impl ByteDfa {
         let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
         let nfa = thompson::Compiler::new()
             .configure(
-                thompson::Config::new().nfa_size_limit(Some(options.max_automaton_bytes)).shrink(false),
+                // No capture groups: we only ever ask "alive?", and captures add states.
+                thompson::Config::new()
+                    .nfa_size_limit(Some(options.max_automaton_bytes))
+                    .shrink(false)
+                    .which_captures(thompson::WhichCaptures::None),
             )
             .build_from_hir(&whole)
             .map_err(|e| {
@@ -97,6 +101,9 @@ impl ByteDfa {
                 dense::Config::new()
                     .start_kind(StartKind::Anchored)
                     .match_kind(MatchKind::All)
+                    // We copy the table into our own; the searcher's extras are waste.
+                    .accelerate(false)
+                    .specialize_start_states(false)
                     .dfa_size_limit(Some(options.max_automaton_bytes))
                     .determinize_size_limit(Some(options.max_automaton_bytes)),
             )
