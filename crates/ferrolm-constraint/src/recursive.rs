@@ -103,6 +103,10 @@ pub(crate) struct RuleSide<'a> {
 }
 
 impl crate::region::SimulatingSide for RuleSide<'_> {
+    fn num_states(&self) -> usize {
+        self.rules.rule(self.rule).num_states()
+    }
+
     #[inline]
     fn step(&self, state: u32, byte: u8) -> crate::region::SideStep {
         use crate::region::SideStep;

@@ -22,8 +22,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rustc_hash::FxHashSet;
-
 use crate::dfa::{ByteDfa, DEAD};
 use crate::trie::TokenTrie;
 
@@ -201,17 +199,25 @@ impl LoopIndex {
         joint.sort_unstable();
         joint.dedup_by_key(|(key, _)| *key);
         let bytes: Vec<u8> = joint.into_iter().map(|(_, b)| b).collect();
-        let mut visited: FxHashSet<(u32, u32)> = FxHashSet::default();
+        // Pairs already checked (a pair breaks the simulation at any depth or never).
+        let loop_states = (self.key.len() / 256) as u32;
+        let mut visited = vec![0u64; (side.num_states() * loop_states as usize).div_ceil(64)];
+        let mut first_visit = |(q, l): (u32, u32)| {
+            let bit = (q * loop_states + l) as usize;
+            let fresh = visited[bit / 64] >> (bit % 64) & 1 == 0;
+            visited[bit / 64] |= 1 << (bit % 64);
+            fresh
+        };
+        first_visit((state, 0));
         let mut level = vec![(state, 0u32)];
-        visited.insert((state, 0));
+        let mut next_level = Vec::new();
         for depth in 0..limit {
-            let mut next_level = Vec::new();
             for &(q, l) in &level {
                 for &byte in &bytes {
                     match self.pair_step(side, q, l, byte) {
                         Err(()) => return depth,
                         Ok(Some(pair)) => {
-                            if visited.insert(pair) {
+                            if first_visit(pair) {
                                 next_level.push(pair);
                             }
                         }
@@ -223,7 +229,8 @@ impl LoopIndex {
                 // Every pair reachable has been checked: the simulation never breaks.
                 return limit;
             }
-            level = next_level;
+            std::mem::swap(&mut level, &mut next_level);
+            next_level.clear();
         }
         limit
     }
@@ -241,12 +248,16 @@ pub(crate) enum SideStep {
 /// The automaton that simulates a loop: a plain DFA, or a rule of a recursive grammar
 /// with its calls and returns.
 pub(crate) trait SimulatingSide {
+    fn num_states(&self) -> usize;
     fn step(&self, state: u32, byte: u8) -> SideStep;
     /// Bytes of one class step alike from every state.
     fn byte_class(&self, byte: u8) -> u32;
 }
 
 impl SimulatingSide for ByteDfa {
+    fn num_states(&self) -> usize {
+        ByteDfa::num_states(self)
+    }
     #[inline]
     fn step(&self, state: u32, byte: u8) -> SideStep {
         match self.next(state, byte) {
@@ -305,16 +316,18 @@ impl LoopIndexCache {
                 return Some((index, depth));
             }
         }
-        // Deepest first, then fewest exits (each exit is a walk from a real state).
+        // Deepest wins; among equals the fewest exits (each exit is a walk from a real
+        // state), so candidates go in that order and the first to reach the limit wins.
+        let mut candidates = candidates;
+        candidates.sort_by_key(|index| index.exits.len());
         let mut best: Option<(Arc<LoopIndex>, usize)> = None;
         for index in candidates {
             let depth = index.simulation_depth(side, state, limit);
-            let better = match &best {
-                None => depth >= MIN_SIMULATION_DEPTH,
-                Some((held, d)) => depth > *d || (depth == *d && index.exits.len() < held.exits.len()),
-            };
-            if better {
+            if depth >= MIN_SIMULATION_DEPTH && best.as_ref().is_none_or(|(_, d)| depth > *d) {
                 best = Some((index, depth));
+                if depth == limit {
+                    break;
+                }
             }
         }
         if let Some((index, _)) = &best {
