@@ -519,3 +519,134 @@ fn not_if_then_else_and_overlapping_one_of() {
     assert!(unsupported(json!({"if": {"type": "string", "pattern": "a"}, "then": {"minLength": 2}}))
         .starts_with("not"));
 }
+
+#[test]
+fn multiple_of_integers_and_decimals() {
+    check(
+        json!({"type": "integer", "multipleOf": 3}),
+        &["0", "3", "-3", "12", "999", "-1002"],
+        &["1", "-4", "10", "3.0", "-0", "03"],
+    );
+    check(json!({"type": "integer", "multipleOf": 1e-8}), &["0", "7", "-12345"], &["1.5"]);
+    check(
+        json!({"type": "number", "multipleOf": 1.5}),
+        &["0", "1.5", "-4.5", "3", "12"],
+        &["35", "1.0", "0.5", "2.25"],
+    );
+    check(
+        json!({"type": "number", "multipleOf": 0.01}),
+        &["0", "19.99", "-0.01", "5", "0.5"],
+        &["0.001", "1.005"],
+    );
+    // Sign bounds fold into the automaton; close bounds list the multiples.
+    check(json!({"type": "integer", "multipleOf": 5, "minimum": 1}), &["5", "100"], &["0", "-5", "7"]);
+    check(
+        json!({"type": "number", "multipleOf": 0.25, "exclusiveMaximum": 0}),
+        &["-0.25", "-3", "-1.5"],
+        &["0", "0.25", "-0.1"],
+    );
+    check(
+        json!({"type": "integer", "multipleOf": 7, "minimum": 10, "maximum": 30}),
+        &["14", "21", "28"],
+        &["7", "35", "20"],
+    );
+    assert!(unsupported(json!({"type": "integer", "multipleOf": 7, "minimum": 10})).contains("multipleOf"));
+    assert!(unsupported(json!({"type": "integer", "multipleOf": 123456789})).contains("multipleOf"));
+}
+
+#[test]
+fn unique_items_where_exact() {
+    check(
+        json!({"type": "array", "items": {"type": "integer"}, "maxItems": 1, "uniqueItems": true}),
+        &["[]", "[1]"],
+        &["[1,2]"],
+    );
+    check(
+        json!({"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": true, "minItems": 2}),
+        &[r#"["a","b"]"#, r#"["c","a","b"]"#],
+        &[r#"["a","a"]"#, r#"["a"]"#, r#"["a","b","a"]"#, r#"["a","b","c","a"]"#],
+    );
+    check(
+        json!({"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "items": false, "uniqueItems": true}),
+        &["[]", "[true]", "[true,false]", "[false,true]"],
+        &["[true,true]", "[false,false]", "[true,false,true]"],
+    );
+    check(json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": false}), &["[1,1]"], &[]);
+    assert_eq!(
+        unsupported(json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true})),
+        "uniqueItems"
+    );
+}
+
+#[test]
+fn min_and_max_properties_count_members() {
+    let options = spec_options();
+    check_rules(
+        json!({"type": "object", "maxProperties": 2}),
+        &options,
+        &["{}", r#"{"a":1}"#, r#"{"a":1,"b":[2]}"#],
+        &[r#"{"a":1,"b":2,"c":3}"#],
+    );
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": {"type": "string"}, "minProperties": 2, "maxProperties": 3});
+    check(
+        schema,
+        &[r#"{"a":1,"b":2}"#, r#"{"a":1,"x":"y"}"#, r#"{"a":1,"b":2,"x":"y"}"#, r#"{"a":1,"x":"y","z":"w"}"#],
+        &[r#"{"a":1}"#, r#"{"a":1,"b":2,"x":"y","z":"w"}"#, r#"{"b":2,"x":"y"}"#],
+    );
+}
+
+#[test]
+fn property_names_restrict_names() {
+    let options = spec_options();
+    check_rules(
+        json!({"type": "object", "propertyNames": {"maxLength": 3}}),
+        &options,
+        &["{}", r#"{"abc":1,"é":2}"#],
+        &[r#"{"abcd":1}"#],
+    );
+    check_rules(
+        json!({"type": "object", "propertyNames": {"pattern": "^a+$"}}),
+        &options,
+        &[r#"{"a":1,"aa":2}"#],
+        &[r#"{"ab":1}"#, r#"{"":1}"#],
+    );
+    check_rules(
+        json!({"type": "object", "propertyNames": {"enum": ["foo", "bar"]}}),
+        &options,
+        &["{}", r#"{"foo":1}"#, r#"{"foo":1,"bar":null}"#],
+        &[r#"{"baz":1}"#, r#"{"foo":1,"foo":2}"#],
+    );
+    check_rules(
+        json!({"type": "object", "properties": {"long": {}, "ok": {}}, "propertyNames": {"maxLength": 2}}),
+        &options,
+        &[r#"{"ok":1}"#, r#"{"ok":1,"x":2}"#],
+        &[r#"{"long":1}"#, r#"{"ok":1,"ok":2}"#],
+    );
+    check_rules(json!({"type": "object", "propertyNames": false}), &options, &["{}"], &[r#"{"a":1}"#]);
+}
+
+#[test]
+fn pattern_properties_without_overlaps() {
+    check(
+        json!({"type": "object", "properties": {"foo": {"type": "integer"}},
+            "patternProperties": {"^v_": {"type": "string"}, "^w_": {"type": "string"}}, "additionalProperties": false}),
+        &[r#"{"foo":1}"#, r#"{"foo":1,"v_a":"x","w_b":"y"}"#, r#"{"v_":""}"#],
+        &[r#"{"x":1}"#, r#"{"v_a":1}"#, r#"{"foo":"a"}"#],
+    );
+    // Absent additionalProperties forbids extras by default: only pattern names.
+    check(
+        json!({"type": "object", "patternProperties": {"f.*o": {"type": "integer"}}}),
+        &[r#"{"xfooy":1}"#],
+        &[r#"{"bar":1}"#, r#"{"foo":"x"}"#],
+    );
+    for overlapping in [
+        json!({"patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}, "additionalProperties": false}),
+        json!({"properties": {"foo": {}}, "patternProperties": {"f.o": {"minItems": 2}}, "additionalProperties": false}),
+        json!({"patternProperties": {"f.*o": {"type": "integer"}}, "additionalProperties": {"type": "string"}}),
+        // A required name matching the pattern would have to be excluded from it.
+        json!({"required": ["v_1"], "patternProperties": {"^v_": {"type": "integer"}}, "additionalProperties": false}),
+    ] {
+        assert!(unsupported(overlapping).contains("patternProperties"));
+    }
+}

@@ -26,8 +26,10 @@ mod any;
 mod formats;
 mod int_range;
 mod merge;
+mod multiple;
 mod names;
 mod negate;
+mod objects;
 mod one_of;
 mod pattern;
 mod values;
@@ -123,6 +125,12 @@ const HANDLED: &[&str] = &[
     "contains",
     "minContains",
     "maxContains",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "uniqueItems",
+    "multipleOf",
     negate::NOT_ENUM,
 ];
 

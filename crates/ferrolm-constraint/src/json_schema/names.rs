@@ -69,6 +69,42 @@ fn except(node: &Node) -> String {
     alternatives.join("|")
 }
 
+/// A regex for the body of every name of `min..=max` characters except `names`;
+/// `None` when there is none.
+pub fn name_except_len(names: &[&str], min: u64, max: Option<u64>) -> Option<String> {
+    let mut root = Node::default();
+    for name in names {
+        let mut node = &mut root;
+        for c in name.chars() {
+            node = node.children.entry(c).or_default();
+        }
+        node.is_name = true;
+    }
+    except_len(&root, 0, min, max)
+}
+
+fn except_len(node: &Node, depth: u64, min: u64, max: Option<u64>) -> Option<String> {
+    let mut alternatives = Vec::new();
+    if !node.is_name && depth >= min && max.is_none_or(|m| depth <= m) {
+        alternatives.push(String::new());
+    }
+    if max.is_none_or(|m| depth < m) {
+        for (&c, child) in &node.children {
+            if let Some(rest) = except_len(child, depth + 1, min, max) {
+                alternatives.push(format!("{}(?:{rest})", regex_syntax::escape(&unit(c))));
+            }
+        }
+        let next: Vec<char> = node.children.keys().copied().collect();
+        let low = min.saturating_sub(depth + 1);
+        let repeat = match max {
+            None => format!("{{{low},}}"),
+            Some(m) => format!("{{{low},{}}}", m - depth - 1),
+        };
+        alternatives.push(format!("{}{CANONICAL_CHAR}{repeat}", char_except(&next)));
+    }
+    (!alternatives.is_empty()).then(|| alternatives.join("|"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +125,18 @@ mod tests {
         }
         assert!(!is_other_name(&names, "\\u000a"), "not canonical");
         assert!(!is_other_name(&names, "\\/"), "not canonical");
+    }
+
+    #[test]
+    fn names_of_some_lengths_but_the_declared_ones() {
+        let body = name_except_len(&["ab", "abc"], 2, Some(3)).unwrap();
+        let re = regex::Regex::new(&format!("^(?:{body})$")).unwrap();
+        for (text, expected) in [("ab", false), ("abc", false), ("a", false), ("abcd", false), ("ax", true)] {
+            assert_eq!(re.is_match(text), expected, "{text}");
+        }
+        for (text, expected) in [("abd", true), ("éé", true), ("\\n\\n\\n", true), ("", false)] {
+            assert_eq!(re.is_match(text), expected, "{text}");
+        }
+        assert_eq!(name_except_len(&[""], 0, Some(0)), None);
     }
 }

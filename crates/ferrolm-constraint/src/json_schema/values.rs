@@ -5,10 +5,11 @@ use serde_json::{Map, Value};
 use super::any::{any_value_rule, ANY_VALUE_RULE};
 use super::formats::format_regex;
 use super::int_range::{integer_range_regex, number_range_regex};
+use super::merge::json_eq;
 use super::names::name_except;
 use super::negate::NOT_ENUM;
 use super::pattern::pattern_regex;
-use super::{Translator, NUMBER, STRING_CHAR};
+use super::{canonical_json, has_type, Translator, ANNOTATIONS, NUMBER, STRING_CHAR};
 use crate::error::Result;
 use crate::recursive::call;
 
@@ -18,6 +19,9 @@ const MAX_COUNT: u64 = 10_000;
 
 impl<'a> Translator<'a> {
     pub(super) fn integer(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        if map.contains_key("multipleOf") {
+            return self.multiple(map, true, path);
+        }
         let bound = |key: &str| self.number_keyword(map, key, path);
         let mut min = bound("minimum")?.map(|m| m.ceil());
         let mut max = bound("maximum")?.map(|m| m.floor());
@@ -70,6 +74,9 @@ impl<'a> Translator<'a> {
     /// Without bounds, any JSON number; with integer bounds, the numbers between them
     /// written without an exponent; other bounds are unsupported.
     pub(super) fn number(&self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        if map.contains_key("multipleOf") {
+            return self.multiple(map, false, path);
+        }
         let lower = self.tighter_bound(map, "minimum", "exclusiveMinimum", true, path)?;
         let upper = self.tighter_bound(map, "maximum", "exclusiveMaximum", false, path)?;
         if lower.is_none() && upper.is_none() {
@@ -168,6 +175,11 @@ impl<'a> Translator<'a> {
                 .collect::<Result<_>>()?,
             Some(_) => return Err(self.invalid(path, "`prefixItems` must be an array")),
         };
+        if map.get("uniqueItems") == Some(&Value::Bool(true)) {
+            if let Some(regex) = self.unique_items(map, prefix.len(), min, max, path)? {
+                return Ok(regex);
+            }
+        }
         if let Some(contains) = map.get("contains") {
             if let Some(regex) = self.contains(map, contains, min, max, path)? {
                 return Ok(regex);
@@ -218,6 +230,85 @@ impl<'a> Translator<'a> {
         })
     }
 
+    /// `uniqueItems: true`, where exact: arrays of at most one item need nothing; items
+    /// from small finite domains (`const`/`enum`, booleans, null) are enumerated, every
+    /// array of distinct values (at most `MAX_UNIQUE_ARRAYS`). `None`: nothing to add.
+    fn unique_items(
+        &mut self,
+        map: &Map<String, Value>,
+        prefix_len: usize,
+        min: u64,
+        max: Option<u64>,
+        path: &str,
+    ) -> Result<Option<String>> {
+        let items_false = map.get("items") == Some(&Value::Bool(false));
+        let longest =
+            if items_false { Some(max.map_or(prefix_len as u64, |m| m.min(prefix_len as u64))) } else { max };
+        if longest.is_some_and(|m| m <= 1) {
+            return Ok(None);
+        }
+        let prefix: Vec<Value> =
+            map.get("prefixItems").and_then(Value::as_array).cloned().unwrap_or_default();
+        let domains: Option<Vec<Vec<Value>>> = prefix.iter().map(finite_domain).collect();
+        let items = if items_false { Some(Vec::new()) } else { map.get("items").and_then(finite_domain) };
+        let (Some(domains), Some(items), false) = (domains, items, map.contains_key("contains")) else {
+            self.refuse("uniqueItems", path)?;
+            return Ok(None);
+        };
+        let mut arrays: Vec<Vec<&Value>> = Vec::new();
+        let mut current: Vec<&Value> = Vec::new();
+        let longest = longest.unwrap_or(u64::MAX);
+        fn walk<'v>(
+            domains: &'v [Vec<Value>],
+            items: &'v [Value],
+            current: &mut Vec<&'v Value>,
+            arrays: &mut Vec<Vec<&'v Value>>,
+            (min, max): (u64, u64),
+        ) -> bool {
+            let length = current.len() as u64;
+            if length >= min {
+                arrays.push(current.clone());
+                if arrays.len() > MAX_UNIQUE_ARRAYS {
+                    return false;
+                }
+            }
+            if length >= max {
+                return true;
+            }
+            let domain = domains.get(current.len()).map_or(items, Vec::as_slice);
+            for value in domain {
+                if current.iter().any(|v| json_eq(v, value)) {
+                    continue;
+                }
+                current.push(value);
+                let ok = walk(domains, items, current, arrays, (min, max));
+                current.pop();
+                if !ok {
+                    return false;
+                }
+            }
+            true
+        }
+        if !walk(&domains, &items, &mut current, &mut arrays, (min, longest)) {
+            self.refuse("uniqueItems (too many arrays to enumerate)", path)?;
+            return Ok(None);
+        }
+        if arrays.is_empty() {
+            return Err(self.invalid(path, "no array of distinct items satisfies the schema"));
+        }
+        let ws = &self.ws;
+        let separator = format!("{ws},{ws}");
+        let alternatives: Vec<String> = arrays
+            .iter()
+            .map(|array| {
+                let values: Vec<String> =
+                    array.iter().map(|v| regex_syntax::escape(&canonical_json(v))).collect();
+                format!(r"\[{ws}{}{ws}\]", values.join(&separator))
+            })
+            .collect();
+        Ok(Some(alternatives.join("|")))
+    }
+
     /// Arrays with at least `minContains` (default 1) elements matching `contains`:
     /// `(I,)*B(,(I,)*B){n-1}(,I)*` where `I` is an item and `B` an item that also
     /// matches `contains` (no complement needed). `None`: `contains` asks nothing.
@@ -262,107 +353,8 @@ impl<'a> Translator<'a> {
         Ok(Some(format!(r"\[{ws}{next}{more}(?:{sep}(?:{item}))*{ws}\]")))
     }
 
-    pub(super) fn object(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
-        // The value of members not named in `properties`, if any are allowed.
-        let extra = match map.get("additionalProperties") {
-            Some(Value::Bool(false)) => None,
-            None if self.forbid_extra_properties => None,
-            None | Some(Value::Bool(true)) => Some(self.any_value()),
-            Some(schema) => Some(self.schema(schema, &format!("{path}/additionalProperties"))?),
-        };
-        let properties: Vec<(&String, &Value)> = match map.get("properties") {
-            None => Vec::new(),
-            Some(Value::Object(p)) => p.iter().collect(),
-            Some(_) => return Err(self.invalid(path, "`properties` must be an object")),
-        };
-        let required: Vec<&str> = match map.get("required") {
-            None => Vec::new(),
-            Some(Value::Array(list)) => list
-                .iter()
-                .map(|v| v.as_str().ok_or_else(|| self.invalid(path, "`required` entries must be strings")))
-                .collect::<Result<_>>()?,
-            Some(_) => return Err(self.invalid(path, "`required` must be an array")),
-        };
-        let undeclared: Vec<&str> = required
-            .iter()
-            .copied()
-            .filter(|name| !properties.iter().any(|(p, _)| p.as_str() == *name))
-            .collect();
-        let ws = self.ws.clone();
-        let mut members = Vec::new();
-        for (name, schema) in &properties {
-            // `false`: the member may not be present (its name is still not "other").
-            if **schema == Value::Bool(false) {
-                if required.contains(&name.as_str()) {
-                    return Err(self.invalid(path, format!("required property {name:?} allows no value")));
-                }
-                continue;
-            }
-            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
-            let value = self.schema(schema, &format!("{path}/properties/{}", escape_pointer(name)))?;
-            members.push((format!("{key}{ws}:{ws}(?:{value})"), required.contains(&name.as_str())));
-        }
-        // Required but not described: present, after the others, with a value of the
-        // `additionalProperties` schema if there is one (else of any type).
-        for name in &undeclared {
-            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
-            let value = match map.get("additionalProperties") {
-                Some(Value::Bool(false)) => {
-                    return Err(self.invalid(path, format!("required property {name:?} is not allowed")))
-                }
-                Some(schema) => self.schema(schema, &format!("{path}/additionalProperties"))?,
-                None => self.any_value(),
-            };
-            members.push((format!("{key}{ws}:{ws}(?:{value})"), true));
-        }
-        // Members in schema order, optional ones omissible, commas only between present
-        // ones. `nonempty` = the sequences of the remaining members that write at least
-        // one, built back to front so that each member's regex appears at most twice
-        // (writing "A, then the rest, or the rest" naively copies the rest once per
-        // optional member: quadratic regexes, and automata that blew up to 57k states
-        // for 20 optional string properties):
-        //   optional A:  (?:A,)?N | A    (when the rest may be empty: N | A,N | A)
-        //                (?:A,)?N        (when the rest holds a required member)
-        //   required A:  A(?:,N)?  or  A,N
-        let separator = format!("{ws},{ws}");
-        let mut nonempty: Option<String> = None;
-        let mut rest_has_required = false;
-        for (member, is_required) in members.iter().rev() {
-            nonempty = Some(match (nonempty, *is_required, rest_has_required) {
-                (None, _, _) => member.clone(),
-                (Some(rest), false, false) => format!("(?:{member}{separator})?(?:{rest})|{member}"),
-                (Some(rest), false, true) => format!("(?:{member}{separator})?(?:{rest})"),
-                (Some(rest), true, false) => format!("{member}(?:{separator}(?:{rest}))?"),
-                (Some(rest), true, true) => format!("{member}{separator}(?:{rest})"),
-            });
-            rest_has_required |= *is_required;
-        }
-        let nonempty = nonempty.map(|n| format!("(?:{n})"));
-        let all_optional = members.iter().all(|(_, required)| !required);
-        // Extra members come after the declared ones, under names other than theirs.
-        let body = match (extra, nonempty) {
-            (None, None) => String::new(),
-            (None, Some(declared)) if all_optional => format!("(?:{declared})?"),
-            (None, Some(declared)) => declared,
-            (Some(value), declared) => {
-                let mut names: Vec<&str> = properties.iter().map(|(n, _)| n.as_str()).collect();
-                names.extend(&undeclared);
-                let extra = format!("\"(?:{})\"{ws}:{ws}(?:{value})", name_except(&names));
-                let extras = format!("{extra}(?:{separator}{extra})*");
-                match declared {
-                    None => format!("(?:{extras})?"),
-                    Some(declared) if all_optional => {
-                        format!("(?:{declared}(?:{separator}{extra})*|{extras})?")
-                    }
-                    Some(declared) => format!("{declared}(?:{separator}{extra})*"),
-                }
-            }
-        };
-        Ok(format!(r"\{{{ws}{body}{ws}\}}"))
-    }
-
     /// A `(min, max)` pair of length keywords (`max = None`: unbounded).
-    fn counts(
+    pub(super) fn counts(
         &self,
         map: &Map<String, Value>,
         min_key: &str,
@@ -391,6 +383,59 @@ impl<'a> Translator<'a> {
     }
 }
 
+/// Most arrays `uniqueItems` may enumerate.
+const MAX_UNIQUE_ARRAYS: usize = 4096;
+
+/// The values a schema allows, when they are few and scalar enough to list: `const`,
+/// `enum` (within `type`), booleans, null; `false`: none.
+fn finite_domain(schema: &Value) -> Option<Vec<Value>> {
+    let map = match schema {
+        Value::Bool(false) => return Some(Vec::new()),
+        Value::Object(map) => map,
+        _ => return None,
+    };
+    let known = ["type", "const", "enum", "nullable"];
+    if map.keys().any(|k| !known.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str())) {
+        return None;
+    }
+    let mut types: Option<Vec<String>> = match map.get("type") {
+        None => None,
+        Some(Value::String(t)) => Some(vec![t.clone()]),
+        Some(Value::Array(list)) => Some(list.iter().filter_map(Value::as_str).map(str::to_string).collect()),
+        Some(_) => return None,
+    };
+    let nullable = map.get("nullable") == Some(&Value::Bool(true));
+    if let (true, Some(types)) = (nullable, types.as_mut()) {
+        types.push("null".into());
+    }
+    let listed: Vec<Value> = match (map.get("const"), map.get("enum")) {
+        (Some(value), None) => vec![value.clone()],
+        (None, Some(Value::Array(values))) => values.clone(),
+        (None, None) => {
+            let types = types.as_ref()?;
+            let mut values = Vec::new();
+            for ty in types {
+                match ty.as_str() {
+                    "boolean" => values.extend([Value::Bool(true), Value::Bool(false)]),
+                    "null" => values.push(Value::Null),
+                    _ => return None,
+                }
+            }
+            values
+        }
+        _ => return None,
+    };
+    let mut out: Vec<Value> = Vec::new();
+    for value in listed {
+        let typed = types.as_ref().is_none_or(|t| t.iter().any(|ty| has_type(&value, ty)));
+        let typed = typed || (nullable && value.is_null());
+        if typed && !out.iter().any(|v| json_eq(v, &value)) {
+            out.push(value);
+        }
+    }
+    Some(out)
+}
+
 /// The values a negated `enum` excludes.
 fn excluded(map: &Map<String, Value>) -> impl Iterator<Item = &Value> {
     map.get(NOT_ENUM).and_then(Value::as_array).into_iter().flatten()
@@ -406,6 +451,6 @@ fn repeat_suffix(min: u64, max: Option<u64>) -> String {
 }
 
 /// A property name inside a JSON pointer used for error paths.
-fn escape_pointer(name: &str) -> String {
+pub(super) fn escape_pointer(name: &str) -> String {
     name.replace('~', "~0").replace('/', "~1")
 }

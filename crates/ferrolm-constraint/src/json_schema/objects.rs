@@ -1,0 +1,474 @@
+//! Objects: declared members in schema order (optional ones omissible), then extra
+//! members under other names, all written canonically so that "another name" is exact.
+//!
+//! - `propertyNames` restricts every name: a declared one it refuses may not be
+//!   present; extra names are the canonical names of the right length (`minLength` /
+//!   `maxLength`), matching its `pattern` (when no declared name does: excluding a name
+//!   from a pattern would need a difference of languages), or its `const`/`enum`
+//!   (then each listed name is one more optional member).
+//! - `patternProperties`: a declared or required name matching patterns takes the
+//!   intersection of its schema and theirs (`merge.rs`); extra names matching them take
+//!   their schema. Exact where no difference of languages is needed: with
+//!   `additionalProperties` false (or absent and forbidding), the patterns' schemas all
+//!   equal (names matching several need no intersection) and no declared name
+//!   matching one (it would have to be excluded from the pattern); with
+//!   `additionalProperties` a schema, only patterns with that same schema. Others are
+//!   `UnsupportedSchema`.
+//! - `minProperties` / `maxProperties` count the members as they are written: a regex
+//!   per (position, count so far), refused when that grows too large.
+
+use regex_automata::dfa::regex::Regex;
+use serde_json::{json, Map, Value};
+
+use super::merge::json_eq;
+use super::names::{name_except, name_except_len, unit, CANONICAL_CHAR};
+use super::pattern::pattern_regex;
+use super::values::escape_pointer;
+use super::{Translator, ANNOTATIONS};
+use crate::error::Result;
+
+/// Largest counted-members regex we write, in bytes.
+const MAX_COUNTED_REGEX: u128 = 200_000;
+
+/// A name pattern: its regex over the canonical name body, and a matcher for it.
+struct NamePattern {
+    body: String,
+    matcher: Regex,
+}
+
+impl NamePattern {
+    fn new(pattern: &str) -> std::result::Result<Self, String> {
+        let body = pattern_regex(pattern, CANONICAL_CHAR)?;
+        let matcher = Regex::new(&format!("^(?:{body})$"))
+            .map_err(|e| format!("cannot read pattern {pattern:?}: {e}"))?;
+        Ok(NamePattern { body, matcher })
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        self.matcher.is_match(&canonical_body(name))
+    }
+}
+
+/// A name as serde_json writes it between the quotes.
+fn canonical_body(name: &str) -> String {
+    name.chars().map(unit).collect()
+}
+
+/// What `propertyNames` allows.
+#[derive(Default)]
+struct NameFilter {
+    nothing: bool,
+    min: u64,
+    max: Option<u64>,
+    pattern: Option<NamePattern>,
+    values: Option<Vec<String>>,
+}
+
+impl NameFilter {
+    fn allows(&self, name: &str) -> bool {
+        let length = name.chars().count() as u64;
+        !self.nothing
+            && length >= self.min
+            && self.max.is_none_or(|m| length <= m)
+            && self.pattern.as_ref().is_none_or(|p| p.matches(name))
+            && self.values.as_ref().is_none_or(|v| v.iter().any(|n| n == name))
+    }
+}
+
+fn is_true(schema: &Value) -> bool {
+    match schema {
+        Value::Bool(b) => *b,
+        Value::Object(map) => map.keys().all(|k| ANNOTATIONS.contains(&k.as_str())),
+        _ => false,
+    }
+}
+
+fn same_schema(a: &Value, b: &Value) -> bool {
+    json_eq(a, b) || (is_true(a) && is_true(b))
+}
+
+impl<'a> Translator<'a> {
+    pub(super) fn object(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        // The schema of members not named in `properties`, if any are allowed.
+        let any = Value::Bool(true);
+        let extra_schema: Option<&Value> = match map.get("additionalProperties") {
+            Some(Value::Bool(false)) => None,
+            None if self.forbid_extra_properties => None,
+            None => Some(&any),
+            Some(schema) => Some(schema),
+        };
+        let properties: Vec<(&String, &Value)> = match map.get("properties") {
+            None => Vec::new(),
+            Some(Value::Object(p)) => p.iter().collect(),
+            Some(_) => return Err(self.invalid(path, "`properties` must be an object")),
+        };
+        let required: Vec<&str> = match map.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .map(|v| v.as_str().ok_or_else(|| self.invalid(path, "`required` entries must be strings")))
+                .collect::<Result<_>>()?,
+            Some(_) => return Err(self.invalid(path, "`required` must be an array")),
+        };
+        let undeclared: Vec<&str> = required
+            .iter()
+            .copied()
+            .filter(|name| !properties.iter().any(|(p, _)| p.as_str() == *name))
+            .collect();
+        let filter = self.name_filter(map, path)?;
+        let patterns = self.pattern_properties(map, path)?;
+        // The schemas of the patterns a name matches, as one schema.
+        let pattern_schema = |name: &str| -> Option<Value> {
+            let matching: Vec<&Value> =
+                patterns.iter().filter(|(p, _)| p.matches(name)).map(|(_, s)| *s).collect();
+            match matching.len() {
+                0 => None,
+                1 => Some(matching[0].clone()),
+                _ => Some(json!({ "allOf": matching })),
+            }
+        };
+        let ws = self.ws.clone();
+        let mut members = Vec::new();
+        for (name, schema) in &properties {
+            let is_required = required.contains(&name.as_str());
+            let allowed = filter.as_ref().is_none_or(|f| f.allows(name));
+            let member_path = format!("{path}/properties/{}", escape_pointer(name));
+            let value = match pattern_schema(name) {
+                _ if **schema == Value::Bool(false) || !allowed => None,
+                Some(matching) => self.intersection(schema, &matching, &member_path)?,
+                None => Some(self.schema(schema, &member_path)?),
+            };
+            // Absent: the member may not be present (its name is still not "other").
+            let Some(value) = value else {
+                if is_required {
+                    return Err(self.invalid(path, format!("required property {name:?} allows no value")));
+                }
+                continue;
+            };
+            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+            members.push((format!("{key}{ws}:{ws}(?:{value})"), is_required));
+        }
+        // Required but not described: present, after the others, with a value of the
+        // patterns it matches, else of the `additionalProperties` schema if there is
+        // one (else of any type).
+        for name in &undeclared {
+            if filter.as_ref().is_some_and(|f| !f.allows(name)) {
+                return Err(self.invalid(path, format!("required property {name:?} is not a valid name")));
+            }
+            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+            let value = match (pattern_schema(name), map.get("additionalProperties")) {
+                (Some(matching), _) => self.schema(&matching, &format!("{path}/patternProperties"))?,
+                (None, Some(Value::Bool(false))) => {
+                    return Err(self.invalid(path, format!("required property {name:?} is not allowed")))
+                }
+                (None, Some(schema)) => self.schema(schema, &format!("{path}/additionalProperties"))?,
+                (None, None) => self.any_value(),
+            };
+            members.push((format!("{key}{ws}:{ws}(?:{value})"), true));
+        }
+        let mut declared: Vec<&str> = properties.iter().map(|(n, _)| n.as_str()).collect();
+        declared.extend(&undeclared);
+        // `propertyNames` listing the names: each other one is an optional member.
+        if let Some(listed) = filter.as_ref().and_then(|f| f.values.as_ref()) {
+            for name in listed {
+                if declared.contains(&name.as_str()) || !filter.as_ref().is_some_and(|f| f.allows(name)) {
+                    continue;
+                }
+                let value_schema = match pattern_schema(name) {
+                    Some(matching) => matching,
+                    None => match extra_schema {
+                        Some(schema) => schema.clone(),
+                        None => continue,
+                    },
+                };
+                let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+                let value = self.schema(&value_schema, &format!("{path}/propertyNames"))?;
+                members.push((format!("{key}{ws}:{ws}(?:{value})"), false));
+            }
+        }
+        let extra = match &filter {
+            Some(f) if f.values.is_some() || f.nothing => None,
+            _ => self.extra_member(extra_schema, &patterns, filter.as_ref(), &declared, path)?,
+        };
+        let (min, max) = self.counts(map, "minProperties", "maxProperties", path)?;
+        let required_count = members.iter().filter(|(_, r)| *r).count() as u64;
+        let body = if min <= required_count && max.is_none() {
+            uncounted_body(&members, extra, &ws)
+        } else {
+            match counted_body(&members, extra.as_deref(), min, max, &ws) {
+                Ok(body) => body,
+                Err(Uncountable::NoCount) => {
+                    return Err(self.invalid(path, "no object satisfies minProperties/maxProperties"))
+                }
+                Err(Uncountable::TooLarge) => {
+                    self.refuse("minProperties/maxProperties (too many optional members to count)", path)?;
+                    uncounted_body(&members, extra, &ws)
+                }
+            }
+        };
+        Ok(format!(r"\{{{ws}{body}{ws}\}}"))
+    }
+
+    /// `propertyNames` as a filter; `None` when it allows every name.
+    fn name_filter(&self, map: &Map<String, Value>, path: &str) -> Result<Option<NameFilter>> {
+        let Some(schema) = map.get("propertyNames") else { return Ok(None) };
+        let path = format!("{path}/propertyNames");
+        let names = match schema {
+            Value::Bool(true) => return Ok(None),
+            Value::Bool(false) => return Ok(Some(NameFilter { nothing: true, ..NameFilter::default() })),
+            Value::Object(names) => names,
+            _ => return Err(self.invalid(&path, "a schema must be an object or a boolean")),
+        };
+        let mut filter = NameFilter::default();
+        for (key, value) in names {
+            match key.as_str() {
+                k if ANNOTATIONS.contains(&k) => {}
+                "type" => {
+                    let types = self.listed_types(names, &path)?;
+                    filter.nothing |= !types.iter().any(|t| t == "string");
+                }
+                "minLength" | "maxLength" => {}
+                "pattern" => {
+                    let pattern =
+                        value.as_str().ok_or_else(|| self.invalid(&path, "`pattern` must be a string"))?;
+                    match NamePattern::new(pattern) {
+                        Ok(pattern) => filter.pattern = Some(pattern),
+                        Err(message) => return Err(self.unsupported(&format!("pattern: {message}"), &path)),
+                    }
+                }
+                "const" => filter.values = Some(value.as_str().map(str::to_string).into_iter().collect()),
+                "enum" => {
+                    let values =
+                        value.as_array().ok_or_else(|| self.invalid(&path, "`enum` must be an array"))?;
+                    filter.values =
+                        Some(values.iter().filter_map(Value::as_str).map(str::to_string).collect());
+                }
+                "format" if !self.assert_formats => {}
+                other => return Err(self.unsupported(&format!("propertyNames with `{other}`"), &path)),
+            }
+        }
+        (filter.min, filter.max) = self.counts(names, "minLength", "maxLength", &path)?;
+        if names.contains_key("const") && names.contains_key("enum") {
+            // Both must hold: the listed values both allow.
+            let constant = names.get("const").and_then(Value::as_str);
+            let listed = names.get("enum").and_then(Value::as_array);
+            let both = constant.filter(|c| listed.is_some_and(|l| l.iter().any(|v| v.as_str() == Some(c))));
+            filter.values = Some(both.map(str::to_string).into_iter().collect());
+        }
+        Ok(Some(filter))
+    }
+
+    /// `patternProperties` as (pattern, schema) pairs.
+    fn pattern_properties<'m>(
+        &self,
+        map: &'m Map<String, Value>,
+        path: &str,
+    ) -> Result<Vec<(NamePattern, &'m Value)>> {
+        let Some(patterns) = map.get("patternProperties") else { return Ok(Vec::new()) };
+        let patterns = patterns
+            .as_object()
+            .ok_or_else(|| self.invalid(path, "`patternProperties` must be an object"))?;
+        let mut out = Vec::new();
+        for (pattern, schema) in patterns {
+            match NamePattern::new(pattern) {
+                Ok(compiled) => out.push((compiled, schema)),
+                Err(message) => {
+                    return Err(self.unsupported(&format!("patternProperties: {message}"), path));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One extra member (`"name":value`), where extra members are allowed.
+    fn extra_member(
+        &mut self,
+        extra_schema: Option<&Value>,
+        patterns: &[(NamePattern, &Value)],
+        filter: Option<&NameFilter>,
+        declared: &[&str],
+        path: &str,
+    ) -> Result<Option<String>> {
+        let ws = self.ws.clone();
+        // Patterns that change nothing: their schema is the one extra members take.
+        let relevant: Vec<&(NamePattern, &Value)> = match extra_schema {
+            Some(extra) => patterns.iter().filter(|(_, s)| !same_schema(s, extra)).collect(),
+            None => patterns.iter().collect(),
+        };
+        let live: Vec<&&(NamePattern, &Value)> =
+            relevant.iter().filter(|(_, s)| **s != Value::Bool(false)).collect();
+        let (names, value_schema) = if relevant.is_empty() {
+            let Some(extra) = extra_schema else { return Ok(None) };
+            let names = match filter {
+                None => name_except(declared),
+                Some(f) => match &f.pattern {
+                    Some(pattern) => {
+                        if f.min > 0 || f.max.is_some() {
+                            return Err(self.unsupported("propertyNames with pattern and lengths", path));
+                        }
+                        if declared.iter().any(|n| pattern.matches(n)) {
+                            return Err(
+                                self.unsupported("propertyNames pattern matching a declared name", path)
+                            );
+                        }
+                        pattern.body.clone()
+                    }
+                    None => match name_except_len(declared, f.min, f.max) {
+                        Some(names) => names,
+                        None => return Ok(None),
+                    },
+                },
+            };
+            (names, extra.clone())
+        } else {
+            if extra_schema.is_some() {
+                return Err(self.unsupported("patternProperties next to additionalProperties", path));
+            }
+            if live.is_empty() {
+                return Ok(None);
+            }
+            if live.len() != relevant.len() || live.iter().any(|(_, s)| !same_schema(s, live[0].1)) {
+                return Err(self.unsupported("patternProperties with overlapping patterns", path));
+            }
+            if filter.is_some() {
+                return Err(self.unsupported("patternProperties next to propertyNames", path));
+            }
+            if declared.iter().any(|n| live.iter().any(|(p, _)| p.matches(n))) {
+                return Err(self.unsupported("patternProperties matching a declared property", path));
+            }
+            let names: Vec<&str> = live.iter().map(|(p, _)| p.body.as_str()).collect();
+            (names.join("|"), live[0].1.clone())
+        };
+        let value = self.schema(&value_schema, &format!("{path}/additionalProperties"))?;
+        Ok(Some(format!("\"(?:{names})\"{ws}:{ws}(?:{value})")))
+    }
+}
+
+/// Members in schema order, optional ones omissible, commas only between present
+/// ones, then extra members. `nonempty` = the sequences of the remaining members that
+/// write at least one, built back to front so that each member's regex appears at
+/// most twice (writing "A, then the rest, or the rest" naively copies the rest once
+/// per optional member: quadratic regexes, and automata that blew up to 57k states for
+/// 20 optional string properties):
+///   optional A:  (?:A,)?N | A    (when the rest may be empty: N | A,N | A)
+///                (?:A,)?N        (when the rest holds a required member)
+///   required A:  A(?:,N)?  or  A,N
+fn uncounted_body(members: &[(String, bool)], extra: Option<String>, ws: &str) -> String {
+    let separator = format!("{ws},{ws}");
+    let mut nonempty: Option<String> = None;
+    let mut rest_has_required = false;
+    for (member, is_required) in members.iter().rev() {
+        nonempty = Some(match (nonempty, *is_required, rest_has_required) {
+            (None, _, _) => member.clone(),
+            (Some(rest), false, false) => format!("(?:{member}{separator})?(?:{rest})|{member}"),
+            (Some(rest), false, true) => format!("(?:{member}{separator})?(?:{rest})"),
+            (Some(rest), true, false) => format!("{member}(?:{separator}(?:{rest}))?"),
+            (Some(rest), true, true) => format!("{member}{separator}(?:{rest})"),
+        });
+        rest_has_required |= *is_required;
+    }
+    let nonempty = nonempty.map(|n| format!("(?:{n})"));
+    let all_optional = members.iter().all(|(_, required)| !required);
+    match (extra, nonempty) {
+        (None, None) => String::new(),
+        (None, Some(declared)) if all_optional => format!("(?:{declared})?"),
+        (None, Some(declared)) => declared,
+        (Some(extra), declared) => {
+            let extras = format!("{extra}(?:{separator}{extra})*");
+            match declared {
+                None => format!("(?:{extras})?"),
+                Some(declared) if all_optional => format!("(?:{declared}(?:{separator}{extra})*|{extras})?"),
+                Some(declared) => format!("{declared}(?:{separator}{extra})*"),
+            }
+        }
+    }
+}
+
+/// Members and extra members as `uncounted_body` writes them, between `min` and `max`
+/// of them in all: a regex per (member, count so far), refused when it would be too
+/// large (each optional member doubles what follows it).
+fn counted_body(
+    members: &[(String, bool)],
+    extra: Option<&str>,
+    min: u64,
+    max: Option<u64>,
+    ws: &str,
+) -> std::result::Result<String, Uncountable> {
+    let separator = format!("{ws},{ws}");
+    // Counts at or above `cap` behave alike (no maximum: once `min` is reached).
+    let cap = max.unwrap_or(min.max(1));
+    let norm = |c: u64| if max.is_none() { c.min(cap) } else { c };
+    // Size estimate first: sizes[i][c], saturating.
+    let n = members.len();
+    let width = cap as usize + 2;
+    let mut sizes = vec![vec![0u128; width]; n + 1];
+    sizes[n].fill(extra.map_or(0, |e| e.len() as u128 * 2 + 32));
+    for i in (0..n).rev() {
+        for c in 0..width {
+            let next = norm(c as u64 + 1) as usize;
+            let with = members[i].0.len() as u128 + 16 + sizes[i + 1].get(next).copied().unwrap_or(0);
+            let without = if members[i].1 { 0 } else { sizes[i + 1][c] };
+            sizes[i][c] = with.saturating_add(without);
+        }
+    }
+    if sizes[0][0] > MAX_COUNTED_REGEX {
+        return Err(Uncountable::TooLarge);
+    }
+    fn tail(extra: Option<&str>, c: u64, min: u64, max: Option<u64>, separator: &str) -> Option<String> {
+        let low = min.saturating_sub(c);
+        let high = match max {
+            Some(m) if m < c => return None,
+            Some(m) => Some(m - c),
+            None => None,
+        };
+        let Some(extra) = extra else { return (low == 0).then(String::new) };
+        let suffix = |low: u64, high: Option<u64>| match high {
+            None => format!("{{{low},}}"),
+            Some(high) => format!("{{{low},{high}}}"),
+        };
+        if high == Some(0) {
+            return (low == 0).then(String::new);
+        }
+        if c > 0 {
+            return Some(format!("(?:{separator}{extra}){}", suffix(low, high)));
+        }
+        let more = format!("{extra}(?:{separator}{extra}){}", suffix(low.max(1) - 1, high.map(|h| h - 1)));
+        Some(if low == 0 { format!("(?:{more})?") } else { more })
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn rest(
+        members: &[(String, bool)],
+        i: usize,
+        c: u64,
+        extra: Option<&str>,
+        min: u64,
+        max: Option<u64>,
+        separator: &str,
+        norm: &dyn Fn(u64) -> u64,
+    ) -> Option<String> {
+        if max.is_some_and(|m| c > m) {
+            return None;
+        }
+        let Some((member, is_required)) = members.get(i) else {
+            return tail(extra, c, min, max, separator);
+        };
+        let sep = if c > 0 { separator } else { "" };
+        let with = rest(members, i + 1, norm(c + 1), extra, min, max, separator, norm)
+            .map(|r| format!("{sep}{member}(?:{r})"));
+        if *is_required {
+            return with;
+        }
+        let without = rest(members, i + 1, c, extra, min, max, separator, norm);
+        match (with, without) {
+            (Some(a), Some(b)) => Some(format!("(?:{a}|{b})")),
+            (a, b) => a.or(b),
+        }
+    }
+    rest(members, 0, 0, extra, min, max, &separator, &norm).ok_or(Uncountable::NoCount)
+}
+
+enum Uncountable {
+    /// No number of members the schema allows is within the bounds.
+    NoCount,
+    TooLarge,
+}
