@@ -30,22 +30,28 @@ use crate::error::Result;
 /// Largest counted-members regex we write, in bytes.
 const MAX_COUNTED_REGEX: u128 = 200_000;
 
-/// A name pattern: its regex over the canonical name body, and a matcher for it.
+/// A name pattern: its regex over the canonical name body, and a matcher for it, built
+/// when a name is first tested (Unicode classes make it costly).
 struct NamePattern {
     body: String,
-    matcher: Regex,
+    matcher: std::cell::OnceCell<Option<Regex>>,
 }
 
 impl NamePattern {
     fn new(pattern: &str) -> std::result::Result<Self, String> {
         let body = pattern_regex(pattern, CANONICAL_CHAR)?;
-        let matcher = Regex::new(&format!("^(?:{body})$"))
-            .map_err(|e| format!("cannot read pattern {pattern:?}: {e}"))?;
-        Ok(NamePattern { body, matcher })
+        Ok(NamePattern { body, matcher: std::cell::OnceCell::new() })
     }
 
+    /// Whether `name` matches (a pattern we cannot build a matcher for matches every
+    /// name, and `object` then refuses the schema: see `untestable`).
     fn matches(&self, name: &str) -> bool {
-        self.matcher.is_match(&canonical_body(name))
+        let matcher = self.matcher.get_or_init(|| Regex::new(&format!("^(?:{})$", self.body)).ok());
+        matcher.as_ref().is_none_or(|m| m.is_match(&canonical_body(name)))
+    }
+
+    fn untestable(&self) -> bool {
+        matches!(self.matcher.get(), Some(None))
     }
 }
 
@@ -190,6 +196,10 @@ impl<'a> Translator<'a> {
             Some(f) if f.values.is_some() || f.nothing => None,
             _ => self.extra_member(extra_schema, &patterns, filter.as_ref(), &declared, path)?,
         };
+        let filter_pattern = filter.as_ref().and_then(|f| f.pattern.as_ref());
+        if patterns.iter().map(|(p, _)| p).chain(filter_pattern).any(NamePattern::untestable) {
+            return Err(self.unsupported("a name pattern too large to test names against", path));
+        }
         let (min, max) = self.counts(map, "minProperties", "maxProperties", path)?;
         let required_count = members.iter().filter(|(_, r)| *r).count() as u64;
         let body = if min <= required_count && max.is_none() {
