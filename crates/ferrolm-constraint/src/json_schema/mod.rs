@@ -17,8 +17,8 @@
 //! next to `$ref`/`anyOf`/`oneOf`, `dependent*`, `unevaluated*`, `not`, `if` and
 //! overlapping `oneOf` branches are rewritten into unions of merged schemas where that
 //! is exact (`merge.rs`, `negate.rs`). Anything that would change what is valid and
-//! that we cannot express — `uniqueItems`, `patternProperties`, `not` of a `pattern`,
-//! ... — is a
+//! that we cannot express — `uniqueItems` over unbounded domains, overlapping
+//! `patternProperties`, `not` of a `pattern`, ... — is a
 //! [`ConstraintError::UnsupportedSchema`] naming the keyword, unless `lenient` is set,
 //! in which case the keyword is ignored and the grammar may be looser or stricter.
 
