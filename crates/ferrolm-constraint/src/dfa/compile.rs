@@ -56,16 +56,20 @@ impl ByteDfa {
             max_automaton_bytes: options.max_automaton_bytes,
             max_states: options.max_states,
         };
-        if let Some(dfa) = lock_memo().get(&key) {
+        if let Some(dfa) = lock_memo().dfas.get(&key) {
             return Ok(ByteDfa::clone(dfa));
         }
         let dfa = Self::build_uncached(pattern, options, allow_calls)?;
-        if dfa.transitions.len() <= MEMO_MAX_TABLE {
+        let bytes = dfa.heap_bytes() + pattern.len();
+        if bytes <= MEMO_MAX_DFA_BYTES {
             let mut memo = lock_memo();
-            if memo.len() >= MEMO_MAX_ENTRIES {
-                memo.clear();
+            if memo.bytes + bytes > MEMO_BUDGET_BYTES {
+                memo.dfas.clear();
+                memo.bytes = 0;
             }
-            memo.insert(key, Arc::new(dfa.clone()));
+            if memo.dfas.insert(key, Arc::new(dfa.clone())).is_none() {
+                memo.bytes += bytes;
+            }
         }
         Ok(dfa)
     }
@@ -123,10 +127,10 @@ impl ByteDfa {
     }
 }
 
-/// Patterns whose tables have at most this many entries are memoized.
-const MEMO_MAX_TABLE: usize = 1 << 16;
-/// The memo is cleared when it holds this many patterns.
-const MEMO_MAX_ENTRIES: usize = 1024;
+/// DFAs of at most this many bytes are memoized.
+const MEMO_MAX_DFA_BYTES: usize = 256 << 10;
+/// The memo is cleared when it would hold more than this.
+const MEMO_BUDGET_BYTES: usize = 32 << 20;
 
 #[derive(PartialEq, Eq, Hash)]
 struct MemoKey {
@@ -136,8 +140,14 @@ struct MemoKey {
     max_states: usize,
 }
 
-fn lock_memo() -> std::sync::MutexGuard<'static, FxHashMap<MemoKey, Arc<ByteDfa>>> {
-    static MEMO: OnceLock<Mutex<FxHashMap<MemoKey, Arc<ByteDfa>>>> = OnceLock::new();
+#[derive(Default)]
+struct Memo {
+    dfas: FxHashMap<MemoKey, Arc<ByteDfa>>,
+    bytes: usize,
+}
+
+fn lock_memo() -> std::sync::MutexGuard<'static, Memo> {
+    static MEMO: OnceLock<Mutex<Memo>> = OnceLock::new();
     MEMO.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -70,6 +70,14 @@ impl ByteDfa {
         .keep_live_states()
     }
 
+    /// Bytes held on the heap (for memory budgets).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        (self.transitions.len() + self.row_transitions.len()) * size_of::<u32>()
+            + self.accepting.len() * (size_of::<bool>() * 3 + size_of::<Option<u8>>() + size_of::<u32>())
+            + self.component_has_cycle.len()
+    }
+
     /// The byte classes: bytes in one class have the same transitions everywhere.
     pub(crate) fn byte_class(&self, byte: u8) -> u8 {
         self.classes[byte as usize]
