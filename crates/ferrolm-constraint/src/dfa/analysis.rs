@@ -9,6 +9,49 @@ use super::{ByteDfa, DEAD};
 /// and the signature its untouched states share (if it has any).
 type TouchedClass = (u32, Vec<(u32, Vec<u32>)>, Option<Vec<u32>>);
 
+/// Predecessor lists of a transition table in one flat array (a `Vec` per state costs
+/// an allocation each, which dominated small compilations): the states with a
+/// transition into `t` (other than [`DEAD`]) are `list[offsets[t]..offsets[t + 1]]`,
+/// a state listed once per target.
+pub(super) struct Predecessors {
+    offsets: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Predecessors {
+    pub fn new(n: usize, nc: usize, transitions: &[u32]) -> Self {
+        let mut offsets = vec![0u32; n + 1];
+        let mut last_source = vec![u32::MAX; n];
+        for s in 1..n {
+            for &t in &transitions[s * nc..(s + 1) * nc] {
+                if std::mem::replace(&mut last_source[t as usize], s as u32) != s as u32 {
+                    offsets[t as usize + 1] += 1;
+                }
+            }
+        }
+        for t in 0..n {
+            offsets[t + 1] += offsets[t];
+        }
+        let mut fill = offsets.clone();
+        let mut list = vec![0u32; offsets[n] as usize];
+        last_source.fill(u32::MAX);
+        for s in 1..n {
+            for &t in &transitions[s * nc..(s + 1) * nc] {
+                if std::mem::replace(&mut last_source[t as usize], s as u32) != s as u32 {
+                    list[fill[t as usize] as usize] = s as u32;
+                    fill[t as usize] += 1;
+                }
+            }
+        }
+        Predecessors { offsets, list }
+    }
+
+    #[inline]
+    pub fn of(&self, t: usize) -> &[u32] {
+        &self.list[self.offsets[t] as usize..self.offsets[t + 1] as usize]
+    }
+}
+
 impl ByteDfa {
     /// Classes of states that no byte string of at most `depth` bytes tells apart (each
     /// string leaves both dead or both alive): their token masks are equal when no
@@ -22,15 +65,7 @@ impl ByteDfa {
     pub fn equivalence_up_to(&self, depth: usize) -> Vec<u32> {
         let n = self.num_states();
         let nc = self.num_classes;
-        let mut predecessors: Vec<Vec<u32>> = vec![Vec::new(); n];
-        for s in 1..n {
-            for c in 0..nc {
-                let t = self.transitions[s * nc + c] as usize;
-                if predecessors[t].last() != Some(&(s as u32)) {
-                    predecessors[t].push(s as u32);
-                }
-            }
-        }
+        let predecessors = Predecessors::new(n, nc, &self.transitions);
         let mut class: Vec<u32> = (0..n).map(|s| u32::from(s != DEAD as usize)).collect();
         let mut members: Vec<Vec<u32>> = vec![vec![DEAD], (1..n as u32).collect()];
         let mut changed: Vec<u32> = (0..n as u32).collect();
@@ -43,7 +78,7 @@ impl ByteDfa {
             // each with its signature taken before any split of this round.
             let mut touched: FxHashMap<u32, Vec<(u32, Vec<u32>)>> = FxHashMap::default();
             for &t in &changed {
-                for &p in &predecessors[t as usize] {
+                for &p in predecessors.of(t as usize) {
                     if !std::mem::replace(&mut touched_mark[p as usize], true) {
                         touched.entry(class[p as usize]).or_default().push((p, signature(&class, p)));
                     }
@@ -125,12 +160,7 @@ pub(super) fn strongly_connected_components(
             }
         }
     }
-    let mut predecessors: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for state in 1..n {
-        for target in successors(state) {
-            predecessors[target].push(state);
-        }
-    }
+    let predecessors = Predecessors::new(n, nc, transitions);
     let unassigned = u32::MAX;
     let mut component = vec![unassigned; n];
     let mut has_cycle = vec![false];
@@ -144,7 +174,8 @@ pub(super) fn strongly_connected_components(
         component[root] = id;
         let mut i = 0;
         while i < members.len() {
-            for &pred in &predecessors[members[i]] {
+            for &pred in predecessors.of(members[i]) {
+                let pred = pred as usize;
                 if component[pred] == unassigned {
                     component[pred] = id;
                     members.push(pred);

@@ -84,22 +84,27 @@ impl ByteDfa {
             .parse(pattern)
             .map_err(|e| invalid(e.to_string()))?;
         let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
-        let nfa = thompson::Compiler::new()
-            .configure(
-                // No capture groups: we only ever ask "alive?", and captures add states.
-                thompson::Config::new()
-                    .nfa_size_limit(Some(options.max_automaton_bytes))
-                    .shrink(false)
-                    .which_captures(thompson::WhichCaptures::None),
-            )
-            .build_from_hir(&whole)
-            .map_err(|e| {
-                if e.size_limit().is_some() {
-                    too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes))
-                } else {
-                    invalid(error_chain(&e))
-                }
-            })?;
+        // No capture groups: we only ever ask "alive?", and captures add states.
+        let config = thompson::Config::new()
+            .nfa_size_limit(Some(options.max_automaton_bytes))
+            .shrink(false)
+            .which_captures(thompson::WhichCaptures::None);
+        let nfa =
+            with_nfa_compiler(|compiler| compiler.configure(config).build_from_hir(&whole).map_err(Box::new))
+                .map_err(|e| {
+                    if e.size_limit().is_some() {
+                        too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes))
+                    } else {
+                        invalid(error_chain(&e))
+                    }
+                })?;
+        if super::subset::applies(&nfa) {
+            let table = super::subset::determinize(&nfa, options)?;
+            if table.start == DEAD {
+                return Err(invalid("the regex matches no string".into()));
+            }
+            return Ok(table);
+        }
         let dfa = dense::Builder::new()
             .configure(
                 dense::Config::new()
@@ -205,6 +210,19 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         next_to_expand += 1;
     }
     Ok(ByteDfa::from_table(classes, num_classes, transitions, accepting, start_id))
+}
+
+/// A Thompson compiler kept per thread: a new one allocates its UTF-8 caches, which
+/// costs more than compiling a small pattern.
+fn with_nfa_compiler<T>(build: impl FnOnce(&mut thompson::Compiler) -> T) -> T {
+    thread_local! {
+        static COMPILER: std::cell::RefCell<thompson::Compiler> = std::cell::RefCell::new(thompson::Compiler::new());
+    }
+    COMPILER.with(|compiler| match compiler.try_borrow_mut() {
+        Ok(mut compiler) => build(&mut compiler),
+        // Re-entered (it never is today): a fresh compiler.
+        Err(_) => build(&mut thompson::Compiler::new()),
+    })
 }
 
 fn too_large(message: String) -> ConstraintError {

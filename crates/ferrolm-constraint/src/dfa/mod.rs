@@ -8,6 +8,7 @@
 
 mod analysis;
 mod compile;
+mod subset;
 
 use std::collections::VecDeque;
 
@@ -150,19 +151,13 @@ impl ByteDfa {
     fn keep_live_states(self) -> Self {
         let n = self.num_states();
         let nc = self.num_classes;
-        let mut predecessors: Vec<Vec<u32>> = vec![Vec::new(); n];
-        for state in 0..n {
-            for class in 0..nc {
-                let target = self.transitions[state * nc + class] as usize;
-                predecessors[target].push(state as u32);
-            }
-        }
+        let predecessors = analysis::Predecessors::new(n, nc, &self.transitions);
         let mut live = self.accepting.clone();
         live[DEAD as usize] = false;
         let mut queue: VecDeque<usize> = (0..n).filter(|&s| live[s]).collect();
         while let Some(state) = queue.pop_front() {
-            for &pred in &predecessors[state] {
-                if !live[pred as usize] && pred != DEAD {
+            for &pred in predecessors.of(state) {
+                if !live[pred as usize] {
                     live[pred as usize] = true;
                     queue.push_back(pred as usize);
                 }
