@@ -196,26 +196,13 @@ impl TokenTrie {
             return self.walk_into_mask(start, step, mask);
         }
         let mut states = vec![start; self.max_depth + 1];
-        let nodes = &self.nodes[..];
-        let deepest = &self.deepest_below[..];
-        let mut index = 1;
-        while index < nodes.len() {
-            let node = nodes[index];
-            if deepest[index] as usize <= min_len {
-                index = node.subtree_end as usize;
-                continue;
-            }
-            let depth = node.depth();
-            match step(states[depth - 1], node.byte()) {
-                None => index = node.subtree_end as usize,
-                Some(next) => {
-                    states[depth] = next;
-                    let (has, token) = node.token_bit();
-                    mask[(token >> 5) as usize] |= has << (token & 31);
-                    index += 1;
-                }
-            }
-        }
+        self.walk_range_skipping::<S, true>(
+            1..self.nodes.len(),
+            &mut states,
+            |_, s, b| step(s, b),
+            mask,
+            min_len,
+        );
     }
 
     /// The one walking loop. `states[d]` = state after the first `d` bytes of the
@@ -225,13 +212,32 @@ impl TokenTrie {
         &self,
         range: std::ops::Range<usize>,
         states: &mut [S],
+        step: impl FnMut(u32, S, u8) -> Option<S>,
+        mask: &mut [u32],
+    ) {
+        self.walk_range_skipping::<S, false>(range, states, step, mask, 0);
+    }
+
+    /// [`TokenTrie::walk_range`] that, when `SKIP_SHORT`, also skips the subtrees
+    /// whose tokens are all at most `min_len` bytes long (a constant, so the plain
+    /// walk pays nothing for it).
+    #[inline(always)]
+    fn walk_range_skipping<S: Copy, const SKIP_SHORT: bool>(
+        &self,
+        range: std::ops::Range<usize>,
+        states: &mut [S],
         mut step: impl FnMut(u32, S, u8) -> Option<S>,
         mask: &mut [u32],
+        min_len: usize,
     ) {
         let nodes = &self.nodes[..range.end];
         let mut index = range.start;
         while index < nodes.len() {
             let node = nodes[index];
+            if SKIP_SHORT && self.deepest_below[index] as usize <= min_len {
+                index = node.subtree_end as usize;
+                continue;
+            }
             let depth = node.depth();
             match step(index as u32, states[depth - 1], node.byte()) {
                 None => index = node.subtree_end as usize,

@@ -156,11 +156,11 @@ fn lock_memo() -> std::sync::MutexGuard<'static, Memo> {
     MEMO.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Breadth-first copy of the states reachable from the anchored start, trimmed to the
-/// states that can still reach acceptance.
-fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<ByteDfa> {
-    let started = Instant::now();
-    let byte_classes = dfa.byte_classes();
+/// regex-automata's byte classes as our table: class of each byte, number of classes
+/// (without the end-of-input one), and the smallest byte of each class.
+pub(super) fn class_table(
+    byte_classes: &regex_automata::util::alphabet::ByteClasses,
+) -> ([u8; 256], usize, Vec<u8>) {
     let mut classes = [0u8; 256];
     for byte in 0..=255u8 {
         classes[byte as usize] = byte_classes.get(byte);
@@ -171,6 +171,14 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
     for byte in (0..=255u8).rev() {
         representative[classes[byte as usize] as usize] = byte;
     }
+    (classes, num_classes, representative)
+}
+
+/// Breadth-first copy of the states reachable from the anchored start, trimmed to the
+/// states that can still reach acceptance.
+fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<ByteDfa> {
+    let started = Instant::now();
+    let (classes, num_classes, representative) = class_table(dfa.byte_classes());
     let start = dfa
         .start_state(&start::Config::new().anchored(Anchored::Yes))
         .map_err(|e| too_large(format!("no anchored start state: {e}")))?;

@@ -24,17 +24,7 @@ pub(super) fn applies(nfa: &NFA) -> bool {
 /// reached), trimmed to states that can still reach acceptance.
 pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> {
     let started = Instant::now();
-    let byte_classes = nfa.byte_classes();
-    let mut classes = [0u8; 256];
-    for byte in 0..=255u8 {
-        classes[byte as usize] = byte_classes.get(byte);
-    }
-    // alphabet_len counts the end-of-input class, which is not a byte.
-    let num_classes = byte_classes.alphabet_len() - 1;
-    let mut representative = vec![0u8; num_classes];
-    for byte in (0..=255u8).rev() {
-        representative[classes[byte as usize] as usize] = byte;
-    }
+    let (classes, num_classes, representative) = super::compile::class_table(nfa.byte_classes());
     let mut closure = Closure::new(nfa.states().len());
     // Sets are sorted NFA state lists; set k is DFA state k (0 = DEAD = empty set).
     let mut sets: Vec<Box<[StateID]>> = vec![Box::new([])];

@@ -43,8 +43,8 @@ struct Node {
     children: BTreeMap<char, Node>,
 }
 
-/// A regex for the body (between the quotes) of every name except `names`.
-pub fn name_except(names: &[&str]) -> String {
+/// The names as a trie of characters.
+fn name_trie(names: &[&str]) -> Node {
     let mut root = Node::default();
     for name in names {
         let mut node = &mut root;
@@ -53,6 +53,12 @@ pub fn name_except(names: &[&str]) -> String {
         }
         node.is_name = true;
     }
+    root
+}
+
+/// A regex for the body (between the quotes) of every name except `names`.
+pub fn name_except(names: &[&str]) -> String {
+    let root = name_trie(names);
     except(&root)
 }
 
@@ -72,14 +78,7 @@ fn except(node: &Node) -> String {
 /// A regex for the body of every name of `min..=max` characters except `names`;
 /// `None` when there is none.
 pub fn name_except_len(names: &[&str], min: u64, max: Option<u64>) -> Option<String> {
-    let mut root = Node::default();
-    for name in names {
-        let mut node = &mut root;
-        for c in name.chars() {
-            node = node.children.entry(c).or_default();
-        }
-        node.is_name = true;
-    }
+    let root = name_trie(names);
     except_len(&root, 0, min, max)
 }
 
