@@ -49,7 +49,7 @@ fn json_schema_test_suite_draft2020_12() {
     // Valid values outside the subset a format generates (documented in formats.rs).
     let mut format_subset_rejections = Vec::new();
     let mut total = Tally::default();
-    println!("{:<28} {:>9} {:>14} {:>16}", "file", "compiled", "valid ok", "invalid refused");
+    println!("{:<28} {:>9} {:>14} {:>16}", "keyword (suite file)", "compiled", "valid ok", "invalid refused");
     for file in &files {
         let name = file.strip_prefix(&root).unwrap().display().to_string();
         let groups: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
