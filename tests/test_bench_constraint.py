@@ -65,9 +65,13 @@ def test_report_structure_and_documents_accepted(vocab: bc.BenchVocab) -> None:
     for key in ("p50", "p95", "max"):
         assert ours["compile_ms"][key] > 0
     assert 0 < ours["mask_us"]["p50"] <= ours["mask_us"]["p99"]
+    # every fill of every document, walked a second time
+    assert ours["warm_mask_us"]["fills"] == ours["tokens"]
+    assert 0 < ours["warm_mask_us"]["p50"] <= ours["warm_mask_us"]["p99"]
     assert ours["batch64_us"] is not None and ours["batch64_us"] > 0
     table = bc.format_table(report)
     assert "ferrolm" in table and "floor: no valid document rejected: met" in table
+    assert "second walk of the same documents" in table
 
 
 def test_a_wrong_document_is_reported_as_rejected(vocab: bc.BenchVocab) -> None:
