@@ -3,10 +3,12 @@
 //!
 //! The limit is enforced by compiling on a helper thread and giving up waiting: the
 //! caller gets [`ConstraintError::GrammarTooLarge`] on time, while the abandoned
-//! compilation runs on until its size limits stop it (regex-automata's determinization
-//! cannot be interrupted). The helper thread is kept between compilations (spawning
-//! one costs more than compiling a small schema); an abandoned one exits when done. Failures are cached too, so a schema that times out is not
-//! compiled again on every request.
+//! compilation runs on until its own checks or size limits stop it (our subset
+//! construction checks the clock; regex-automata's parser and its dense builder, used
+//! for patterns with look-arounds, cannot be interrupted). The helper thread is kept
+//! between compilations (spawning one costs more than compiling a small schema); an
+//! abandoned one exits when done. Failures are cached too, so a schema that times out
+//! is not compiled again on every request.
 
 use std::collections::HashMap;
 use std::sync::mpsc;

@@ -112,8 +112,8 @@ pub(crate) struct LoopIndex {
     pub inside: Box<[u32]>,
     /// `(trie node, canonical loop state of its parent)` where a path leaves the loop.
     pub exits: Vec<(u32, u32)>,
-    /// Per exit: its depth, and a token under it (whose bytes spell the path to it).
-    pub exit_paths: Vec<(u32, u32)>,
+    /// Per exit: a token under it, whose bytes spell the path to it.
+    pub exit_tokens: Vec<u32>,
     /// The loop's canonical transitions (see [`Loop::key`]).
     key: Box<[u32]>,
     /// Bytes with the same column in `key` share a group (simulation reads one byte
@@ -140,8 +140,7 @@ impl LoopIndex {
             },
             &mut inside,
         );
-        let exit_paths =
-            exits.iter().map(|&(node, _)| (trie.node_depth(node) as u32, trie.token_under(node))).collect();
+        let exit_tokens = exits.iter().map(|&(node, _)| trie.token_under(node)).collect();
         let num_states = key.len() / 256;
         let mut byte_group = [0u8; 256];
         let mut columns: Vec<Vec<u32>> = Vec::new();
@@ -158,7 +157,7 @@ impl LoopIndex {
         LoopIndex {
             inside: inside.into(),
             exits,
-            exit_paths,
+            exit_tokens,
             key: key.into(),
             byte_group,
             bytes_inside_from_start,
@@ -270,12 +269,10 @@ impl SimulatingSide for ByteDfa {
     }
 }
 
-/// Per-vocabulary memo of loop indexes, keyed by the loop's canonical transitions, and
-/// of "tokens no longer than d bytes" masks.
+/// Per-vocabulary memo of loop indexes, keyed by the loop's canonical transitions.
 #[derive(Debug, Default)]
 pub(crate) struct LoopIndexCache {
     indexes: Mutex<HashMap<Box<[u32]>, Arc<LoopIndex>>>,
-    by_length: std::sync::OnceLock<Vec<(u32, u32)>>,
     /// The index the last successful simulation used: tried first, since the states
     /// of one grammar (the fields of one schema) mostly simulate the same loop.
     last_simulated: Mutex<Option<Arc<LoopIndex>>>,
@@ -298,30 +295,30 @@ impl LoopIndexCache {
         state: u32,
         limit: usize,
     ) -> Option<(Arc<LoopIndex>, usize)> {
-        let candidates: Vec<Arc<LoopIndex>> =
-            self.indexes.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         let limit = limit.min(MAX_SIMULATION_DEPTH);
         // Structural states (after `{`, between members) step on a handful of bytes
         // and are ruled out here, before any search.
         let stepping = (0..=255u8).filter(|&b| matches!(side.step(state, b), SideStep::To(_))).count();
-        let candidates: Vec<Arc<LoopIndex>> =
-            candidates.into_iter().filter(|index| index.bytes_inside_from_start <= stepping).collect();
+        let mut candidates: Vec<Arc<LoopIndex>> = self
+            .indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|index| index.bytes_inside_from_start <= stepping)
+            .cloned()
+            .collect();
         if candidates.is_empty() {
             return None;
         }
+        // The last index that served goes first; then the others, deepest winning and,
+        // among equals, the fewest exits (each exit is a walk from a real state), so
+        // they go in that order and the first to reach the limit wins.
         let last = self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(index) = last.filter(|index| index.bytes_inside_from_start <= stepping) {
-            let depth = index.simulation_depth(side, state, limit);
-            if depth == limit && depth >= MIN_SIMULATION_DEPTH {
-                return Some((index, depth));
-            }
-        }
-        // Deepest wins; among equals the fewest exits (each exit is a walk from a real
-        // state), so candidates go in that order and the first to reach the limit wins.
-        let mut candidates = candidates;
+        let last = last.filter(|index| index.bytes_inside_from_start <= stepping);
+        candidates.retain(|index| !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, index)));
         candidates.sort_by_key(|index| index.exits.len());
         let mut best: Option<(Arc<LoopIndex>, usize)> = None;
-        for index in candidates {
+        for index in last.into_iter().chain(candidates) {
             let depth = index.simulation_depth(side, state, limit);
             if depth >= MIN_SIMULATION_DEPTH && best.as_ref().is_none_or(|(_, d)| depth > *d) {
                 best = Some((index, depth));
@@ -334,25 +331,6 @@ impl LoopIndexCache {
             *self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()) = Some(index.clone());
         }
         best
-    }
-
-    /// Token ids with their lengths, longest first (`lengths` gives every token's
-    /// length; read once per vocabulary).
-    pub fn tokens_by_length(&self, lengths: impl FnOnce() -> Vec<usize>) -> &[(u32, u32)] {
-        self.by_length.get_or_init(|| {
-            let mut by_length: Vec<(u32, u32)> =
-                lengths().into_iter().enumerate().map(|(id, len)| (len as u32, id as u32)).collect();
-            by_length.sort_unstable_by(|a, b| b.cmp(a));
-            by_length
-        })
-    }
-
-    /// Clear in `mask` the tokens longer than `max_len` bytes.
-    pub fn clear_longer_than(&self, lengths: impl FnOnce() -> Vec<usize>, max_len: usize, mask: &mut [u32]) {
-        let by_length = self.tokens_by_length(lengths);
-        for &(_, id) in by_length.iter().take_while(|&&(len, _)| len as usize > max_len) {
-            mask[id as usize / 32] &= !(1 << (id % 32));
-        }
     }
 
     /// The index of `key`, built now if new; `None` once the cache is full (the caller

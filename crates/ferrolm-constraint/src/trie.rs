@@ -88,24 +88,15 @@ impl TokenTrie {
         while let Some(closed) = path.pop() {
             nodes[closed].subtree_end = nodes.len() as u32;
         }
-        // Children come after their parent in preorder, so a backward pass sees every
-        // child before its parent; each node hands its depth up to its parent.
+        // Backwards, every child is done before its parent; a node's children are found
+        // by jumping from subtree end to subtree end.
         let mut deepest_below: Vec<u8> = nodes.iter().map(|n| n.depth().min(255) as u8).collect();
-        let mut parent_stack: Vec<usize> = Vec::new();
-        let mut parent = vec![0u32; nodes.len()];
-        for (index, parent_of) in parent.iter_mut().enumerate().skip(1) {
-            while let Some(&top) = parent_stack.last() {
-                if (nodes[top].subtree_end as usize) > index {
-                    break;
-                }
-                parent_stack.pop();
+        for index in (0..nodes.len()).rev() {
+            let mut child = index + 1;
+            while child < nodes[index].subtree_end as usize {
+                deepest_below[index] = deepest_below[index].max(deepest_below[child]);
+                child = nodes[child].subtree_end as usize;
             }
-            *parent_of = parent_stack.last().map_or(0, |&p| p as u32);
-            parent_stack.push(index);
-        }
-        for index in (1..nodes.len()).rev() {
-            let p = parent[index] as usize;
-            deepest_below[p] = deepest_below[p].max(deepest_below[index]);
         }
         TokenTrie { nodes, deepest_below, duplicates, max_depth }
     }

@@ -32,6 +32,8 @@ pub struct Vocabulary {
     trie: TokenTrie,
     /// Masks of automaton loops, shared by every grammar over this vocabulary.
     loop_indexes: LoopIndexCache,
+    /// `(length, id)` of every token, longest first (built on first use).
+    by_length: std::sync::OnceLock<Vec<(u32, u32)>>,
 }
 
 impl Vocabulary {
@@ -85,9 +87,16 @@ impl Vocabulary {
         &self.eos_ids
     }
 
-    /// Every token's length in bytes, by id (0 for ids without bytes).
-    pub(crate) fn token_lengths(&self) -> Vec<usize> {
-        (0..self.size() as u32).map(|id| self.token_bytes(id).map_or(0, <[u8]>::len)).collect()
+    /// The ids of the tokens longer than `max_len` bytes.
+    pub(crate) fn ids_longer_than(&self, max_len: usize) -> impl Iterator<Item = u32> + '_ {
+        let by_length = self.by_length.get_or_init(|| {
+            let mut by_length: Vec<(u32, u32)> = (0..self.size() as u32)
+                .map(|id| (self.token_bytes(id).map_or(0, <[u8]>::len) as u32, id))
+                .collect();
+            by_length.sort_unstable_by(|a, b| b.cmp(a));
+            by_length
+        });
+        by_length.iter().take_while(move |&&(len, _)| len as usize > max_len).map(|&(_, id)| id)
     }
 
     pub fn trie(&self) -> &TokenTrie {
@@ -230,6 +239,14 @@ impl VocabularyBuilder {
         let mut eos_ids = self.eos_ids.clone();
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Ok(Vocabulary { kinds, bytes, offsets, eos_ids, trie, loop_indexes: LoopIndexCache::default() })
+        Ok(Vocabulary {
+            kinds,
+            bytes,
+            offsets,
+            eos_ids,
+            trie,
+            loop_indexes: LoopIndexCache::default(),
+            by_length: Default::default(),
+        })
     }
 }

@@ -247,14 +247,17 @@ impl Grammar {
         let trie = vocab.trie();
         out.copy_from_slice(&index.inside);
         if depth < trie.max_depth() {
-            vocab.loop_indexes().clear_longer_than(|| vocab.token_lengths(), depth, out);
+            for id in vocab.ids_longer_than(depth) {
+                out[id as usize / 32] &= !(1 << (id % 32));
+            }
         }
         let mut scratch = vec![start; trie.max_depth() + 1];
-        for (&(node, _), &(node_depth, token)) in index.exits.iter().zip(&index.exit_paths) {
-            if node_depth as usize > depth {
+        for (&(node, _), &token) in index.exits.iter().zip(&index.exit_tokens) {
+            let node_depth = trie.node_depth(node);
+            if node_depth > depth {
                 continue;
             }
-            let path = &vocab.token_bytes(token).expect("trie tokens have bytes")[..node_depth as usize - 1];
+            let path = &vocab.token_bytes(token).expect("trie tokens have bytes")[..node_depth - 1];
             if let Some(parent) = path.iter().try_fold(start, |s, &b| step(s, b)) {
                 trie.walk_subtree_into_mask(node, parent, &mut step, out, &mut scratch);
             }

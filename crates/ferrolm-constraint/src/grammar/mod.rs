@@ -94,7 +94,7 @@ impl Grammar {
     /// with a `maxLength`, then come from these indexes (`region.rs`).
     fn prime_json_loops(vocab: &Arc<Vocabulary>) {
         vocab.loop_indexes().prime_json_once(|| {
-            vocab.loop_indexes().tokens_by_length(|| vocab.token_lengths());
+            let _ = vocab.ids_longer_than(0).next(); // sorts the tokens by length now
             let mut mask = vec![0u32; vocab.bitmask_words()];
             for body in crate::json_schema::string_loop_bodies() {
                 if let Ok(string) = Self::from_regex(vocab.clone(), &format!("\"{body}*\"")) {
