@@ -36,6 +36,19 @@ def test_vocabulary_from_tokenizer_json_matches_the_engine_table(tiny: LoadedMod
     assert vocab.bitmask_words == (vocab.size + 31) // 32
 
 
+def test_vocabulary_from_tiktoken_marks_eos_and_refuses_bad_lines() -> None:
+    # "a", "b", "ab" by rank; "ab" is declared the EOS token
+    vocab = _core.Vocabulary.from_tiktoken("YQ== 0\nYg== 1\nYWI= 2\n", eos_token_ids=[2])
+    assert vocab.size == 3
+    m = vocab.regex("a+").matcher()
+    assert allowed(vocab, m) == {0}  # neither "b" nor EOS before the first "a"
+    assert m.accept_token(0)
+    assert allowed(vocab, m) == {0, 2}  # EOS where the document may end; "ab" is not text
+    with pytest.raises(InvalidInputError) as e:
+        _core.Vocabulary.from_tiktoken("not base64!! x\n")
+    assert e.value.field == "vocabulary"
+
+
 def test_mask_equals_trying_every_token_and_leads_to_a_valid_document(
     tiny: LoadedModel, vocab: _core.Vocabulary
 ) -> None:

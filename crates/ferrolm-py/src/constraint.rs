@@ -7,6 +7,7 @@ use std::time::Duration;
 use ferrolm_constraint::json_schema::{JsonSchemaOptions, Whitespace};
 use ferrolm_constraint::{
     tokenizer_files, ConstraintError, Grammar, GrammarCache, GrammarSource, Matcher, Vocabulary,
+    VocabularyBuilder,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -70,6 +71,21 @@ fn json_options(
     Ok(JsonSchemaOptions { whitespace, lenient, ..JsonSchemaOptions::default() })
 }
 
+/// A tokenizer file's vocabulary with the caller's EOS ids, padded to `vocab_size`.
+fn finish(
+    mut builder: VocabularyBuilder,
+    eos_token_ids: &[u32],
+    vocab_size: Option<usize>,
+) -> ferrolm_constraint::Result<Vocabulary> {
+    for &e in eos_token_ids {
+        builder.mark_eos(e);
+    }
+    if let Some(n) = vocab_size {
+        builder.min_size(n);
+    }
+    builder.build()
+}
+
 #[pymethods]
 impl PyVocabulary {
     #[new]
@@ -97,18 +113,8 @@ impl PyVocabulary {
         vocab_size: Option<usize>,
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
-        let vocab = py
-            .detach(|| {
-                let mut b = tokenizer_files::from_hf_tokenizer_json(text)?;
-                for &e in &eos_token_ids {
-                    b.mark_eos(e);
-                }
-                if let Some(n) = vocab_size {
-                    b.min_size(n);
-                }
-                b.build()
-            })
-            .map_err(|e| constraint_err(py, e))?;
+        let build = || finish(tokenizer_files::from_hf_tokenizer_json(text)?, &eos_token_ids, vocab_size);
+        let vocab = py.detach(build).map_err(|e| constraint_err(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
@@ -121,15 +127,8 @@ impl PyVocabulary {
         eos_token_ids: Vec<u32>,
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
-        let vocab = py
-            .detach(|| {
-                let mut b = tokenizer_files::from_tiktoken(text)?;
-                for &e in &eos_token_ids {
-                    b.mark_eos(e);
-                }
-                b.build()
-            })
-            .map_err(|e| constraint_err(py, e))?;
+        let build = || finish(tokenizer_files::from_tiktoken(text)?, &eos_token_ids, None);
+        let vocab = py.detach(build).map_err(|e| constraint_err(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
