@@ -14,7 +14,7 @@ import pytest
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig, RopeScaling
 from ferrolm.model.rope import inverse_frequencies
-from ferrolm.model.testing import SMALL_MODEL_OVERRIDES, small_config
+from small_models import SMALL_MODEL_OVERRIDES, small_config
 
 # the fields that matter, as the released checkpoints write them
 LLAMA2_7B: dict[str, Any] = {

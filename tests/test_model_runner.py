@@ -16,7 +16,7 @@ from ferrolm.model.config import ModelConfig
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
-from ferrolm.model.testing import SMALL_MODEL_OVERRIDES, small_config
+from small_models import SMALL_MODEL_OVERRIDES, small_config
 from ferrolm.model.weights import Weights
 
 NUM_SLOTS = 256

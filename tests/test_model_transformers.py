@@ -11,7 +11,7 @@ import pytest
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
-from ferrolm.model.testing import SMALL_MODEL_OVERRIDES, small_config
+from small_models import SMALL_MODEL_OVERRIDES, small_config
 
 torch: Any = pytest.importorskip("torch", reason="torch is not installed; the comparison with transformers is skipped")
 transformers: Any = pytest.importorskip(

@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.random_weights import random_weights
-from ferrolm.model.testing import small_config
+from small_models import small_config
 from ferrolm.model.weights import Weights, expected_shapes, load_weights
 
 

@@ -1,5 +1,5 @@
-"""Small random models of every supported architecture, for tests and benchmarks that
-need a real forward pass but not a real model (milliseconds per step)."""
+"""Small random models of every supported architecture, for tests that need a real
+forward pass but not a real model (milliseconds per step)."""
 
 from __future__ import annotations
 
