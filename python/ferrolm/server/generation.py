@@ -39,7 +39,16 @@ class Generation:
                   field_names: dict[str, str], **core_kw: Any) -> None:
         args = self.client.args
         if args.max_queued_requests is not None:
+            # the samples of a request need not run together (the core queues them), but
+            # all of them are held at once, running or waiting: more than the server ever
+            # holds will never fit, a retry cannot help
             limit = args.max_running_requests + args.max_queued_requests
+            wanted = len(self.samples) + params.n  # this request's samples (prompts x n)
+            if wanted > limit:
+                prompts = f" ({prompt_index + 1} prompts x n={params.n})" if prompt_index else ""
+                raise APIError(400, f"n: {wanted} samples{prompts} are more than the server can ever hold: "
+                                    f"{limit} ({args.max_running_requests} running + {args.max_queued_requests} "
+                                    "waiting); lower n", "n")
             if self.client.in_flight + params.n > limit:
                 raise APIError(429, f"the server is at capacity ({self.client.in_flight} requests running or "
                                     "waiting); retry later", code="queue_full")
