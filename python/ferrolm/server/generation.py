@@ -13,7 +13,7 @@ from starlette.requests import Request
 from ferrolm.engine import Delta, Output
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.engine_client import EngineClient, EngineError, EngineUnavailable, RequestHandle
+from ferrolm.server.engine_client import ENGINE_UNAVAILABLE, EngineClient, EngineError, EngineUnavailable, RequestHandle
 from ferrolm.server.errors import APIError, from_invalid_input
 
 
@@ -59,7 +59,7 @@ class Generation:
         except InvalidInputError as e:
             raise from_invalid_input(e, field_names) from None
         except EngineUnavailable as e:
-            raise APIError(503, str(e)) from None
+            raise APIError(503, str(e), code="engine_unavailable") from None
         except EngineError as e:
             raise APIError(500, f"the engine could not take the request: {e}") from None
         for j, rid in enumerate(rids):
@@ -130,7 +130,9 @@ QUEUE_TIMEOUT_MESSAGE = "waited in the queue longer than"
 
 def error_of(message: str | None) -> APIError:
     """A request that finished with an error: 503 if it waited too long (the server is
-    overloaded, a retry may succeed), else 500."""
+    overloaded, a retry may succeed) or the engine died or stopped answering, else 500."""
+    if message and message.startswith(ENGINE_UNAVAILABLE):
+        return APIError(503, message, code="engine_unavailable")
     if message and QUEUE_TIMEOUT_MESSAGE in message:
         return APIError(503, f"the server is overloaded: the request {message}", code="queue_timeout")
     return APIError(500, f"generation failed: {message}")
