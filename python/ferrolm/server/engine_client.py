@@ -190,6 +190,8 @@ class EngineClient:
         self._outgoing.put(("call", call_id, name))
         try:
             return await asyncio.wait_for(reply, timeout)
+        except TimeoutError:
+            raise EngineUnavailable(f"the engine did not answer {name!r} within {timeout:g} s") from None
         finally:
             self._replies.pop(call_id, None)
 
