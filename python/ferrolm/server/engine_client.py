@@ -231,7 +231,8 @@ class EngineClient:
                 if stalled:
                     stalled = False
                     self._loop.call_soon_threadsafe(self._engine_back)
-                self._loop.call_soon_threadsafe(self._dispatch, msg)
+                if msg[0] != "alive":  # a heartbeat has done its part: it was heard
+                    self._loop.call_soon_threadsafe(self._dispatch, msg)
             except RuntimeError:
                 return  # the event loop is closed: the server is shutting down
         try:
@@ -257,8 +258,6 @@ class EngineClient:
         elif kind == "reply":
             _, call_id, ok, value = msg
             _resolve(self._replies.get(call_id), value if ok else None, None if ok else RuntimeError(value))
-        elif kind == "alive":
-            pass  # the reader noted it: the engine is not frozen
         elif kind == "ready":
             self.info = msg[1]
             self.started.set()
