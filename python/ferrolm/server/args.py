@@ -25,6 +25,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     max_queued_requests: int | None = None  # beyond running + this many waiting: 429
     queue_timeout: float | None = None  # seconds a request may wait before its first step: then 503
+    engine_heartbeat_timeout: float = 60.0  # seconds without word from the engine: 503 until it answers; 0: off
     seed: int = 0
     blas_threads: int | None = None
     log_level: str = "info"
@@ -60,9 +61,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests allowed to wait beyond the running ones; more are refused with 429")
     parser.add_argument("--queue-timeout", type=float, default=None,
                         help="seconds a request may wait in the queue; longer is answered with 503")
+    parser.add_argument("--engine-heartbeat-timeout", type=_heartbeat_timeout, default=defaults.engine_heartbeat_timeout,
+                        help="seconds without word from the engine loop (it reports between steps, at least "
+                             "every 0.5 s) before it counts as frozen: /health and requests get 503 until it "
+                             "answers again; well above the longest step; 0 turns the watch off")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
+
+
+def _heartbeat_timeout(text: str) -> float:
+    value = float(text)
+    if value != 0 and not value >= 1:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 (off) or at least 1 second (the engine reports every 0.5 s)")
+    return value
 
 
 def server_args_from(ns: argparse.Namespace) -> ServerArgs:

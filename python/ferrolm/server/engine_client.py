@@ -4,6 +4,13 @@ the deltas it streams back to one asyncio queue per HTTP request.
 Two threads do the blocking pipe I/O so the event loop never waits on the engine: a
 reader that hands each message to the loop (``call_soon_threadsafe``) and a writer that
 sends what the loop queued.
+
+The reader also watches the engine's liveness: the engine loop sends something (deltas,
+answers, or its ``("alive",)`` heartbeat) at least every half second, between steps. When
+nothing came for ``--engine-heartbeat-timeout`` seconds (a frozen process, a step stuck),
+the engine counts as stalled: ``/health`` says 503, requests in flight end with 503 (and
+are aborted, so a resumed engine frees their KV), new ones are refused with 503. When it
+answers again it serves again.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import logging
 import multiprocessing
 import queue
 import threading
+import time
 from typing import Any
 
 from ferrolm.engine import Delta
@@ -27,6 +35,16 @@ log = logging.getLogger("ferrolm.server")
 
 class EngineUnavailable(RuntimeError):
     """The engine process is not (or no longer) serving."""
+
+
+# The error of a request the engine can no longer serve (it died, or stopped answering):
+# its deltas' ``error`` starts with this, and ``generation.error_of`` answers them with 503.
+ENGINE_UNAVAILABLE = "the engine is unavailable"
+
+
+def unavailable_delta(rid: int, reason: str) -> Delta:
+    """The last delta of a request that the engine cannot finish."""
+    return Delta(rid, [], "", [], [], finish_reason="error", error=f"{ENGINE_UNAVAILABLE}: {reason}")
 
 
 class EngineError(RuntimeError):
@@ -64,6 +82,7 @@ class EngineClient:
         self.args = args
         self.info: dict[str, Any] = {}
         self.failure: str | None = None  # why the engine is not serving, once it is not
+        self.stalled: str | None = None  # why the engine counts as frozen, while it does
         self._rids = itertools.count()
         self._calls = itertools.count()
         self._routes: dict[int, RequestHandle] = {}
@@ -91,7 +110,12 @@ class EngineClient:
 
     @property
     def ready(self) -> bool:
-        return self.started.is_set() and self.failure is None
+        return self.started.is_set() and self.failure is None and self.stalled is None
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why requests are refused now (it failed or stalled); None while it serves."""
+        return self.failure or self.stalled
 
     async def wait_ready(self, timeout: float) -> None:
         try:
@@ -124,9 +148,9 @@ class EngineClient:
     async def submit(self, handle: RequestHandle, input_ids: Any, params: SamplingParams, **core_kw: Any) -> list[int]:
         """Queues ``params.n`` samples of a prompt under ``handle``; returns their rids.
         Raises ``InvalidInputError`` (naming the field) when the core refuses the prompt,
-        ``EngineUnavailable`` when there is no engine."""
-        if self.failure is not None:
-            raise EngineUnavailable(self.failure)
+        ``EngineUnavailable`` when there is no engine (or it does not answer)."""
+        if self.unavailable is not None:
+            raise EngineUnavailable(self.unavailable)
         rids = self.new_rids(params.n)
         for rid in rids:
             self._routes[rid] = handle
@@ -158,14 +182,16 @@ class EngineClient:
 
     async def call(self, name: str, timeout: float = 30.0) -> Any:
         """A control call answered by the engine loop between steps (stats, flush_cache...)."""
-        if self.failure is not None:
-            raise EngineUnavailable(self.failure)
+        if self.unavailable is not None:
+            raise EngineUnavailable(self.unavailable)
         call_id = next(self._calls)
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[call_id] = reply
         self._outgoing.put(("call", call_id, name))
         try:
             return await asyncio.wait_for(reply, timeout)
+        except TimeoutError:
+            raise EngineUnavailable(f"the engine did not answer {name!r} within {timeout:g} s") from None
         finally:
             self._replies.pop(call_id, None)
 
@@ -180,13 +206,33 @@ class EngineClient:
 
     def _read_forever(self) -> None:
         assert self._loop is not None
+        timeout = self.args.engine_heartbeat_timeout or None  # 0: not watched
+        watching = False  # from "ready" on (loading the model sends nothing)
+        stalled = False
+        last_heard = time.monotonic()
         while True:
             try:
+                if watching and timeout is not None and not self._conn.poll(min(1.0, timeout / 4)):
+                    silent = time.monotonic() - last_heard
+                    if not stalled and silent > timeout:
+                        stalled = True
+                        reason = (f"the engine has not answered for {silent:.1f} s (frozen, or a step "
+                                  f"longer than --engine-heartbeat-timeout {timeout:g})")
+                        self._loop.call_soon_threadsafe(self._engine_stalled, reason)
+                    continue
                 msg = self._conn.recv()
             except (EOFError, OSError):
                 break
+            except RuntimeError:
+                return  # the event loop is closed: the server is shutting down
+            last_heard = time.monotonic()
+            watching = watching or msg[0] == "ready"
             try:
-                self._loop.call_soon_threadsafe(self._dispatch, msg)
+                if stalled:
+                    stalled = False
+                    self._loop.call_soon_threadsafe(self._engine_back)
+                if msg[0] != "alive":  # a heartbeat has done its part: it was heard
+                    self._loop.call_soon_threadsafe(self._dispatch, msg)
             except RuntimeError:
                 return  # the event loop is closed: the server is shutting down
         try:
@@ -229,12 +275,34 @@ class EngineClient:
                 log.error(self.failure)
         self.started.set()
         self.gone.set()
-        gone = EngineUnavailable(self.failure)
+        self._fail_in_flight(self.failure)
+
+    def _engine_stalled(self, reason: str) -> None:
+        """No word from the engine for the heartbeat timeout: fail what waits on it (503),
+        abort it there (a resumed engine frees its KV) and refuse new requests until it
+        answers again."""
+        if self.failure is not None or self._closing:
+            return
+        self.stalled = reason
+        log.error("%s; failing %d requests in flight, refusing new ones until it answers", reason, len(self._routes))
+        if self._routes:
+            self.abort(sorted(self._routes))
+        self._fail_in_flight(reason)
+
+    def _engine_back(self) -> None:
+        if self.stalled is not None and self.failure is None:
+            log.warning("the engine answers again: serving")
+        self.stalled = None
+
+    def _fail_in_flight(self, reason: str) -> None:
+        """Every waiter gets an error, nothing hangs: submits and calls raise
+        ``EngineUnavailable``, requests get a last delta that ``error_of`` makes a 503."""
+        error = EngineUnavailable(reason)
         for fut in [*self._acks.values(), *self._replies.values()]:
-            _resolve(fut, error=gone)
+            _resolve(fut, error=error)
         self._acks.clear()
         for rid, handle in list(self._routes.items()):
-            handle.queue.put_nowait(Delta(rid, [], "", [], [], finish_reason="error", error=self.failure))
+            handle.queue.put_nowait(unavailable_delta(rid, reason))
         self._routes.clear()
 
 

@@ -11,18 +11,31 @@ engine -> API:
   ("submitted", rid) | ("rejected", rid, message, field, bad_input)   answer to a submit
   ("deltas", [Delta, ...])                      one message per step
   ("reply", call_id, ok, value)
+  ("alive",)                                    heartbeat, when nothing else was sent for
+                                                HEARTBEAT_INTERVAL_S (idle, or between steps)
 
 Messages arrive and leave in order, so a request's "submitted" always comes before its
 first delta.
+
+A request with a structured-output grammar is compiled on a worker thread (the Rust
+compile releases the GIL), so the loop keeps stepping the others meanwhile; the request
+is submitted to the core, and answered, when its compile ends. Requests without a
+grammar are answered at once, so answers may come in another order than the submits.
+An abort of a request still compiling answers "submitted" and then an abort delta for
+each of its samples.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import signal
+import socket
+import time
 import traceback
-from multiprocessing.connection import Connection
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ferrolm.engine import Delta, Engine, default_blas_threads
@@ -31,6 +44,9 @@ from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.args import ServerArgs
 
 log = logging.getLogger("ferrolm.engine_process")
+
+HEARTBEAT_INTERVAL_S = 0.5  # the API side counts the engine frozen after --engine-heartbeat-timeout
+GRAMMAR_WORKERS = 2  # threads compiling grammars (each compile is bounded by the vocabulary's timeout)
 
 
 @dataclasses.dataclass(slots=True)
@@ -44,25 +60,67 @@ class _Siblings:
     core_kw: dict[str, Any]
 
 
+@dataclasses.dataclass(slots=True)
+class _Compiling:
+    """A submit whose grammar compiles on a worker thread; the loop submits it to the
+    core when the compile ends."""
+
+    rids: list[int]
+    input_ids: Any
+    params: SamplingParams
+    core_kw: dict[str, Any]
+    future: Future[Any]
+    started: float  # perf_counter() at arrival: the wait is reported as grammar_s
+
+
 class EngineLoop:
     CALLS = ("stats", "metrics", "flush_cache", "abort_all", "info")
 
-    def __init__(self, engine: Engine, conn: Connection) -> None:
+    def __init__(self, engine: Engine, conn: Connection, *, grammar_workers: int = GRAMMAR_WORKERS,
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S) -> None:
         self.engine = engine
         self.conn = conn
         self.held_siblings: dict[int, _Siblings] = {}  # keyed by the first sample's rid
         self.synthetic: list[Delta] = []  # finishes of siblings aborted before they started
         self.running = True
+        self.heartbeat_interval = heartbeat_interval
+        self.last_sent = time.monotonic()
+        # structured requests whose grammar compiles, by first rid, in arrival order
+        self.compiling: dict[int, _Compiling] = {}
+        self.compiled: queue.SimpleQueue[int] = queue.SimpleQueue()  # first rids whose compile ended
+        self.grammar_seconds: list[float] = []  # each structured request's wait for its grammar
+        self._pool = ThreadPoolExecutor(max_workers=grammar_workers, thread_name_prefix="ferrolm-grammar")
+        # a compile that ends wakes the loop where it waits on the pipe
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full buffer already wakes the loop
 
     def run(self) -> None:
-        while self.running:
-            # block while idle; while requests run, take whatever arrived and step again
-            wait: float | None = 0.0 if self._busy() else None
-            while self.running and self.conn.poll(wait):
-                self._handle(self.conn.recv())
-                wait = 0.0
-            if self.running and self._busy():
-                self._step()
+        try:
+            while self.running:
+                # block while idle (waking for compiles that end and for the heartbeat);
+                # while requests run, take whatever arrived and step again
+                timeout = 0.0 if self._busy() else self.heartbeat_interval
+                if wait([self.conn, self._wake_r], timeout):
+                    self._drain_wakeups()
+                    while self.running and self.conn.poll(0.0):
+                        self._handle(self.conn.recv())
+                self._submit_compiled()
+                if self.running and self._busy():
+                    self._step()
+                if time.monotonic() - self.last_sent >= self.heartbeat_interval:
+                    self._send(("alive",))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        self.conn.send(msg)
+        self.last_sent = time.monotonic()
 
     def _busy(self) -> bool:
         return self.engine.has_work() or bool(self.synthetic)
@@ -93,7 +151,7 @@ class EngineLoop:
         deltas += self.synthetic
         self.synthetic = []
         if deltas:
-            self.conn.send(("deltas", deltas))
+            self._send(("deltas", deltas))
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -108,28 +166,99 @@ class EngineLoop:
 
     def _submit(self, rids: list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         first = rids[0]
+        compile_grammar = getattr(self.engine, "grammar", None)
+        if compile_grammar is not None and "grammar" not in core_kw and params.grammar_source() is not None:
+            # compiled off the loop: the running requests keep decoding meanwhile
+            future = self._pool.submit(compile_grammar, params)
+            self.compiling[first] = _Compiling(rids, input_ids, params, core_kw, future, time.perf_counter())
+            future.add_done_callback(lambda _: self._compile_ended(first))
+            return
+        self._submit_now(rids, input_ids, params, core_kw)
+
+    def _compile_ended(self, first: int) -> None:
+        """On the worker thread: hand the request back to the loop and wake it."""
+        self.compiled.put(first)
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # a wakeup is pending already, or the loop has closed
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _submit_compiled(self) -> None:
+        """Submits the requests whose grammar compiled (or answers why it did not)."""
+        while True:
+            try:
+                first = self.compiled.get_nowait()
+            except queue.Empty:
+                return
+            c = self.compiling.pop(first, None)
+            if c is None:
+                continue  # aborted while it compiled: already answered
+            self.grammar_seconds.append(time.perf_counter() - c.started)
+            try:
+                grammar = c.future.result()
+            except (InvalidInputError, ValueError, TypeError) as e:  # the schema does not compile
+                self._send(("rejected", first, str(e), getattr(e, "field", None), True))
+                continue
+            except Exception as e:
+                log.error("grammar compile failed:\n%s", traceback.format_exc())
+                self._send(("rejected", first, f"{type(e).__name__}: {e}", None, False))
+                continue
+            core_kw = c.core_kw if grammar is None else {**c.core_kw, "grammar": grammar}
+            self._submit_now(c.rids, c.input_ids, c.params, core_kw)
+
+    def _submit_now(self, rids: list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
+        first = rids[0]
         try:
             self._core_submit(first, input_ids, params, core_kw)
         except (InvalidInputError, ValueError, TypeError) as e:
             # bad input (the core checks ranges and ids; a grammar may not compile)
-            self.conn.send(("rejected", first, str(e), getattr(e, "field", None), True))
+            self._send(("rejected", first, str(e), getattr(e, "field", None), True))
             return
         except Exception as e:  # a bug, not the client's fault: refuse this request, keep serving
             log.error("submit failed:\n%s", traceback.format_exc())
-            self.conn.send(("rejected", first, f"{type(e).__name__}: {e}", None, False))
+            self._send(("rejected", first, f"{type(e).__name__}: {e}", None, False))
             return
-        self.conn.send(("submitted", first))
+        self._send(("submitted", first))
         if len(rids) > 1:
             self.held_siblings[first] = _Siblings(rids[1:], input_ids, params, core_kw)
 
+    def _abort_compiling(self, rid: int) -> bool:
+        """Ends a request (or one sample of it) whose grammar still compiles: its submit is
+        answered and the samples get their abort deltas, so nothing waits for it."""
+        c = self.compiling.get(rid)
+        if c is None:
+            for candidate in self.compiling.values():
+                if rid in candidate.rids:
+                    c = candidate
+                    break
+            else:
+                return False
+        if rid != c.rids[0]:  # one of its later samples: the others still go ahead
+            c.rids.remove(rid)
+            self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="abort"))
+            return True
+        del self.compiling[rid]
+        c.future.cancel()  # a compile already running ends by itself (bounded by its timeout)
+        self._send(("submitted", rid))
+        self.synthetic += [Delta(r, [], "", [], [], finish_reason="abort") for r in c.rids]
+        return True
+
     def _core_submit(self, rid: int, input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         """``Engine.submit`` with the API process's rid (the rids of all requests come from
-        there, so they are unique across the whole server)."""
-        # structured output: the engine compiles the request's grammar, where it can
-        compile_grammar = getattr(self.engine, "grammar", None)
-        grammar = compile_grammar(params) if compile_grammar is not None else None
-        if grammar is not None:
-            core_kw = {**core_kw, "grammar": grammar}
+        there, so they are unique across the whole server). ``core_kw`` may hold the
+        grammar compiled off the loop; else the engine compiles it here, where it can."""
+        if "grammar" not in core_kw:
+            compile_grammar = getattr(self.engine, "grammar", None)
+            grammar = compile_grammar(params) if compile_grammar is not None else None
+            if grammar is not None:
+                core_kw = {**core_kw, "grammar": grammar}
         self.engine.core.submit(rid, input_ids, **params.core_kwargs(), **core_kw)
 
     def _submit_siblings(self, s: _Siblings) -> None:
@@ -142,7 +271,7 @@ class EngineLoop:
 
     def _abort(self, rids: list[int]) -> None:
         for rid in rids:
-            if self.engine.abort(rid):
+            if self.engine.abort(rid) or self._abort_compiling(rid):
                 continue
             # a held-back sibling never reached the core: finish it here
             for first, s in list(self.held_siblings.items()):
@@ -160,7 +289,10 @@ class EngineLoop:
                 value: Any = core.stats()
             elif name == "metrics":
                 latencies = {k: v.tolist() for k, v in core.take_latencies().items()}
-                latencies["grammar_s"] = self.engine.take_grammar_seconds()
+                # the loop measures each structured request's wait (queue for a worker
+                # and compile); the engine's own record is dropped, it would count twice
+                self.engine.take_grammar_seconds()
+                latencies["grammar_s"], self.grammar_seconds = self.grammar_seconds, []
                 value = {"stats": core.stats(), "latencies": latencies}
             elif name == "flush_cache":
                 value = core.flush_cache()
@@ -170,14 +302,17 @@ class EngineLoop:
                     self.synthetic += [Delta(rid, [], "", [], [], finish_reason="abort") for rid in s.rids]
                 value += sum(len(s.rids) for s in self.held_siblings.values())
                 self.held_siblings.clear()
+                for first in list(self.compiling):
+                    value += len(self.compiling[first].rids)
+                    self._abort_compiling(first)
             elif name == "info":
                 value = model_info(self.engine)
             else:
                 raise ValueError(f"unknown call {name!r}")
         except Exception as e:  # answered, not fatal: the caller decides
-            self.conn.send(("reply", call_id, False, f"{type(e).__name__}: {e}"))
+            self._send(("reply", call_id, False, f"{type(e).__name__}: {e}"))
             return
-        self.conn.send(("reply", call_id, True, value))
+        self._send(("reply", call_id, True, value))
 
 
 def model_info(engine: Engine) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from ferrolm.engine import Delta, Output
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.engine_client import EngineClient, EngineError, EngineUnavailable, RequestHandle
+from ferrolm.server.engine_client import ENGINE_UNAVAILABLE, EngineClient, EngineError, EngineUnavailable, RequestHandle
 from ferrolm.server.errors import APIError, from_invalid_input
 
 
@@ -39,7 +39,16 @@ class Generation:
                   field_names: dict[str, str], **core_kw: Any) -> None:
         args = self.client.args
         if args.max_queued_requests is not None:
+            # the samples of a request need not run together (the core queues them), but
+            # all of them are held at once, running or waiting: more than the server ever
+            # holds will never fit, a retry cannot help
             limit = args.max_running_requests + args.max_queued_requests
+            wanted = len(self.samples) + params.n  # this request's samples (prompts x n)
+            if wanted > limit:
+                prompts = f" ({prompt_index + 1} prompts x n={params.n})" if prompt_index else ""
+                raise APIError(400, f"n: {wanted} samples{prompts} are more than the server can ever hold: "
+                                    f"{limit} ({args.max_running_requests} running + {args.max_queued_requests} "
+                                    "waiting); lower n", "n")
             if self.client.in_flight + params.n > limit:
                 raise APIError(429, f"the server is at capacity ({self.client.in_flight} requests running or "
                                     "waiting); retry later", code="queue_full")
@@ -50,7 +59,7 @@ class Generation:
         except InvalidInputError as e:
             raise from_invalid_input(e, field_names) from None
         except EngineUnavailable as e:
-            raise APIError(503, str(e)) from None
+            raise APIError(503, str(e), code="engine_unavailable") from None
         except EngineError as e:
             raise APIError(500, f"the engine could not take the request: {e}") from None
         for j, rid in enumerate(rids):
@@ -121,7 +130,9 @@ QUEUE_TIMEOUT_MESSAGE = "waited in the queue longer than"
 
 def error_of(message: str | None) -> APIError:
     """A request that finished with an error: 503 if it waited too long (the server is
-    overloaded, a retry may succeed), else 500."""
+    overloaded, a retry may succeed) or the engine died or stopped answering, else 500."""
+    if message and message.startswith(ENGINE_UNAVAILABLE):
+        return APIError(503, message, code="engine_unavailable")
     if message and QUEUE_TIMEOUT_MESSAGE in message:
         return APIError(503, f"the server is overloaded: the request {message}", code="queue_timeout")
     return APIError(500, f"generation failed: {message}")

@@ -15,11 +15,12 @@ from ferrolm.server.state import state_of
 
 
 async def health(request: Request) -> Response:
-    """200 once the engine serves; 503 while it starts or after it failed."""
+    """200 once the engine serves; 503 while it starts, after it failed, and while it
+    does not answer (its heartbeat is late: frozen, or a step stuck)."""
     state = state_of(request)
     if state.client.ready:
         return JSONResponse({"status": "ok"})
-    reason = state.client.failure or "the engine is starting"
+    reason = state.client.unavailable or "the engine is starting"
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
 
