@@ -10,20 +10,23 @@
 //! }
 //! ```
 
+mod checks;
+mod commit;
 mod config;
 mod constraint;
 mod core;
 mod kv_slots;
 mod plan;
 mod request;
+mod scheduler;
 mod stats;
 
 pub use self::core::{Engine, EngineError};
 pub use config::{EngineConfig, SchedulePolicy};
-pub use constraint::{AllowList, TokenConstraint};
+pub use constraint::{AllowList, Constraint, TokenConstraint};
 pub use kv_slots::{BadFree, SlotPool};
 pub use plan::{BatchPlan, Finished, StepOutputs};
-pub use request::{FinishReason, RequestParams};
+pub use request::{ErrorKind, FinishReason, RequestParams};
 pub use stats::{EngineStats, LatencySamples, Load};
 
 #[cfg(test)]

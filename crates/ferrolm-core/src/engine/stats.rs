@@ -11,6 +11,8 @@ pub struct EngineStats {
     pub retractions: u64,
     pub finished: u64,
     pub errors: u64,
+    /// Steps dropped by `fail_step` (their forward failed).
+    pub failed_steps: u64,
 }
 
 /// Latencies observed since the last `take_latencies`, in seconds.
