@@ -28,6 +28,10 @@ impl FromStr for SchedulePolicy {
     }
 }
 
+/// The engine's one configuration. Its defaults are those of every front: the binding's
+/// keyword defaults (`ferrolm._core.Engine`), `ferrolm.Engine` and the server's
+/// `ServerArgs` (`--max-total-tokens`, `--max-running-requests`, `--chunked-prefill-size`)
+/// all use 32768 KV slots, 64 running requests and 2048 prefill tokens per step.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Token slots in the KV pool.
@@ -55,9 +59,9 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            kv_capacity: 1 << 16,
-            max_running_requests: 256,
-            max_prefill_tokens: 8192,
+            kv_capacity: 32_768,
+            max_running_requests: 64,
+            max_prefill_tokens: 2048,
             schedule_policy: SchedulePolicy::Fcfs,
             enable_prefix_cache: true,
             eviction_policy: EvictionPolicy::Lru,

@@ -293,7 +293,7 @@ impl Engine {
     pub fn load(&self) -> super::stats::Load {
         let sizes = self.tree.sizes();
         super::stats::Load {
-            waiting: self.waiting.len() + self.followers.values().map(Vec::len).sum::<usize>(),
+            waiting: self.waiting.len(),
             running: self.running.len(),
             kv_used: self.pool.capacity() - self.pool.num_free(),
             kv_capacity: self.pool.capacity(),

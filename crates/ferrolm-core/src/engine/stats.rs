@@ -31,6 +31,8 @@ pub struct LatencySamples {
 /// The engine's state right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Load {
+    /// Requests in the waiting queue (not the other samples of an `n > 1` request, which
+    /// wait for their first sample's prefill outside it).
     pub waiting: usize,
     pub running: usize,
     /// Slots held by requests or the cache.
