@@ -18,30 +18,18 @@ first delta.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ferrolm.engine import Delta, Engine, default_blas_threads
+from ferrolm.engine import Engine, default_blas_threads
 from ferrolm.errors import CorePanicError, FerrolmError, InvalidInputError
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.args import ServerArgs
 
 log = logging.getLogger("ferrolm.engine_process")
-
-
-@dataclasses.dataclass(slots=True)
-class _Siblings:
-    """Samples 2..n of a prompt, held back until the first sample has prefilled (and so
-    cached) the prompt, so that they share its KV instead of computing it again."""
-
-    rids: list[int]
-    input_ids: Any
-    params: SamplingParams
-    core_kw: dict[str, Any]
 
 
 class EngineLoop:
@@ -50,8 +38,6 @@ class EngineLoop:
     def __init__(self, engine: Engine, conn: Connection) -> None:
         self.engine = engine
         self.conn = conn
-        self.held_siblings: dict[int, _Siblings] = {}  # keyed by the first sample's rid
-        self.synthetic: list[Delta] = []  # finishes of siblings aborted before they started
         self.running = True
 
     def run(self) -> None:
@@ -65,33 +51,20 @@ class EngineLoop:
                 self._step()
 
     def _busy(self) -> bool:
-        return self.engine.has_work() or bool(self.synthetic)
+        return self.engine.has_work()
 
     def _step(self) -> None:
         try:
+            # a failed forward ends its step's requests with an error delta (error_kind
+            # "step_failed") inside engine.step(), which keeps serving
             deltas = self.engine.step()
         except CorePanicError:
             raise  # the core refuses further use: end the process, the API fails its requests
-        except Exception:
-            # a failed forward: the engine has aborted its requests; report them as errors
-            # and keep serving the next ones
+        except Exception as e:
+            # a failure outside the forward (a bug): every request of the step in flight,
+            # if any, still gets its error delta, so none is lost
             log.error("step failed:\n%s", traceback.format_exc())
-            deltas = self.engine.step()
-            for d in deltas:
-                if d.finish_reason == "abort":
-                    d.finish_reason, d.error = "error", "the engine step failed (see the server log)"
-        for d in deltas:
-            siblings = self.held_siblings.pop(d.rid, None)
-            if siblings is None:
-                continue
-            if d.finish_reason in ("abort", "error") and not d.token_ids:
-                # the first sample never ran (aborted, timed out in the queue): nor do they
-                self.synthetic += [Delta(rid, [], "", [], [], finish_reason=d.finish_reason, error=d.error)
-                                   for rid in siblings.rids]
-            else:
-                self._submit_siblings(siblings)
-        deltas += self.synthetic
-        self.synthetic = []
+            deltas = self.engine.fail_step(f"the engine step failed: {type(e).__name__}: {e} (see the server log)")
         if deltas:
             self.conn.send(("deltas", deltas))
 
@@ -109,7 +82,8 @@ class EngineLoop:
     def _submit(self, rids: list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         first = rids[0]
         try:
-            self._core_submit(first, input_ids, params, core_kw)
+            # all samples at once: the core runs the others once the first has cached the prompt
+            self._core_submit(rids, input_ids, params, core_kw)
         except (InvalidInputError, ValueError, TypeError) as e:
             # bad input (the core checks ranges and ids; a grammar may not compile)
             self.conn.send(("rejected", first, str(e), getattr(e, "field", None), True))
@@ -119,10 +93,8 @@ class EngineLoop:
             self.conn.send(("rejected", first, f"{type(e).__name__}: {e}", None, False))
             return
         self.conn.send(("submitted", first))
-        if len(rids) > 1:
-            self.held_siblings[first] = _Siblings(rids[1:], input_ids, params, core_kw)
 
-    def _core_submit(self, rid: int, input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
+    def _core_submit(self, rid: int | list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         """``Engine.submit`` with the API process's rid (the rids of all requests come from
         there, so they are unique across the whole server)."""
         # structured output: the engine compiles the request's grammar, where it can
@@ -132,25 +104,9 @@ class EngineLoop:
             core_kw = {**core_kw, "grammar": grammar}
         self.engine.core.submit(rid, input_ids, **params.core_kwargs(), **core_kw)
 
-    def _submit_siblings(self, s: _Siblings) -> None:
-        for j, rid in enumerate(s.rids, start=1):
-            seed = None if s.params.seed is None else (s.params.seed + j) % 2**64
-            try:
-                self._core_submit(rid, s.input_ids, dataclasses.replace(s.params, seed=seed), s.core_kw)
-            except Exception as e:  # the first sample's prompt passed: unlikely
-                self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="error", error=str(e)))
-
     def _abort(self, rids: list[int]) -> None:
         for rid in rids:
-            if self.engine.abort(rid):
-                continue
-            # a held-back sibling never reached the core: finish it here
-            for first, s in list(self.held_siblings.items()):
-                if rid in s.rids:
-                    s.rids.remove(rid)
-                    self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="abort"))
-                    if not s.rids:
-                        del self.held_siblings[first]
+            self.engine.abort(rid)
         # the core reports the aborts with the next step's outputs (has_work() says so)
 
     def _call(self, call_id: int, name: str) -> None:
@@ -166,10 +122,6 @@ class EngineLoop:
                 value = core.flush_cache()
             elif name == "abort_all":
                 value = core.abort_all()
-                for s in self.held_siblings.values():
-                    self.synthetic += [Delta(rid, [], "", [], [], finish_reason="abort") for rid in s.rids]
-                value += sum(len(s.rids) for s in self.held_siblings.values())
-                self.held_siblings.clear()
             elif name == "info":
                 value = model_info(self.engine)
             else:
