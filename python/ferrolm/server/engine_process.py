@@ -64,7 +64,11 @@ class EngineLoop:
             # a failure outside the forward (a bug): every request of the step in flight,
             # if any, still gets its error delta, so none is lost
             log.error("step failed:\n%s", traceback.format_exc())
-            deltas = self.engine.fail_step(f"the engine step failed: {type(e).__name__}: {e} (see the server log)")
+            deltas = self.engine.fail_step(f"{type(e).__name__}: {e}")
+        for d in deltas:
+            if d.error_kind == "step_failed":
+                # the engine logged the cause; clients get no internals
+                d.error = "the engine step failed (see the server log)"
         if deltas:
             self.conn.send(("deltas", deltas))
 
