@@ -488,8 +488,8 @@ fn randomized_soak_keeps_kv_conserved() {
     assert_eq!(finished as u64, next_rid, "every request finished exactly once");
     let stats = engine.stats();
     assert!(
-        stats.retractions > 0 && stats.cache_hit_tokens > 0,
-        "the soak should exercise retraction and the cache: {stats:?}"
+        stats.retractions > 0 && stats.cache_hit_tokens > 0 && stats.failed_steps > 0,
+        "the soak should exercise retraction, the cache and failed steps: {stats:?}"
     );
     let load = engine.load();
     assert_eq!(load.kv_used, load.cached_tokens, "every slot is free or cached");
