@@ -149,6 +149,7 @@ impl PyStepOutputs {
 impl PyEngine {
     #[new]
     #[pyo3(signature = (
+        // EngineConfig::DEFAULT_*, written out so that Python shows them
         vocabulary, *, kv_capacity = 32768,
         max_running_requests = 64, max_prefill_tokens = 2048, schedule_policy = "fcfs",
         enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
