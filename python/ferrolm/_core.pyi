@@ -197,9 +197,14 @@ class StepOutputs:
     ``token_ids[token_offsets[i]:token_offsets[i+1]]`` (with ``logprobs``, NaN where not
     asked for; token ``j``'s alternatives are ``top_ids/top_logprobs[top_offsets[j]:top_offsets[j+1]]``),
     its text delta ``texts[i]``, and ``finished[i]``: ``None`` while it runs, else
-    ``(reason, matched, message, prompt_tokens, cached_tokens, completion_tokens)`` with
-    reason ``"stop"`` (``matched``: the stop string or token id), ``"length"``, ``"abort"``
-    or ``"error"`` (``message`` says why)."""
+    ``(reason, matched, message, prompt_tokens, cached_tokens, completion_tokens, error_kind)``
+    with reason ``"stop"`` (``matched``: the stop string or token id), ``"length"``,
+    ``"abort"`` or ``"error"``. For an error, ``message`` says why in words and
+    ``error_kind`` in one a program can match: ``"queue_timeout"`` (waited longer than its
+    ``queue_timeout``), ``"kv_capacity"`` (can never fit in the KV pool), ``"grammar"`` (its
+    grammar or ``allowed_token_ids`` left no token, or refused a given one),
+    ``"step_failed"`` (its step's forward failed: ``Engine.fail_step``), ``"sampling"`` (no
+    token could be drawn); ``None`` for the other reasons."""
 
     @property
     def rids(self) -> npt.NDArray[np.uint64]: ...
@@ -218,7 +223,7 @@ class StepOutputs:
     @property
     def texts(self) -> list[str]: ...
     @property
-    def finished(self) -> list[tuple[str, str | int | None, str | None, int, int, int] | None]: ...
+    def finished(self) -> list[tuple[str, str | int | None, str | None, int, int, int, str | None] | None]: ...
     def __len__(self) -> int: ...
 
 @final
@@ -233,9 +238,9 @@ class Engine:
         cls,
         vocabulary: Vocabulary,
         *,
-        kv_capacity: int = 65536,
-        max_running_requests: int = 256,
-        max_prefill_tokens: int = 8192,
+        kv_capacity: int = 32768,
+        max_running_requests: int = 64,
+        max_prefill_tokens: int = 2048,
         schedule_policy: str = "fcfs",
         enable_prefix_cache: bool = True,
         eviction_policy: str = "lru",
@@ -246,14 +251,16 @@ class Engine:
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
         and EOS ids, and the vocabulary size; request grammars must be compiled from this
-        same object. ``schedule_policy``: ``fcfs``, ``lpm`` (longest cached prefix
-        first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
+        same object. The defaults are the engine's one configuration, shared by
+        ``ferrolm.Engine`` and the server's arguments: ``kv_capacity`` 32768 token slots,
+        ``max_running_requests`` 64, ``max_prefill_tokens`` 2048. ``schedule_policy``:
+        ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
         step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
         is kept free when admitting others. Raises ``InvalidInputError`` naming a bad
         setting."""
     def submit(
         self,
-        rid: int,
+        rid: int | list[int],
         input_ids: object,
         *,
         max_new_tokens: int = 16,
@@ -280,12 +287,18 @@ class Engine:
         allowed_token_ids: list[int] | None = None,
         grammar: Grammar | None = None,
     ) -> None:
-        """Queues a request. ``grammar`` (compiled from the engine's own vocabulary) or
+        """Queues a request; with a list of rids, one sample of the prompt per rid (``n``
+        = ``len(rid)``), sample ``j`` seeded ``seed + j`` when ``seed`` is given. The first
+        sample prefills the prompt; the others wait until it is cached, then share it. If
+        the first ends before that, the next leads in its place: each sample runs, or
+        ends, on its own, and each can be aborted by its rid. ``grammar`` (compiled from the engine's own vocabulary) or
         ``allowed_token_ids`` constrains every sampled token; EOS then comes only where
         the grammar's document may end. Mutates: the waiting queue. Raises ``InvalidInputError`` with
         ``field`` set (changing nothing) for an empty prompt, ids outside the vocabulary, a
         prompt or prompt + ``max_new_tokens`` beyond the context, a prompt larger than the
-        KV pool, out-of-range sampling values, an empty stop string, a rid already in use.
+        KV pool, out-of-range sampling values, an empty stop string, an empty or
+        out-of-vocabulary ``allowed_token_ids``, a grammar of another vocabulary, both a
+        grammar and ``allowed_token_ids``, no rid, or a rid already in use.
         ``temperature=0`` is greedy."""
     def schedule(self) -> BatchPlan:
         """Picks this step's work (evicting from the cache and retracting running requests
@@ -297,6 +310,13 @@ class Engine:
         wrong shape (nothing changes then)."""
     def commit_tokens(self, tokens: object) -> StepOutputs:
         """As ``commit``, with one already-sampled token per plan entry."""
+    def fail_step(self, message: str) -> StepOutputs:
+        """Drops the last plan after its forward failed, instead of ``commit``: no KV
+        advances (the step's own slots go back to the pool, nothing unwritten reaches
+        the prefix cache) and every request in the plan finishes with reason ``"error"``,
+        ``error_kind`` ``"step_failed"`` and ``message`` (one aborted meanwhile with
+        ``"abort"``). Returns those outputs after any pending ones; with no plan in
+        flight, only the pending ones."""
     def abort(self, rid: int) -> bool:
         """Ends the request wherever it is (its output comes with the next commit or
         ``take_outputs``); False for an unknown rid."""
@@ -310,7 +330,7 @@ class Engine:
         """KV conservation and the cache's invariants; raises ``InvariantViolation``."""
     def stats(self) -> dict[str, int]:
         """Counters (steps, prompt/generation/cache-hit tokens, retractions, finished,
-        errors) and load (waiting, running, kv_used, kv_capacity, cached/evictable tokens)."""
+        errors, failed_steps) and load (waiting, running, kv_used, kv_capacity, cached/evictable tokens)."""
     def take_latencies(self) -> dict[str, npt.NDArray[np.float64]]:
         """Latency samples in seconds since the last call: ttft_s, itl_s, e2e_s, queue_s."""
     @property

@@ -7,8 +7,8 @@ engine in Python: the Rust core schedules and commits, the runner computes logit
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 
 from ferrolm import _core
-from ferrolm.errors import InvalidInputError
+from ferrolm.errors import CorePanicError, InvalidInputError
 from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, NumpyRunner, load_model
 from ferrolm.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | np.ndarray
+
+log = logging.getLogger("ferrolm.engine")
 
 
 @dataclass(slots=True)
@@ -37,6 +39,9 @@ class Delta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     matched_stop: str | int | None = None
     error: str | None = None
+    # with finish_reason "error", why, for programs to match: "queue_timeout",
+    # "kv_capacity", "grammar", "step_failed", "sampling" (see _core.StepOutputs)
+    error_kind: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -53,6 +58,7 @@ class Output:
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     error: str | None = None
+    error_kind: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
 
@@ -63,6 +69,7 @@ class Output:
         self.top_logprobs += d.top_logprobs
         if d.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = d.finish_reason, d.matched_stop, d.error
+            self.error_kind = d.error_kind
             self.prompt_tokens, self.cached_tokens = d.prompt_tokens, d.cached_tokens
 
 
@@ -84,7 +91,8 @@ def deltas_of(out: _core.StepOutputs) -> list[Delta]:
                for j in range(a, b)]
         d = Delta(rid, ids[a:b], text, logprobs[a:b], top)
         if fin is not None:
-            d.finish_reason, d.matched_stop, d.error, d.prompt_tokens, d.cached_tokens, d.completion_tokens = fin
+            (d.finish_reason, d.matched_stop, d.error, d.prompt_tokens, d.cached_tokens, d.completion_tokens,
+             d.error_kind) = fin
         deltas.append(d)
     return deltas
 
@@ -159,12 +167,34 @@ class Engine:
             return deltas_of(self.core.take_outputs())
         try:
             logits = self.runner.forward(ForwardBatch.from_plan(plan))
-        except BaseException:
-            # the core still waits for this step's commit: end its requests cleanly
-            self.core.commit(np.zeros((len(plan), self.core.vocab_size), np.float32))
-            self.core.abort_all()
+            out = self.core.commit(logits)
+        except CorePanicError:
+            raise  # the core refuses further use
+        except BaseException as e:
+            # The step's KV was not written (or not all of it): the core drops the step, and
+            # its requests end with an error (error_kind "step_failed") that is routed like
+            # any other delta. The engine keeps serving.
+            failed = deltas_of(self.core.fail_step(f"the model forward failed: {type(e).__name__}: {e}"))
+            if isinstance(e, Exception):
+                log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
+                return failed
+            self._route(failed)  # an interrupt: deliver the failed step's deltas later, then stop
             raise
-        return deltas_of(self.core.commit(logits))
+        return deltas_of(out)
+
+    def fail_step(self, message: str) -> list[Delta]:
+        """Ends the requests of a step in flight with an error (for a loop whose step
+        failed outside the forward); returns the deltas of ``submit``-ed requests, as
+        ``step()`` does."""
+        self._route(deltas_of(self.core.fail_step(message)))
+        out, self._outbox = self._outbox, []
+        return out
+
+    def _route(self, deltas: list[Delta]) -> None:
+        """Deltas that no caller is waiting for right now: to the outbox, or held for
+        their claimant."""
+        unclaimed, _ = self._sort(deltas, set())
+        self._outbox += unclaimed
 
     def _sort(self, deltas: list[Delta], rids: set[int]) -> tuple[list[Delta], list[Delta]]:
         """Splits a step's deltas into those of ``submit``-ed requests and those of
@@ -209,7 +239,8 @@ class Engine:
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, **core_kw: Any) -> int:
         """Queues one sample of ``prompt`` (``params.n`` is for ``generate``); returns its
         rid. ``core_kw``: further ``_core.Engine.submit`` arguments (priority, namespace, ...)."""
-        return self._submit(self.encode(prompt), params or SamplingParams(), core_kw)
+        [rid] = self._submit(self.encode(prompt), params or SamplingParams(), core_kw)
+        return rid
 
     def grammar(self, params: SamplingParams) -> _core.Grammar | None:
         """The compiled grammar of a request's structured-output fields (cached by source)."""
@@ -238,19 +269,23 @@ class Engine:
         out, self._grammar_seconds = self._grammar_seconds, []
         return out
 
-    def _submit(self, ids: Any, params: SamplingParams, core_kw: dict[str, Any], claim: bool = False) -> int:
+    def _submit(
+        self, ids: Any, params: SamplingParams, core_kw: dict[str, Any], claim: bool = False, n: int = 1
+    ) -> list[int]:
+        """Queues ``n`` samples of ``ids`` (the core seeds sample j with ``seed + j`` and
+        runs the others once the first has cached the prompt); their rids."""
         grammar = self.grammar(params)
         if grammar is not None:
             core_kw = {**core_kw, "grammar": grammar}
-        rid = next(self._rids)
+        rids = [next(self._rids) for _ in range(n)]
         if claim:
-            self._claimed.add(rid)
+            self._claimed.update(rids)
         try:
-            self.core.submit(rid, ids, **params.core_kwargs(), **core_kw)
+            self.core.submit(rids, ids, **params.core_kwargs(), **core_kw)
         except BaseException:
-            self._claimed.discard(rid)
+            self._claimed.difference_update(rids)
             raise
-        return rid
+        return rids
 
     def abort(self, rid: int) -> bool:
         return self.core.abort(rid)
@@ -258,29 +293,21 @@ class Engine:
     def generate(
         self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None
     ) -> list[GenerationResult]:
-        """Runs prompts to completion, ``params.n`` samples each, in one batch. Every
-        prompt is checked before any is queued; the other samples of a prompt start once
-        its first has cached the prompt, so they share it."""
+        """Runs prompts to completion, ``params.n`` samples each, in one batch; results
+        by prompt, then by sample. Every prompt is checked before any is queued; the
+        other samples of a prompt start once its first has cached the prompt, so they
+        share it."""
         params = params or SamplingParams()
         batch: list[Prompt] = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item,arg-type]
         encoded = [self.encode(p) for p in batch]
         results: dict[int, GenerationResult] = {}
-        waiting_for_first: dict[int, Any] = {}
         try:
             for ids in encoded:
-                rid = self._submit(ids, params, {}, claim=True)
-                results[rid] = GenerationResult(rid=rid, prompt_ids=[int(i) for i in ids])
-                if params.n > 1:
-                    waiting_for_first[rid] = ids
+                for rid in self._submit(ids, params, {}, claim=True, n=params.n):
+                    results[rid] = GenerationResult(rid=rid, prompt_ids=[int(i) for i in ids])
             while any(r.finish_reason is None for r in results.values()):
                 for d in self._step_claimed(set(results)):
                     results[d.rid].add(d)
-                    ids = waiting_for_first.pop(d.rid, None)
-                    if ids is not None:
-                        for j in range(1, params.n):
-                            seed = None if params.seed is None else (params.seed + j) % 2**64
-                            sib = self._submit(ids, dataclasses.replace(params, seed=seed), {}, claim=True)
-                            results[sib] = GenerationResult(rid=sib, prompt_ids=[int(i) for i in ids])
         finally:
             self._release(results)
         return [results[r] for r in sorted(results)]
@@ -289,7 +316,7 @@ class Engine:
         """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep
         running and their deltas wait for ``step()``. Bad input raises here, not at the
         first ``next()``."""
-        rid = self._submit(self.encode(prompt), params or SamplingParams(), {}, claim=True)
+        [rid] = self._submit(self.encode(prompt), params or SamplingParams(), {}, claim=True)
         return self._stream(rid)
 
     def _stream(self, rid: int) -> Iterator[Delta]:
@@ -314,8 +341,7 @@ class Engine:
             self._held.pop(rid, None)
         if aborted:
             # collect the aborts' outputs now (routing any others'), so no work is left behind
-            unclaimed, _ = self._sort(deltas_of(self.core.take_outputs()), set())
-            self._outbox += unclaimed
+            self._route(deltas_of(self.core.take_outputs()))
 
 
 def default_blas_threads() -> int:

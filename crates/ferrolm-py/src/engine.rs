@@ -2,12 +2,10 @@
 //! are documented in `python/ferrolm/_core.pyi`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use ferrolm_core::detok::{StopConditions, StopReason};
 use ferrolm_core::engine::{
-    AllowList, BatchPlan, Engine, EngineConfig, EngineError, FinishReason, RequestParams, StepOutputs,
-    TokenConstraint,
+    BatchPlan, Constraint, Engine, EngineConfig, FinishReason, RequestParams, StepOutputs,
 };
 use ferrolm_core::radix::EvictionPolicy;
 use ferrolm_core::sampling::SamplingParams;
@@ -22,19 +20,14 @@ use crate::guard::Poison;
 #[pyclass(module = "ferrolm._core", name = "Engine")]
 pub struct PyEngine {
     engine: Engine,
-    /// Detokenizes for the engine; a request's grammar must be compiled for it.
-    vocab: Arc<ferrolm_constraint::Vocabulary>,
     poison: Poison,
 }
 
-fn engine_err(py: Python<'_>, e: EngineError) -> PyErr {
-    match e {
-        EngineError::InvalidRequest { field, message } => {
-            errors::invalid_field(py, field, format!("{field}: {message}"))
-        }
-        EngineError::DuplicateRid(_) => errors::invalid_field(py, "rid", e.to_string()),
-        EngineError::Protocol(m) => errors::protocol(py, m),
-    }
+/// One rid, or one per sample of the prompt.
+#[derive(FromPyObject)]
+enum Rids {
+    One(u64),
+    Samples(Vec<u64>),
 }
 
 fn u32_array(py: Python<'_>, v: Vec<u32>) -> Py<PyArray1<i32>> {
@@ -104,17 +97,21 @@ impl PyStepOutputs {
             match f {
                 None => finished.append(py.None())?,
                 Some(f) => {
-                    let (kind, matched, message): (&str, Option<Py<PyAny>>, Option<String>) = match f.reason {
-                        FinishReason::Stop(StopReason::Token(t)) => {
-                            ("stop", Some(t.into_pyobject(py)?.into_any().unbind()), None)
-                        }
-                        FinishReason::Stop(StopReason::String(s)) => {
-                            ("stop", Some(s.into_pyobject(py)?.into_any().unbind()), None)
-                        }
-                        FinishReason::Length => ("length", None, None),
-                        FinishReason::Abort => ("abort", None, None),
-                        FinishReason::Error(m) => ("error", None, Some(m)),
-                    };
+                    type Matched = Option<Py<PyAny>>;
+                    let (kind, matched, message, error_kind): (&str, Matched, Option<String>, Option<&str>) =
+                        match f.reason {
+                            FinishReason::Stop(StopReason::Token(t)) => {
+                                ("stop", Some(t.into_pyobject(py)?.into_any().unbind()), None, None)
+                            }
+                            FinishReason::Stop(StopReason::String(s)) => {
+                                ("stop", Some(s.into_pyobject(py)?.into_any().unbind()), None, None)
+                            }
+                            FinishReason::Length => ("length", None, None, None),
+                            FinishReason::Abort => ("abort", None, None, None),
+                            FinishReason::Error { kind, message } => {
+                                ("error", None, Some(message), Some(kind.as_str()))
+                            }
+                        };
                     finished.append((
                         kind,
                         matched,
@@ -122,6 +119,7 @@ impl PyStepOutputs {
                         f.prompt_tokens,
                         f.cached_tokens,
                         f.completion_tokens,
+                        error_kind,
                     ))?;
                 }
             }
@@ -151,8 +149,9 @@ impl PyStepOutputs {
 impl PyEngine {
     #[new]
     #[pyo3(signature = (
-        vocabulary, *, kv_capacity = 65536,
-        max_running_requests = 256, max_prefill_tokens = 8192, schedule_policy = "fcfs",
+        // EngineConfig::DEFAULT_*, written out so that Python shows them
+        vocabulary, *, kv_capacity = 32768,
+        max_running_requests = 64, max_prefill_tokens = 2048, schedule_policy = "fcfs",
         enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
         max_context = 32768, seed = 0,
     ))]
@@ -190,9 +189,10 @@ impl PyEngine {
             eos_token_ids: vocabulary.vocab().eos_ids().to_vec(),
             seed,
         };
-        let vocab = vocabulary.vocab().clone();
-        let engine = Engine::new(config, vocab.clone()).map_err(|m| errors::invalid_input(py, m))?;
-        Ok(PyEngine { engine, vocab, poison: Poison::default() })
+        // the engine detokenizes with it; request grammars must be compiled from it
+        let engine =
+            Engine::new(config, vocabulary.vocab().clone()).map_err(|m| errors::invalid_input(py, m))?;
+        Ok(PyEngine { engine, poison: Poison::default() })
     }
 
     /// See `_core.pyi`.
@@ -207,7 +207,7 @@ impl PyEngine {
     fn submit(
         &mut self,
         py: Python<'_>,
-        rid: u64,
+        rid: Rids,
         input_ids: &Bound<'_, PyAny>,
         max_new_tokens: usize,
         min_new_tokens: usize,
@@ -264,22 +264,7 @@ impl PyEngine {
             namespace,
             queue_timeout_s: queue_timeout,
         };
-        let vocab = self.engine.config().vocab_size;
-        if allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
-            return Err(errors::invalid_field(
-                py,
-                "allowed_token_ids",
-                "allowed_token_ids: the list is empty, so no token could ever be sampled".into(),
-            ));
-        }
-        if let Some(bad) = allowed_token_ids.as_ref().and_then(|a| a.iter().find(|&&t| t as usize >= vocab)) {
-            return Err(errors::invalid_field(
-                py,
-                "allowed_token_ids",
-                format!("allowed_token_ids: {bad} is outside the vocabulary (size {vocab})"),
-            ));
-        }
-        let constraint: Option<Box<dyn TokenConstraint>> = match (allowed_token_ids, grammar) {
+        let constraint = match (allowed_token_ids, grammar) {
             (Some(_), Some(_)) => {
                 return Err(errors::invalid_field(
                     py,
@@ -287,26 +272,22 @@ impl PyEngine {
                     "grammar: give a grammar or allowed_token_ids, not both".into(),
                 ))
             }
-            (Some(a), None) => Some(Box::new(AllowList::new(vocab, &a))),
-            (None, Some(g)) => {
-                if !Arc::ptr_eq(g.grammar.vocab(), &self.vocab) {
-                    return Err(errors::invalid_field(
-                        py,
-                        "grammar",
-                        "grammar: compiled for another vocabulary; compile it with the engine's".into(),
-                    ));
-                }
-                Some(Box::new(ferrolm_constraint::Matcher::new(g.grammar.clone())))
-            }
+            (Some(a), None) => Some(Constraint::AllowedTokens(a)),
+            (None, Some(g)) => Some(Constraint::Grammar(g.grammar.clone())),
             (None, None) => None,
         };
+        let rids = match rid {
+            Rids::One(rid) => vec![rid],
+            Rids::Samples(rids) => rids,
+        };
         self.poison
-            .run(py, &mut self.engine, |e| e.submit(rid, input_ids, params, constraint))?
-            .map_err(|e| engine_err(py, e))
+            .run(py, &mut self.engine, |e| e.submit_samples(&rids, input_ids, params, constraint))?
+            .map_err(|e| errors::engine(py, e))
     }
 
     fn schedule(&mut self, py: Python<'_>) -> PyResult<PyBatchPlan> {
-        let plan = self.poison.run(py, &mut self.engine, |e| e.schedule())?.map_err(|e| engine_err(py, e))?;
+        let plan =
+            self.poison.run(py, &mut self.engine, |e| e.schedule())?.map_err(|e| errors::engine(py, e))?;
         Ok(PyBatchPlan::new(py, plan))
     }
 
@@ -334,7 +315,7 @@ impl PyEngine {
         let out = self
             .poison
             .run(py, (&mut self.engine, slice), |(e, s)| e.commit(s, width))?
-            .map_err(|e| engine_err(py, e))?;
+            .map_err(|e| errors::engine(py, e))?;
         PyStepOutputs::new(py, out)
     }
 
@@ -344,7 +325,12 @@ impl PyEngine {
         let out = self
             .poison
             .run(py, &mut self.engine, |e| e.commit_tokens(tokens))?
-            .map_err(|e| engine_err(py, e))?;
+            .map_err(|e| errors::engine(py, e))?;
+        PyStepOutputs::new(py, out)
+    }
+
+    fn fail_step(&mut self, py: Python<'_>, message: &str) -> PyResult<PyStepOutputs> {
+        let out = self.poison.run(py, &mut self.engine, |e| e.fail_step(message))?;
         PyStepOutputs::new(py, out)
     }
 
@@ -385,6 +371,7 @@ impl PyEngine {
         d.set_item("retractions", s.retractions)?;
         d.set_item("finished", s.finished)?;
         d.set_item("errors", s.errors)?;
+        d.set_item("failed_steps", s.failed_steps)?;
         d.set_item("waiting", l.waiting)?;
         d.set_item("running", l.running)?;
         d.set_item("kv_used", l.kv_used)?;

@@ -1,6 +1,7 @@
 //! The one place where core errors become Python exceptions. The classes live in the
 //! Python module `ferrolm.errors`, so users can import and catch them without `_core`.
 
+use ferrolm_core::engine::EngineError;
 use ferrolm_core::radix::TreeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -52,4 +53,12 @@ pub fn tree(py: Python<'_>, err: TreeError) -> PyErr {
         TreeError::NotLocked(_) => "NotLockedError",
     };
     raise(py, name, err.to_string())
+}
+
+pub fn engine(py: Python<'_>, err: EngineError) -> PyErr {
+    match err {
+        EngineError::InvalidRequest { field, .. } => invalid_field(py, field, err.to_string()),
+        EngineError::DuplicateRid(_) => invalid_field(py, "rid", err.to_string()),
+        EngineError::Protocol(m) => protocol(py, m),
+    }
 }

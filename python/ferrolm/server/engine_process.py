@@ -27,7 +27,6 @@ each of its samples.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import signal
@@ -50,17 +49,6 @@ GRAMMAR_WORKERS = 2  # threads compiling grammars (each compile is bounded by th
 
 
 @dataclasses.dataclass(slots=True)
-class _Siblings:
-    """Samples 2..n of a prompt, held back until the first sample has prefilled (and so
-    cached) the prompt, so that they share its KV instead of computing it again."""
-
-    rids: list[int]
-    input_ids: Any
-    params: SamplingParams
-    core_kw: dict[str, Any]
-
-
-@dataclasses.dataclass(slots=True)
 class _Compiling:
     """A submit whose grammar compiles on a worker thread; the loop submits it to the
     core when the compile ends."""
@@ -80,9 +68,8 @@ class EngineLoop:
                  heartbeat_interval: float = HEARTBEAT_INTERVAL_S) -> None:
         self.engine = engine
         self.conn = conn
-        self.held_siblings: dict[int, _Siblings] = {}  # keyed by the first sample's rid
-        self.synthetic: list[Delta] = []  # finishes of siblings aborted before they started
         self.running = True
+        self.synthetic: list[Delta] = []  # aborts of requests that never reached the core (compiling)
         self.heartbeat_interval = heartbeat_interval
         self.last_sent = time.monotonic()
         # structured requests whose grammar compiles, by first rid, in arrival order
@@ -127,27 +114,20 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
+            # a failed forward ends its step's requests with an error delta (error_kind
+            # "step_failed") inside engine.step(), which keeps serving
             deltas = self.engine.step()
         except CorePanicError:
             raise  # the core refuses further use: end the process, the API fails its requests
-        except Exception:
-            # a failed forward: the engine has aborted its requests; report them as errors
-            # and keep serving the next ones
+        except Exception as e:
+            # a failure outside the forward (a bug): every request of the step in flight,
+            # if any, still gets its error delta, so none is lost
             log.error("step failed:\n%s", traceback.format_exc())
-            deltas = self.engine.step()
-            for d in deltas:
-                if d.finish_reason == "abort":
-                    d.finish_reason, d.error = "error", "the engine step failed (see the server log)"
+            deltas = self.engine.fail_step(f"{type(e).__name__}: {e}")
         for d in deltas:
-            siblings = self.held_siblings.pop(d.rid, None)
-            if siblings is None:
-                continue
-            if d.finish_reason in ("abort", "error") and not d.token_ids:
-                # the first sample never ran (aborted, timed out in the queue): nor do they
-                self.synthetic += [Delta(rid, [], "", [], [], finish_reason=d.finish_reason, error=d.error)
-                                   for rid in siblings.rids]
-            else:
-                self._submit_siblings(siblings)
+            if d.error_kind == "step_failed":
+                # the engine logged the cause; clients get no internals
+                d.error = "the engine step failed (see the server log)"
         deltas += self.synthetic
         self.synthetic = []
         if deltas:
@@ -216,7 +196,8 @@ class EngineLoop:
     def _submit_now(self, rids: list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         first = rids[0]
         try:
-            self._core_submit(first, input_ids, params, core_kw)
+            # all samples at once: the core runs the others once the first has cached the prompt
+            self._core_submit(rids, input_ids, params, core_kw)
         except (InvalidInputError, ValueError, TypeError) as e:
             # bad input (the core checks ranges and ids; a grammar may not compile)
             self._send(("rejected", first, str(e), getattr(e, "field", None), True))
@@ -226,8 +207,6 @@ class EngineLoop:
             self._send(("rejected", first, f"{type(e).__name__}: {e}", None, False))
             return
         self._send(("submitted", first))
-        if len(rids) > 1:
-            self.held_siblings[first] = _Siblings(rids[1:], input_ids, params, core_kw)
 
     def _abort_compiling(self, rid: int) -> bool:
         """Ends a request (or one sample of it) whose grammar still compiles: its submit is
@@ -250,7 +229,7 @@ class EngineLoop:
         self.synthetic += [Delta(r, [], "", [], [], finish_reason="abort") for r in c.rids]
         return True
 
-    def _core_submit(self, rid: int, input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
+    def _core_submit(self, rid: int | list[int], input_ids: Any, params: SamplingParams, core_kw: dict[str, Any]) -> None:
         """``Engine.submit`` with the API process's rid (the rids of all requests come from
         there, so they are unique across the whole server). ``core_kw`` may hold the
         grammar compiled off the loop; else the engine compiles it here, where it can."""
@@ -261,25 +240,10 @@ class EngineLoop:
                 core_kw = {**core_kw, "grammar": grammar}
         self.engine.core.submit(rid, input_ids, **params.core_kwargs(), **core_kw)
 
-    def _submit_siblings(self, s: _Siblings) -> None:
-        for j, rid in enumerate(s.rids, start=1):
-            seed = None if s.params.seed is None else (s.params.seed + j) % 2**64
-            try:
-                self._core_submit(rid, s.input_ids, dataclasses.replace(s.params, seed=seed), s.core_kw)
-            except Exception as e:  # the first sample's prompt passed: unlikely
-                self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="error", error=str(e)))
-
     def _abort(self, rids: list[int]) -> None:
         for rid in rids:
-            if self.engine.abort(rid) or self._abort_compiling(rid):
-                continue
-            # a held-back sibling never reached the core: finish it here
-            for first, s in list(self.held_siblings.items()):
-                if rid in s.rids:
-                    s.rids.remove(rid)
-                    self.synthetic.append(Delta(rid, [], "", [], [], finish_reason="abort"))
-                    if not s.rids:
-                        del self.held_siblings[first]
+            if not self.engine.abort(rid):
+                self._abort_compiling(rid)
         # the core reports the aborts with the next step's outputs (has_work() says so)
 
     def _call(self, call_id: int, name: str) -> None:
@@ -298,10 +262,6 @@ class EngineLoop:
                 value = core.flush_cache()
             elif name == "abort_all":
                 value = core.abort_all()
-                for s in self.held_siblings.values():
-                    self.synthetic += [Delta(rid, [], "", [], [], finish_reason="abort") for rid in s.rids]
-                value += sum(len(s.rids) for s in self.held_siblings.values())
-                self.held_siblings.clear()
                 for first in list(self.compiling):
                     value += len(self.compiling[first].rids)
                     self._abort_compiling(first)

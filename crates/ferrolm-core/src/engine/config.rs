@@ -28,6 +28,11 @@ impl FromStr for SchedulePolicy {
     }
 }
 
+/// The engine's one configuration. Its defaults are those of every front: the binding's
+/// keyword defaults (`ferrolm._core.Engine`), `ferrolm.Engine` and the server's
+/// `ServerArgs` (`--max-total-tokens`, `--max-running-requests`, `--chunked-prefill-size`)
+/// all use 32768 KV slots, 64 running requests and 2048 prefill tokens per step (the
+/// `DEFAULT_*` constants; the binding writes them out as its keyword defaults).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Token slots in the KV pool.
@@ -55,9 +60,9 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            kv_capacity: 1 << 16,
-            max_running_requests: 256,
-            max_prefill_tokens: 8192,
+            kv_capacity: Self::DEFAULT_KV_CAPACITY,
+            max_running_requests: Self::DEFAULT_MAX_RUNNING_REQUESTS,
+            max_prefill_tokens: Self::DEFAULT_MAX_PREFILL_TOKENS,
             schedule_policy: SchedulePolicy::Fcfs,
             enable_prefix_cache: true,
             eviction_policy: EvictionPolicy::Lru,
@@ -72,6 +77,10 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    pub const DEFAULT_KV_CAPACITY: usize = 32_768;
+    pub const DEFAULT_MAX_RUNNING_REQUESTS: usize = 64;
+    pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 2048;
+
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
             ("kv_capacity", self.kv_capacity),

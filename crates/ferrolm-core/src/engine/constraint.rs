@@ -1,6 +1,30 @@
 //! The hook through which a structured-output grammar steers a request: the engine asks
 //! for a mask before sampling and reports the sampled token after.
 
+use std::sync::Arc;
+
+/// What constrains a request's tokens, as submitted. The engine checks it against its own
+/// vocabulary and makes one live constraint per sample.
+pub enum Constraint {
+    /// Only these tokens, at every step.
+    AllowedTokens(Vec<u32>),
+    /// A structured-output grammar, compiled from the engine's own vocabulary.
+    Grammar(Arc<ferrolm_constraint::Grammar>),
+    /// Any other constraint; it serves one sample (it cannot be copied for more).
+    Custom(Box<dyn TokenConstraint>),
+}
+
+impl Constraint {
+    /// A fresh live constraint for one sample (not for `Custom`, which is taken as is).
+    pub(crate) fn instance(&self, vocab_size: usize) -> Box<dyn TokenConstraint> {
+        match self {
+            Constraint::AllowedTokens(ids) => Box::new(AllowList::new(vocab_size, ids)),
+            Constraint::Grammar(g) => Box::new(ferrolm_constraint::Matcher::new(g.clone())),
+            Constraint::Custom(_) => unreachable!("a custom constraint is used as given"),
+        }
+    }
+}
+
 pub trait TokenConstraint: Send + Sync {
     /// Fills the packed mask (bit t of word t / 32 set = token t allowed) for the next
     /// token. EOS bits are set only where the document may end.

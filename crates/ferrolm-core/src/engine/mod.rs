@@ -2,28 +2,36 @@
 //! everything but the forward pass.
 //!
 //! ```text
-//! engine.submit(rid, prompt, params, constraint)?;
+//! engine.submit_samples(&rids, prompt, params, constraint)?;  // one rid per sample
 //! loop {
 //!     let plan = engine.schedule()?;                    // what to run
-//!     let mut logits = runner.forward(&plan);          // [plan.num_requests(), vocab]
-//!     let out = engine.commit(&mut logits, vocab)?;    // tokens, text, finishes
+//!     let out = match runner.forward(&plan) {           // [plan.num_requests(), vocab]
+//!         Ok(mut logits) => engine.commit(&mut logits, vocab)?,  // tokens, text, finishes
+//!         Err(e) => engine.fail_step(&e.to_string()),   // the step never happened
+//!     };
 //! }
 //! ```
+//!
+//! Files by job: `core.rs` (state, submit, abort, finishing), `scheduler.rs`,
+//! `commit.rs`, `checks.rs` (request checks, invariants).
 
+mod checks;
+mod commit;
 mod config;
 mod constraint;
 mod core;
 mod kv_slots;
 mod plan;
 mod request;
+mod scheduler;
 mod stats;
 
 pub use self::core::{Engine, EngineError};
 pub use config::{EngineConfig, SchedulePolicy};
-pub use constraint::{AllowList, TokenConstraint};
+pub use constraint::{AllowList, Constraint, TokenConstraint};
 pub use kv_slots::{BadFree, SlotPool};
 pub use plan::{BatchPlan, Finished, StepOutputs};
-pub use request::{FinishReason, RequestParams};
+pub use request::{ErrorKind, FinishReason, RequestParams};
 pub use stats::{EngineStats, LatencySamples, Load};
 
 #[cfg(test)]

@@ -47,9 +47,61 @@ pub enum FinishReason {
     /// `max_new_tokens` or the context length was reached.
     Length,
     Abort,
-    /// The engine could not serve it (never fits in the KV pool, waited too long, the
-    /// grammar left no token); the message says which.
-    Error(String),
+    /// The engine could not serve it: `kind` says why in a word a program can match,
+    /// `message` in words a person can act on.
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+impl FinishReason {
+    pub(crate) fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        FinishReason::Error { kind, message: message.into() }
+    }
+}
+
+/// Why a request ended with an error. Crosses the boundary as `as_str()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// It waited in the queue longer than its `queue_timeout_s`.
+    QueueTimeout,
+    /// It can never fit in the KV pool.
+    KvCapacity,
+    /// Its grammar (or allow list) left no token, or rejected a given one.
+    Grammar,
+    /// The step it was in failed (the model forward raised): `Engine::fail_step`.
+    StepFailed,
+    /// Sampling found no token to draw (every logit masked or not a number).
+    Sampling,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 5] = [
+        ErrorKind::QueueTimeout,
+        ErrorKind::KvCapacity,
+        ErrorKind::Grammar,
+        ErrorKind::StepFailed,
+        ErrorKind::Sampling,
+    ];
+
+    /// The kind's name at the boundary: `queue_timeout`, `kv_capacity`, `grammar`,
+    /// `step_failed`, `sampling`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::QueueTimeout => "queue_timeout",
+            ErrorKind::KvCapacity => "kv_capacity",
+            ErrorKind::Grammar => "grammar",
+            ErrorKind::StepFailed => "step_failed",
+            ErrorKind::Sampling => "sampling",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 pub(crate) struct Request {

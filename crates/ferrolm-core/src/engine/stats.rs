@@ -11,6 +11,8 @@ pub struct EngineStats {
     pub retractions: u64,
     pub finished: u64,
     pub errors: u64,
+    /// Steps dropped by `fail_step` (their forward failed).
+    pub failed_steps: u64,
 }
 
 /// Latencies observed since the last `take_latencies`, in seconds.
@@ -29,6 +31,8 @@ pub struct LatencySamples {
 /// The engine's state right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Load {
+    /// Requests in the waiting queue (not the other samples of an `n > 1` request, which
+    /// wait for their first sample's prefill outside it).
     pub waiting: usize,
     pub running: usize,
     /// Slots held by requests or the cache.

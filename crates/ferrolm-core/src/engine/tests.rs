@@ -324,7 +324,7 @@ fn a_request_too_long_for_the_pool_finishes_with_an_error() {
     engine.submit(1, &[1; 10], greedy(20), None).unwrap();
     let out = drain(&mut engine, &mut model);
     assert!(
-        matches!(out[&1].2.reason, FinishReason::Error(ref m) if m.contains("KV pool")),
+        matches!(out[&1].2.reason, FinishReason::Error { kind: ErrorKind::KvCapacity, ref message } if message.contains("KV pool")),
         "{:?}",
         out[&1].2
     );
@@ -383,7 +383,10 @@ fn commit_tokens_takes_externally_sampled_tokens() {
     engine.submit(2, &[1, 2], greedy(3), Some(Box::new(AllowList::new(VOCAB, &[65])))).unwrap();
     engine.schedule().unwrap();
     let out = engine.commit_tokens(&[72]).unwrap();
-    assert!(matches!(out.finished[0].as_ref().unwrap().reason, FinishReason::Error(_)));
+    assert!(matches!(
+        out.finished[0].as_ref().unwrap().reason,
+        FinishReason::Error { kind: ErrorKind::Grammar, .. }
+    ));
 }
 
 #[test]
@@ -406,7 +409,9 @@ fn priority_and_queue_timeout() {
     engine.submit(3, &[3], RequestParams { queue_timeout_s: Some(1e-9), ..greedy(2) }, None).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(2));
     let out = drain(&mut engine, &mut model);
-    assert!(matches!(out[&3].2.reason, FinishReason::Error(ref m) if m.contains("queue")));
+    assert!(
+        matches!(out[&3].2.reason, FinishReason::Error { kind: ErrorKind::QueueTimeout, ref message } if message.contains("queue"))
+    );
     assert_eq!(out[&1].2.reason, FinishReason::Length);
 }
 
@@ -439,19 +444,38 @@ fn randomized_soak_keeps_kv_conserved() {
                 p.sampling.temperature = 0.8;
                 p.sampling.top_p = 0.9;
             }
-            let constraint: Option<Box<dyn TokenConstraint>> =
-                if pick(5) == 0 { Some(Box::new(AllowList::new(VOCAB, &[260, 261, 262]))) } else { None };
-            engine.submit(next_rid, &prompt, p, constraint).unwrap();
-            live.push(next_rid);
-            next_rid += 1;
+            let constraint =
+                if pick(5) == 0 { Some(Constraint::AllowedTokens(vec![260, 261, 262])) } else { None };
+            // now and then several samples of one prompt (n > 1)
+            let n = if pick(6) == 0 { 2 + pick(3) as u64 } else { 1 };
+            let rids: Vec<u64> = (next_rid..next_rid + n).collect();
+            engine.submit_samples(&rids, &prompt, p, constraint).unwrap();
+            live.extend_from_slice(&rids);
+            next_rid += n;
         }
         if !live.is_empty() && pick(25) == 0 {
             let rid = live.swap_remove(pick(live.len() as u64));
             engine.abort(rid);
         }
-        let out = step(&mut engine, &mut model);
+        let plan = engine.schedule().unwrap();
+        engine.check_invariants().unwrap();
+        if !live.is_empty() && pick(40) == 0 {
+            // an abort while the step is in flight
+            let rid = live.swap_remove(pick(live.len() as u64));
+            engine.abort(rid);
+        }
+        let out = if plan.is_empty() {
+            engine.take_outputs()
+        } else if pick(30) == 0 {
+            // the forward failed: the model wrote nothing
+            engine.fail_step("injected failure")
+        } else {
+            let mut logits = model.forward(&plan);
+            engine.commit(&mut logits, VOCAB).unwrap()
+        };
+        engine.check_invariants().unwrap();
         finished += out.finished.iter().filter(|f| f.is_some()).count();
-        if next_rid == 400 && !engine.has_work() {
+        if next_rid >= 400 && !engine.has_work() {
             break;
         }
     }
@@ -464,8 +488,8 @@ fn randomized_soak_keeps_kv_conserved() {
     assert_eq!(finished as u64, next_rid, "every request finished exactly once");
     let stats = engine.stats();
     assert!(
-        stats.retractions > 0 && stats.cache_hit_tokens > 0,
-        "the soak should exercise retraction and the cache: {stats:?}"
+        stats.retractions > 0 && stats.cache_hit_tokens > 0 && stats.failed_steps > 0,
+        "the soak should exercise retraction, the cache and failed steps: {stats:?}"
     );
     let load = engine.load();
     assert_eq!(load.kv_used, load.cached_tokens, "every slot is free or cached");
@@ -551,4 +575,251 @@ fn parallel_sampling_of_a_large_batch_matches_one_at_a_time() {
         out.into_values().map(|v| v.0).collect::<Vec<_>>()
     };
     assert_eq!(run(true), run(false));
+}
+
+/// Runs `prompt` alone on a fresh engine; its tokens.
+fn clean_run(cfg: &EngineConfig, prompt: &[u32], params: RequestParams) -> Vec<u32> {
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    engine.submit(0, prompt, params, None).unwrap();
+    drain(&mut engine, &mut model).remove(&0).unwrap().0
+}
+
+fn step_failed(f: &Finished) -> bool {
+    matches!(f.reason, FinishReason::Error { kind: ErrorKind::StepFailed, ref message } if message == "boom")
+}
+
+#[test]
+fn a_failed_step_advances_nothing_and_leaves_no_unwritten_kv_in_the_cache() {
+    let cfg = config(|c| c.max_running_requests = 3);
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    let x: Vec<u32> = (0..30).map(|i| (i * 11 % 250) as u32).collect();
+    let mut p = x[..20].to_vec();
+    p.extend((0..15).map(|i| 100 + i as u32));
+    // requests 1 and 6 are decoding (their prompts are cached at prefill)
+    engine.submit(1, &x, greedy(20), None).unwrap();
+    engine.submit(6, &[7; 12], greedy(20), None).unwrap();
+    let mut acc = Default::default();
+    for _ in 0..3 {
+        record(&mut acc, &step(&mut engine, &mut model));
+    }
+    // request 2 joins with a partial hit (20 of x's tokens); 5 waits (the batch is full)
+    engine.submit(2, &p, greedy(6), None).unwrap();
+    engine.submit(5, &[9; 8], greedy(6), None).unwrap();
+    let free_before = engine.pool.num_free() + engine.tree.sizes().evictable;
+    let plan = engine.schedule().unwrap();
+    assert_eq!(plan.rids, vec![1, 6, 2]);
+    engine.abort(1); // in flight: ends as an abort, not an error
+    engine.abort(5); // waiting: its output is pending
+    let out = engine.fail_step("boom");
+    engine.check_invariants().unwrap();
+    record(&mut acc, &out);
+    let fin = |rid: u64| acc[&rid].2.clone().unwrap();
+    assert_eq!(fin(1).reason, FinishReason::Abort);
+    assert_eq!(fin(5).reason, FinishReason::Abort);
+    assert!(step_failed(&fin(6)) && step_failed(&fin(2)), "{:?} {:?}", fin(6), fin(2));
+    assert_eq!((fin(6).completion_tokens, fin(2).completion_tokens), (3, 0), "nothing advanced");
+    assert_eq!(engine.num_requests(), 0);
+    assert_eq!(engine.stats().failed_steps, 1);
+    // the written KV of 1 and 6 went to the cache; the step's own slots went back to the pool
+    let load = engine.load();
+    assert_eq!(load.kv_used, load.cached_tokens, "every slot is free or cached");
+    assert!(engine.pool.num_free() + engine.tree.sizes().evictable >= free_before);
+    assert_eq!(engine.tree.prefix_len(&p, None), 20, "none of request 2's unwritten prompt is cached");
+    // the same prompts again: hits only on what was written, the same output as a clean engine
+    engine.submit(3, &p, greedy(6), None).unwrap();
+    let mut x_more = x.clone();
+    x_more.extend_from_slice(&acc[&1].0); // x and 1's 3 tokens: the last one was never run
+    engine.submit(4, &x_more, greedy(5), None).unwrap();
+    let again = drain(&mut engine, &mut model);
+    assert_eq!(again[&3].2.cached_tokens, 20);
+    assert_eq!(again[&4].2.cached_tokens, x_more.len() - 1);
+    assert_eq!(again[&3].0, clean_run(&cfg, &p, greedy(6)));
+    assert_eq!(again[&4].0, clean_run(&cfg, &x_more, greedy(5)));
+    // with no step in flight it hands out pending outputs only
+    engine.submit(7, &[1, 2], greedy(2), None).unwrap();
+    engine.abort(7);
+    let out = engine.fail_step("boom");
+    assert_eq!(
+        (out.rids.clone(), out.finished[0].as_ref().map(|f| f.reason.clone())),
+        (vec![7], Some(FinishReason::Abort))
+    );
+    assert_eq!(engine.stats().failed_steps, 1);
+    engine.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_chunked_prefill_keeps_only_its_written_chunks() {
+    let cfg = config(|c| {
+        c.max_prefill_tokens = 8;
+        c.fast_lane_tokens = 0;
+    });
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    let p: Vec<u32> = (0..30).map(|i| (i * 7 % 250) as u32).collect();
+    engine.submit(1, &p, greedy(4), None).unwrap();
+    step(&mut engine, &mut model); // tokens 0..8 written
+    step(&mut engine, &mut model); // 8..16
+    engine.schedule().unwrap(); // 16..24, never run
+    let out = engine.fail_step("boom");
+    assert!(step_failed(out.finished[0].as_ref().unwrap()));
+    engine.check_invariants().unwrap();
+    assert_eq!(engine.tree.prefix_len(&p, None), 16);
+    engine.submit(2, &p, greedy(4), None).unwrap();
+    let again = drain(&mut engine, &mut model);
+    assert_eq!(again[&2].2.cached_tokens, 16);
+    assert_eq!(again[&2].0, clean_run(&cfg, &p, greedy(4)));
+}
+
+#[test]
+fn a_cached_request_takes_the_fast_lane_past_an_uncached_one_that_does_not_fit() {
+    let cfg = config(|c| {
+        c.max_prefill_tokens = 16;
+        c.fast_lane_tokens = 4;
+    });
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    let cached: Vec<u32> = (0..12).map(|i| 200 + i as u32).collect();
+    engine.submit(10, &cached, greedy(3), None).unwrap();
+    drain(&mut engine, &mut model);
+    // a long prompt in chunked prefill spends each step's budget
+    engine.submit(11, &[5; 100], greedy(3), None).unwrap();
+    step(&mut engine, &mut model);
+    engine.submit(12, &[6; 50], greedy(3), None).unwrap(); // uncached: waits for budget
+    engine.submit(13, &cached, greedy(3), None).unwrap(); // one uncached token: fast lane
+    let plan = engine.schedule().unwrap();
+    assert_eq!(plan.rids, vec![11, 13], "the cached request is not held behind the uncached one");
+    assert_eq!(plan.num_tokens(), 16 + 1);
+    let mut logits = model.forward(&plan);
+    let mut acc = Default::default();
+    record(&mut acc, &engine.commit(&mut logits, VOCAB).unwrap());
+    engine.check_invariants().unwrap();
+    for (rid, v) in drain(&mut engine, &mut model) {
+        let e = acc.entry(rid).or_default();
+        e.0.extend(v.0);
+    }
+    assert_eq!(acc[&13].0, clean_run(&cfg, &cached, greedy(3)));
+    assert_eq!(acc[&12].0, clean_run(&cfg, &[6; 50], greedy(3)));
+}
+
+#[test]
+fn lpm_ordering_looks_at_the_cache_without_changing_it() {
+    let cfg = config(|c| {
+        c.schedule_policy = SchedulePolicy::Lpm;
+        c.max_running_requests = 1;
+    });
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    let a: Vec<u32> = (0..40).map(|i| 100 + i as u32).collect();
+    engine.submit(1, &a, greedy(1), None).unwrap();
+    drain(&mut engine, &mut model);
+    engine.submit(2, &[3; 10], greedy(30), None).unwrap();
+    step(&mut engine, &mut model);
+    // two waiting requests that share part of the cached node; the batch is full
+    let mut w = a[..20].to_vec();
+    w.extend([1, 2, 3]);
+    engine.submit(3, &w, greedy(2), None).unwrap();
+    engine.submit(4, &[8; 5], greedy(2), None).unwrap();
+    let nodes = engine.tree.sizes().nodes;
+    for _ in 0..3 {
+        step(&mut engine, &mut model);
+        assert_eq!(engine.tree.sizes().nodes, nodes, "no split for ordering");
+    }
+    let out = drain(&mut engine, &mut model);
+    assert_eq!(out[&3].2.cached_tokens, 20);
+}
+
+fn sampled(seed: Option<u64>, max_new: usize) -> RequestParams {
+    RequestParams {
+        sampling: SamplingParams { temperature: 1.0, seed, ..Default::default() },
+        max_new_tokens: max_new,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn n_samples_share_the_prompt_and_seed_by_index() {
+    let cfg = config(|_| {});
+    let p = prompts()[5].clone();
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    engine.submit_samples(&[20, 21, 22], &p, sampled(Some(9), 6), None).unwrap();
+    assert_eq!(engine.load().waiting, 1, "the other samples wait for the first, not in the queue");
+    let plan = engine.schedule().unwrap();
+    assert_eq!(plan.rids, vec![20], "the first sample prefills the prompt alone");
+    let mut logits = model.forward(&plan);
+    let mut acc = Default::default();
+    record(&mut acc, &engine.commit(&mut logits, VOCAB).unwrap());
+    engine.check_invariants().unwrap();
+    for (rid, v) in drain(&mut engine, &mut model) {
+        let e = acc.entry(rid).or_default();
+        e.0.extend(v.0);
+        e.2 = Some(v.2);
+    }
+    for (j, rid) in [20u64, 21, 22].into_iter().enumerate() {
+        let fin = acc[&rid].2.clone().unwrap();
+        assert_eq!(fin.cached_tokens, if j == 0 { 0 } else { p.len() - 1 }, "sample {j}");
+        assert_eq!(
+            acc[&rid].0,
+            clean_run(&cfg, &p, sampled(Some(9 + j as u64), 6)),
+            "sample {j} has seed 9 + {j}"
+        );
+    }
+    assert_ne!(acc[&20].0, acc[&21].0);
+    // refusals change nothing
+    let field = |r: Result<(), EngineError>| match r.unwrap_err() {
+        EngineError::InvalidRequest { field, .. } => field,
+        EngineError::DuplicateRid(rid) => panic!("duplicate {rid}"),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(engine.submit_samples(&[30, 30], &p, greedy(2), None), Err(EngineError::DuplicateRid(30)));
+    assert_eq!(field(engine.submit_samples(&[], &p, greedy(2), None)), "rid");
+    let custom = Constraint::Custom(Box::new(AllowList::new(VOCAB, &[1])));
+    assert_eq!(field(engine.submit_samples(&[30, 31], &p, greedy(2), Some(custom))), "n");
+    assert_eq!(engine.num_requests(), 0);
+}
+
+#[test]
+fn samples_run_on_when_their_leader_ends_early_and_abort_one_by_one() {
+    let cfg = config(|_| {});
+    let p = prompts()[7].clone();
+    let clean = clean_run(&cfg, &p, greedy(4));
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    // the leader is aborted before it ran: the next sample leads, the rest follow it
+    engine.submit_samples(&[30, 31, 32], &p, greedy(4), None).unwrap();
+    assert!(engine.abort(30));
+    engine.check_invariants().unwrap();
+    assert_eq!(engine.schedule().unwrap().rids, vec![31]);
+    // the new leader's step fails: the last sample leads and runs alone
+    let out = engine.fail_step("boom");
+    assert!(step_failed(out.finished[1].as_ref().unwrap()), "{out:?}");
+    assert_eq!(out.rids, vec![30, 31]);
+    engine.check_invariants().unwrap();
+    let rest = drain(&mut engine, &mut model);
+    assert_eq!(rest.keys().copied().collect::<Vec<_>>(), vec![32]);
+    assert_eq!(rest[&32].0, clean);
+    // aborting a follower ends it alone
+    engine.submit_samples(&[40, 41, 42], &p, greedy(4), None).unwrap();
+    assert!(engine.abort(41));
+    let out = drain(&mut engine, &mut model);
+    assert_eq!(out[&41].2.reason, FinishReason::Abort);
+    assert_eq!((out[&40].0.clone(), out[&42].0.clone()), (clean.clone(), clean.clone()));
+    assert_eq!(out[&42].2.cached_tokens, p.len() - 1);
+    // abort_all reaches followers too
+    engine.submit_samples(&[50, 51], &p, greedy(4), None).unwrap();
+    assert_eq!(engine.abort_all(), 2);
+    let out = drain(&mut engine, &mut model);
+    assert!(out.values().all(|v| v.2.reason == FinishReason::Abort) && out.len() == 2);
+    // a queue timeout ends every sample, each once
+    let timed = RequestParams { queue_timeout_s: Some(1e-9), ..greedy(4) };
+    engine.submit_samples(&[60, 61, 62], &p, timed, None).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let out = drain(&mut engine, &mut model);
+    assert_eq!(out.len(), 3);
+    assert!(out
+        .values()
+        .all(|v| matches!(v.2.reason, FinishReason::Error { kind: ErrorKind::QueueTimeout, .. })));
 }

@@ -187,6 +187,26 @@ impl RadixTree {
         MatchResult { length: pos, kv_slots, node }
     }
 
+    /// How many leading tokens of `tokens` `match_prefix` would match, without its side
+    /// effects: no node is split and no access statistics change (so eviction order and
+    /// the clock stay as they were). For ordering work by expected cache hits.
+    pub(crate) fn prefix_len(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
+        let page = self.config.page_size;
+        let aligned = tokens.len() / page * page;
+        let Some(mut node) = self.root_of(namespace) else { return 0 };
+        let mut pos = 0;
+        while pos < aligned {
+            let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
+            let common = self.common_pages(&self.arena[child].key, &tokens[pos..aligned]);
+            pos += common;
+            if common < self.arena[child].key.len() {
+                break;
+            }
+            node = child;
+        }
+        pos
+    }
+
     /// Caches `tokens` (truncated to whole pages) with their KV slots. Returns how many
     /// leading tokens were already cached: the tree keeps its own slots for those, so the
     /// caller frees its copies among `kv_slots[..returned]` (and the slots of the

@@ -333,3 +333,34 @@ fn event_blocks_must_be_whole_pages() {
     let ok = TreeConfig { page_size: 2, kv_events: true, event_block_size: 4, ..TreeConfig::default() };
     assert!(RadixTree::new(ok).is_ok());
 }
+
+#[test]
+fn prefix_len_agrees_with_match_prefix_and_changes_nothing() {
+    let queries: [&[u32]; 7] =
+        [&[1, 2, 3, 4, 5], &[1, 2, 9], &[1], &[7, 7], &[], &[1, 2, 3, 4, 5, 6, 7, 8], &[5, 6, 7, 8]];
+    for page in [1, 2] {
+        let mut t = tree(page, EvictionPolicy::Lru);
+        t.insert(&[1, 2, 3, 4, 5, 6], &slots(10..16), None, 0).unwrap();
+        t.insert(&[5, 6, 7, 8], &slots(20..24), None, 0).unwrap();
+        t.insert(&[1, 2, 3, 4], &slots(30..34), Some("ns"), 0).unwrap();
+        t.take_events();
+        let (sizes, clock) = (t.sizes(), t.clock);
+        let lens: Vec<usize> = queries.iter().map(|q| t.prefix_len(q, None)).collect();
+        assert_eq!(t.prefix_len(&[1, 2, 3, 9], Some("ns")), 3 / page * page);
+        assert_eq!(t.prefix_len(&[1, 2], Some("other")), 0);
+        // nothing moved: no split, no tick of the clock, no event, same eviction order
+        assert_eq!((t.sizes(), t.clock), (sizes, clock));
+        assert!(t.take_events().is_empty());
+        for (q, len) in queries.iter().zip(&lens) {
+            assert_eq!(t.match_prefix(q, None).length, *len, "query {q:?}, page {page}");
+        }
+        ok(&t);
+    }
+    // the LRU order is the insertion order still: the look did not count as a use
+    let order = evict_order(EvictionPolicy::Lru, |t| {
+        t.insert(&[1], &[1], None, 0).unwrap();
+        t.insert(&[2], &[2], None, 0).unwrap();
+        assert_eq!(t.prefix_len(&[1], None), 1);
+    });
+    assert_eq!(order, [1, 2]);
+}

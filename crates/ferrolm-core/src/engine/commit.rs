@@ -1,0 +1,293 @@
+//! Committing a step: sampling (in parallel for large batches), grammar masks,
+//! detokenization, stop conditions, and handing finished prefills to the prefix cache.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::detok::StopReason;
+use crate::sampling::Sampled;
+
+use super::core::{Engine, EngineError, InFlight};
+use super::plan::StepOutputs;
+use super::request::{ErrorKind, FinishReason, Request};
+
+impl Engine {
+    // ---- commit ----
+
+    /// Consumes the step's logits (`[plan.num_requests(), width]`, row b for request b,
+    /// `width >= vocab_size`; modified in place) and advances every request in the plan.
+    pub fn commit(&mut self, logits: &mut [f32], width: usize) -> Result<StepOutputs, EngineError> {
+        let rows = self.in_flight.len();
+        if width < self.config.vocab_size || logits.len() != rows * width {
+            return Err(EngineError::Protocol(format!(
+                "logits must have shape [{rows}, >= {}], got {} values with rows of {width}",
+                self.config.vocab_size,
+                logits.len()
+            )));
+        }
+        let in_flight = std::mem::take(&mut self.in_flight);
+        let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
+        let vocab = self.config.vocab_size;
+        let drawn = self.draw_all(&in_flight, logits, width);
+        for ((i, f), d) in in_flight.iter().enumerate().zip(drawn) {
+            let row = &mut logits[i * width..i * width + vocab];
+            self.advance_with(f, row, &mut out, None, d);
+        }
+        out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
+        Ok(out)
+    }
+
+    /// Same as `commit` for a runner that sampled on its own (e.g. on a GPU): one token
+    /// per plan entry that samples, in plan order (ignored for entries that do not).
+    pub fn commit_tokens(&mut self, tokens: &[u32]) -> Result<StepOutputs, EngineError> {
+        if tokens.len() != self.in_flight.len() {
+            return Err(EngineError::Protocol(format!(
+                "expected {} tokens (one per plan entry), got {}",
+                self.in_flight.len(),
+                tokens.len()
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(EngineError::Protocol(format!("token {t} is outside the vocabulary")));
+        }
+        // A one-hot row turns the given token into the argmax of a greedy pick.
+        let vocab = self.config.vocab_size;
+        let mut row = vec![f32::NEG_INFINITY; vocab];
+        let in_flight = std::mem::take(&mut self.in_flight);
+        let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
+        for (f, &t) in in_flight.iter().zip(tokens) {
+            row[t as usize] = 0.0;
+            self.advance_with(f, &mut row, &mut out, Some(t), None);
+            row[t as usize] = f32::NEG_INFINITY;
+        }
+        out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
+        Ok(out)
+    }
+
+    /// Drops the step in flight after its forward failed (the runner raised): nothing
+    /// advances, since its KV was never written; the slots reserved for the step go back
+    /// to the pool, and every request in the plan finishes with `ErrorKind::StepFailed`
+    /// and `message` (one aborted meanwhile with `Abort`). What the requests held before
+    /// the step (KV written by earlier steps) goes to the cache as at any finish. Returns
+    /// their outputs after any pending ones; with no step in flight, only those.
+    pub fn fail_step(&mut self, message: &str) -> StepOutputs {
+        let in_flight = std::mem::take(&mut self.in_flight);
+        let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
+        for f in &in_flight {
+            // the step's slots are those past kv_len, which did not move: finishing frees them
+            let Some(r) = self.requests.get_mut(&f.rid) else { continue };
+            let text = r.detok.flush();
+            let reason = if r.aborted {
+                FinishReason::Abort
+            } else {
+                FinishReason::error(ErrorKind::StepFailed, message)
+            };
+            let fin = self.finish(f.rid, reason);
+            out.push(f.rid, text, Some(fin));
+        }
+        if !in_flight.is_empty() {
+            self.stats.failed_steps += 1;
+            tracing::warn!(requests = in_flight.len(), message, "step failed");
+        }
+        out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
+        out
+    }
+
+    /// Samples the rows of every entry that samples, split across two threads when the
+    /// batch is large enough to pay for one: rows, samplers and grammars are per request,
+    /// so the draws are independent. Returns each entry's draw (or `None`).
+    fn draw_all(
+        &mut self,
+        in_flight: &[InFlight],
+        logits: &mut [f32],
+        width: usize,
+    ) -> Vec<Option<Result<Sampled, FinishReason>>> {
+        const PARALLEL_FROM: usize = 16;
+        let vocab = self.config.vocab_size;
+        let index: HashMap<u64, usize> =
+            in_flight.iter().enumerate().filter(|(_, f)| f.samples).map(|(i, f)| (f.rid, i)).collect();
+        let mut rows: Vec<Option<&mut [f32]>> =
+            logits.chunks_mut(width).map(|r| Some(&mut r[..vocab])).collect();
+        let mut work: Vec<(usize, &mut Request, &mut [f32])> = Vec::with_capacity(index.len());
+        for (rid, r) in self.requests.iter_mut() {
+            if let Some(&i) = index.get(rid) {
+                if !r.aborted {
+                    work.push((i, r, rows[i].take().expect("one row per entry")));
+                }
+            }
+        }
+        let mut drawn: Vec<Option<Result<Sampled, FinishReason>>> =
+            (0..in_flight.len()).map(|_| None).collect();
+        if work.len() < PARALLEL_FROM {
+            return drawn; // sampled one by one in advance_with, with the engine's buffers
+        }
+        let eos = &self.config.eos_token_ids;
+        let half = work.len() / 2;
+        let (mine, theirs) = work.split_at_mut(half);
+        let (mask, scratch) = (&mut self.mask, &mut self.scratch);
+        let (a, b) = std::thread::scope(|scope| {
+            let other = scope.spawn(move || {
+                let (mut mask, mut scratch) = (vec![0u32; vocab.div_ceil(32)], Vec::with_capacity(vocab));
+                theirs
+                    .iter_mut()
+                    .map(|(i, r, row)| (*i, draw(r, row, eos, None, &mut mask, &mut scratch)))
+                    .collect::<Vec<_>>()
+            });
+            let here: Vec<_> =
+                mine.iter_mut().map(|(i, r, row)| (*i, draw(r, row, eos, None, mask, scratch))).collect();
+            (here, other.join().expect("sampling thread"))
+        });
+        for (i, d) in a.into_iter().chain(b) {
+            drawn[i] = Some(d);
+        }
+        drawn
+    }
+
+    /// Advances one plan entry: `drawn` is its token when it was sampled ahead (in
+    /// parallel), else it is sampled here (or `forced`).
+    fn advance_with(
+        &mut self,
+        f: &InFlight,
+        row: &mut [f32],
+        out: &mut StepOutputs,
+        forced: Option<u32>,
+        drawn: Option<Result<Sampled, FinishReason>>,
+    ) {
+        let Some(r) = self.requests.get_mut(&f.rid) else { return };
+        r.kv_len = f.end;
+        if r.aborted {
+            let text = r.detok.flush();
+            let fin = self.finish(f.rid, FinishReason::Abort);
+            out.push(f.rid, text, Some(fin));
+            return;
+        }
+        if !f.samples {
+            return;
+        }
+        if f.is_prefill && self.config.enable_prefix_cache {
+            self.cache_prefill(f.rid);
+        }
+        // the prompt is in the cache: the other samples of an n > 1 request may share it
+        self.release_followers(f.rid);
+        let Some(r) = self.requests.get_mut(&f.rid) else { return };
+        let stops_active = r.generated() >= r.params.min_new_tokens;
+        let sampled = match drawn {
+            Some(d) => d,
+            None => draw(r, row, &self.config.eos_token_ids, forced, &mut self.mask, &mut self.scratch),
+        };
+        let sampled = match sampled {
+            Ok(s) => s,
+            Err(reason) => {
+                let text = r.detok.flush();
+                let fin = self.finish(f.rid, reason);
+                out.push(f.rid, text, Some(fin));
+                return;
+            }
+        };
+        let token = sampled.token;
+        if let Some(c) = &mut r.constraint {
+            if !c.accept_token(token) {
+                let text = r.detok.flush();
+                let reason =
+                    FinishReason::error(ErrorKind::Grammar, format!("the grammar rejected token {token}"));
+                let fin = self.finish(f.rid, reason);
+                out.push(f.rid, text, Some(fin));
+                return;
+            }
+        }
+        r.sampler.observe(token);
+        r.tokens.push(token);
+        let now = Instant::now();
+        match r.last_token_at {
+            None => self.latencies.ttft_s.push(now.duration_since(r.arrival).as_secs_f64()),
+            Some(prev) => self.latencies.itl_s.push(now.duration_since(prev).as_secs_f64()),
+        }
+        r.first_token_at.get_or_insert(now);
+        r.last_token_at = Some(now);
+        self.stats.generation_tokens += 1;
+        let is_eos = !r.params.ignore_eos && self.config.eos_token_ids.contains(&token);
+        let step = r.detok.step(&*self.vocab, token, stops_active, is_eos).unwrap_or_else(|_| {
+            crate::detok::Step { delta: String::new(), stop: Some(StopReason::Token(token)) }
+        });
+        out.push_token(token, sampled.logprob, &sampled.top_logprobs);
+        let mut text = step.delta;
+        let reason = match step.stop {
+            Some(stop) => Some(FinishReason::Stop(stop)),
+            None if r.generated() >= r.params.max_new_tokens || r.tokens.len() >= self.config.max_context => {
+                text.push_str(&r.detok.flush());
+                Some(FinishReason::Length)
+            }
+            None => None,
+        };
+        let fin = reason.map(|reason| self.finish(f.rid, reason));
+        out.push(f.rid, text, fin);
+    }
+
+    /// A finished prefill goes into the cache at once (not only when the request ends), so
+    /// requests that arrive meanwhile with the same prefix, e.g. the other samples of an
+    /// `n > 1` request, reuse it. The request then holds the tree's slots for its whole
+    /// prefix and a lock on the node that ends it.
+    fn cache_prefill(&mut self, rid: u64) {
+        let r = self.requests.get_mut(&rid).expect("in-flight request exists");
+        let (n, ns) = (r.kv_len, r.params.namespace.as_deref());
+        let already = self.tree.insert(&r.tokens[..n], &r.slots[..n], ns, r.params.priority);
+        let already = already.expect("token and slot lists have equal length");
+        let m = self.tree.match_prefix(&r.tokens[..n], ns);
+        debug_assert_eq!(m.length, n);
+        // ours among the already-cached part are duplicates of the tree's (same tokens at
+        // the same positions, so the same K/V): switch to the tree's and free ours
+        self.pool.free(&r.slots[r.cached_len..already.max(r.cached_len)]).expect("duplicate slots were ours");
+        r.slots[..n].copy_from_slice(&m.kv_slots);
+        self.tree.lock(m.node).expect("a fresh match's node is live");
+        if let Some(old) = r.node.replace(m.node) {
+            self.tree.unlock(old).expect("the request's lock is live");
+        }
+        r.cached_len = n;
+    }
+}
+
+/// One request's next token from its row: EOS and stop tokens suppressed where they may
+/// not come yet, the grammar's mask applied, then its sampler (or the `forced` token,
+/// checked against the mask).
+fn draw(
+    r: &mut Request,
+    row: &mut [f32],
+    eos_ids: &[u32],
+    forced: Option<u32>,
+    mask: &mut Vec<u32>,
+    scratch: &mut Vec<f32>,
+) -> Result<Sampled, FinishReason> {
+    let stops_active = r.generated() >= r.params.min_new_tokens;
+    // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos)
+    if r.params.ignore_eos || !stops_active {
+        for &e in eos_ids {
+            row[e as usize] = f32::NEG_INFINITY;
+        }
+    }
+    if !stops_active {
+        for &t in &r.params.stops.stop_token_ids {
+            row[t as usize] = f32::NEG_INFINITY;
+        }
+    }
+    let mask = match &mut r.constraint {
+        Some(c) => {
+            c.fill_mask(mask);
+            Some(mask.as_slice())
+        }
+        None => None,
+    };
+    match forced {
+        Some(t) if mask.is_none_or(|m| crate::sampling::mask_allows(m, t as usize)) => {
+            Ok(Sampled { token: t, logprob: None, top_logprobs: Vec::new() })
+        }
+        Some(t) => Err(FinishReason::error(
+            ErrorKind::Grammar,
+            format!("token {t} is not allowed by the request's grammar"),
+        )),
+        None => r.sampler.sample_with(row, mask, scratch).map_err(|e| {
+            // nothing left to draw: the grammar's doing when there is one
+            let kind = if mask.is_some() { ErrorKind::Grammar } else { ErrorKind::Sampling };
+            FinishReason::error(kind, e.to_string())
+        }),
+    }
+}

@@ -1,0 +1,265 @@
+//! Scheduling: what runs each step. Admission under token and KV budgets, chunked
+//! prefill, eviction then retraction under KV pressure, queue timeouts.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::config::SchedulePolicy;
+use super::core::{Engine, EngineError, InFlight};
+use super::plan::BatchPlan;
+use super::request::{ErrorKind, FinishReason};
+
+impl Engine {
+    // ---- schedule ----
+
+    /// Picks this step's work. Every running request gets its next token or prompt chunk
+    /// (decode is never starved by prompts); waiting requests join in policy order while
+    /// the step's prefill budget, `max_running_requests` and the KV pool allow.
+    pub fn schedule(&mut self) -> Result<BatchPlan, EngineError> {
+        if !self.in_flight.is_empty() {
+            return Err(EngineError::Protocol("schedule called twice without commit".into()));
+        }
+        self.expire_waiting(Instant::now());
+        self.make_room_for_decodes();
+        let mut plan = BatchPlan { qo_offsets: vec![0], kv_offsets: vec![0], ..BatchPlan::default() };
+        let mut budget = self.config.max_prefill_tokens;
+        for i in 0..self.running.len() {
+            let rid = self.running[i];
+            let r = &self.requests[&rid];
+            let todo = r.tokens.len() - r.kv_len;
+            let is_decode = todo == 1 && r.kv_len >= r.prompt_len;
+            // a decode's slot was made room for; prompt chunks share the prefill budget
+            let n = if is_decode { 1 } else { todo.min(budget) };
+            if n == 0 || !self.reserve_slots(rid, n) {
+                continue;
+            }
+            if !is_decode {
+                budget -= n;
+            }
+            self.add_to_plan(&mut plan, rid, n, !is_decode);
+        }
+        self.admit(&mut plan, &mut budget);
+        if plan.is_empty() && self.running.len() > 1 {
+            // Running prompts that cannot get slots while nothing decodes would wait on
+            // each other forever: give one's KV back and try again.
+            let victim = self.retraction_victim();
+            self.retract(victim);
+            return self.schedule();
+        }
+        self.stats.steps += 1;
+        Ok(plan)
+    }
+
+    /// Allocates `n` more slots for a running request's next tokens (evicting from the
+    /// cache if the pool is short). False, taking nothing, if they cannot be had.
+    fn reserve_slots(&mut self, rid: u64, n: usize) -> bool {
+        self.evict_until_free(n);
+        let r = self.requests.get_mut(&rid).expect("running request exists");
+        self.pool.alloc_into(n, &mut r.slots)
+    }
+
+    fn evict_until_free(&mut self, n: usize) {
+        if self.pool.num_free() < n {
+            let freed = self.tree.evict(n - self.pool.num_free());
+            self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
+        }
+    }
+
+    fn add_to_plan(&mut self, plan: &mut BatchPlan, rid: u64, n: usize, is_prefill: bool) {
+        let r = &self.requests[&rid];
+        let (start, end) = (r.kv_len, r.kv_len + n);
+        plan.rids.push(rid);
+        plan.input_ids.extend_from_slice(&r.tokens[start..end]);
+        plan.positions.extend(start as u32..end as u32);
+        plan.out_slots.extend_from_slice(&r.slots[start..end]);
+        plan.qo_offsets.push(plan.input_ids.len() as u32);
+        plan.kv_slots.extend_from_slice(&r.slots[..end]);
+        plan.kv_offsets.push(plan.kv_slots.len() as u32);
+        let samples = end == r.tokens.len();
+        plan.samples.push(samples);
+        plan.is_prefill.push(is_prefill);
+        self.in_flight.push(InFlight { rid, end, samples, is_prefill });
+    }
+
+    /// Frees pool slots for every decoding request: from the cache first, then by
+    /// retracting running requests (those with the most left to generate go first).
+    fn make_room_for_decodes(&mut self) {
+        loop {
+            let need = self
+                .running
+                .iter()
+                .filter(|rid| {
+                    let r = &self.requests[*rid];
+                    r.tokens.len() - r.kv_len == 1 && r.kv_len >= r.prompt_len
+                })
+                .count();
+            self.evict_until_free(need);
+            if self.pool.num_free() >= need {
+                return;
+            }
+            let victim = self.retraction_victim();
+            if self.running.len() == 1 {
+                let r = &self.requests[&victim];
+                let msg = format!(
+                    "the KV pool ({} slots) cannot hold this request's {} tokens",
+                    self.config.kv_capacity,
+                    r.tokens.len()
+                );
+                let text = self.requests.get_mut(&victim).unwrap().detok.flush();
+                self.finish_pending(victim, FinishReason::error(ErrorKind::KvCapacity, msg), text);
+                return;
+            }
+            self.retract(victim);
+        }
+    }
+
+    /// The running request with the most left to generate (the latest arrival on ties):
+    /// retracting it frees room for the longest time.
+    fn retraction_victim(&self) -> u64 {
+        self.running
+            .iter()
+            .copied()
+            .max_by_key(|rid| {
+                let r = &self.requests[rid];
+                (r.remaining(), r.arrival)
+            })
+            .expect("retraction needs a running request")
+    }
+
+    /// Takes a running request off the batch, keeping its tokens: its computed KV goes to
+    /// the cache, so it resumes through a prefix hit.
+    fn retract(&mut self, rid: u64) {
+        self.release_kv(rid);
+        self.running.retain(|&r| r != rid);
+        let r = self.requests.get_mut(&rid).unwrap();
+        r.retractions += 1;
+        r.queued_at = Instant::now();
+        self.waiting.push_front(rid);
+        self.stats.retractions += 1;
+        tracing::debug!(rid, "retracted under KV pressure");
+    }
+
+    fn expire_waiting(&mut self, now: Instant) {
+        // a sample that leads in place of an expired one joins the queue: look again
+        loop {
+            let expired: Vec<u64> = self
+                .waiting
+                .iter()
+                .copied()
+                .filter(|rid| {
+                    let r = &self.requests[rid];
+                    r.retractions == 0
+                        && r.params
+                            .queue_timeout_s
+                            .is_some_and(|t| now.duration_since(r.queued_at).as_secs_f64() > t)
+                })
+                .collect();
+            if expired.is_empty() {
+                return;
+            }
+            for rid in expired {
+                let t = self.requests[&rid].params.queue_timeout_s.unwrap();
+                let message = format!("waited in the queue longer than {t} s");
+                self.finish_pending(
+                    rid,
+                    FinishReason::error(ErrorKind::QueueTimeout, message),
+                    String::new(),
+                );
+            }
+        }
+    }
+
+    fn admission_order(&self) -> Vec<u64> {
+        let mut order: Vec<u64> = self.waiting.iter().copied().collect();
+        match self.config.schedule_policy {
+            SchedulePolicy::Fcfs => {}
+            SchedulePolicy::Priority => {
+                order.sort_by_key(|rid| std::cmp::Reverse(self.requests[rid].params.priority))
+            }
+            SchedulePolicy::Lpm if self.config.enable_prefix_cache => {
+                // a read-only look: ordering must not split nodes or count as a use
+                let hits: HashMap<u64, usize> = order
+                    .iter()
+                    .map(|rid| {
+                        let r = &self.requests[rid];
+                        let ns = r.params.namespace.as_deref();
+                        (*rid, self.tree.prefix_len(&r.tokens[..r.tokens.len() - 1], ns))
+                    })
+                    .collect();
+                order.sort_by_key(|rid| std::cmp::Reverse(hits[rid]));
+            }
+            SchedulePolicy::Lpm => {}
+        }
+        order
+    }
+
+    fn admit(&mut self, plan: &mut BatchPlan, budget: &mut usize) {
+        for rid in self.admission_order() {
+            if self.running.len() >= self.config.max_running_requests {
+                break;
+            }
+            let r = &self.requests[&rid];
+            // at least one token must run to produce logits
+            let lookup = &r.tokens[..r.tokens.len() - 1];
+            let ns = r.params.namespace.as_deref();
+            let cache = self.config.enable_prefix_cache;
+            // a read-only look first: a request passed over must leave the tree as it was
+            let matched = if cache { self.tree.prefix_len(lookup, ns) } else { 0 };
+            let uncached = r.tokens.len() - matched;
+            let fast_lane = uncached <= self.config.fast_lane_tokens;
+            if *budget == 0 && !fast_lane {
+                // the prefill budget is spent, but a request behind this one may still
+                // take the fast lane (almost all cached)
+                continue;
+            }
+            let (cached_slots, node) = if cache {
+                let m = self.tree.match_prefix(lookup, ns);
+                debug_assert_eq!(m.length, matched, "prefix_len agrees with match_prefix");
+                (m.kv_slots, Some(m.node))
+            } else {
+                (Vec::new(), None)
+            };
+            let chunk = if fast_lane { uncached } else { uncached.min(*budget) };
+            if let Some(node) = node {
+                self.tree.lock(node).expect("a fresh match's node is live");
+            }
+            let ratio = self.config.new_token_ratio;
+            let reserved: usize = self
+                .running
+                .iter()
+                .map(|rid| {
+                    let r = &self.requests[rid];
+                    // slots still to allocate for its known tokens, plus a share of its future
+                    r.tokens.len().saturating_sub(r.slots.len())
+                        + (r.remaining() as f64 * ratio).ceil() as usize
+                })
+                .sum();
+            let wanted = uncached + (r.remaining() as f64 * ratio).ceil() as usize;
+            let available = self.pool.num_free() + self.tree.sizes().evictable;
+            if wanted + reserved > available {
+                if let Some(node) = node {
+                    self.tree.unlock(node).expect("just locked");
+                }
+                break;
+            }
+            self.evict_until_free(chunk);
+            let r = self.requests.get_mut(&rid).unwrap();
+            r.slots = cached_slots;
+            assert!(self.pool.alloc_into(chunk, &mut r.slots), "room was checked");
+            r.cached_len = matched;
+            r.kv_len = matched;
+            r.node = node;
+            if r.cached_prompt_tokens.is_none() {
+                r.cached_prompt_tokens = Some(matched.min(r.prompt_len));
+                self.stats.prompt_tokens += r.prompt_len as u64;
+                self.stats.cache_hit_tokens += matched.min(r.prompt_len) as u64;
+                self.latencies.queue_s.push(r.arrival.elapsed().as_secs_f64());
+            }
+            self.waiting.retain(|&w| w != rid);
+            self.running.push(rid);
+            *budget -= chunk.min(*budget);
+            let is_prefill = !(chunk == 1 && matched >= self.requests[&rid].prompt_len);
+            self.add_to_plan(plan, rid, chunk, is_prefill);
+        }
+    }
+}
