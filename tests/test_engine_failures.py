@@ -157,11 +157,14 @@ class FakeConn:
 
 
 def run_loop(loop: EngineLoop) -> None:
-    for _ in range(1000):
-        if not loop._busy():
-            return
-        loop._step()
-    raise AssertionError("the loop made no progress")
+    try:
+        for _ in range(1000):
+            if not loop._busy():
+                return
+            loop._step()
+        raise AssertionError("the loop made no progress")
+    finally:
+        loop.close()  # its compile threads and wakeup sockets
 
 
 def test_the_server_loop_finishes_every_request_of_a_failed_step(tiny: LoadedModel) -> None:

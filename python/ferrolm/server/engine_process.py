@@ -27,6 +27,7 @@ each of its samples.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
