@@ -38,13 +38,15 @@ class EngineUnavailable(RuntimeError):
 
 
 # The error of a request the engine can no longer serve (it died, or stopped answering):
-# its deltas' ``error`` starts with this, and ``generation.error_of`` answers them with 503.
+# its deltas carry this message and ENGINE_UNAVAILABLE_KIND, which ``generation.error_of`` answers with 503.
 ENGINE_UNAVAILABLE = "the engine is unavailable"
+ENGINE_UNAVAILABLE_KIND = "engine_unavailable"  # the error kind of such deltas, beside the core's kinds
 
 
 def unavailable_delta(rid: int, reason: str) -> Delta:
     """The last delta of a request that the engine cannot finish."""
-    return Delta(rid, [], "", [], [], finish_reason="error", error=f"{ENGINE_UNAVAILABLE}: {reason}")
+    return Delta(rid, [], "", [], [], finish_reason="error", error=f"{ENGINE_UNAVAILABLE}: {reason}",
+                 error_kind=ENGINE_UNAVAILABLE_KIND)
 
 
 class EngineError(RuntimeError):

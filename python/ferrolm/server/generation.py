@@ -13,7 +13,7 @@ from starlette.requests import Request
 from ferrolm.engine import Delta, Output
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.engine_client import ENGINE_UNAVAILABLE, EngineClient, EngineError, EngineUnavailable, RequestHandle
+from ferrolm.server.engine_client import ENGINE_UNAVAILABLE_KIND, EngineClient, EngineError, EngineUnavailable, RequestHandle
 from ferrolm.server.errors import APIError, from_invalid_input
 
 
@@ -121,19 +121,17 @@ class Generation:
     def raise_for_errors(self) -> None:
         for s in self.samples.values():
             if s.finish_reason == "error":
-                raise error_of(s.error)
+                raise error_of(s)
 
 
-# how the core words a request that waited past its queue_timeout (engine/core.rs)
-QUEUE_TIMEOUT_MESSAGE = "waited in the queue longer than"
-
-
-def error_of(message: str | None) -> APIError:
-    """A request that finished with an error: 503 if it waited too long (the server is
-    overloaded, a retry may succeed) or the engine died or stopped answering, else 500."""
-    if message and message.startswith(ENGINE_UNAVAILABLE):
-        return APIError(503, message, code="engine_unavailable")
-    if message and QUEUE_TIMEOUT_MESSAGE in message:
+def error_of(finished: Output | Delta) -> APIError:
+    """A request that finished with an error, by the error's kind: 503 if it waited too
+    long in the queue (the server is overloaded, a retry may succeed) or the engine died
+    or stopped answering, else 500."""
+    message = finished.error
+    if finished.error_kind == ENGINE_UNAVAILABLE_KIND:
+        return APIError(503, f"{message}", code="engine_unavailable")
+    if finished.error_kind == "queue_timeout":
         return APIError(503, f"the server is overloaded: the request {message}", code="queue_timeout")
     return APIError(500, f"generation failed: {message}")
 
@@ -151,5 +149,6 @@ async def wait_for_disconnect(request: Request) -> None:
 def merge_deltas(a: Delta, b: Delta) -> Delta:
     """``a`` then ``b`` of the same request, as one delta (``b`` may finish it)."""
     return Delta(a.rid, a.token_ids + b.token_ids, a.text + b.text, a.logprobs + b.logprobs,
-                 a.top_logprobs + b.top_logprobs, b.finish_reason, b.matched_stop, b.error,
-                 b.prompt_tokens, b.cached_tokens, b.completion_tokens)
+                 a.top_logprobs + b.top_logprobs, finish_reason=b.finish_reason, matched_stop=b.matched_stop,
+                 error=b.error, error_kind=b.error_kind, prompt_tokens=b.prompt_tokens,
+                 cached_tokens=b.cached_tokens, completion_tokens=b.completion_tokens)

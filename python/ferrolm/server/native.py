@@ -90,7 +90,7 @@ async def _stream(gen: Generation, rid: str, with_logprobs: bool) -> AsyncIterat
     async for batch in gen.updates():
         for sample, d in batch:
             if d.finish_reason == "error":
-                yield sse_event(error_of(d.error).envelope())
+                yield sse_event(error_of(d).envelope())
             yield sse_event(_result(sample, rid, with_logprobs))
     yield DONE
 

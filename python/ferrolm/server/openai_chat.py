@@ -94,7 +94,7 @@ async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], n: 
                 logprobs = chat_logprobs(state, d.token_ids, d.logprobs, d.top_logprobs) if with_logprobs else None
                 yield chunk(sample.index, {"content": d.text}, logprobs)
             if d.finish_reason == "error":
-                yield sse_event(error_of(d.error).envelope())
+                yield sse_event(error_of(d).envelope())
             if d.finish_reason is not None:
                 yield chunk(sample.index, {}, None, d.finish_reason)
     if include_usage:

@@ -95,7 +95,7 @@ async def _stream(state: ServerState, gen: Generation, meta: dict[str, Any], wit
                     text_offsets[sample.index] = start + sum(len(t) for t in logprobs["tokens"])
                 yield chunk(sample.index, d.text, logprobs, None)
             if d.finish_reason == "error":
-                yield sse_event(error_of(d.error).envelope())
+                yield sse_event(error_of(d).envelope())
             if d.finish_reason is not None:
                 yield chunk(sample.index, "", None, d.finish_reason)
     if include_usage:
