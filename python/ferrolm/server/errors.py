@@ -77,7 +77,13 @@ def from_validation_error(e: ValidationError, model: type[BaseModel] | None = No
     in the body (``messages.0.content``); an unknown field is named as sent."""
     from ferrolm.server.protocol import IGNORED_FIELDS, UNSUPPORTED_FIELDS
 
-    first = e.errors(include_url=False)[0]
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    if first["loc"]:
+        # a union reports one error per member ("prompt" as str, as list[int]...): the
+        # deepest one under the same field says most (an id out of range, not "not a string")
+        same_field = [err for err in errors if err["loc"][:1] == first["loc"][:1]]
+        first = max(same_field, key=lambda err: len(err["loc"]))
     if first["type"] == "json_invalid":
         return bad_request(f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
     if not first["loc"] and first["type"] in ("model_type", "model_attributes_type", "dict_type"):
@@ -96,8 +102,8 @@ def from_validation_error(e: ValidationError, model: type[BaseModel] | None = No
 
 def _field_path(loc: tuple[int | str, ...], model: type[BaseModel] | None, trailing_index: bool = False) -> list[str]:
     """The part of pydantic's error location that names fields of the body: it stops at a
-    union member's tag (``prompt``, ``list[int]``...) and at a free-form dict's key
-    (``logit_bias``, ``json_schema``); a trailing list index is dropped (``stop_token_ids``,
+    free-form dict's key
+    (``logit_bias``, ``json_schema``), skipping union tags; a trailing list index is dropped (``stop_token_ids``,
     not ``stop_token_ids.3``) while one before a field stays (``messages.0.role``)."""
     path: list[str] = []
     current = model
@@ -105,6 +111,8 @@ def _field_path(loc: tuple[int | str, ...], model: type[BaseModel] | None, trail
         if isinstance(part, int):
             path.append(str(part))
             continue
+        if current is not None and part not in current.model_fields and _is_union_tag(part):
+            continue  # which member of a union pydantic tried: not a field
         if current is None or part not in current.model_fields:
             break
         path.append(part)
@@ -114,10 +122,19 @@ def _field_path(loc: tuple[int | str, ...], model: type[BaseModel] | None, trail
     return path
 
 
+# how pydantic names the member of a union it tried ("str", "list[TextPart]",
+# "function-after[...]")
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function", "tagged"}
+
+
+def _is_union_tag(part: str) -> bool:
+    return not part.isidentifier() or part in _TYPE_TAGS
+
+
 def _fields_at(loc: tuple[int | str, ...], model: type[BaseModel] | None) -> set[str]:
     current = model
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or current is not None and part not in current.model_fields and _is_union_tag(part):
             continue
         if current is None or part not in current.model_fields:
             return set()

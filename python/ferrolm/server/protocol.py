@@ -107,7 +107,8 @@ class OpenAISampling(_Body):
 
 
 class CompletionRequest(OpenAISampling):
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    # left to right: the first type that fits wins, without trying the rest on a long list
+    prompt: str | list[TokenId] | list[list[TokenId]] | list[str] = Field(union_mode="left_to_right")
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
