@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ferrolm.model.loader import resolve_model_folder
@@ -60,11 +61,20 @@ def create_app(args: ServerArgs, *, exit_on_engine_failure: bool = False) -> Fas
     return app
 
 
+class _Anything(PathConvertor):
+    """Starlette's ``path`` without its one gap: a newline (a model id may hold "%0A")."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("anything", _Anything())
+
+
 def _add_routes(app: FastAPI) -> None:
     app.add_api_route("/v1/completions", openai_completions.create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", openai_chat.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", info_routes.list_models, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", info_routes.retrieve_model, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:anything}", info_routes.retrieve_model, methods=["GET"])
     app.add_api_route("/generate", native.generate, methods=["POST"])
     app.add_api_route("/abort_request", native.abort_request, methods=["POST"])
     app.add_api_route("/health", info_routes.health, methods=["GET"])
