@@ -81,8 +81,8 @@ def test_openai_fields_that_change_nothing_are_accepted(server: RunningServer) -
     kw: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "temperature": 0}
     plain = client.chat.completions.create(messages=MSG, **kw)  # type: ignore[arg-type]
     ignored = client.chat.completions.create(
-        messages=MSG, user="u-1", store=False, metadata={"team": "a"}, service_tier="auto",  # type: ignore[arg-type]
-        parallel_tool_calls=False, safety_identifier="s-1", prompt_cache_key="k", **kw)
+        messages=MSG, user="u-1", store=False, metadata={"team": "a"}, service_tier="auto",
+        parallel_tool_calls=False, safety_identifier="s-1", prompt_cache_key="k", **kw)  # type: ignore[call-overload]
     assert ignored.choices[0].message.content == plain.choices[0].message.content
     completion = client.completions.create(prompt="hi", user="u-1", **kw)
     assert completion.choices[0].finish_reason in ("length", "stop")
@@ -203,8 +203,9 @@ def test_a_chunked_body_over_the_limit_is_a_413(server: RunningServer) -> None:
 def test_a_text_too_long_for_any_tokenization_is_refused_untokenized(server: RunningServer, path: str,
                                                                      field: str) -> None:
     text = "word " * (MAX_BODY // 6)  # under the body limit; over the context at the fewest tokens it could be
-    body: dict[str, Any] = {C: {"prompt": text}, G: {"text": text},
-                            CHAT: {"messages": [{"role": "user", "content": text}]}}[path]
+    bodies: dict[str, dict[str, Any]] = {C: {"prompt": text}, G: {"text": text},
+                                         CHAT: {"messages": [{"role": "user", "content": text}]}}
+    body = bodies[path]
     error = assert_error(post(server, path, body), 400, field)
     assert "at least" in error["message"], error  # the bound's refusal, not the tokenizer's count
 

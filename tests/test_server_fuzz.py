@@ -167,7 +167,7 @@ REQUIRED = {"/v1/chat/completions": "max_tokens"}
 
 posts = st.one_of(*[st.tuples(st.just(path), body_of(model, base)) for path, model, base in ROUTES])
 GET_PATHS = ["/v1/models", "/health", "/server_info", "/get_server_info", "/get_model_info", "/metrics"]
-gets = st.one_of(
+gets: st.SearchStrategy[tuple[str, dict[str, str]]] = st.one_of(
     st.tuples(st.sampled_from(GET_PATHS), st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)),
     st.tuples(st.text(max_size=20).map(lambda s: "/v1/models/" + quote(s, safe="")), st.just({})),
 )

@@ -163,7 +163,7 @@ async def soak_one(client: httpx.AsyncClient, rng: random.Random, i: int) -> str
     kind = rng.choice(["whole", "whole", "stream", "stream-hangup", "hangup", "abort"])
     stream = kind in ("stream", "stream-hangup", "abort")
     rid = f"soak-{i}"
-    extra = {"ignore_eos": rng.random() < 0.5}
+    extra: dict[str, Any] = {"ignore_eos": rng.random() < 0.5}
     if rng.random() < 0.3:
         extra["cache_salt"] = rng.choice(["tenant-a", "tenant-b"])
     if route == "/generate":

@@ -90,12 +90,12 @@ def from_validation_error(e: ValidationError, model: type[BaseModel] | None = No
         return bad_request("the body must be a JSON object")
     if first["type"] == "extra_forbidden" and first["loc"]:
         name = str(first["loc"][-1])
-        param = ".".join([*_field_path(first["loc"][:-1], model, trailing_index=True), name])
+        unknown = ".".join([*_field_path(first["loc"][:-1], model, trailing_index=True), name])
         reason = UNSUPPORTED_FIELDS.get(name)
         if reason is None:
             known = ", ".join(sorted(_fields_at(first["loc"][:-1], model) - set(IGNORED_FIELDS)))
             reason = f"unknown field (the fields here: {known})" if known else "unknown field"
-        return bad_request(f"{param}: {reason}", param)
+        return bad_request(f"{unknown}: {reason}", unknown)
     param = ".".join(_field_path(first["loc"], model)) or None
     return bad_request(f"{param}: {first['msg']}" if param else first["msg"], param)
 
