@@ -173,11 +173,12 @@ gets: st.SearchStrategy[tuple[str, dict[str, str]]] = st.one_of(
 )
 
 
-def field_paths(model: type[BaseModel], prefix: str = "", depth: int = 0) -> set[str]:
-    """Every dotted path of a field of ``model`` (list indices as ``N``)."""
-    out: set[str] = set()
+def field_paths(model: type[BaseModel], prefix: str = "", depth: int = 0) -> dict[str, bool]:
+    """Every dotted path of a field of ``model`` (list indices as ``N``), and whether the
+    field is a free-form object (whose keys are the client's: ``json_schema.schema``)."""
+    out: dict[str, bool] = {}
     for name, info in model.model_fields.items():
-        out.add(prefix + name)
+        out[prefix + name] = "dict[" in str(info.annotation)
         for nested in nested_models(info.annotation):
             if depth < 2:
                 out |= field_paths(nested, f"{prefix}{name}.", depth + 1)
@@ -186,10 +187,14 @@ def field_paths(model: type[BaseModel], prefix: str = "", depth: int = 0) -> set
 
 
 def names_a_field(param: str, model: type[BaseModel], body: dict[str, Any]) -> bool:
-    """``param`` is a field of the model, or a key the request sent (an unknown field),
-    where numeric path parts are list indices."""
-    generic = ".".join("N" if part.isdigit() else part for part in param.split("."))
-    if generic in field_paths(model):
+    """``param`` is a field of the model (or a member of one that is a free-form object),
+    or a key the request sent (an unknown field), where numeric path parts are list
+    indices."""
+    parts = ["N" if part.isdigit() else part for part in param.split(".")]
+    paths = field_paths(model)
+    if ".".join(parts) in paths:
+        return True
+    if any(paths.get(".".join(parts[:i])) for i in range(1, len(parts))):
         return True
     node: Any = body  # an unknown field: the path exists in what was sent
     for part in param.split("."):
