@@ -31,7 +31,9 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])  # the first of a repeated header is kept
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name, value)  # the first of a repeated header counts
         if scope["method"] == "POST" and not is_json(headers.get(b"content-type")):
             await send_error(send, 415, "a POST body must be JSON: send 'Content-Type: application/json'",
                              code="unsupported_media_type")
