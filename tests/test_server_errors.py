@@ -85,6 +85,69 @@ BAD = [
 ]
 
 
+# numbers the engine core could not even receive (u32 token ids and top_k, u64 counts and
+# seeds, i64 priority, finite floats): a 400 naming the field, never an overflow's 500
+G = "/generate"
+BIG = [
+    pytest.param(C, {"prompt": "x", "max_tokens": 2**64}, "max_tokens", id="max_tokens-2**64"),
+    pytest.param(C, {"prompt": "x", "max_tokens": 2**63}, "max_tokens", id="max_tokens-beyond-context-u64"),
+    pytest.param(C, {"prompt": "x", "max_tokens": 10**40}, "max_tokens", id="max_tokens-10**40"),
+    pytest.param(CHAT, {"messages": MSG, "max_completion_tokens": 2**64}, "max_completion_tokens",
+                 id="max_completion_tokens-2**64"),
+    pytest.param(CHAT, {"messages": MSG, "max_tokens": 2**64}, "max_tokens", id="chat-max_tokens-2**64"),
+    pytest.param(G, {"text": "x", "sampling_params": {"max_new_tokens": 2**64}}, "sampling_params.max_new_tokens",
+                 id="max_new_tokens-2**64"),
+    pytest.param(G, {"text": "x", "sampling_params": {"max_new_tokens": 2**62}}, "sampling_params.max_new_tokens",
+                 id="max_new_tokens-beyond-context-u64"),
+    pytest.param(C, {"prompt": "x", "min_tokens": 2**64}, "min_tokens", id="min_tokens-2**64"),
+    pytest.param(G, {"text": "x", "sampling_params": {"min_new_tokens": 2**64}}, "sampling_params.min_new_tokens",
+                 id="min_new_tokens-2**64"),
+    pytest.param(C, {"prompt": "x", "top_k": 2**32}, "top_k", id="top_k-2**32"),
+    pytest.param(CHAT, {"messages": MSG, "top_k": 2**32}, "top_k", id="chat-top_k-2**32"),
+    pytest.param(G, {"text": "x", "sampling_params": {"top_k": 2**32}}, "sampling_params.top_k", id="native-top_k"),
+    pytest.param(C, {"prompt": "x", "priority": 2**63}, "priority", id="priority-above-i64"),
+    pytest.param(C, {"prompt": "x", "priority": -(2**63) - 1}, "priority", id="priority-below-i64"),
+    pytest.param(G, {"text": "x", "priority": 2**63}, "priority", id="native-priority"),
+    pytest.param(C, {"prompt": "x", "seed": 2**64}, "seed", id="seed-2**64"),
+    pytest.param(C, {"prompt": "x", "logit_bias": {str(2**32): 1}}, "logit_bias", id="logit_bias-key-2**32"),
+    pytest.param(C, {"prompt": "x", "logit_bias": {"9" * 5000: 1}}, "logit_bias", id="logit_bias-key-5000-digits"),
+    pytest.param(C, {"prompt": "x", "logit_bias": {"0" * 5000 + "99999": 1}}, "logit_bias",
+                 id="logit_bias-key-5000-zeros-outside-vocab"),
+    pytest.param(G, {"text": "x", "sampling_params": {"logit_bias": {str(2**40): 1}}}, "sampling_params.logit_bias",
+                 id="native-logit_bias-key"),
+    pytest.param(C, {"prompt": "x", "stop_token_ids": [2**32]}, "stop_token_ids", id="stop_token_ids-2**32"),
+    pytest.param(C, {"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids", id="stop_token_ids-negative"),
+    pytest.param(G, {"text": "x", "sampling_params": {"stop_token_ids": [2**64]}}, "sampling_params.stop_token_ids",
+                 id="native-stop_token_ids"),
+    pytest.param(C, {"prompt": [1, 2**32]}, "prompt", id="prompt-id-2**32"),
+    pytest.param(C, {"prompt": [[1], [2**64]]}, "prompt", id="prompts-id-2**64"),
+    pytest.param(G, {"input_ids": [2**40]}, "input_ids", id="input_ids-2**40"),
+    pytest.param(C, {"prompt": "x", "best_of": 2**64}, "best_of", id="best_of-2**64"),
+]
+BIG += [pytest.param(C, {"prompt": "x", "logit_bias": {key: 1}}, "logit_bias", id=f"logit_bias-key-{name}")
+        for name, key in [("space", " 5"), ("plus", "+5"), ("underscore", "1_000"), ("arabic-digit", "\u0663"),
+                          ("minus", "-1"), ("empty", ""), ("trailing-space", "5 "), ("fullwidth", "\uff15")]]
+BAD += BIG
+
+# non-finite floats: JSON has none, but Python's json (and others) write NaN and Infinity,
+# and 1e400 overflows to infinity
+NON_FINITE = [
+    (C, b'{"prompt": "x", "temperature": NaN}', "temperature"),
+    (C, b'{"prompt": "x", "top_p": Infinity}', "top_p"),
+    (C, b'{"prompt": "x", "temperature": 1e400}', "temperature"),
+    (C, b'{"prompt": "x", "logit_bias": {"5": -Infinity}}', "logit_bias"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "presence_penalty": NaN}', "presence_penalty"),
+    (G, b'{"text": "x", "sampling_params": {"min_p": NaN}}', "sampling_params.min_p"),
+    (G, b'{"text": "x", "sampling_params": {"repetition_penalty": Infinity}}', "sampling_params.repetition_penalty"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "param"), NON_FINITE)
+def test_non_finite_numbers_are_a_400_naming_the_field(server: RunningServer, path: str, raw: bytes,
+                                                       param: str) -> None:
+    assert_envelope(post(server, path, raw, raw=True), 400, param)
+
+
 # structured output is refused, naming the field, while SamplingParams lacks the field
 _NOT_YET = [
     ("regex", C, {"prompt": "x", "regex": "[a-z]+"}, "regex"),

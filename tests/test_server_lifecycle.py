@@ -17,19 +17,7 @@ from typing import Any
 
 import httpx
 
-from ferrolm.server.testing import free_port, running_server, wait_until
-
-
-def engine_process_of(server_pid: int) -> int:
-    """The server's engine process (its other child is multiprocessing's resource tracker)."""
-    found = []
-    for task in Path(f"/proc/{server_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                found.append(int(child))
-    [engine] = found
-    return engine
+from ferrolm.server.testing import engine_pid, free_port, running_server, wait_until
 
 
 def test_health_is_503_until_ready_then_200() -> None:
@@ -86,7 +74,7 @@ def test_an_engine_that_dies_fails_its_requests_and_ends_the_server() -> None:
         reader = threading.Thread(target=stream)
         reader.start()
         wait_until(lambda: len(events) > 2 or httpx.get(f"{server.url}/server_info").json()["load"]["running"] == 1)
-        os.kill(engine_process_of(server.process.pid), signal.SIGKILL)
+        os.kill(engine_pid(server), signal.SIGKILL)
         reader.join(timeout=30)
         assert not reader.is_alive(), "the stream must end, not hang"
         assert events[-1] == "data: [DONE]"

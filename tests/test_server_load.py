@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ferrolm.server.testing import RunningServer, running_server, wait_until
+from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, running_server, wait_until
 
 CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 
@@ -144,3 +145,98 @@ def test_abort_an_openai_stream_by_its_id(server: RunningServer) -> None:
     finish = json.loads(rest[-2][len("data: "):])["choices"][0]
     assert finish["finish_reason"] == "abort" and finish["delta"] == {}
     assert_no_request_holds_kv(server)
+
+
+# ---- soak: clients that hang up at random, aborts, all at once ----
+
+SOAK_WARMUP = 80
+SOAK_REQUESTS = 300
+SOAK_CONCURRENCY = 16
+PREFIXES = ["You are a helpful assistant. " * 4, "Translate the following text. " * 3, "Summarize: "]
+
+
+async def soak_one(client: httpx.AsyncClient, rng: random.Random, i: int) -> str:
+    """One request of a random kind; returns how it ended. Never waits unboundedly."""
+    route = rng.choice(["/v1/completions", "/v1/chat/completions", "/generate"])
+    text = rng.choice(PREFIXES) + f"request {i} " + "x" * rng.randrange(0, 40)
+    budget = rng.randrange(1, 48)
+    kind = rng.choice(["whole", "whole", "stream", "stream-hangup", "hangup", "abort"])
+    stream = kind in ("stream", "stream-hangup", "abort")
+    rid = f"soak-{i}"
+    extra: dict[str, Any] = {"ignore_eos": rng.random() < 0.5}
+    if rng.random() < 0.3:
+        extra["cache_salt"] = rng.choice(["tenant-a", "tenant-b"])
+    if route == "/generate":
+        body: dict[str, Any] = {"text": text, "rid": rid, "stream": stream,
+                                "sampling_params": {"max_new_tokens": budget, **extra, "n": 1 if stream else
+                                                    rng.choice([1, 2])}}
+        if "cache_salt" in extra:
+            body["cache_salt"] = body["sampling_params"].pop("cache_salt")
+    elif route == "/v1/completions":
+        body = {"prompt": text, "max_tokens": budget, "stream": stream, "n": rng.choice([1, 2]), **extra}
+    else:
+        body = {"messages": [{"role": "user", "content": text}], "max_tokens": budget, "stream": stream,
+                "n": rng.choice([1, 2]), **extra}
+    if kind == "hangup":  # a non-streamed request whose client goes away at a random moment
+        try:
+            await asyncio.wait_for(client.post(route, json=body), timeout=rng.uniform(0.001, 0.1))
+            return "finished"
+        except TimeoutError:
+            return "hung up"
+    async with client.stream("POST", route, json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        if not stream:
+            payload = json.loads(await r.aread())
+            reasons = [c["finish_reason"] for c in payload["choices"]] if "choices" in payload else [
+                (p["meta_info"]["finish_reason"] or {}).get("type") for p in (payload if isinstance(payload, list)
+                                                                              else [payload])]
+            assert set(reasons) <= {"length", "stop", "abort"}, payload
+            return "finished"
+        events = 0
+        stop_after = rng.randrange(1, 6)
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            events += 1
+            assert '"error"' not in line, line
+            if kind == "stream-hangup" and events >= stop_after:
+                return "hung up"  # leaving the block closes the connection mid-stream
+            if kind == "abort" and events == 1:
+                abort_id = rid if route == "/generate" else json.loads(line[len("data: "):])["id"]
+                target = {"abort_all": True} if rng.random() < 0.03 else {"rid": abort_id}
+                assert (await client.post("/abort_request", json=target)).status_code == 200
+        return "streamed"
+
+
+def soak(server: RunningServer, count: int, seed: int) -> dict[str, int]:
+    async def run() -> dict[str, int]:
+        rng = random.Random(seed)
+        gate = asyncio.Semaphore(SOAK_CONCURRENCY)
+        ends: dict[str, int] = {}
+        limits = httpx.Limits(max_connections=SOAK_CONCURRENCY * 2)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            async def one(i: int) -> None:
+                async with gate:
+                    end = await soak_one(client, random.Random(rng.random()), i)
+                    ends[end] = ends.get(end, 0) + 1
+
+            await asyncio.wait_for(asyncio.gather(*(one(seed * 10_000 + i) for i in range(count))), 150)
+        return ends
+
+    return asyncio.run(run())
+
+
+def test_soak_with_random_disconnects_and_aborts_leaks_nothing(server: RunningServer) -> None:
+    processes = {"api": server.process.pid, "engine": engine_pid(server)}
+    soak(server, SOAK_WARMUP, seed=1)  # allocators, caches and the token table settle first
+    assert_no_request_holds_kv(server)
+    before = {name: rss_bytes(pid) for name, pid in processes.items()}
+    ends = soak(server, SOAK_REQUESTS, seed=2)
+    assert sum(ends.values()) == SOAK_REQUESTS
+    assert ends.get("hung up", 0) > 0 and ends.get("streamed", 0) > 0, ends
+    assert_no_request_holds_kv(server)
+    after = {name: rss_bytes(pid) for name, pid in processes.items()}
+    for name in processes:  # flat, generously: a leak of a request's state would grow with the count
+        assert after[name] <= before[name] * 1.25 + (64 << 20), (name, before[name] >> 20, after[name] >> 20)
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "after the soak", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -81,7 +82,7 @@ def test_abort_request_by_rid_frees_kv(http: httpx.Client, server: RunningServer
 def test_flush_cache_returns_kv_to_zero(http: httpx.Client) -> None:
     http.post("/generate", json={"text": "fill the cache", "sampling_params": {"max_new_tokens": 4}})
     assert load(http)["cached_tokens"] > 0
-    r = http.post("/flush_cache")
+    r = http.post("/flush_cache", json={})
     assert r.status_code == 200, r.text
     assert load(http)["kv_used"] == 0
 
@@ -93,7 +94,7 @@ def test_flush_cache_refused_while_busy(http: httpx.Client, server: RunningServe
     worker.start()
     try:
         wait_until(lambda: load(http)["running"] == 1)
-        r = http.post("/flush_cache")
+        r = http.post("/flush_cache", json={})
         assert r.status_code == 400 and "running" in r.json()["error"]["message"]
     finally:
         assert http.post("/abort_request", json={"abort_all": True}).status_code == 200
@@ -122,6 +123,20 @@ def test_auth(server: RunningServer) -> None:
     assert httpx.get(f"{server.url}/metrics").status_code == 200
     ok = httpx.post(f"{server.url}/generate", json=body, headers=server.headers)
     assert ok.status_code == 200
+
+
+def test_auth_scheme_is_case_insensitive_and_the_key_is_not(server: RunningServer) -> None:
+    # the fixture's server took its key from FERROLM_API_KEY, not from a flag
+    assert SECRET.encode() not in Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
+    for value in (f"bearer {SECRET}", f"BEARER {SECRET}", f"BeArEr   {SECRET}"):
+        r = httpx.post(f"{server.url}/generate", json=body, headers={"Authorization": value})
+        assert r.status_code == 200, value
+    for value in (f"Bearer {SECRET.upper()}", f"Bearer {SECRET[:-1]}", f"Bearer {SECRET}x", "Bearer",
+                  f"Bearer{SECRET}", f"Token {SECRET}"):
+        r = httpx.post(f"{server.url}/generate", json=body, headers={"Authorization": value})
+        assert r.status_code == 401, value
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_openai_client_with_key(server: RunningServer) -> None:

@@ -484,7 +484,7 @@ def _flush_cache(base_url: str, api_key: str | None) -> bool:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     for _ in range(50):  # bounded: the server refuses while requests still finish
         try:
-            r = httpx.post(f"{base_url}/flush_cache", headers=headers, timeout=30)
+            r = httpx.post(f"{base_url}/flush_cache", json={}, headers=headers, timeout=30)
         except httpx.HTTPError:
             return False
         if r.status_code == 200:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ferrolm.model.loader import resolve_model_folder
@@ -22,6 +23,7 @@ from ferrolm.server.args import ServerArgs
 from ferrolm.server.auth import APIKeyMiddleware
 from ferrolm.server.engine_client import EngineClient, EngineUnavailable
 from ferrolm.server.errors import APIError, error_envelope
+from ferrolm.server.guard import RequestGuard
 from ferrolm.server.generation import ClientGone
 from ferrolm.server.metrics import ServerMetrics
 from ferrolm.server.state import ServerState
@@ -37,36 +39,49 @@ def create_app(args: ServerArgs, *, exit_on_engine_failure: bool = False) -> Fas
         client = EngineClient(args)
         client.start()
         app.state.ferrolm = state = ServerState(args, client, tokenizer)
-        # the token table for logprobs takes a moment on a large vocabulary: not on the loop
-        asyncio.get_running_loop().run_in_executor(None, lambda: state.token_bytes)
+        # the token table (for logprobs, and the prompt length bound) takes a moment on a
+        # large vocabulary: not on the loop
+        asyncio.get_running_loop().run_in_executor(state.executor, lambda: state.chars_per_token)
         watcher = asyncio.create_task(_watch_engine(client, exit_on_engine_failure))
         try:
             yield
         finally:
             watcher.cancel()
             await asyncio.to_thread(client.close)
+            state.executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ferrolm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.metrics = ServerMetrics()
     _add_routes(app)
     _add_error_handlers(app)
+    # the last added runs first: the key is checked before a body is read
+    app.add_middleware(RequestGuard, max_body_bytes=args.max_request_bytes)
     if args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
     return app
+
+
+class _Anything(PathConvertor):
+    """Starlette's ``path`` without its one gap: a newline (a model id may hold "%0A")."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("anything", _Anything())
 
 
 def _add_routes(app: FastAPI) -> None:
     app.add_api_route("/v1/completions", openai_completions.create_completion, methods=["POST"])
     app.add_api_route("/v1/chat/completions", openai_chat.create_chat_completion, methods=["POST"])
     app.add_api_route("/v1/models", info_routes.list_models, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", info_routes.retrieve_model, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:anything}", info_routes.retrieve_model, methods=["GET"])
     app.add_api_route("/generate", native.generate, methods=["POST"])
     app.add_api_route("/abort_request", native.abort_request, methods=["POST"])
     app.add_api_route("/health", info_routes.health, methods=["GET"])
     app.add_api_route("/server_info", info_routes.server_info, methods=["GET"])
     app.add_api_route("/get_server_info", info_routes.server_info, methods=["GET"])  # SGLang's older name
     app.add_api_route("/get_model_info", info_routes.get_model_info, methods=["GET"])
-    app.add_api_route("/flush_cache", info_routes.flush_cache, methods=["POST", "GET"])
+    app.add_api_route("/flush_cache", info_routes.flush_cache, methods=["POST"])
     app.add_api_route("/metrics", metrics.metrics, methods=["GET"])
 
 

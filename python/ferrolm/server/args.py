@@ -4,11 +4,18 @@ SGLang, and the argparse wiring that fills them."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+API_KEY_ENV = "FERROLM_API_KEY"
+# 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
+# up to 7 bytes each with the separator, are under 1 MiB; as text, ~4 bytes a token) many
+# times over. Parsing holds the GIL, so this also bounds how long one body can hold up the
+# event loop: 8 MiB of token ids validate in ~0.15 s on a small machine, text in ~5 ms.
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -29,6 +36,7 @@ class ServerArgs:
     seed: int = 0
     blas_threads: int | None = None
     log_level: str = "info"
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
 
     @property
     def model_name(self) -> str:
@@ -48,7 +56,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'tiny' (embedded) or a Hugging Face model folder")
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' (not on /health, /metrics); better: set {API_KEY_ENV}, "
+                             "which does not show in ps (the flag wins when both are given)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests)
     parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=defaults.schedule_policy)
@@ -68,6 +78,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
+    parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
+                        help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)")
 
 
 def _heartbeat_timeout(text: str) -> float:
@@ -77,5 +89,18 @@ def _heartbeat_timeout(text: str) -> float:
     return value
 
 
-def server_args_from(ns: argparse.Namespace) -> ServerArgs:
-    return ServerArgs(**{name: getattr(ns, name) for name in ServerArgs.__dataclass_fields__})
+def server_args_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> ServerArgs:
+    """The settings from the parsed flags; the API key from ``--api-key``, else from the
+    environment. An empty key is an error, not "no key": a key that went missing on its way
+    (an unset variable in a script) must not open the server."""
+    environ = dict(os.environ) if environ is None else environ
+    settings = {name: getattr(ns, name) for name in ServerArgs.__dataclass_fields__}
+    if settings["api_key"] is None:
+        settings["api_key"] = environ.get(API_KEY_ENV)
+        if settings["api_key"] is not None and not settings["api_key"].strip():
+            raise SystemExit(f"ferrolm serve: {API_KEY_ENV} is set but empty; unset it to serve without a key")
+    elif not settings["api_key"].strip():
+        raise SystemExit("ferrolm serve: --api-key is empty")
+    if settings["max_request_bytes"] < 1:
+        raise SystemExit("ferrolm serve: --max-request-bytes must be positive")
+    return ServerArgs(**settings)

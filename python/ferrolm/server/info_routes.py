@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse, Response
 import ferrolm
 from ferrolm.server.engine_client import EngineUnavailable
 from ferrolm.server.errors import APIError
+from ferrolm.server.openai_common import parse_body
+from ferrolm.server.protocol import FlushCacheRequest
 from ferrolm.server.state import state_of
 
 
@@ -66,8 +68,11 @@ async def server_info(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    """Drops the prefix cache; refused while requests run (their KV is in use)."""
+    """Drops the prefix cache; refused while requests run (their KV is in use). A POST in
+    JSON, like every POST (no GET: a web page could trigger one with an image tag)."""
     state = state_of(request)
+    if await request.body():
+        await parse_body(request, FlushCacheRequest)
     await state.engine_ready()
     if not await state.client.call("flush_cache"):
         raise APIError(400, "the cache cannot be flushed while requests are running; try again when idle")

@@ -13,7 +13,7 @@ from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.errors import bad_request, from_invalid_input
 from ferrolm.server.generation import Generation, Sample, error_of
-from ferrolm.server.openai_common import core_kwargs, finite, parse_body, parse_logit_bias
+from ferrolm.server.openai_common import check_max_tokens, core_kwargs, finite, parse_body, parse_logit_bias
 from ferrolm.server.protocol import AbortRequest, GenerateRequest, NativeSamplingParams
 from ferrolm.server.sse import DONE, sse_event
 from ferrolm.server.state import state_of
@@ -24,7 +24,8 @@ FIELD_NAMES |= {"input_ids": "input_ids", "logprobs": "return_logprob", "top_log
 
 
 def native_params(sp: NativeSamplingParams, req: GenerateRequest) -> SamplingParams:
-    constraint = constraint_kwargs(regex=sp.regex, json_schema=sp.json_schema, ebnf=sp.ebnf, prefix="sampling_params.")
+    constraint, _ = constraint_kwargs(regex=sp.regex, json_schema=sp.json_schema, ebnf=sp.ebnf,
+                                      prefix="sampling_params.")
     try:
         return SamplingParams(
             max_new_tokens=sp.max_new_tokens, min_new_tokens=sp.min_new_tokens, temperature=sp.temperature,
@@ -56,11 +57,12 @@ async def generate(request: Request) -> Response:
     if rid is not None and rid in state.named:
         raise bad_request(f"rid: {rid!r} is already in flight", "rid")
     await state.engine_ready()
-    ids = state.tokenizer.encode(req.text) if req.text is not None else req.input_ids
+    check_max_tokens(params.max_new_tokens, state.context_length, "sampling_params.max_new_tokens")
+    ids = await state.encode(req.text, "text") if req.text is not None else req.input_ids
     gen = Generation(state.client)
     try:
         await gen.add(ids, params, 0, {**FIELD_NAMES, "input_ids": "text" if req.text is not None else "input_ids"},
-                      **core_kwargs(req.priority))
+                      **core_kwargs(req.priority, req.cache_salt))
     except BaseException:
         gen.close()
         raise

@@ -14,24 +14,27 @@ from ferrolm.errors import InvalidInputError
 from ferrolm.server.errors import bad_request, from_invalid_input
 from ferrolm.server.generation import Generation, Sample, error_of
 from ferrolm.server.openai_common import (
-    chat_logprobs, completion_id, core_kwargs, now, parse_body, sampling_params_from,
+    chat_logprobs, check_max_tokens, completion_id, core_kwargs, now, parse_body, sampling_params_from,
 )
 from ferrolm.server.protocol import ChatCompletionRequest
 from ferrolm.server.sse import DONE, sse_event
 from ferrolm.server.state import ServerState, state_of
 
 
-def prompt_ids_of(req: ChatCompletionRequest, state: ServerState) -> Any:
+async def prompt_ids_of(req: ChatCompletionRequest, state: ServerState) -> Any:
     messages = []
     for m in req.messages:
         content = m.content if isinstance(m.content, str) or m.content is None else "".join(p.text for p in m.content)
-        messages.append({"role": m.role, "content": content or ""})
+        message: dict[str, Any] = {"role": m.role, "content": content or ""}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        messages.append(message)
     try:
-        text = state.tokenizer.apply_chat_template(messages)
+        return await state.chat_prompt(messages, "messages")
     except InvalidInputError as e:
         raise from_invalid_input(e, {}) if e.field else bad_request(f"messages: {e}", "messages") from None
-    # the template writes its own BOS and markers
-    return state.tokenizer.encode(text, add_special_tokens=False)
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -43,9 +46,11 @@ async def create_chat_completion(request: Request) -> Response:
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
     await state.engine_ready()
-    ids = prompt_ids_of(req, state)
     max_tokens_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = req.max_completion_tokens or req.max_tokens
+    if max_tokens is not None:
+        check_max_tokens(max_tokens, state.context_length, max_tokens_field)
+    ids = await prompt_ids_of(req, state)
     if max_tokens is None:  # as OpenAI: up to the end of the context
         max_tokens = state.context_length - len(ids)
         if max_tokens < 1:
@@ -56,7 +61,7 @@ async def create_chat_completion(request: Request) -> Response:
                                   top_logprobs=req.top_logprobs or 0, field_names=field_names)
     gen = Generation(state.client)
     try:
-        await gen.add(ids, params, 0, field_names, **core_kwargs(req.priority))
+        await gen.add(ids, params, 0, field_names, **core_kwargs(req.priority, req.cache_salt))
     except BaseException:
         gen.close()
         raise

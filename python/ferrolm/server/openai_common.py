@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from typing import Any, TypeVar
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from ferrolm.errors import InvalidInputError
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.errors import bad_request, from_invalid_input, from_validation_error
-from ferrolm.server.protocol import OpenAISampling
+from ferrolm.server.protocol import U32_MAX, OpenAISampling
 from ferrolm.server.state import ServerState
 from ferrolm.server.structured_output import constraint_kwargs
 
@@ -26,19 +27,23 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
     try:
         return model.model_validate_json(raw)
     except ValidationError as e:
-        raise from_validation_error(e) from None
+        raise from_validation_error(e, model) from None
+
+
+_DECIMAL = re.compile(r"[0-9]+", re.ASCII)
 
 
 def parse_logit_bias(bias: dict[str, float] | None, param: str = "logit_bias") -> dict[int, float] | None:
-    """OpenAI sends token ids as JSON object keys, so as strings."""
+    """OpenAI sends token ids as JSON object keys, so as strings: plain ASCII decimals
+    (not " 5", "+5", "1_000" or "٣", which Python's ``int`` would take), in u32 range."""
     if not bias:
         return None
     out: dict[int, float] = {}
     for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise bad_request(f"{param}: key {key!r} is not a token id", param) from None
+        digits = key.lstrip("0") or "0"  # int() refuses over 4300 digits, leading zeros included
+        if not _DECIMAL.fullmatch(key) or len(digits) > len(str(U32_MAX)) or int(digits) > U32_MAX:
+            raise bad_request(f"{param}: key {key[:40]!r} is not a token id (a decimal number below 2**32)", param)
+        token = int(digits)
         if not -100.0 <= value <= 100.0:
             raise bad_request(f"{param}: bias {value} of token {token} is outside [-100, 100]", param)
         out[token] = float(value)
@@ -47,9 +52,12 @@ def parse_logit_bias(bias: dict[str, float] | None, param: str = "logit_bias") -
 
 def sampling_params_from(req: OpenAISampling, *, max_tokens: int, logprobs: bool, top_logprobs: int,
                          field_names: dict[str, str]) -> SamplingParams:
-    """Raises ``APIError`` 400 naming the field for values the engine would refuse."""
-    constraint = constraint_kwargs(regex=req.regex, json_schema=req.json_schema, ebnf=req.ebnf,
-                                   response_format=req.response_format)
+    """Raises ``APIError`` 400 naming the field for values the engine would refuse.
+    ``field_names`` (core field -> body field) gains the structured-output field used."""
+    constraint, constraint_names = constraint_kwargs(
+        regex=req.regex, json_schema=req.json_schema, ebnf=req.ebnf, response_format=req.response_format,
+        guided_json=req.guided_json, guided_regex=req.guided_regex, guided_choice=req.guided_choice)
+    field_names.update(constraint_names)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
         return SamplingParams(
@@ -78,9 +86,23 @@ def sampling_params_from(req: OpenAISampling, *, max_tokens: int, logprobs: bool
         raise from_invalid_input(e, field_names) from None
 
 
-def core_kwargs(priority: int | None) -> dict[str, Any]:
-    """Engine-core arguments beyond sampling (the scheduler's, per request)."""
-    return {} if priority is None else {"priority": priority}
+def core_kwargs(priority: int | None, cache_salt: str | None) -> dict[str, Any]:
+    """Engine-core arguments beyond sampling, per request: the scheduler's priority, and
+    the prefix cache's namespace (a request reuses only what requests of the same
+    ``cache_salt`` cached, so tenants with different salts never share a prefix)."""
+    kw: dict[str, Any] = {}
+    if priority is not None:
+        kw["priority"] = priority
+    if cache_salt is not None:
+        kw["namespace"] = cache_salt
+    return kw
+
+
+def check_max_tokens(max_tokens: int, context_length: int, param: str) -> None:
+    """A budget beyond the context can never be met; refused here, before the core adds it
+    to the prompt's length."""
+    if max_tokens > context_length:
+        raise bad_request(f"{param}: {max_tokens} is more than the context length ({context_length})", param)
 
 
 def completion_id(prefix: str) -> str:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from ferrolm.server.errors import bad_request
 from ferrolm.server.generation import Generation, Sample, error_of
 from ferrolm.server.openai_common import (
-    completion_id, completion_logprobs, core_kwargs, now, parse_body, sampling_params_from,
+    check_max_tokens, completion_id, completion_logprobs, core_kwargs, now, parse_body, sampling_params_from,
 )
 from ferrolm.server.protocol import CompletionRequest
 from ferrolm.server.sse import DONE, sse_event
@@ -23,18 +23,19 @@ FIELD_NAMES = {"input_ids": "prompt", "max_new_tokens": "max_tokens", "min_new_t
                "top_logprobs": "logprobs"}
 
 
-def prompts_of(req: CompletionRequest, state: ServerState) -> list[Any]:
-    """The prompts as token id sequences (the core checks ids against the vocabulary)."""
+async def prompts_of(req: CompletionRequest, state: ServerState) -> list[Any]:
+    """The prompts as token id sequences (the core checks ids against the vocabulary),
+    every text checked for length before any is tokenized."""
     prompt = req.prompt
     prompts: list[Any] = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
     if not prompts:
         raise bad_request("prompt: no prompt given", "prompt")
-    out: list[Any] = []
     for p in prompts:
         if not p:
             raise bad_request("prompt: the prompt is empty", "prompt")
-        out.append(state.tokenizer.encode(p) if isinstance(p, str) else p)
-    return out
+        if isinstance(p, str):
+            state.check_text_length(p, "prompt")
+    return [await state.encode(p, "prompt") if isinstance(p, str) else p for p in prompts]
 
 
 async def create_completion(request: Request) -> Response:
@@ -47,16 +48,18 @@ async def create_completion(request: Request) -> Response:
         raise bad_request("suffix: not supported yet", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of: not supported yet (other than equal to n)", "best_of")
+    field_names = dict(FIELD_NAMES)
     params = sampling_params_from(
         req, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS, logprobs=req.logprobs is not None,
-        top_logprobs=req.logprobs or 0, field_names=FIELD_NAMES,
+        top_logprobs=req.logprobs or 0, field_names=field_names,
     )
-    prompts = prompts_of(req, state)
     await state.engine_ready()
+    check_max_tokens(params.max_new_tokens, state.context_length, "max_tokens")
+    prompts = await prompts_of(req, state)
     gen = Generation(state.client)
     try:
         for i, ids in enumerate(prompts):
-            await gen.add(ids, params, i, FIELD_NAMES, **core_kwargs(req.priority))
+            await gen.add(ids, params, i, field_names, **core_kwargs(req.priority, req.cache_salt))
     except BaseException:
         gen.close()
         raise

@@ -1,7 +1,8 @@
-"""Where structured output (regex, JSON Schema, ``response_format``, EBNF) meets the HTTP
-API. The request models accept the fields; each maps to a ``SamplingParams`` field, and
-the engine compiles the grammar. A field that ``SamplingParams`` does not have (yet) is
-refused with a 400 naming it, so a client never gets unconstrained text by surprise."""
+"""Where structured output (regex, JSON Schema, ``response_format``, EBNF, and vLLM's
+``guided_json`` / ``guided_regex`` / ``guided_choice``) meets the HTTP API. The request
+models accept the fields; each maps to a ``SamplingParams`` field, and the engine compiles
+the grammar. A field that ``SamplingParams`` does not have (yet) is refused with a 400
+naming it, so a client never gets unconstrained text by surprise."""
 
 from __future__ import annotations
 
@@ -22,10 +23,15 @@ def constraint_kwargs(
     json_schema: str | dict[str, Any] | None = None,
     ebnf: str | None = None,
     response_format: ResponseFormat | None = None,
+    guided_json: str | dict[str, Any] | None = None,
+    guided_regex: str | None = None,
+    guided_choice: list[str] | None = None,
     prefix: str = "",
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, str]]:
     """``SamplingParams`` keyword arguments for the constraint a request asks for (at most
-    one); ``prefix`` is where the fields sit in the body (``sampling_params.``)."""
+    one), and the body field it came from by ``SamplingParams`` field (to name it when
+    the grammar does not compile); ``prefix`` is where the fields sit in the body
+    (``sampling_params.``)."""
     asked: list[tuple[str, str, Any]] = []  # (SamplingParams field, body field, value)
     if regex is not None:
         asked.append(("regex", f"{prefix}regex", regex))
@@ -33,6 +39,12 @@ def constraint_kwargs(
         asked.append(("json_schema", f"{prefix}json_schema", json_schema))
     if ebnf is not None:
         asked.append(("ebnf", f"{prefix}ebnf", ebnf))
+    if guided_json is not None:
+        asked.append(("json_schema", f"{prefix}guided_json", guided_json))
+    if guided_regex is not None:
+        asked.append(("regex", f"{prefix}guided_regex", guided_regex))
+    if guided_choice is not None:
+        asked.append(("choice", f"{prefix}guided_choice", list(guided_choice)))
     if response_format is not None and response_format.type == "json_object":
         asked.append(("json_object", "response_format", True))
     elif response_format is not None and response_format.type == "json_schema":
@@ -48,4 +60,4 @@ def constraint_kwargs(
     for field, body_field, _ in asked:
         if field not in supported:
             raise bad_request(f"{body_field}: structured output is not supported yet", body_field)
-    return {field: value for field, _, value in asked}
+    return {field: value for field, _, value in asked}, {field: body for field, body, _ in asked}

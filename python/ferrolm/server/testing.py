@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
@@ -39,6 +40,26 @@ def wait_until(check: Any, timeout: float = 20.0) -> Any:
     raise AssertionError("condition not met in time")
 
 
+def engine_pid(server: RunningServer) -> int:
+    """The server's engine process (its other child is multiprocessing's resource tracker)."""
+    found = []
+    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                found.append(int(child))
+    [engine] = found
+    return engine
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -46,17 +67,21 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(*flags: str, api_key: str | None = None, log_path: str | None = None) -> Iterator[RunningServer]:
-    """Starts the server with ``flags`` and waits until /health says ready; stops it
-    (SIGTERM, then SIGKILL) however the block ends."""
+def running_server(*flags: str, api_key: str | None = None, log_path: str | None = None,
+                   env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+    """Starts the server with ``flags`` (and ``env`` added to the environment) and waits
+    until /health says ready; stops it (SIGTERM, then SIGKILL) however the block ends.
+    ``api_key`` goes in through ``FERROLM_API_KEY``, as it should in production."""
     port = free_port()
     cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", *flags]
+    environ = {k: v for k, v in os.environ.items() if k != "FERROLM_API_KEY"}
+    environ.update(env or {})
     if api_key:
-        cmd += ["--api-key", api_key]
+        environ["FERROLM_API_KEY"] = api_key
     log = open(log_path or os.devnull, "wb")
     # its own process group: stopping it stops the engine process too
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environ)
     server = RunningServer(f"http://127.0.0.1:{port}", process, api_key)
     try:
         _wait_healthy(server)
