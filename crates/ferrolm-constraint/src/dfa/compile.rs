@@ -56,11 +56,15 @@ impl ByteDfa {
             max_automaton_bytes: options.max_automaton_bytes,
             max_states: options.max_states,
         };
-        if let Some(dfa) = lock_memo().dfas.get(&key) {
-            return Ok(ByteDfa::clone(dfa));
+        let memoized = lock_memo().dfas.get(&key).cloned();
+        if let Some(dfa) = memoized {
+            crate::budget::charge(dfa.heap_bytes(), "the DFA table")?;
+            return Ok(ByteDfa::clone(&dfa));
         }
+        crate::budget::charge(pattern.len(), "the regex text")?;
         let dfa = Self::build_uncached(pattern, options, allow_calls)?;
         let bytes = dfa.heap_bytes() + pattern.len();
+        crate::budget::charge(dfa.heap_bytes(), "the DFA table")?;
         if bytes <= MEMO_MAX_DFA_BYTES {
             let mut memo = lock_memo();
             if memo.bytes + bytes > MEMO_BUDGET_BYTES {
@@ -89,6 +93,7 @@ impl ByteDfa {
             .nfa_size_limit(Some(options.max_automaton_bytes))
             .shrink(false)
             .which_captures(thompson::WhichCaptures::None);
+        crate::budget::check()?;
         let nfa =
             with_nfa_compiler(|compiler| compiler.configure(config).build_from_hir(&whole).map_err(Box::new))
                 .map_err(|e| {
@@ -98,6 +103,7 @@ impl ByteDfa {
                         invalid(error_chain(&e))
                     }
                 })?;
+        crate::budget::charge(nfa.memory_usage(), "the NFA")?;
         if super::subset::applies(&nfa) {
             let table = super::subset::determinize(&nfa, options)?;
             if table.start == DEAD {
@@ -202,8 +208,11 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         if order.len() > options.max_states {
             return Err(too_large(format!("more than {} DFA states", options.max_states)));
         }
-        if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
-            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+        if next_to_expand % 256 == 0 {
+            if started.elapsed() > options.timeout {
+                return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+            }
+            crate::budget::check()?;
         }
         let state = order[next_to_expand];
         for &byte in &representative {

@@ -56,8 +56,11 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     let mut next_to_expand = 1;
     let mut targets: Vec<StateID> = Vec::new();
     while next_to_expand < sets.len() {
-        if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
-            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+        if next_to_expand % 256 == 0 {
+            if started.elapsed() > options.timeout {
+                return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+            }
+            crate::budget::check()?;
         }
         let set = sets[next_to_expand].clone();
         accepting.push(closure.accepts_at_end(nfa, &set));

@@ -47,8 +47,10 @@ impl Grammar {
         pattern: &str,
         options: &RegexOptions,
     ) -> Result<Arc<Grammar>> {
-        let dfa = ByteDfa::from_regex(pattern, options)?;
-        Ok(Arc::new(Self::from_dfa(vocab, dfa)))
+        crate::budget::entry(|| {
+            let dfa = ByteDfa::from_regex(pattern, options)?;
+            Ok(Arc::new(Self::from_dfa(vocab, dfa)))
+        })
     }
 
     /// Compile a JSON Schema (given as JSON text); see [`crate::json_schema`] for what
@@ -58,21 +60,23 @@ impl Grammar {
         schema: &str,
         options: &JsonSchemaOptions,
     ) -> Result<Arc<Grammar>> {
-        let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
-            ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
-        })?;
-        Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+        crate::budget::entry(|| {
+            let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
+                ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
+            })?;
+            Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+        })
     }
 
     /// One JSON object with members of any names and values (`response_format:
     /// json_object`); whitespace as in `options`.
     pub fn json_object(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
-        Self::from_rule_regexes(vocab, any_json_rules(options, true))
+        crate::budget::entry(|| Self::from_rule_regexes(vocab, any_json_rules(options, true)))
     }
 
     /// One JSON value of any type.
     pub fn json_value(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
-        Self::from_rule_regexes(vocab, any_json_rules(options, false))
+        crate::budget::entry(|| Self::from_rule_regexes(vocab, any_json_rules(options, false)))
     }
 
     /// One regex: a plain grammar; more: rules that call each other.
@@ -120,12 +124,14 @@ impl Grammar {
     /// Free text until `trigger` first appears in the output, then `then` (e.g.
     /// `"</think>"` then a JSON Schema). The output may end only once `then` may.
     pub fn after_trigger(trigger: &str, then: &Grammar) -> Result<Arc<Grammar>> {
-        let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
-        Ok(Arc::new(match &then.rules {
-            // The free-text part goes in front of the main rule; the others are unchanged.
-            Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
-            None => Self::from_dfa(then.vocab.clone(), dfa),
-        }))
+        crate::budget::entry(|| {
+            let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
+            Ok(Arc::new(match &then.rules {
+                // The free-text part goes in front of the main rule; the others are unchanged.
+                Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
+                None => Self::from_dfa(then.vocab.clone(), dfa),
+            }))
+        })
     }
 
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {
