@@ -13,7 +13,7 @@ import pytest
 
 from ferrolm import SamplingParams, _core
 from ferrolm.engine import Engine
-from ferrolm.errors import InvalidInputError
+from ferrolm.errors import CorePanicError, InvalidInputError
 from ferrolm.model import LoadedModel
 from ferrolm.model.tiny import tiny_folder
 
@@ -197,3 +197,50 @@ def test_engine_refuses_conflicting_or_foreign_grammars(tiny: LoadedModel, vocab
         engine.core.submit(99, [1, 2], grammar=small.regex("a+"))
     assert e.value.field == "grammar"
     assert not engine.has_work()
+
+
+# panics inside the constraint bindings
+
+
+def small_vocab() -> _core.Vocabulary:
+    return _core.Vocabulary([b"a", b"b", b"[", b"]", b",", b"<eos>"], eos_token_ids=[5])
+
+
+def test_a_matcher_panic_is_a_core_panic_error_and_poisons_the_matcher() -> None:
+    grammar = small_vocab().regex("a+")
+    m = grammar.matcher()
+    caught = None
+    try:
+        m._inject_panic()
+    except Exception as e:  # what an engine loop catches: it must not be a BaseException
+        caught = e
+    assert isinstance(caught, CorePanicError) and isinstance(caught, RuntimeError)
+    row = np.zeros(1, np.int32)
+    calls = [
+        lambda: m.accept_token(0),
+        lambda: m.accept_string("a"),
+        lambda: m.fill_next_token_bitmask(row),
+        lambda: m.is_token_allowed(0),
+        lambda: m.rollback(0),
+        m.reset,
+        m.can_end,
+        m.must_end,
+        m.is_ended,
+        m.forced_bytes,
+        lambda: m.num_steps,
+        lambda: _core.fill_next_token_bitmask_batch([m], np.zeros((1, 1), np.int32)),
+    ]
+    for call in calls:
+        with pytest.raises(CorePanicError, match="unusable"):
+            call()
+    # Other matchers of the same grammar are unaffected.
+    other = grammar.matcher()
+    assert other.accept_token(0) and other.can_end()
+
+
+def test_a_vocabulary_panic_is_a_core_panic_error_and_the_vocabulary_stays_usable() -> None:
+    v = small_vocab()
+    with pytest.raises(CorePanicError):
+        v._inject_panic()
+    m = v.json_schema('{"type":"array","items":{"type":"array"}}').matcher()
+    assert m.accept_string("[[],[a") is False and m.accept_string("[[],[]]") and m.can_end()
