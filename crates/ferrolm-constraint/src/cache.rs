@@ -89,6 +89,8 @@ fn spawn_worker(running: Arc<AtomicUsize>) -> Option<mpsc::Sender<Job>> {
     let (jobs, queue) = mpsc::channel::<Job>();
     std::thread::Builder::new()
         .name("ferrolm-grammar-compile".into())
+        // Schemas are translated recursively (at most 128 JSON levels deep).
+        .stack_size(16 << 20)
         .spawn(move || {
             // Ends when the sender is dropped (the cache is gone or gave up waiting).
             for job in queue {

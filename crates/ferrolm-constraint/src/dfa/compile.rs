@@ -79,8 +79,7 @@ impl ByteDfa {
     }
 
     fn build_uncached(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
-        let invalid =
-            |message: String| ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
+        let invalid = |message: String| invalid_regex(pattern, message);
         let hir = regex_syntax::ParserBuilder::new()
             .nest_limit(256)
             .utf8(!allow_calls)
@@ -240,6 +239,21 @@ fn with_nfa_compiler<T>(build: impl FnOnce(&mut thompson::Compiler) -> T) -> T {
         // Re-entered (it never is today): a fresh compiler.
         Err(_) => build(&mut thompson::Compiler::new()),
     })
+}
+
+/// Long patterns (generated ones) are shortened in errors, and the parser's picture of
+/// the pattern with carets under the fault is left out.
+fn invalid_regex(pattern: &str, message: String) -> ConstraintError {
+    const SHOWN: usize = 200;
+    if pattern.len() <= SHOWN {
+        return ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
+    }
+    let cut = (0..=SHOWN).rev().find(|&i| pattern.is_char_boundary(i)).unwrap_or(0);
+    let last_line = message.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    ConstraintError::InvalidRegex {
+        pattern: format!("{}... ({} bytes)", &pattern[..cut], pattern.len()),
+        message: last_line.trim().to_string(),
+    }
 }
 
 fn too_large(message: String) -> ConstraintError {

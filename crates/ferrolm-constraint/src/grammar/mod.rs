@@ -62,7 +62,15 @@ impl Grammar {
     ) -> Result<Arc<Grammar>> {
         crate::budget::entry(|| {
             let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
-                ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
+                if e.to_string().starts_with("recursion limit exceeded") {
+                    // serde_json's guard for its own stack (and for ours, which
+                    // translates the schema recursively).
+                    ConstraintError::GrammarTooLarge {
+                        message: "the schema nests arrays and objects more than 128 levels deep".into(),
+                    }
+                } else {
+                    ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
+                }
             })?;
             Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
         })
