@@ -11,6 +11,7 @@ fn nested(kind: &str, depth: usize) -> String {
     for _ in 0..depth {
         schema = match kind {
             "array" => format!(r#"{{"type":"array","items":{schema}}}"#),
+            "contains" => format!(r#"{{"type":"array","items":{schema},"contains":{schema}}}"#),
             _ => format!(
                 r#"{{"type":"object","properties":{{"a":{schema},"b":{{"type":"integer"}}}},"required":["a"]}}"#
             ),
@@ -32,7 +33,8 @@ fn main() {
     let vocab = Arc::new(Vocabulary::new(tokens, &[], &[256]).unwrap());
     for arg in std::env::args().skip(1) {
         let depth: usize = arg.parse().expect("a depth");
-        for kind in ["array", "object"] {
+        let kinds = std::env::var("KINDS").unwrap_or_else(|_| "array,object".into());
+        for kind in kinds.split(',') {
             let schema = nested(kind, depth);
             let options = JsonSchemaOptions::default();
             let regex_len = serde_json::from_str(&schema)

@@ -167,6 +167,7 @@ impl Rules {
             }
         }
         let calls = dfas.iter().map(|dfa| list_calls(dfa, dfas.len())).collect::<Result<Vec<_>>>()?;
+        let (dfas, calls) = keep_productive(dfas, calls)?;
         let first = first_bytes(&dfas, &calls);
         let mut sets: Vec<Vec<bool>> = Vec::new();
         let mut first_class = [0u8; 256];
@@ -247,10 +248,6 @@ impl Rules {
         &self.calls[rule as usize][state as usize]
     }
 
-    pub(crate) fn num_rules(&self) -> usize {
-        self.dfas.len()
-    }
-
     /// A call from `state` of `rule` whose callee can begin with `byte`.
     #[inline]
     pub(crate) fn call_on(&self, rule: u32, state: u32, byte: u8) -> Option<(u32, u32)> {
@@ -321,6 +318,124 @@ impl Rules {
         }
         bytes
     }
+}
+
+/// Which rules can be completed by a finite text: those with a path from the start to
+/// an accepting state whose calls all go to such rules (a least fixpoint; a rule that
+/// can only go on by calling itself again, such as `{"$ref": "#"}`, never is).
+fn productive_rules(dfas: &[ByteDfa], calls: &[Vec<Box<[(u32, u32)]>>]) -> Result<Vec<bool>> {
+    let text_bytes: Vec<Vec<u8>> = dfas
+        .iter()
+        .map(|dfa| {
+            let mut seen = [false; 256];
+            (0..CALL_BASE)
+                .filter(|&b| !std::mem::replace(&mut seen[dfa.byte_class(b) as usize], true))
+                .collect()
+        })
+        .collect();
+    let mut productive = vec![false; dfas.len()];
+    loop {
+        let mut changed = false;
+        for k in 0..dfas.len() {
+            if productive[k] {
+                continue;
+            }
+            crate::budget::check()?;
+            let dfa = &dfas[k];
+            let mut seen = vec![false; dfa.num_states()];
+            let mut stack = vec![dfa.start()];
+            seen[dfa.start() as usize] = true;
+            while let Some(state) = stack.pop() {
+                if dfa.is_accepting(state) {
+                    productive[k] = true;
+                    changed = true;
+                    break;
+                }
+                let by_text = text_bytes[k].iter().map(|&b| dfa.next(state, b));
+                let by_call = calls[k][state as usize]
+                    .iter()
+                    .filter(|&&(callee, _)| productive[callee as usize])
+                    .map(|&(_, ret)| ret);
+                for next in by_text.chain(by_call) {
+                    if next != DEAD && !std::mem::replace(&mut seen[next as usize], true) {
+                        stack.push(next);
+                    }
+                }
+            }
+        }
+        if !changed {
+            return Ok(productive);
+        }
+    }
+}
+
+/// Refuses rules whose main rule accepts no finite text, and removes from the others
+/// every call to a rule that cannot be completed (and the states only such calls kept
+/// alive), so that "not dead" keeps meaning "a prefix of some document".
+#[allow(clippy::type_complexity)]
+fn keep_productive(
+    dfas: Vec<ByteDfa>,
+    calls: Vec<Vec<Box<[(u32, u32)]>>>,
+) -> Result<(Vec<ByteDfa>, Vec<Vec<Box<[(u32, u32)]>>>)> {
+    let productive = productive_rules(&dfas, &calls)?;
+    if !productive[0] {
+        let looping: Vec<String> =
+            (1..dfas.len()).filter(|&k| !productive[k]).map(|k| k.to_string()).collect();
+        return Err(ConstraintError::InvalidSchema {
+            path: "#".into(),
+            message: format!(
+                "no finite document matches: every way through it recurses without end (rules {} can \
+                 only be completed by calling themselves again, e.g. a `$ref` cycle whose members are \
+                 all required)",
+                looping.join(", ")
+            ),
+        });
+    }
+    if productive.iter().all(|&p| p) {
+        return Ok((dfas, calls));
+    }
+    let mut pruned = Vec::with_capacity(dfas.len());
+    for (k, dfa) in dfas.iter().enumerate() {
+        if !productive[k] {
+            // Never called any more; kept so that rule numbers stay as they are.
+            pruned.push(dfa.clone());
+            continue;
+        }
+        // The last digit of each call to an unproductive rule, from the state before it.
+        let mut edges = Vec::new();
+        for state in 1..dfa.num_states() as u32 {
+            let marked = dfa.next(state, CALL_MARK);
+            if marked == DEAD {
+                continue;
+            }
+            for d1 in 0..CALL_DIGITS {
+                let t1 = dfa.next(marked, CALL_BASE + d1);
+                for d2 in (0..CALL_DIGITS).filter(|_| t1 != DEAD) {
+                    let t2 = dfa.next(t1, CALL_BASE + d2);
+                    for d3 in (0..CALL_DIGITS).filter(|_| t2 != DEAD) {
+                        let callee = ((d1 * CALL_DIGITS + d2) * CALL_DIGITS + d3) as usize;
+                        let byte = CALL_BASE + d3;
+                        if dfa.next(t2, byte) == DEAD || productive[callee] {
+                            continue;
+                        }
+                        if dfa.class_size(byte) != 1 {
+                            return Err(ConstraintError::UnsupportedSchema {
+                                keyword:
+                                    "recursive grammar: a rule that cannot be completed shares its call \
+                                          with others"
+                                        .into(),
+                                path: "#".into(),
+                            });
+                        }
+                        edges.push((t2, byte));
+                    }
+                }
+            }
+        }
+        pruned.push(dfa.without_edges(&edges));
+    }
+    let calls = pruned.iter().map(|dfa| list_calls(dfa, pruned.len())).collect::<Result<Vec<_>>>()?;
+    Ok((pruned, calls))
 }
 
 /// The calls leaving each state of `dfa`: follow the marker, then every three-digit

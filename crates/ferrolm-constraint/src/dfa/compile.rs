@@ -106,7 +106,7 @@ impl ByteDfa {
         if super::subset::applies(&nfa) {
             let table = super::subset::determinize(&nfa, options)?;
             if table.start == DEAD {
-                return Err(invalid("the regex matches no string".into()));
+                return Err(invalid(super::MATCHES_NOTHING.into()));
             }
             return Ok(table);
         }
@@ -131,7 +131,7 @@ impl ByteDfa {
             })?;
         let table = copy_reachable(&dfa, options)?;
         if table.start == DEAD {
-            return Err(invalid("the regex matches no string".into()));
+            return Err(invalid(super::MATCHES_NOTHING.into()));
         }
         Ok(table)
     }
@@ -314,6 +314,30 @@ mod tests {
         let options = RegexOptions { max_automaton_bytes: 10_000, ..RegexOptions::default() };
         let err = ByteDfa::from_regex(r"[a-z]{1,50}x[a-z]{20}", &options).unwrap_err();
         assert!(matches!(err, ConstraintError::GrammarTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_cancelled_compilation_returns_at_once() {
+        let flag = std::sync::Arc::new(crate::budget::CancelFlag::default());
+        flag.cancel();
+        let err = crate::budget::scope(1 << 30, Some(flag), || {
+            ByteDfa::from_regex(r"[a-z]{1,30}x[a-z]{12}", &RegexOptions::default())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("cancelled"), "{err}");
+    }
+
+    #[test]
+    fn the_compile_budget_bounds_all_tables_together() {
+        // Each table fits the per-regex limits; the scope's budget does not fit two.
+        let one = ByteDfa::from_regex(r"[a-z]{1,30}x[a-z]{5}", &RegexOptions::default()).unwrap();
+        let budget = one.heap_bytes() * 3 / 2;
+        let err = crate::budget::scope(budget, None, || {
+            ByteDfa::from_regex(r"[a-z]{1,30}x[a-z]{5}", &RegexOptions::default())?;
+            ByteDfa::from_regex(r"[a-y]{1,30}x[a-z]{5}", &RegexOptions::default())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("memory budget"), "{err}");
     }
 
     #[test]

@@ -90,14 +90,26 @@ impl Grammar {
     /// One regex: a plain grammar; more: rules that call each other.
     fn from_rule_regexes(vocab: Arc<Vocabulary>, regexes: Vec<String>) -> Result<Arc<Grammar>> {
         Self::prime_json_loops(&vocab);
+        // A rule whose regex matches nothing: the schema allows no (finite) document.
+        let empty_language = |e: ConstraintError| match e {
+            ConstraintError::InvalidRegex { message, .. } if message == crate::dfa::MATCHES_NOTHING => {
+                ConstraintError::InvalidSchema {
+                    path: "#".into(),
+                    message: "no finite document matches: the schema's constraints exclude every value"
+                        .into(),
+                }
+            }
+            e => e,
+        };
         if let [pattern] = &regexes[..] {
-            return Self::from_regex(vocab, pattern);
+            return Self::from_regex(vocab, pattern).map_err(empty_language);
         }
         let options = RegexOptions::default();
         let dfas = regexes
             .iter()
             .map(|pattern| ByteDfa::from_regex_with_calls(pattern, &options))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()
+            .map_err(empty_language)?;
         Ok(Arc::new(Self::from_rules(vocab, Rules::new(dfas)?)))
     }
 
