@@ -139,6 +139,9 @@ impl crate::region::SimulatingSide for RuleSide<'_> {
     }
 }
 
+/// Per state of a rule: the calls leaving it, `(callee, return state)`.
+type StateCalls = Vec<Box<[(u32, u32)]>>;
+
 /// The rules of a recursive grammar, checked unambiguous.
 #[derive(Debug, Clone)]
 pub struct Rules {
@@ -149,7 +152,7 @@ pub struct Rules {
     /// numbers): what a byte class must tell apart besides a rule's own classes.
     first_class: [u8; 256],
     /// Per rule, per state: the calls leaving that state, `(callee, return state)`.
-    calls: Vec<Vec<Box<[(u32, u32)]>>>,
+    calls: Vec<StateCalls>,
 }
 
 impl Rules {
@@ -323,7 +326,7 @@ impl Rules {
 /// Which rules can be completed by a finite text: those with a path from the start to
 /// an accepting state whose calls all go to such rules (a least fixpoint; a rule that
 /// can only go on by calling itself again, such as `{"$ref": "#"}`, never is).
-fn productive_rules(dfas: &[ByteDfa], calls: &[Vec<Box<[(u32, u32)]>>]) -> Result<Vec<bool>> {
+fn productive_rules(dfas: &[ByteDfa], calls: &[StateCalls]) -> Result<Vec<bool>> {
     let text_bytes: Vec<Vec<u8>> = dfas
         .iter()
         .map(|dfa| {
@@ -372,11 +375,7 @@ fn productive_rules(dfas: &[ByteDfa], calls: &[Vec<Box<[(u32, u32)]>>]) -> Resul
 /// Refuses rules whose main rule accepts no finite text, and removes from the others
 /// every call to a rule that cannot be completed (and the states only such calls kept
 /// alive), so that "not dead" keeps meaning "a prefix of some document".
-#[allow(clippy::type_complexity)]
-fn keep_productive(
-    dfas: Vec<ByteDfa>,
-    calls: Vec<Vec<Box<[(u32, u32)]>>>,
-) -> Result<(Vec<ByteDfa>, Vec<Vec<Box<[(u32, u32)]>>>)> {
+fn keep_productive(dfas: Vec<ByteDfa>, calls: Vec<StateCalls>) -> Result<(Vec<ByteDfa>, Vec<StateCalls>)> {
     let productive = productive_rules(&dfas, &calls)?;
     if !productive[0] {
         let looping: Vec<String> =
@@ -440,7 +439,7 @@ fn keep_productive(
 
 /// The calls leaving each state of `dfa`: follow the marker, then every three-digit
 /// path. A number past the last rule is an error (only our translators write calls).
-fn list_calls(dfa: &ByteDfa, num_rules: usize) -> Result<Vec<Box<[(u32, u32)]>>> {
+fn list_calls(dfa: &ByteDfa, num_rules: usize) -> Result<StateCalls> {
     let mut calls = Vec::with_capacity(dfa.num_states());
     for state in 0..dfa.num_states() as u32 {
         let mut found = Vec::new();
@@ -475,7 +474,7 @@ fn list_calls(dfa: &ByteDfa, num_rules: usize) -> Result<Vec<Box<[(u32, u32)]>>>
 
 /// `first[k][b]`: rule k can begin with byte b, directly or through calls at its start
 /// (a fixpoint, since a rule may begin by calling another).
-fn first_bytes(dfas: &[ByteDfa], calls: &[Vec<Box<[(u32, u32)]>>]) -> Vec<[bool; 256]> {
+fn first_bytes(dfas: &[ByteDfa], calls: &[StateCalls]) -> Vec<[bool; 256]> {
     let mut first = vec![[false; 256]; dfas.len()];
     for (k, dfa) in dfas.iter().enumerate() {
         for b in 0..CALL_BASE {
