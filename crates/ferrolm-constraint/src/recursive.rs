@@ -383,9 +383,9 @@ fn keep_productive(dfas: Vec<ByteDfa>, calls: Vec<StateCalls>) -> Result<(Vec<By
         return Err(ConstraintError::InvalidSchema {
             path: "#".into(),
             message: format!(
-                "no finite document matches: every way through it recurses without end (rules {} can \
-                 only be completed by calling themselves again, e.g. a `$ref` cycle whose members are \
-                 all required)",
+                "no finite document matches: every way through it recurses without end (grammar rules \
+                 [{}] can only be completed by entering themselves again, e.g. a `$ref` cycle whose \
+                 members are all required)",
                 looping.join(", ")
             ),
         });

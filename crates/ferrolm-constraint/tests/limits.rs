@@ -231,3 +231,37 @@ fn recursive_schemas_with_a_way_out_still_compile_and_complete() {
     }
     assert!(!walk(&grammar, &vocab, eos, r#"{"name":"r"}"#));
 }
+
+#[test]
+fn self_references_in_every_position_end_in_a_grammar_or_an_error() {
+    let (vocab, _) = small_vocab(&[]);
+    let shapes = [
+        r##"{"$ref": "#", "type": "object"}"##,
+        r##"{"not": {"$ref": "#"}}"##,
+        r##"{"if": {"$ref": "#"}, "then": {"type": "null"}}"##,
+        r##"{"oneOf": [{"$ref": "#"}, {"type": "null"}]}"##,
+        r##"{"anyOf": [{"$ref": "#"}, {"type": "null"}]}"##,
+        r##"{"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}], "type": "object"}}, "$ref": "#/$defs/a"}"##,
+        r##"{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}"##,
+        r##"{"type": "array", "prefixItems": [{"$ref": "#"}], "items": false}"##,
+        r##"{"type": "object", "additionalProperties": {"$ref": "#"}, "minProperties": 1}"##,
+        r##"{"dependentSchemas": {"a": {"$ref": "#"}}}"##,
+        r##"{"contains": {"$ref": "#"}, "type": "array"}"##,
+    ];
+    for schema in shapes {
+        let started = Instant::now();
+        let result = compile(&vocab, schema);
+        assert!(started.elapsed() < GENEROUS, "{schema}");
+        if let Err(e) = result {
+            assert!(
+                matches!(
+                    e,
+                    ConstraintError::InvalidSchema { .. }
+                        | ConstraintError::UnsupportedSchema { .. }
+                        | ConstraintError::GrammarTooLarge { .. }
+                ),
+                "{schema}: {e}"
+            );
+        }
+    }
+}
