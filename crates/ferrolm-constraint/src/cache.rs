@@ -246,4 +246,28 @@ mod tests {
         // Generous: only a compilation that never stops would take this long.
         saw.recv_timeout(Duration::from_secs(60)).expect("the abandoned compilation stopped");
     }
+
+    #[test]
+    fn an_abandoned_compilation_stops_at_its_next_check() {
+        let cache = GrammarCache::new(tiny_vocab(), 8, Duration::from_millis(20));
+        let (done, outcome) = mpsc::channel();
+        let vocab = cache.vocab().clone();
+        let err = cache
+            .compile_with_timeout(Box::new(move || {
+                // Start the real work only once the cache has given up on it.
+                while budget::check().is_ok() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let result = GrammarSource::Regex(r"[a-z]{1,30}x[a-z]{8}".into()).compile_in_scope(vocab);
+                let _ = done.send(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                result
+            }))
+            .unwrap_err();
+        assert!(err.to_string().contains("longer than"), "{err}");
+        let outcome = outcome.recv_timeout(Duration::from_secs(60)).expect("the compilation ended");
+        assert!(outcome.as_ref().is_err_and(|e| e.contains("cancelled")), "{outcome:?}");
+        while cache.compilations_running() > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
