@@ -138,6 +138,15 @@ fn schemas_whose_regex_multiplies_are_refused_quickly_by_size() {
 }
 
 #[test]
+fn a_schema_regex_too_deep_for_the_parser_is_a_size_limit() {
+    let (vocab, _) = small_vocab(&[]);
+    let items: Vec<serde_json::Value> = (0..300).map(|_| serde_json::json!({"type": "integer"})).collect();
+    let schema = serde_json::json!({"type": "array", "prefixItems": items, "items": false}).to_string();
+    let err = compile(&vocab, &schema).unwrap_err();
+    assert!(matches!(&err, ConstraintError::GrammarTooLarge { message } if message.contains("256")), "{err}");
+}
+
+#[test]
 fn a_timed_out_compilation_stops_and_its_thread_finishes() {
     let (vocab, _) = small_vocab(&[]);
     let cache = GrammarCache::new(vocab, 8, Duration::from_millis(1));

@@ -99,6 +99,14 @@ impl Grammar {
                         .into(),
                 }
             }
+            // A generated regex too deep for the parser: a limit, not a bad regex.
+            ConstraintError::InvalidRegex { message, .. } if message.contains("nested parentheses") => {
+                ConstraintError::GrammarTooLarge {
+                    message: "the schema's regex nests groups deeper than the regex parser's limit of 256 \
+                              (hundreds of prefixItems, deeply nested combinators)"
+                        .into(),
+                }
+            }
             e => e,
         };
         if let [pattern] = &regexes[..] {
