@@ -13,7 +13,7 @@ import pytest
 
 from ferrolm import SamplingParams, _core
 from ferrolm.engine import Engine
-from ferrolm.errors import InvalidInputError
+from ferrolm.errors import CorePanicError, InvalidInputError
 from ferrolm.model import LoadedModel
 from ferrolm.model.tiny import tiny_folder
 
@@ -197,3 +197,129 @@ def test_engine_refuses_conflicting_or_foreign_grammars(tiny: LoadedModel, vocab
         engine.core.submit(99, [1, 2], grammar=small.regex("a+"))
     assert e.value.field == "grammar"
     assert not engine.has_work()
+
+
+# panics inside the constraint bindings
+
+
+def small_vocab() -> _core.Vocabulary:
+    return _core.Vocabulary([b"a", b"b", b"[", b"]", b",", b"<eos>"], eos_token_ids=[5])
+
+
+def test_a_matcher_panic_is_a_core_panic_error_and_poisons_the_matcher() -> None:
+    grammar = small_vocab().regex("a+")
+    m = grammar.matcher()
+    caught = None
+    try:
+        m._inject_panic()
+    except Exception as e:  # what an engine loop catches: it must not be a BaseException
+        caught = e
+    assert isinstance(caught, CorePanicError) and isinstance(caught, RuntimeError)
+    row = np.zeros(1, np.int32)
+    calls = [
+        lambda: m.accept_token(0),
+        lambda: m.accept_string("a"),
+        lambda: m.fill_next_token_bitmask(row),
+        lambda: m.is_token_allowed(0),
+        lambda: m.rollback(0),
+        m.reset,
+        m.can_end,
+        m.must_end,
+        m.is_ended,
+        m.forced_bytes,
+        lambda: m.num_steps,
+        lambda: _core.fill_next_token_bitmask_batch([m], np.zeros((1, 1), np.int32)),
+    ]
+    for call in calls:
+        with pytest.raises(CorePanicError, match="unusable"):
+            call()
+    # Other matchers of the same grammar are unaffected.
+    other = grammar.matcher()
+    assert other.accept_token(0) and other.can_end()
+
+
+def test_a_vocabulary_panic_is_a_core_panic_error_and_the_vocabulary_stays_usable() -> None:
+    v = small_vocab()
+    with pytest.raises(CorePanicError):
+        v._inject_panic()
+    m = v.json_schema('{"type":"array","items":{"type":"array"}}').matcher()
+    assert m.accept_string("[[],[a") is False and m.accept_string("[[],[]]") and m.can_end()
+
+
+# hostile schemas: bounded compile size, refused endless recursion
+
+
+def nested_arrays(depth: int) -> str:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return json.dumps(schema)
+
+
+def vm_rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS line")
+
+
+def doubling_refs(levels: int) -> str:
+    """A small request whose every level uses the one below twice."""
+    defs: dict[str, object] = {"l0": {"type": "string"}}
+    for i in range(1, levels + 1):
+        below = {"$ref": f"#/$defs/l{i - 1}"}
+        defs[f"l{i}"] = {"anyOf": [{"type": "array", "items": below}, {"type": "object", "additionalProperties": below}]}
+    return json.dumps({"$defs": defs, "$ref": f"#/$defs/l{levels}"})
+
+
+def test_hostile_nesting_compiles_in_bounded_memory(vocab: _core.Vocabulary) -> None:
+    # Nested arrays used to double their grammar per level: depth 20 (630 bytes) took
+    # 22 GB, depth 18 left 2.5 GB behind. Each must now compile or be refused quickly.
+    before = vm_rss_kib()
+    for depth in [18, 20, 25, 40, 100]:
+        m = vocab.json_schema(nested_arrays(depth)).matcher()
+        assert m.accept_string("[" * depth + '"x"' + "]" * depth) and m.can_end()
+    for levels in [10, 20, 30]:
+        try:
+            vocab.json_schema(doubling_refs(levels))
+        except InvalidInputError as e:
+            assert e.field == "grammar" and "KiB" in str(e), e
+    grown_mib = (vm_rss_kib() - before) / 1024
+    # Generous: grammars, mask caches and allocator slack are tens of MiB at most.
+    assert grown_mib < 1024, f"RSS grew by {grown_mib:.0f} MiB"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {
+            "$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}},
+            "$ref": "#/$defs/a",
+        },
+        {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    ],
+)
+def test_schemas_no_finite_document_matches_are_refused_at_compile_time(
+    vocab: _core.Vocabulary, schema: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidInputError) as e:
+        vocab.json_schema(json.dumps(schema))
+    assert e.value.field == "json_schema"
+    assert "no finite document matches" in str(e.value)
+
+
+def test_recursive_schemas_with_a_way_out_still_compile(vocab: _core.Vocabulary) -> None:
+    linked = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                "required": ["v"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    m = vocab.json_schema(json.dumps(linked)).matcher()
+    assert m.accept_string('{"v":1,"next":{"v":2}}') and m.can_end()

@@ -383,6 +383,9 @@ class Vocabulary:
         """Exactly one of ``choices``."""
     def after_trigger(self, trigger: str, then: Grammar) -> Grammar:
         """Free text until ``trigger`` appears, then ``then`` (think, then answer in JSON)."""
+    def _inject_panic(self) -> None:
+        """Test hook (not API): panics inside the core. Raises ``CorePanicError``; a
+        vocabulary is immutable, so it stays usable."""
 
 @final
 class Grammar:
@@ -394,7 +397,8 @@ class Grammar:
 
 @final
 class Matcher:
-    """One request's position in a grammar."""
+    """One request's position in a grammar. A panic inside any call involving it (a
+    batch fill included) raises ``CorePanicError`` and the matcher refuses further use."""
 
     def __new__(cls, grammar: Grammar) -> Self: ...
     def fill_next_token_bitmask(self, bitmask: npt.NDArray[np.int32]) -> None:
@@ -419,6 +423,9 @@ class Matcher:
         """What must come next whatever is sampled (jump-forward); empty if not forced."""
     @property
     def num_steps(self) -> int: ...
+    def _inject_panic(self) -> None:
+        """Test hook (not API): panics inside the core. Raises ``CorePanicError``, after
+        which this matcher refuses every call."""
 
 def fill_next_token_bitmask_batch(matchers: list[Matcher], bitmask: npt.NDArray[np.int32]) -> None:
     """Fills row ``i`` of ``bitmask`` (``int32[len(matchers), words]``) for ``matchers[i]``."""

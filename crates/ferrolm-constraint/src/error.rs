@@ -23,6 +23,8 @@ pub enum ConstraintError {
     UnsupportedSchema { keyword: String, path: String },
     /// A JSON Schema that is not valid JSON Schema (or not JSON at all).
     InvalidSchema { path: String, message: String },
+    /// A bug: a panic while compiling (on the compile thread), caught and reported.
+    Internal { message: String },
 }
 
 impl fmt::Display for ConstraintError {
@@ -51,6 +53,7 @@ impl fmt::Display for ConstraintError {
             Self::InvalidSchema { path, message } => {
                 write!(f, "invalid JSON Schema at {path}: {message}")
             }
+            Self::Internal { message } => write!(f, "internal error in the constraint engine: {message}"),
         }
     }
 }

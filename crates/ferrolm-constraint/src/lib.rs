@@ -36,6 +36,7 @@
 //! # Ok::<(), ferrolm_constraint::ConstraintError>(())
 //! ```
 
+mod budget;
 mod cache;
 mod dfa;
 mod error;

@@ -1,9 +1,12 @@
 //! Rules that call rules: what a regular language cannot say, such as "a JSON value of
 //! any type" (arrays and objects nest without bound).
 //!
-//! A recursive grammar is a list of DFAs, rule 0 the main one. In a rule's DFA the byte
-//! `0xF8 + k` (never part of UTF-8 text, so never a token's text) is a call: the edge
-//! `s --(0xF8+k)--> r` means "here comes a whole rule k, then continue at r". A
+//! A recursive grammar is a list of DFAs, rule 0 the main one. In a rule's DFA a call
+//! is spelled with bytes 0xF8..=0xFF (never part of UTF-8 text, so never a token's
+//! text): the marker 0xFF, then the rule's number in three base-7 digits 0xF8..=0xFE.
+//! The path `s --(0xFF d1 d2 d3)--> r` means "here comes a whole rule k, then continue
+//! at r"; the calls of each state are listed once at build, so the states in the
+//! middle of a call's spelling are never occupied. A
 //! configuration is (rule, state, stack of return points). Reading a byte takes, in
 //! order: the rule's own transition; else a call whose rule can begin with the byte;
 //! else, where the rule may end, a return to the caller. The grammars we build are
@@ -19,14 +22,19 @@ use std::collections::HashMap;
 use crate::dfa::{ByteDfa, DEAD};
 use crate::error::{ConstraintError, Result};
 
-/// Byte of the call to rule 0; rule k is called by `CALL_BASE + k`.
+/// The smallest byte of a call's spelling: bytes from here on are never text.
 pub(crate) const CALL_BASE: u8 = 0xF8;
-/// At most this many rules (call bytes 0xF8..=0xFF).
-pub(crate) const MAX_RULES: usize = 8;
+/// The first byte of every call.
+const CALL_MARK: u8 = 0xFF;
+/// Digits of the rule number: 0xF8..=0xFE, base 7, three of them.
+const CALL_DIGITS: u8 = 7;
+/// At most this many rules (three base-7 digits).
+pub(crate) const MAX_RULES: usize = 7 * 7 * 7;
 /// The empty stack.
 pub const NO_FRAME: u32 = u32::MAX;
-/// Calls and returns taken for one byte, at most (they are epsilon moves).
-const MAX_MOVES_PER_BYTE: usize = 64;
+/// Calls and returns taken for one byte, at most (they are epsilon moves; a rule cannot
+/// begin by calling itself through a chain longer than the number of rules).
+const MAX_MOVES_PER_BYTE: usize = MAX_RULES + 64;
 
 /// Where a recursive matcher stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,9 +134,13 @@ impl crate::region::SimulatingSide for RuleSide<'_> {
     }
 
     fn byte_class(&self, byte: u8) -> u32 {
-        self.rules.rule(self.rule).byte_class(byte) as u32 | self.rules.starting_rules(byte) << 8
+        self.rules.rule(self.rule).byte_class(byte) as u32
+            | (self.rules.first_class[byte as usize] as u32) << 8
     }
 }
+
+/// Per state of a rule: the calls leaving it, `(callee, return state)`.
+type StateCalls = Vec<Box<[(u32, u32)]>>;
 
 /// The rules of a recursive grammar, checked unambiguous.
 #[derive(Debug, Clone)]
@@ -136,6 +148,11 @@ pub struct Rules {
     dfas: Vec<ByteDfa>,
     /// `first[k][b]`: rule k can begin with byte b.
     first: Vec<[bool; 256]>,
+    /// Bytes numbered by the set of rules that can begin with them (equal sets, equal
+    /// numbers): what a byte class must tell apart besides a rule's own classes.
+    first_class: [u8; 256],
+    /// Per rule, per state: the calls leaving that state, `(callee, return state)`.
+    calls: Vec<StateCalls>,
 }
 
 impl Rules {
@@ -152,8 +169,22 @@ impl Rules {
                 return Err(ambiguous(format!("rule {k} matches the empty string")));
             }
         }
-        let first = first_bytes(&dfas);
-        let rules = Rules { dfas, first };
+        let calls = dfas.iter().map(|dfa| list_calls(dfa, dfas.len())).collect::<Result<Vec<_>>>()?;
+        let (dfas, calls) = keep_productive(dfas, calls)?;
+        let first = first_bytes(&dfas, &calls);
+        let mut sets: Vec<Vec<bool>> = Vec::new();
+        let mut first_class = [0u8; 256];
+        for byte in 0..=255usize {
+            let set: Vec<bool> = first.iter().map(|f| f[byte]).collect();
+            first_class[byte] = match sets.iter().position(|s| *s == set) {
+                Some(class) => class as u8,
+                None => {
+                    sets.push(set);
+                    (sets.len() - 1) as u8
+                }
+            };
+        }
+        let rules = Rules { dfas, first, first_class, calls };
         rules.check_unambiguous().map_err(ambiguous)?;
         Ok(rules)
     }
@@ -214,19 +245,19 @@ impl Rules {
         }
     }
 
-    /// Bit k set: rule k can begin with `byte`.
-    pub(crate) fn starting_rules(&self, byte: u8) -> u32 {
-        self.first.iter().enumerate().fold(0, |bits, (k, first)| bits | (first[byte as usize] as u32) << k)
+    /// The calls leaving `state` of `rule`: `(callee, return state)`.
+    #[inline]
+    pub(crate) fn calls_from(&self, rule: u32, state: u32) -> &[(u32, u32)] {
+        &self.calls[rule as usize][state as usize]
     }
 
     /// A call from `state` of `rule` whose callee can begin with `byte`.
     #[inline]
     pub(crate) fn call_on(&self, rule: u32, state: u32, byte: u8) -> Option<(u32, u32)> {
-        let dfa = &self.dfas[rule as usize];
-        (0..self.dfas.len()).find_map(|callee| {
-            let ret = dfa.next(state, CALL_BASE + callee as u8);
-            (ret != DEAD && self.first[callee][byte as usize]).then_some((callee as u32, ret))
-        })
+        self.calls_from(rule, state)
+            .iter()
+            .copied()
+            .find(|&(callee, _)| self.first[callee as usize][byte as usize])
     }
 
     /// The greedy order is safe when, wherever a call is possible, no other move takes
@@ -248,11 +279,10 @@ impl Rules {
             })
             .collect();
         for (rule, dfa) in self.dfas.iter().enumerate() {
+            crate::budget::check().map_err(|e| e.to_string())?;
             for state in 1..dfa.num_states() as u32 {
-                let calls: Vec<(usize, u32)> = (0..self.dfas.len())
-                    .map(|k| (k, dfa.next(state, CALL_BASE + k as u8)))
-                    .filter(|&(_, ret)| ret != DEAD)
-                    .collect();
+                let calls: Vec<(usize, u32)> =
+                    self.calls_from(rule as u32, state).iter().map(|&(k, ret)| (k as usize, ret)).collect();
                 for (i, &(k, ret)) in calls.iter().enumerate() {
                     let after_call = self.moves_from(rule, ret);
                     for b in 0..CALL_BASE {
@@ -284,20 +314,167 @@ impl Rules {
         for b in 0..CALL_BASE {
             bytes[b as usize] = dfa.next(state, b) != DEAD;
         }
-        for (callee, first) in self.first.iter().enumerate() {
-            if dfa.next(state, CALL_BASE + callee as u8) != DEAD {
-                for (any, starts) in bytes.iter_mut().zip(first) {
-                    *any |= starts;
-                }
+        for &(callee, _) in self.calls_from(rule as u32, state) {
+            for (any, starts) in bytes.iter_mut().zip(&self.first[callee as usize]) {
+                *any |= starts;
             }
         }
         bytes
     }
 }
 
+/// Which rules can be completed by a finite text: those with a path from the start to
+/// an accepting state whose calls all go to such rules (a least fixpoint; a rule that
+/// can only go on by calling itself again, such as `{"$ref": "#"}`, never is).
+fn productive_rules(dfas: &[ByteDfa], calls: &[StateCalls]) -> Result<Vec<bool>> {
+    let text_bytes: Vec<Vec<u8>> = dfas
+        .iter()
+        .map(|dfa| {
+            let mut seen = [false; 256];
+            (0..CALL_BASE)
+                .filter(|&b| !std::mem::replace(&mut seen[dfa.byte_class(b) as usize], true))
+                .collect()
+        })
+        .collect();
+    let mut productive = vec![false; dfas.len()];
+    loop {
+        let mut changed = false;
+        for k in 0..dfas.len() {
+            if productive[k] {
+                continue;
+            }
+            crate::budget::check()?;
+            let dfa = &dfas[k];
+            let mut seen = vec![false; dfa.num_states()];
+            let mut stack = vec![dfa.start()];
+            seen[dfa.start() as usize] = true;
+            while let Some(state) = stack.pop() {
+                if dfa.is_accepting(state) {
+                    productive[k] = true;
+                    changed = true;
+                    break;
+                }
+                let by_text = text_bytes[k].iter().map(|&b| dfa.next(state, b));
+                let by_call = calls[k][state as usize]
+                    .iter()
+                    .filter(|&&(callee, _)| productive[callee as usize])
+                    .map(|&(_, ret)| ret);
+                for next in by_text.chain(by_call) {
+                    if next != DEAD && !std::mem::replace(&mut seen[next as usize], true) {
+                        stack.push(next);
+                    }
+                }
+            }
+        }
+        if !changed {
+            return Ok(productive);
+        }
+    }
+}
+
+/// Refuses rules whose main rule accepts no finite text, and removes from the others
+/// every call to a rule that cannot be completed (and the states only such calls kept
+/// alive), so that "not dead" keeps meaning "a prefix of some document".
+fn keep_productive(dfas: Vec<ByteDfa>, calls: Vec<StateCalls>) -> Result<(Vec<ByteDfa>, Vec<StateCalls>)> {
+    let productive = productive_rules(&dfas, &calls)?;
+    if !productive[0] {
+        let looping: Vec<String> =
+            (1..dfas.len()).filter(|&k| !productive[k]).map(|k| k.to_string()).collect();
+        return Err(ConstraintError::InvalidSchema {
+            path: "#".into(),
+            message: format!(
+                "no finite document matches: every way through it recurses without end (grammar rules \
+                 [{}] can only be completed by entering themselves again, e.g. a `$ref` cycle whose \
+                 members are all required)",
+                looping.join(", ")
+            ),
+        });
+    }
+    if productive.iter().all(|&p| p) {
+        return Ok((dfas, calls));
+    }
+    let mut pruned = Vec::with_capacity(dfas.len());
+    for (k, dfa) in dfas.iter().enumerate() {
+        if !productive[k] {
+            // Never called any more; kept so that rule numbers stay as they are.
+            pruned.push(dfa.clone());
+            continue;
+        }
+        // The last digit of each call to an unproductive rule, from the state before it.
+        let mut edges = Vec::new();
+        for state in 1..dfa.num_states() as u32 {
+            let marked = dfa.next(state, CALL_MARK);
+            if marked == DEAD {
+                continue;
+            }
+            for d1 in 0..CALL_DIGITS {
+                let t1 = dfa.next(marked, CALL_BASE + d1);
+                for d2 in (0..CALL_DIGITS).filter(|_| t1 != DEAD) {
+                    let t2 = dfa.next(t1, CALL_BASE + d2);
+                    for d3 in (0..CALL_DIGITS).filter(|_| t2 != DEAD) {
+                        let callee = ((d1 * CALL_DIGITS + d2) * CALL_DIGITS + d3) as usize;
+                        let byte = CALL_BASE + d3;
+                        if dfa.next(t2, byte) == DEAD || productive[callee] {
+                            continue;
+                        }
+                        if dfa.class_size(byte) != 1 {
+                            return Err(ConstraintError::UnsupportedSchema {
+                                keyword:
+                                    "recursive grammar: a rule that cannot be completed shares its call \
+                                          with others"
+                                        .into(),
+                                path: "#".into(),
+                            });
+                        }
+                        edges.push((t2, byte));
+                    }
+                }
+            }
+        }
+        pruned.push(dfa.without_edges(&edges));
+    }
+    let calls = pruned.iter().map(|dfa| list_calls(dfa, pruned.len())).collect::<Result<Vec<_>>>()?;
+    Ok((pruned, calls))
+}
+
+/// The calls leaving each state of `dfa`: follow the marker, then every three-digit
+/// path. A number past the last rule is an error (only our translators write calls).
+fn list_calls(dfa: &ByteDfa, num_rules: usize) -> Result<StateCalls> {
+    let mut calls = Vec::with_capacity(dfa.num_states());
+    for state in 0..dfa.num_states() as u32 {
+        let mut found = Vec::new();
+        let marked = if state == DEAD { DEAD } else { dfa.next(state, CALL_MARK) };
+        if marked != DEAD {
+            let mut paths = vec![(marked, 0usize)];
+            for _ in 0..3 {
+                paths = paths
+                    .into_iter()
+                    .flat_map(|(at, number)| {
+                        (0..CALL_DIGITS).filter_map(move |d| {
+                            let next = dfa.next(at, CALL_BASE + d);
+                            (next != DEAD).then_some((next, number * CALL_DIGITS as usize + d as usize))
+                        })
+                    })
+                    .collect();
+            }
+            for (ret, callee) in paths {
+                if callee >= num_rules {
+                    return Err(ConstraintError::UnsupportedSchema {
+                        keyword: format!("recursive grammar: a call to rule {callee} of {num_rules}"),
+                        path: "#".into(),
+                    });
+                }
+                found.push((callee as u32, ret));
+            }
+        }
+        calls.push(found.into_boxed_slice());
+    }
+    Ok(calls)
+}
+
 /// `first[k][b]`: rule k can begin with byte b, directly or through calls at its start
 /// (a fixpoint, since a rule may begin by calling another).
-fn first_bytes(dfas: &[ByteDfa]) -> Vec<[bool; 256]> {
+fn first_bytes(dfas: &[ByteDfa], calls: &[StateCalls]) -> Vec<[bool; 256]> {
     let mut first = vec![[false; 256]; dfas.len()];
     for (k, dfa) in dfas.iter().enumerate() {
         for b in 0..CALL_BASE {
@@ -307,11 +484,8 @@ fn first_bytes(dfas: &[ByteDfa]) -> Vec<[bool; 256]> {
     loop {
         let mut changed = false;
         for (k, dfa) in dfas.iter().enumerate() {
-            for callee in 0..dfas.len() {
-                if dfa.next(dfa.start(), CALL_BASE + callee as u8) == DEAD {
-                    continue;
-                }
-                let callee_first = first[callee];
+            for &(callee, _) in calls[k][dfa.start() as usize].iter() {
+                let callee_first = first[callee as usize];
                 for (mine, theirs) in first[k].iter_mut().zip(callee_first) {
                     if theirs && !*mine {
                         *mine = true;
@@ -328,7 +502,9 @@ fn first_bytes(dfas: &[ByteDfa]) -> Vec<[bool; 256]> {
 
 /// The call to rule `k` as regex syntax.
 pub(crate) fn call(k: usize) -> String {
-    format!(r"(?-u:\x{:02X})", CALL_BASE as usize + k)
+    debug_assert!(k < MAX_RULES);
+    let digit = |place: usize| CALL_BASE as usize + (k / place) % CALL_DIGITS as usize;
+    format!(r"(?-u:\x{CALL_MARK:02X}\x{:02X}\x{:02X}\x{:02X})", digit(49), digit(7), digit(1))
 }
 
 #[cfg(test)]

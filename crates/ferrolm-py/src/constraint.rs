@@ -14,12 +14,15 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors;
+use crate::guard::{contain, SharedPoison};
 
 /// Grammars compiled per vocabulary before the cache starts over.
 const CACHE_CAPACITY: usize = 1024;
 
 pub fn constraint_err(py: Python<'_>, e: ConstraintError) -> PyErr {
     let field = match &e {
+        // A panic while compiling (on the compile thread): a bug, not bad input.
+        ConstraintError::Internal { .. } => return errors::core_panic(py, e.to_string()),
         ConstraintError::InvalidVocabulary(_) | ConstraintError::TokenizerFile { .. } => "vocabulary",
         ConstraintError::InvalidRegex { .. } => "regex",
         ConstraintError::GrammarTooLarge { .. } => "grammar",
@@ -41,7 +44,8 @@ impl PyVocabulary {
     }
 
     fn compile(&self, py: Python<'_>, source: GrammarSource) -> PyResult<PyGrammar> {
-        let grammar = py.detach(|| self.cache.get_or_compile(&source)).map_err(|e| constraint_err(py, e))?;
+        let grammar =
+            contain(py, || self.cache.get_or_compile(&source))?.map_err(|e| constraint_err(py, e))?;
         Ok(PyGrammar { grammar })
     }
 
@@ -97,8 +101,7 @@ impl PyVocabulary {
         eos_token_ids: Vec<u32>,
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
-        let vocab = py
-            .detach(|| Vocabulary::new(token_bytes, &special_token_ids, &eos_token_ids))
+        let vocab = contain(py, || Vocabulary::new(token_bytes, &special_token_ids, &eos_token_ids))?
             .map_err(|e| constraint_err(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
@@ -114,7 +117,7 @@ impl PyVocabulary {
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
         let build = || finish(tokenizer_files::from_hf_tokenizer_json(text)?, &eos_token_ids, vocab_size);
-        let vocab = py.detach(build).map_err(|e| constraint_err(py, e))?;
+        let vocab = contain(py, build)?.map_err(|e| constraint_err(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
@@ -128,18 +131,18 @@ impl PyVocabulary {
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
         let build = || finish(tokenizer_files::from_tiktoken(text)?, &eos_token_ids, None);
-        let vocab = py.detach(build).map_err(|e| constraint_err(py, e))?;
+        let vocab = contain(py, build)?.map_err(|e| constraint_err(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
     #[getter]
-    fn size(&self) -> usize {
-        self.vocab().size()
+    fn size(&self, py: Python<'_>) -> PyResult<usize> {
+        contain(py, || self.vocab().size())
     }
 
     #[getter]
-    fn bitmask_words(&self) -> usize {
-        self.vocab().bitmask_words()
+    fn bitmask_words(&self, py: Python<'_>) -> PyResult<usize> {
+        contain(py, || self.vocab().bitmask_words())
     }
 
     fn regex(&self, py: Python<'_>, pattern: String) -> PyResult<PyGrammar> {
@@ -177,10 +180,15 @@ impl PyVocabulary {
         if trigger.is_empty() {
             return Err(errors::invalid_field(py, "trigger", "the trigger must not be empty".into()));
         }
-        let grammar = py
-            .detach(|| Grammar::after_trigger(trigger, &then.grammar))
+        let grammar = contain(py, || Grammar::after_trigger(trigger, &then.grammar))?
             .map_err(|e| constraint_err(py, e))?;
         Ok(PyGrammar { grammar })
+    }
+
+    /// Test hook: panics inside the core (as a compilation that hits a bug would).
+    /// Raises ``CorePanicError``; a vocabulary is frozen, so it stays usable.
+    fn _inject_panic(&self, py: Python<'_>) -> PyResult<()> {
+        contain(py, || panic!("injected by _inject_panic"))
     }
 }
 
@@ -192,18 +200,22 @@ pub struct PyGrammar {
 #[pymethods]
 impl PyGrammar {
     #[getter]
-    fn vocab_size(&self) -> usize {
-        self.grammar.vocab().size()
+    fn vocab_size(&self, py: Python<'_>) -> PyResult<usize> {
+        contain(py, || self.grammar.vocab().size())
     }
 
-    fn matcher(&self) -> PyMatcher {
-        PyMatcher { matcher: Matcher::new(self.grammar.clone()) }
+    fn matcher(&self, py: Python<'_>) -> PyResult<PyMatcher> {
+        let matcher = contain(py, || Matcher::new(self.grammar.clone()))?;
+        Ok(PyMatcher { matcher, poison: SharedPoison::default() })
     }
 }
 
+/// A matcher; after a panic in any call involving it (a batch fill included) it refuses
+/// every later call with `CorePanicError`.
 #[pyclass(module = "ferrolm._core", name = "Matcher")]
 pub struct PyMatcher {
     pub matcher: Matcher,
+    poison: SharedPoison,
 }
 
 fn mask_row<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i32>>> {
@@ -220,62 +232,71 @@ fn mask_row<'py>(py: Python<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py
 #[pymethods]
 impl PyMatcher {
     #[new]
-    fn new(grammar: &PyGrammar) -> Self {
-        grammar.matcher()
+    fn new(py: Python<'_>, grammar: &PyGrammar) -> PyResult<Self> {
+        grammar.matcher(py)
     }
 
     /// Fills `bitmask` (`int32[(vocab + 31) // 32]`, caller-owned) with the allowed tokens.
     fn fill_next_token_bitmask(&self, py: Python<'_>, bitmask: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.poison.check(py)?;
         let row = mask_row(py, bitmask)?;
         let mut rw = row
             .try_readwrite()
             .map_err(|_| errors::invalid_field(py, "bitmask", "bitmask is not writable".into()))?;
         let slice = rw.as_slice_mut().expect("checked contiguous");
-        let m = &self.matcher;
-        py.detach(|| m.fill_next_token_bitmask_i32(slice)).map_err(|e| constraint_err(py, e))
+        self.poison
+            .run(py, &self.matcher, |m| m.fill_next_token_bitmask_i32(slice))?
+            .map_err(|e| constraint_err(py, e))
     }
 
-    fn accept_token(&mut self, token: u32) -> bool {
-        self.matcher.accept_token(token)
+    fn accept_token(&mut self, py: Python<'_>, token: u32) -> PyResult<bool> {
+        self.poison.run(py, &mut self.matcher, |m| m.accept_token(token))
     }
 
-    fn accept_string(&mut self, text: &str) -> bool {
-        self.matcher.accept_str(text)
+    fn accept_string(&mut self, py: Python<'_>, text: &str) -> PyResult<bool> {
+        self.poison.run(py, &mut self.matcher, |m| m.accept_str(text))
     }
 
-    fn is_token_allowed(&self, token: u32) -> bool {
-        self.matcher.is_token_allowed(token)
+    fn is_token_allowed(&self, py: Python<'_>, token: u32) -> PyResult<bool> {
+        self.poison.run(py, &self.matcher, |m| m.is_token_allowed(token))
     }
 
     fn rollback(&mut self, py: Python<'_>, steps: usize) -> PyResult<()> {
-        self.matcher.rollback(steps).map_err(|e| constraint_err(py, e))
+        self.poison.run(py, &mut self.matcher, |m| m.rollback(steps))?.map_err(|e| constraint_err(py, e))
     }
 
-    fn reset(&mut self) {
-        self.matcher.reset()
+    fn reset(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.poison.run(py, &mut self.matcher, |m| m.reset())
     }
 
-    fn can_end(&self) -> bool {
-        self.matcher.can_end()
+    fn can_end(&self, py: Python<'_>) -> PyResult<bool> {
+        self.poison.run(py, &self.matcher, |m| m.can_end())
     }
 
-    fn must_end(&self) -> bool {
-        self.matcher.must_end()
+    fn must_end(&self, py: Python<'_>) -> PyResult<bool> {
+        self.poison.run(py, &self.matcher, |m| m.must_end())
     }
 
-    fn is_ended(&self) -> bool {
-        self.matcher.is_ended()
+    fn is_ended(&self, py: Python<'_>) -> PyResult<bool> {
+        self.poison.run(py, &self.matcher, |m| m.is_ended())
     }
 
     /// The bytes that must come next whatever is sampled (jump-forward); empty if several
     /// continuations remain.
-    fn forced_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.matcher.forced_bytes())
+    fn forced_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.poison.run(py, &self.matcher, |m| m.forced_bytes())?;
+        Ok(PyBytes::new(py, &bytes))
     }
 
     #[getter]
-    fn num_steps(&self) -> usize {
-        self.matcher.num_steps()
+    fn num_steps(&self, py: Python<'_>) -> PyResult<usize> {
+        self.poison.run(py, &self.matcher, |m| m.num_steps())
+    }
+
+    /// Test hook (not API): panics inside the core, to check that a panic becomes
+    /// ``CorePanicError`` and poisons this matcher.
+    fn _inject_panic(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.poison.run(py, &mut self.matcher, |_| panic!("injected by _inject_panic"))
     }
 }
 
@@ -300,9 +321,18 @@ pub fn fill_next_token_bitmask_batch(
         .try_readwrite()
         .map_err(|_| errors::invalid_field(py, "bitmask", "bitmask is not writable".into()))?;
     let slice = rw.as_slice_mut().expect("checked contiguous");
+    for matcher in &matchers {
+        matcher.poison.check(py)?;
+    }
     let refs: Vec<&Matcher> = matchers.iter().map(|m| &m.matcher).collect();
-    py.detach(|| ferrolm_constraint::fill_next_token_bitmask_batch_i32(&refs, slice))
-        .map_err(|e| constraint_err(py, e))
+    let filled = contain(py, || ferrolm_constraint::fill_next_token_bitmask_batch_i32(&refs, slice));
+    if let Err(panicked) = &filled {
+        // Any of them may be the one whose state broke: none is used again.
+        for matcher in &matchers {
+            matcher.poison.poison(format!("a batch fill panicked: {panicked}"));
+        }
+    }
+    filled?.map_err(|e| constraint_err(py, e))
 }
 
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -56,11 +56,15 @@ impl ByteDfa {
             max_automaton_bytes: options.max_automaton_bytes,
             max_states: options.max_states,
         };
-        if let Some(dfa) = lock_memo().dfas.get(&key) {
-            return Ok(ByteDfa::clone(dfa));
+        let memoized = lock_memo().dfas.get(&key).cloned();
+        if let Some(dfa) = memoized {
+            crate::budget::charge(dfa.heap_bytes(), "the DFA table")?;
+            return Ok(ByteDfa::clone(&dfa));
         }
+        crate::budget::charge(pattern.len(), "the regex text")?;
         let dfa = Self::build_uncached(pattern, options, allow_calls)?;
         let bytes = dfa.heap_bytes() + pattern.len();
+        crate::budget::charge(dfa.heap_bytes(), "the DFA table")?;
         if bytes <= MEMO_MAX_DFA_BYTES {
             let mut memo = lock_memo();
             if memo.bytes + bytes > MEMO_BUDGET_BYTES {
@@ -75,8 +79,7 @@ impl ByteDfa {
     }
 
     fn build_uncached(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
-        let invalid =
-            |message: String| ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
+        let invalid = |message: String| invalid_regex(pattern, message);
         let hir = regex_syntax::ParserBuilder::new()
             .nest_limit(256)
             .utf8(!allow_calls)
@@ -89,6 +92,7 @@ impl ByteDfa {
             .nfa_size_limit(Some(options.max_automaton_bytes))
             .shrink(false)
             .which_captures(thompson::WhichCaptures::None);
+        crate::budget::check()?;
         let nfa =
             with_nfa_compiler(|compiler| compiler.configure(config).build_from_hir(&whole).map_err(Box::new))
                 .map_err(|e| {
@@ -98,10 +102,11 @@ impl ByteDfa {
                         invalid(error_chain(&e))
                     }
                 })?;
+        crate::budget::charge(nfa.memory_usage(), "the NFA")?;
         if super::subset::applies(&nfa) {
             let table = super::subset::determinize(&nfa, options)?;
             if table.start == DEAD {
-                return Err(invalid("the regex matches no string".into()));
+                return Err(invalid(super::MATCHES_NOTHING.into()));
             }
             return Ok(table);
         }
@@ -126,7 +131,7 @@ impl ByteDfa {
             })?;
         let table = copy_reachable(&dfa, options)?;
         if table.start == DEAD {
-            return Err(invalid("the regex matches no string".into()));
+            return Err(invalid(super::MATCHES_NOTHING.into()));
         }
         Ok(table)
     }
@@ -202,8 +207,11 @@ fn copy_reachable(dfa: &dense::DFA<Vec<u32>>, options: &RegexOptions) -> Result<
         if order.len() > options.max_states {
             return Err(too_large(format!("more than {} DFA states", options.max_states)));
         }
-        if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
-            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+        if next_to_expand % 256 == 0 {
+            if started.elapsed() > options.timeout {
+                return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+            }
+            crate::budget::check()?;
         }
         let state = order[next_to_expand];
         for &byte in &representative {
@@ -231,6 +239,21 @@ fn with_nfa_compiler<T>(build: impl FnOnce(&mut thompson::Compiler) -> T) -> T {
         // Re-entered (it never is today): a fresh compiler.
         Err(_) => build(&mut thompson::Compiler::new()),
     })
+}
+
+/// Long patterns (generated ones) are shortened in errors, and the parser's picture of
+/// the pattern with carets under the fault is left out.
+fn invalid_regex(pattern: &str, message: String) -> ConstraintError {
+    const SHOWN: usize = 200;
+    if pattern.len() <= SHOWN {
+        return ConstraintError::InvalidRegex { pattern: pattern.to_string(), message };
+    }
+    let cut = (0..=SHOWN).rev().find(|&i| pattern.is_char_boundary(i)).unwrap_or(0);
+    let last_line = message.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    ConstraintError::InvalidRegex {
+        pattern: format!("{}... ({} bytes)", &pattern[..cut], pattern.len()),
+        message: last_line.trim().to_string(),
+    }
 }
 
 fn too_large(message: String) -> ConstraintError {
@@ -291,6 +314,30 @@ mod tests {
         let options = RegexOptions { max_automaton_bytes: 10_000, ..RegexOptions::default() };
         let err = ByteDfa::from_regex(r"[a-z]{1,50}x[a-z]{20}", &options).unwrap_err();
         assert!(matches!(err, ConstraintError::GrammarTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_cancelled_compilation_returns_at_once() {
+        let flag = std::sync::Arc::new(crate::budget::CancelFlag::default());
+        flag.cancel();
+        let err = crate::budget::scope(1 << 30, Some(flag), || {
+            ByteDfa::from_regex(r"[a-z]{1,30}x[a-z]{12}", &RegexOptions::default())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("cancelled"), "{err}");
+    }
+
+    #[test]
+    fn the_compile_budget_bounds_all_tables_together() {
+        // Each table fits the per-regex limits; the scope's budget does not fit two.
+        let one = ByteDfa::from_regex(r"[a-z]{1,30}x[a-z]{5}", &RegexOptions::default()).unwrap();
+        let budget = one.heap_bytes() * 3 / 2;
+        let err = crate::budget::scope(budget, None, || {
+            ByteDfa::from_regex(r"[a-z]{1,30}x[a-z]{5}", &RegexOptions::default())?;
+            ByteDfa::from_regex(r"[a-y]{1,30}x[a-z]{5}", &RegexOptions::default())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("memory budget"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,10 @@ use analysis::strongly_connected_components;
 
 pub use compile::RegexOptions;
 
+/// The message of the [`crate::ConstraintError::InvalidRegex`] of a regex that matches
+/// no string at all.
+pub(crate) const MATCHES_NOTHING: &str = "the regex matches no string";
+
 /// The state from which nothing can be completed. Every table row of it points to itself.
 pub const DEAD: u32 = 0;
 
@@ -144,6 +148,22 @@ impl ByteDfa {
     /// Whether `state` lies on a cycle.
     pub(crate) fn is_in_cycle(&self, state: u32) -> bool {
         self.component_has_cycle[self.component[state as usize] as usize]
+    }
+
+    /// The same automaton with the transitions `(state, byte)` removed (each byte's
+    /// whole class), trimmed again to the states that can still reach acceptance.
+    pub(crate) fn without_edges(&self, edges: &[(u32, u8)]) -> ByteDfa {
+        let mut transitions = self.transitions.clone();
+        for &(state, byte) in edges {
+            transitions[state as usize * self.num_classes + self.classes[byte as usize] as usize] = DEAD;
+        }
+        ByteDfa::from_table(self.classes, self.num_classes, transitions, self.accepting.clone(), self.start)
+    }
+
+    /// How many bytes share `byte`'s class.
+    pub(crate) fn class_size(&self, byte: u8) -> usize {
+        let class = self.classes[byte as usize];
+        self.classes.iter().filter(|&&c| c == class).count()
     }
 
     /// Renumber so that only states that can reach acceptance remain; the others

@@ -56,8 +56,11 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     let mut next_to_expand = 1;
     let mut targets: Vec<StateID> = Vec::new();
     while next_to_expand < sets.len() {
-        if next_to_expand % 256 == 0 && started.elapsed() > options.timeout {
-            return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+        if next_to_expand % 256 == 0 {
+            if started.elapsed() > options.timeout {
+                return Err(too_large(format!("compiling took longer than {:?}", options.timeout)));
+            }
+            crate::budget::check()?;
         }
         let set = sets[next_to_expand].clone();
         accepting.push(closure.accepts_at_end(nfa, &set));
@@ -163,4 +166,28 @@ impl Closure {
 
 fn too_large(message: String) -> ConstraintError {
     ConstraintError::GrammarTooLarge { message }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use regex_automata::nfa::thompson;
+
+    use super::*;
+    use crate::budget::{self, CancelFlag};
+
+    #[test]
+    fn the_construction_loop_stops_when_cancelled() {
+        // Thousands of states: the loop reaches its periodic check.
+        let nfa = thompson::NFA::new(r"[a-z]{1,30}x[a-z]{8}").unwrap();
+        assert!(determinize(&nfa, &RegexOptions::default()).unwrap().num_states() > 1024);
+        let flag = Arc::new(CancelFlag::default());
+        flag.cancel();
+        let err =
+            budget::scope(usize::MAX, Some(flag.clone()), || determinize(&nfa, &RegexOptions::default()))
+                .unwrap_err();
+        assert!(err.to_string().contains("cancelled"), "{err}");
+        assert_eq!(budget::observed(&flag), 1);
+    }
 }

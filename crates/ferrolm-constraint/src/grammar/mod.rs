@@ -47,8 +47,10 @@ impl Grammar {
         pattern: &str,
         options: &RegexOptions,
     ) -> Result<Arc<Grammar>> {
-        let dfa = ByteDfa::from_regex(pattern, options)?;
-        Ok(Arc::new(Self::from_dfa(vocab, dfa)))
+        crate::budget::entry(|| {
+            let dfa = ByteDfa::from_regex(pattern, options)?;
+            Ok(Arc::new(Self::from_dfa(vocab, dfa)))
+        })
     }
 
     /// Compile a JSON Schema (given as JSON text); see [`crate::json_schema`] for what
@@ -58,34 +60,64 @@ impl Grammar {
         schema: &str,
         options: &JsonSchemaOptions,
     ) -> Result<Arc<Grammar>> {
-        let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
-            ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
-        })?;
-        Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+        crate::budget::entry(|| {
+            let schema: serde_json::Value = serde_json::from_str(schema).map_err(|e| {
+                if e.to_string().starts_with("recursion limit exceeded") {
+                    // serde_json's guard for its own stack (and for ours, which
+                    // translates the schema recursively).
+                    ConstraintError::GrammarTooLarge {
+                        message: "the schema nests arrays and objects more than 128 levels deep".into(),
+                    }
+                } else {
+                    ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
+                }
+            })?;
+            Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+        })
     }
 
     /// One JSON object with members of any names and values (`response_format:
     /// json_object`); whitespace as in `options`.
     pub fn json_object(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
-        Self::from_rule_regexes(vocab, any_json_rules(options, true))
+        crate::budget::entry(|| Self::from_rule_regexes(vocab, any_json_rules(options, true)))
     }
 
     /// One JSON value of any type.
     pub fn json_value(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {
-        Self::from_rule_regexes(vocab, any_json_rules(options, false))
+        crate::budget::entry(|| Self::from_rule_regexes(vocab, any_json_rules(options, false)))
     }
 
     /// One regex: a plain grammar; more: rules that call each other.
     fn from_rule_regexes(vocab: Arc<Vocabulary>, regexes: Vec<String>) -> Result<Arc<Grammar>> {
         Self::prime_json_loops(&vocab);
+        // A rule whose regex matches nothing: the schema allows no (finite) document.
+        let empty_language = |e: ConstraintError| match e {
+            ConstraintError::InvalidRegex { message, .. } if message == crate::dfa::MATCHES_NOTHING => {
+                ConstraintError::InvalidSchema {
+                    path: "#".into(),
+                    message: "no finite document matches: the schema's constraints exclude every value"
+                        .into(),
+                }
+            }
+            // A generated regex too deep for the parser: a limit, not a bad regex.
+            ConstraintError::InvalidRegex { message, .. } if message.contains("nested parentheses") => {
+                ConstraintError::GrammarTooLarge {
+                    message: "the schema's regex nests groups deeper than the regex parser's limit of 256 \
+                              (hundreds of prefixItems, deeply nested combinators)"
+                        .into(),
+                }
+            }
+            e => e,
+        };
         if let [pattern] = &regexes[..] {
-            return Self::from_regex(vocab, pattern);
+            return Self::from_regex(vocab, pattern).map_err(empty_language);
         }
         let options = RegexOptions::default();
         let dfas = regexes
             .iter()
             .map(|pattern| ByteDfa::from_regex_with_calls(pattern, &options))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()
+            .map_err(empty_language)?;
         Ok(Arc::new(Self::from_rules(vocab, Rules::new(dfas)?)))
     }
 
@@ -120,12 +152,14 @@ impl Grammar {
     /// Free text until `trigger` first appears in the output, then `then` (e.g.
     /// `"</think>"` then a JSON Schema). The output may end only once `then` may.
     pub fn after_trigger(trigger: &str, then: &Grammar) -> Result<Arc<Grammar>> {
-        let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
-        Ok(Arc::new(match &then.rules {
-            // The free-text part goes in front of the main rule; the others are unchanged.
-            Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
-            None => Self::from_dfa(then.vocab.clone(), dfa),
-        }))
+        crate::budget::entry(|| {
+            let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
+            Ok(Arc::new(match &then.rules {
+                // The free-text part goes in front of the main rule; the others are unchanged.
+                Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
+                None => Self::from_dfa(then.vocab.clone(), dfa),
+            }))
+        })
     }
 
     pub fn from_dfa(vocab: Arc<Vocabulary>, dfa: ByteDfa) -> Grammar {

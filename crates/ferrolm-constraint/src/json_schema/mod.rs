@@ -36,6 +36,7 @@ mod values;
 
 use serde_json::{Map, Value};
 
+use crate::budget::MAX_REGEX_BYTES;
 use crate::error::{ConstraintError, Result};
 use crate::recursive::{call, MAX_RULES};
 
@@ -158,7 +159,7 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         ref_stack: Vec::new(),
         inline_stack: Vec::new(),
         uses_any_value: false,
-        recursive_refs: Vec::new(),
+        extra_rules: Vec::new(),
     };
     // Another metaschema may switch vocabularies (validation) off or on.
     if let Some(metaschema) = schema.get("$schema").and_then(Value::as_str) {
@@ -172,14 +173,19 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
     }
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
-    // references call its rule (new recurring targets may be found on the way).
+    // references call its rule (new rules may be found on the way); shared regexes are
+    // rules as they are.
     let mut ref_rules = Vec::new();
-    while ref_rules.len() < translator.recursive_refs.len() {
-        let reference = translator.recursive_refs[ref_rules.len()].clone();
-        let pointer = decode_pointer(reference.strip_prefix('#').unwrap_or_default());
-        let target = schema.pointer(&pointer).expect("resolved when first met");
-        translator.ref_stack = vec![reference.clone()];
-        ref_rules.push(translator.schema(target, &reference)?);
+    while ref_rules.len() < translator.extra_rules.len() {
+        match translator.extra_rules[ref_rules.len()].clone() {
+            ExtraRule::Ref(reference) => {
+                let pointer = decode_pointer(reference.strip_prefix('#').unwrap_or_default());
+                let target = schema.pointer(&pointer).expect("resolved when first met");
+                translator.ref_stack = vec![reference.clone()];
+                ref_rules.push(translator.schema(target, &reference)?);
+            }
+            ExtraRule::Shared(regex) => ref_rules.push(regex),
+        }
     }
     if !translator.uses_any_value && ref_rules.is_empty() {
         return Ok(vec![main]);
@@ -190,8 +196,48 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
     Ok(rules)
 }
 
-/// The rule of the first recurring `$ref`.
+/// The rule of the first recurring `$ref` or shared regex.
 const FIRST_REF_RULE: usize = 2;
+
+/// A regex written more than once (an array's item: `(item(,item)*)?`) becomes a rule
+/// of its own, called from each place, when it is longer than this. Written out, each
+/// level of nesting would double it: nested arrays grew exponentially with depth.
+const SHARED_RULE_BYTES: usize = 4096;
+
+/// A regex nesting groups deeper than this, in a position a call may take, becomes a
+/// rule (the regex parser takes at most 256 levels).
+const MAX_INLINE_GROUP_DEPTH: usize = 64;
+
+/// How deeply `regex` nests groups (escapes and character classes skipped).
+fn group_depth(regex: &str) -> usize {
+    let (mut depth, mut deepest, mut in_class) = (0usize, 0usize, false);
+    let mut bytes = regex.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\\' => {
+                bytes.next();
+            }
+            b'[' if !in_class => in_class = true,
+            b']' if in_class => in_class = false,
+            b'(' if !in_class => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b')' if !in_class => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// A rule after the any-value rule.
+#[derive(Clone, PartialEq, Eq)]
+enum ExtraRule {
+    /// A recurring `$ref` target (translated after the main rule).
+    Ref(String),
+    /// A regex several positions use (already translated).
+    Shared(String),
+}
 
 fn whitespace_regex(whitespace: Whitespace) -> String {
     match whitespace {
@@ -213,8 +259,8 @@ struct Translator<'a> {
     inline_stack: Vec<String>,
     /// Some position takes a value of any type (the any-value rule is needed).
     uses_any_value: bool,
-    /// `$ref`s that recur; the i-th is rule `FIRST_REF_RULE + i`.
-    recursive_refs: Vec<String>,
+    /// `$ref`s that recur and shared regexes; the i-th is rule `FIRST_REF_RULE + i`.
+    extra_rules: Vec<ExtraRule>,
 }
 
 impl<'a> Translator<'a> {
@@ -235,7 +281,60 @@ impl<'a> Translator<'a> {
         }
     }
 
+    /// The regex of `schema`, refused once it grows past [`MAX_REGEX_BYTES`] (so a
+    /// schema whose regex multiplies with nesting stops early, at a small cost).
     fn schema(&mut self, schema: &Value, path: &str) -> Result<String> {
+        crate::budget::check()?;
+        let regex = self.schema_inner(schema, path)?;
+        if regex.len() > MAX_REGEX_BYTES {
+            return Err(ConstraintError::GrammarTooLarge {
+                message: format!(
+                    "the regex of the schema at {path} exceeds the limit of {} KiB (repetitions or \
+                     combinations multiply its size)",
+                    MAX_REGEX_BYTES >> 10
+                ),
+            });
+        }
+        Ok(regex)
+    }
+
+    /// `regex` as it is if short and shallow, else a call to a rule that matches it: for
+    /// regexes written more than once (see [`SHARED_RULE_BYTES`]).
+    pub(super) fn shared(&mut self, regex: String) -> String {
+        if regex.len() <= SHARED_RULE_BYTES && group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
+            return regex;
+        }
+        self.as_rule(regex)
+    }
+
+    /// `regex` as it is if shallow, else a call to a rule that matches it: for positions
+    /// a call may take (array items, member values), so that deeply nested schemas do
+    /// not nest groups past what the regex parser takes.
+    pub(super) fn shallow(&mut self, regex: String) -> String {
+        if group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
+            return regex;
+        }
+        self.as_rule(regex)
+    }
+
+    fn as_rule(&mut self, regex: String) -> String {
+        let rule = ExtraRule::Shared(regex);
+        let index = match self.extra_rules.iter().position(|r| *r == rule) {
+            Some(index) => index,
+            None if FIRST_REF_RULE + self.extra_rules.len() < MAX_RULES => {
+                self.extra_rules.push(rule);
+                self.extra_rules.len() - 1
+            }
+            // Out of rules: written out (the size limit above still applies).
+            None => {
+                let ExtraRule::Shared(regex) = rule else { unreachable!() };
+                return regex;
+            }
+        };
+        call(FIRST_REF_RULE + index)
+    }
+
+    fn schema_inner(&mut self, schema: &Value, path: &str) -> Result<String> {
         let map = match schema {
             Value::Object(map) => map,
             Value::Bool(true) => return Ok(self.any_value()),
@@ -346,14 +445,15 @@ impl<'a> Translator<'a> {
             .ok_or_else(|| self.invalid(path, format!("unknown $ref {reference:?}")))?;
         if self.ref_stack.iter().any(|r| r == reference) {
             // Recursion: the target becomes a rule of its own, called from here.
-            let index = match self.recursive_refs.iter().position(|r| r == reference) {
+            let rule = ExtraRule::Ref(reference.to_string());
+            let index = match self.extra_rules.iter().position(|r| *r == rule) {
                 Some(index) => index,
                 None => {
-                    if FIRST_REF_RULE + self.recursive_refs.len() >= MAX_RULES {
+                    if FIRST_REF_RULE + self.extra_rules.len() >= MAX_RULES {
                         return Err(self.unsupported("more recursive $refs than rules", path));
                     }
-                    self.recursive_refs.push(reference.to_string());
-                    self.recursive_refs.len() - 1
+                    self.extra_rules.push(rule);
+                    self.extra_rules.len() - 1
                 }
             };
             return Ok(call(FIRST_REF_RULE + index));

@@ -142,7 +142,10 @@ impl<'a> Translator<'a> {
             let value = match pattern_schema(name) {
                 _ if **schema == Value::Bool(false) || !allowed => None,
                 Some(matching) => self.intersection(schema, &matching, &member_path)?,
-                None => Some(self.schema(schema, &member_path)?),
+                None => {
+                    let value = self.schema(schema, &member_path)?;
+                    Some(self.shallow(value))
+                }
             };
             // Absent: the member may not be present (its name is still not "other").
             let Some(value) = value else {

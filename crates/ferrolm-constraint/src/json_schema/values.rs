@@ -185,9 +185,13 @@ impl<'a> Translator<'a> {
                 return Ok(regex);
             }
         }
+        // Written twice or more below (first item, then each further one).
         let rest = match map.get("items") {
             Some(Value::Bool(false)) => None,
-            Some(items) => Some(self.schema(items, &format!("{path}/items"))?),
+            Some(items) => {
+                let item = self.schema(items, &format!("{path}/items"))?;
+                Some(self.shared(item))
+            }
             None => Some(self.any_value()),
         };
         let max = match rest {
