@@ -9,11 +9,9 @@ import os
 import signal
 import threading
 from typing import Any
-
 import httpx
+from ferrolm.server.testing import RunningServer, engine_pid, running_server, wait_until
 
-from ferrolm.server.testing import RunningServer, running_server, wait_until
-from test_server_lifecycle import engine_process_of
 
 LONG = {"prompt": "a long one", "max_tokens": 3000, "ignore_eos": True}
 
@@ -75,7 +73,7 @@ def _stream_error(events: list[str]) -> dict[str, Any]:
 
 def test_a_frozen_engine_is_503_until_it_answers_again() -> None:
     with running_server("--engine-heartbeat-timeout", "3") as server:
-        engine = engine_process_of(server.process.pid)
+        engine = engine_pid(server)
         out: dict[str, Any] = {}
         events: list[str] = []
         waiter = _post(server, LONG, out, "waiting")
@@ -114,7 +112,7 @@ def test_a_dead_engine_fails_streamed_and_plain_requests_with_503() -> None:
         waiter = _post(server, LONG, out, "plain")
         streamer = _stream(server, LONG, events)
         wait_until(lambda: _running(server) == 2 and len(events) > 2, timeout=60)
-        os.kill(engine_process_of(server.process.pid), signal.SIGKILL)
+        os.kill(engine_pid(server), signal.SIGKILL)
         waiter.join(timeout=60)
         streamer.join(timeout=60)
         assert not waiter.is_alive() and not streamer.is_alive()

@@ -35,6 +35,18 @@ def test_regex_completion_matches(server: RunningServer) -> None:
     assert text == r["choices"][0]["text"]
 
 
+@pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"min_tokens": 20}])
+def test_a_complete_document_ends_the_request_despite_ignore_eos_and_min_tokens(
+        server: RunningServer, extra: dict[str, object]) -> None:
+    # once the regex is matched in full only EOS may follow: the request ends there (found
+    # by the fuzz test as a 500 "no token is allowed")
+    body = {"prompt": "code:", "regex": "[a-z]{1,3}", "max_tokens": 30, "temperature": 1.0, "seed": 2, **extra}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert re.fullmatch("[a-z]{1,3}", choice["text"]) and choice["finish_reason"] == "stop", choice
+
+
 def test_json_schema_output_validates(server: RunningServer) -> None:
     body = {"messages": [{"role": "user", "content": "answer in JSON"}], "max_tokens": 40,
             "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}}

@@ -185,6 +185,9 @@ impl Engine {
             }
         };
         let token = sampled.token;
+        // a complete document ends the request whatever ignore_eos and min_new_tokens say:
+        // the grammar allows nothing after it
+        let document_done = r.constraint.as_ref().is_some_and(|c| c.must_end());
         if let Some(c) = &mut r.constraint {
             if !c.accept_token(token) {
                 let text = r.detok.flush();
@@ -205,10 +208,11 @@ impl Engine {
         r.first_token_at.get_or_insert(now);
         r.last_token_at = Some(now);
         self.stats.generation_tokens += 1;
-        let is_eos = !r.params.ignore_eos && self.config.eos_token_ids.contains(&token);
-        let step = r.detok.step(&*self.vocab, token, stops_active, is_eos).unwrap_or_else(|_| {
-            crate::detok::Step { delta: String::new(), stop: Some(StopReason::Token(token)) }
-        });
+        let is_eos = (!r.params.ignore_eos || document_done) && self.config.eos_token_ids.contains(&token);
+        let step =
+            r.detok.step(&*self.vocab, token, stops_active || document_done, is_eos).unwrap_or_else(|_| {
+                crate::detok::Step { delta: String::new(), stop: Some(StopReason::Token(token)) }
+            });
         out.push_token(token, sampled.logprob, &sampled.top_logprobs);
         let mut text = step.delta;
         let reason = match step.stop {
@@ -258,8 +262,10 @@ fn draw(
     scratch: &mut Vec<f32>,
 ) -> Result<Sampled, FinishReason> {
     let stops_active = r.generated() >= r.params.min_new_tokens;
-    // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos)
-    if r.params.ignore_eos || !stops_active {
+    // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos),
+    // unless the grammar's document is complete: then EOS is all that may come
+    let document_done = r.constraint.as_ref().is_some_and(|c| c.must_end());
+    if (r.params.ignore_eos || !stops_active) && !document_done {
         for &e in eos_ids {
             row[e as usize] = f32::NEG_INFINITY;
         }

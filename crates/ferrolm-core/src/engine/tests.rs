@@ -248,6 +248,17 @@ fn stop_strings_eos_and_min_new_tokens() {
     assert_eq!(s5.2.reason, FinishReason::Stop(StopReason::Token(EOS)));
     assert_eq!(s5.0.len(), 2);
     assert!(!s5.1.contains("</s>"), "EOS text is skipped");
+    // a complete document ends the request even with ignore_eos and before min_new_tokens:
+    // the grammar allows nothing but EOS, so suppressing it would leave no token at all
+    for params in
+        [RequestParams { ignore_eos: true, ..greedy(6) }, RequestParams { min_new_tokens: 4, ..greedy(6) }]
+    {
+        engine.submit(6, &[1, 2, 3], params, Some(Box::new(EosAfterOne(0)))).unwrap();
+        let s6 = drain(&mut engine, &mut model)[&6].clone();
+        assert_eq!(s6.2.reason, FinishReason::Stop(StopReason::Token(EOS)));
+        assert_eq!(s6.0.len(), 2);
+    }
+    engine.check_invariants().unwrap();
 }
 
 #[test]
