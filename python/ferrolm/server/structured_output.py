@@ -60,4 +60,13 @@ def constraint_kwargs(
     for field, body_field, _ in asked:
         if field not in supported:
             raise bad_request(f"{body_field}: structured output is not supported yet", body_field)
-    return {field: value for field, _, value in asked}, {field: body for field, body, _ in asked}
+    names = {field: body for field, body, _ in asked}
+    for _, body, _ in asked:
+        # a compile error names the constraint engine's part at fault (a schema's pattern is
+        # a "regex", any size limit the "grammar"): to the client it is the field it sent
+        names |= {field: body for field in COMPILE_ERROR_FIELDS}
+    return {field: value for field, _, value in asked}, names
+
+
+# the fields the constraint engine's compile errors name (crates/ferrolm-py/src/constraint.rs)
+COMPILE_ERROR_FIELDS = ("grammar", "regex", "json_schema", "choice", "json_object")
