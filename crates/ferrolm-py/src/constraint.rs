@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use ferrolm_constraint::json_schema::{JsonSchemaOptions, Whitespace};
 use ferrolm_constraint::{
-    tokenizer_files, ConstraintError, Grammar, GrammarCache, GrammarSource, Matcher, Vocabulary,
-    VocabularyBuilder,
+    tokenizer_files, Grammar, GrammarCache, GrammarSource, Matcher, Vocabulary, VocabularyBuilder,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -18,20 +17,6 @@ use crate::guard::{contain, SharedPoison};
 
 /// Grammars compiled per vocabulary before the cache starts over.
 const CACHE_CAPACITY: usize = 1024;
-
-pub fn constraint_err(py: Python<'_>, e: ConstraintError) -> PyErr {
-    let field = match &e {
-        // A panic while compiling (on the compile thread): a bug, not bad input.
-        ConstraintError::Internal { .. } => return errors::core_panic(py, e.to_string()),
-        ConstraintError::InvalidVocabulary(_) | ConstraintError::TokenizerFile { .. } => "vocabulary",
-        ConstraintError::InvalidRegex { .. } => "regex",
-        ConstraintError::GrammarTooLarge { .. } => "grammar",
-        ConstraintError::BitmaskSize { .. } => "bitmask",
-        ConstraintError::RollbackTooFar { .. } => "steps",
-        ConstraintError::UnsupportedSchema { .. } | ConstraintError::InvalidSchema { .. } => "json_schema",
-    };
-    errors::invalid_field(py, field, e.to_string())
-}
 
 #[pyclass(module = "ferrolm._core", name = "Vocabulary", frozen)]
 pub struct PyVocabulary {
@@ -45,7 +30,7 @@ impl PyVocabulary {
 
     fn compile(&self, py: Python<'_>, source: GrammarSource) -> PyResult<PyGrammar> {
         let grammar =
-            contain(py, || self.cache.get_or_compile(&source))?.map_err(|e| constraint_err(py, e))?;
+            contain(py, || self.cache.get_or_compile(&source))?.map_err(|e| errors::constraint(py, e))?;
         Ok(PyGrammar { grammar })
     }
 
@@ -102,7 +87,7 @@ impl PyVocabulary {
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
         let vocab = contain(py, || Vocabulary::new(token_bytes, &special_token_ids, &eos_token_ids))?
-            .map_err(|e| constraint_err(py, e))?;
+            .map_err(|e| errors::constraint(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
@@ -117,7 +102,7 @@ impl PyVocabulary {
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
         let build = || finish(tokenizer_files::from_hf_tokenizer_json(text)?, &eos_token_ids, vocab_size);
-        let vocab = contain(py, build)?.map_err(|e| constraint_err(py, e))?;
+        let vocab = contain(py, build)?.map_err(|e| errors::constraint(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
@@ -131,7 +116,7 @@ impl PyVocabulary {
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
         let build = || finish(tokenizer_files::from_tiktoken(text)?, &eos_token_ids, None);
-        let vocab = contain(py, build)?.map_err(|e| constraint_err(py, e))?;
+        let vocab = contain(py, build)?.map_err(|e| errors::constraint(py, e))?;
         Ok(Self::new_cached(vocab, compile_timeout_s))
     }
 
@@ -181,7 +166,7 @@ impl PyVocabulary {
             return Err(errors::invalid_field(py, "trigger", "the trigger must not be empty".into()));
         }
         let grammar = contain(py, || Grammar::after_trigger(trigger, &then.grammar))?
-            .map_err(|e| constraint_err(py, e))?;
+            .map_err(|e| errors::constraint(py, e))?;
         Ok(PyGrammar { grammar })
     }
 
@@ -246,7 +231,7 @@ impl PyMatcher {
         let slice = rw.as_slice_mut().expect("checked contiguous");
         self.poison
             .run(py, &self.matcher, |m| m.fill_next_token_bitmask_i32(slice))?
-            .map_err(|e| constraint_err(py, e))
+            .map_err(|e| errors::constraint(py, e))
     }
 
     fn accept_token(&mut self, py: Python<'_>, token: u32) -> PyResult<bool> {
@@ -262,7 +247,7 @@ impl PyMatcher {
     }
 
     fn rollback(&mut self, py: Python<'_>, steps: usize) -> PyResult<()> {
-        self.poison.run(py, &mut self.matcher, |m| m.rollback(steps))?.map_err(|e| constraint_err(py, e))
+        self.poison.run(py, &mut self.matcher, |m| m.rollback(steps))?.map_err(|e| errors::constraint(py, e))
     }
 
     fn reset(&mut self, py: Python<'_>) -> PyResult<()> {
@@ -332,7 +317,7 @@ pub fn fill_next_token_bitmask_batch(
             matcher.poison.poison(format!("a batch fill panicked: {panicked}"));
         }
     }
-    filled?.map_err(|e| constraint_err(py, e))
+    filled?.map_err(|e| errors::constraint(py, e))
 }
 
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

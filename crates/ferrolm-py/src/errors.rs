@@ -1,6 +1,7 @@
 //! The one place where core errors become Python exceptions. The classes live in the
 //! Python module `ferrolm.errors`, so users can import and catch them without `_core`.
 
+use ferrolm_constraint::ConstraintError;
 use ferrolm_core::engine::EngineError;
 use ferrolm_core::radix::TreeError;
 use pyo3::prelude::*;
@@ -61,4 +62,18 @@ pub fn engine(py: Python<'_>, err: EngineError) -> PyErr {
         EngineError::DuplicateRid(_) => invalid_field(py, "rid", err.to_string()),
         EngineError::Protocol(m) => protocol(py, m),
     }
+}
+
+pub fn constraint(py: Python<'_>, err: ConstraintError) -> PyErr {
+    let field = match &err {
+        // A panic while compiling (on the compile thread): a bug, not bad input.
+        ConstraintError::Internal { .. } => return core_panic(py, err.to_string()),
+        ConstraintError::InvalidVocabulary(_) | ConstraintError::TokenizerFile { .. } => "vocabulary",
+        ConstraintError::InvalidRegex { .. } => "regex",
+        ConstraintError::GrammarTooLarge { .. } => "grammar",
+        ConstraintError::BitmaskSize { .. } => "bitmask",
+        ConstraintError::RollbackTooFar { .. } => "steps",
+        ConstraintError::UnsupportedSchema { .. } | ConstraintError::InvalidSchema { .. } => "json_schema",
+    };
+    invalid_field(py, field, err.to_string())
 }
