@@ -96,6 +96,64 @@ def test_generation_config_adds_its_eos_ids(model: LoadedModel, tmp_path: Path) 
         load_model(folder)
 
 
+def without_eos_in(folder: Path, *files: str) -> None:
+    """Drops the EOS from each of ``files`` as transformers leaves it out (a Qwen2/Qwen3
+    config.json has no ``eos_token_id``)."""
+    for file in files:
+        raw = json.loads((folder / file).read_text())
+        raw.pop("eos_token" if file == "tokenizer_config.json" else "eos_token_id")
+        (folder / file).write_text(json.dumps(raw))
+
+
+def test_eos_comes_from_generation_config_when_config_json_has_none(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    without_eos_in(folder, "config.json")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 32003}))
+    # generation_config.json's first, then the tokenizer's eos_token (32001)
+    assert load_model(folder).config.eos_token_ids == (32003, 32001)
+
+
+def test_eos_comes_from_the_tokenizer_when_no_config_names_one(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    without_eos_in(folder, "config.json", "generation_config.json")
+    loaded = load_model(folder)
+    assert loaded.config.eos_token_ids == (loaded.tokenizer.eos_token_id,) == (32001,)
+    # and the engine accepts it (its constraint vocabulary needs an EOS)
+    from ferrolm.engine import Engine
+    from ferrolm.sampling_params import SamplingParams
+
+    engine = Engine(loaded, kv_capacity=256)
+    [result] = engine.generate([[32000, 12805]], SamplingParams(max_new_tokens=3))
+    assert len(result.token_ids) == 3
+
+
+def test_tokenizer_eos_is_added_after_the_configs_ids(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text()) | {"eos_token_id": 5}))
+    without_eos_in(folder, "generation_config.json")
+    assert load_model(folder).config.eos_token_ids == (5, 32001)
+
+
+def test_model_without_any_eos_is_refused_naming_the_three_places(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    without_eos_in(folder, "config.json", "generation_config.json", "tokenizer_config.json")
+    with pytest.raises(InvalidInputError, match="config.json 'eos_token_id'.*generation_config.json.*'eos_token'"):
+        load_model(folder)
+
+
+def test_eos_id_beyond_the_vocabulary_is_refused(model: LoadedModel, tmp_path: Path) -> None:
+    folder = copy_of_tiny(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [32001, 40000]}))
+    with pytest.raises(InvalidInputError, match=r"\[40000\].*'vocab_size'"):
+        load_model(folder)
+
+
+def test_loading_without_weights_keeps_the_folder(model: LoadedModel) -> None:
+    bare = load_model("tiny", with_weights=False)
+    assert bare.weights == {} and bare.config == model.config
+    assert bare.folder == tiny.tiny_folder()
+
+
 def test_weights_are_the_same_on_every_machine(model: LoadedModel) -> None:
     # the bytes of the weights follow from the seed alone (see random_weights)
     def digest(name: str) -> str:

@@ -121,7 +121,8 @@ class Engine:
     ) -> None:
         if blas_threads is not None:
             limit_blas_threads(blas_threads)
-        self.config, weights, self.tokenizer = model if isinstance(model, LoadedModel) else load_model(model)
+        loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        self.config, weights, self.tokenizer = loaded.config, loaded.weights, loaded.tokenizer
         runner_slots = getattr(runner, "num_slots", None)
         if runner_slots is not None and runner_slots < kv_capacity:
             raise InvalidInputError(

@@ -20,6 +20,8 @@ class LoadedModel(NamedTuple):
     config: ModelConfig
     weights: Weights
     tokenizer: Tokenizer
+    # the folder it was read from, for runners that read the checkpoint themselves
+    folder: Path | None = None
 
 
 def resolve_model_folder(model: str | Path) -> Path:
@@ -36,23 +38,45 @@ def resolve_model_folder(model: str | Path) -> Path:
     return folder
 
 
-def load_model(model: str | Path) -> LoadedModel:
+def load_model(model: str | Path, *, with_weights: bool = True) -> LoadedModel:
     """Reads config.json, the safetensors weights (float32) and the tokenizer.
 
-    ``config.eos_token_ids`` also gets the EOS ids of ``generation_config.json``: chat
-    models often stop on a turn-end token that only that file names.
+    The EOS ids are those Hugging Face tools stop on, in this order, without repeats:
+    ``config.json``'s ``eos_token_id``, ``generation_config.json``'s (chat models often
+    stop on a turn-end token only that file names) and the tokenizer's ``eos_token``
+    (``tokenizer_config.json``). A model needs at least one of the three; transformers
+    writes Qwen2/Qwen3 configs without ``eos_token_id``.
+
+    ``with_weights=False`` leaves ``weights`` empty, for a runner that reads the
+    checkpoint itself (from ``folder``) in its own dtype.
     """
     folder = resolve_model_folder(model)
     config = ModelConfig.from_folder(folder)
-    extra_eos = [i for i in _generation_eos_ids(folder) if i not in config.eos_token_ids]
-    if extra_eos:
-        config = dataclasses.replace(config, eos_token_ids=(*config.eos_token_ids, *extra_eos))
     tokenizer = Tokenizer.from_folder(folder)
     if tokenizer.vocab_size > config.vocab_size:
         raise InvalidInputError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but config field 'vocab_size' is {config.vocab_size}"
         )
-    return LoadedModel(config, load_weights(folder, config), tokenizer)
+    tokenizer_eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    eos_ids = list(config.eos_token_ids)
+    for i in (*_generation_eos_ids(folder), *tokenizer_eos):
+        if i not in eos_ids:
+            eos_ids.append(i)
+    if not eos_ids:
+        raise InvalidInputError(
+            "the model names no EOS token: none of config.json 'eos_token_id', generation_config.json "
+            "'eos_token_id' or tokenizer_config.json 'eos_token' is set",
+            "model",
+        )
+    out_of_range = [i for i in eos_ids if i >= config.vocab_size]
+    if out_of_range:
+        raise InvalidInputError(
+            f"EOS token id(s) {out_of_range} are not below config field 'vocab_size' ({config.vocab_size})"
+        )
+    if tuple(eos_ids) != config.eos_token_ids:
+        config = dataclasses.replace(config, eos_token_ids=tuple(eos_ids))
+    weights = load_weights(folder, config) if with_weights else {}
+    return LoadedModel(config, weights, tokenizer, folder)
 
 
 def _generation_eos_ids(folder: Path) -> list[int]:
