@@ -19,7 +19,8 @@ import numpy as np
 
 from ferrolm import _core
 from ferrolm.errors import CorePanicError, InvalidInputError
-from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, NumpyRunner, load_model
+from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
+from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | np.ndarray
@@ -116,19 +117,36 @@ class Engine:
         enable_prefix_cache: bool = True,
         eviction_policy: str = "lru",
         seed: int = 0,
-        runner: ModelRunner | None = None,
+        runner: ModelRunner | str | None = None,
         blas_threads: int | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
     ) -> None:
+        """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
+        (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
+        precision ``dtype`` is asked for, else the numpy one), built with ``device``
+        (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
+        ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU)."""
         if blas_threads is not None:
             limit_blas_threads(blas_threads)
-        loaded = model if isinstance(model, LoadedModel) else load_model(model)
-        self.config, weights, self.tokenizer = loaded.config, loaded.weights, loaded.tokenizer
-        runner_slots = getattr(runner, "num_slots", None)
-        if runner_slots is not None and runner_slots < kv_capacity:
-            raise InvalidInputError(
-                f"kv_capacity: {kv_capacity} slots, but the runner's KV pool has only {runner_slots}", "kv_capacity"
-            )
-        self.runner = runner or NumpyRunner(self.config, weights, kv_capacity)
+        given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
+        kind = None if given else resolve_runner_kind(runner or "auto", device, dtype)
+        if isinstance(model, LoadedModel):
+            loaded = model
+        else:
+            # the torch runner reads the checkpoint itself, in its own dtype
+            loaded = load_model(model, with_weights=kind != "torch")
+        self.config, self.tokenizer = loaded.config, loaded.tokenizer
+        if given:
+            assert runner is not None and not isinstance(runner, str)
+            if runner.num_slots < kv_capacity:
+                raise InvalidInputError(
+                    f"kv_capacity: {kv_capacity} slots, but the runner's KV pool has only {runner.num_slots}",
+                    "kv_capacity",
+                )
+            self.runner = runner
+        else:
+            self.runner = build_runner(loaded, kv_capacity, runner=kind or "auto", device=device, dtype=dtype)
         # one vocabulary for detokenization and for every request's grammar
         self.vocabulary = _core.Vocabulary(
             self.tokenizer.token_bytes(),
@@ -352,10 +370,16 @@ def default_blas_threads() -> int:
 
 
 def limit_blas_threads(n: int) -> None:
-    """Caps the process's BLAS thread pools (numpy's OpenBLAS/MKL) at ``n``; process-wide."""
+    """Caps the process's BLAS thread pools (numpy's OpenBLAS/MKL) at ``n``, and torch's
+    intra-op threads where torch is loaded; process-wide."""
+    import sys
+
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=n, user_api="blas")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
 
 
 def _is_single_prompt(prompts: Any) -> bool:

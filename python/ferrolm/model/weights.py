@@ -9,7 +9,9 @@ runner computes in float32.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -74,31 +76,42 @@ def load_weights(folder: str | Path, config: ModelConfig) -> Weights:
     """Reads the checkpoint in ``folder`` (one ``*.safetensors`` file, or shards listed in
     ``model.safetensors.index.json``), checks every tensor against ``config`` and returns
     them as float32. Tensors the forward pass does not use are skipped."""
-    folder = Path(folder)
-    wanted = expected_shapes(config)
-    tied = config.tie_word_embeddings
     found: Weights = {}
-    for file in _checkpoint_files(folder):
-        with safe_open(str(file), framework="np") as reader:
-            for name in reader.keys():
-                if name not in wanted or (tied and name == "lm_head.weight"):
-                    continue
-                found[name] = _to_float32(name, reader.get_tensor(name))
-    if tied:
+    for name, tensor in read_checkpoint(folder, config, framework="np"):
+        found[name] = _to_float32(name, tensor)
+    if config.tie_word_embeddings:
         found["lm_head.weight"] = found.get("model.embed_tokens.weight", np.empty(0, np.float32))
     check_weights(found, config)
     return found
 
 
-def check_weights(weights: Weights, config: ModelConfig) -> None:
+def read_checkpoint(
+    folder: str | Path, config: ModelConfig, *, framework: str = "np", device: str = "cpu"
+) -> Iterator[tuple[str, Any]]:
+    """The tensors of the checkpoint the forward pass uses, by name, in their stored dtype,
+    as safetensors gives them for ``framework`` (``"np"`` or ``"pt"``, the latter placed
+    on ``device`` as it is read). A tied model's stored ``lm_head.weight`` is skipped: the
+    embedding serves. Shapes are the caller's to check (``check_weights``)."""
+    wanted = expected_shapes(config)
+    tied = config.tie_word_embeddings
+    for file in _checkpoint_files(Path(folder)):
+        options = {"device": device} if framework == "pt" else {}
+        with safe_open(str(file), framework=framework, **options) as reader:
+            for name in reader.keys():
+                if name not in wanted or (tied and name == "lm_head.weight"):
+                    continue
+                yield name, reader.get_tensor(name)
+
+
+def check_weights(weights: Mapping[str, Any], config: ModelConfig) -> None:
     """Raises ``InvalidInputError`` naming the first tensor missing or of the wrong shape."""
     for name, shape in expected_shapes(config).items():
         if name not in weights:
             hint = " (config says tie_word_embeddings is false)" if name == "lm_head.weight" else ""
             raise InvalidInputError(f"checkpoint has no tensor {name!r}{hint}")
-        if weights[name].shape != shape:
+        if tuple(weights[name].shape) != shape:
             raise InvalidInputError(
-                f"checkpoint tensor {name!r} has shape {weights[name].shape}, config implies {shape}"
+                f"checkpoint tensor {name!r} has shape {tuple(weights[name].shape)}, config implies {shape}"
             )
 
 

@@ -1,0 +1,62 @@
+"""Which model runner an engine gets: ``--runner auto|numpy|torch``, ``--device
+auto|cpu|cuda``, ``--dtype auto|bfloat16|float16|float32``, as ``ferrolm serve``,
+``ferrolm generate`` and ``ferrolm.Engine`` take them.
+
+``auto`` picks the torch runner where it can use CUDA or where a half-precision dtype is
+asked for (the numpy runner computes in float32 only), and the numpy runner otherwise:
+on the CPU in float32 the two compute the same thing, and the numpy runner needs no torch.
+"""
+
+from __future__ import annotations
+
+from ferrolm.errors import InvalidInputError
+from ferrolm.model.loader import LoadedModel
+from ferrolm.model.runner import ModelRunner, NumpyRunner
+from ferrolm.model.torch_runner import DEVICES, DTYPES, TORCH_MISSING, TorchRunner, cuda_available, torch_available
+
+RUNNERS = ("auto", "numpy", "torch")
+
+
+def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str = "auto") -> str:
+    """``"numpy"`` or ``"torch"``; refuses combinations the runner cannot do."""
+    if runner not in RUNNERS:
+        raise InvalidInputError(f"runner must be one of {RUNNERS}, got {runner!r}", "runner")
+    if device not in DEVICES and not (isinstance(device, str) and device.startswith("cuda:")):
+        raise InvalidInputError(f"device must be one of {DEVICES} (or cuda:N), got {device!r}", "device")
+    if dtype not in DTYPES:
+        raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype!r}", "dtype")
+    wants_cuda = device.startswith("cuda")
+    half = dtype in ("bfloat16", "float16")
+    if runner == "auto":
+        if wants_cuda or half:
+            runner = "torch"  # the numpy runner can do neither; torch's absence is named below
+        elif device == "auto" and cuda_available():
+            runner = "torch"
+        else:
+            runner = "numpy"
+    if runner == "numpy":
+        if wants_cuda:
+            raise InvalidInputError(f"the numpy runner runs on the CPU only, not on {device!r}; use the torch runner", "device")
+        if half:
+            raise InvalidInputError(f"the numpy runner computes in float32 only, not {dtype}; use the torch runner", "dtype")
+        return "numpy"
+    if not torch_available():
+        raise InvalidInputError(TORCH_MISSING, "runner")
+    return "torch"
+
+
+def build_runner(
+    model: LoadedModel, num_slots: int, *, runner: str = "auto", device: str = "auto", dtype: str = "auto"
+) -> ModelRunner:
+    """The runner for ``model`` with a pool of ``num_slots``. The torch runner reads the
+    checkpoint from ``model.folder`` when ``model`` was loaded without weights."""
+    kind = resolve_runner_kind(runner, device, dtype)
+    if kind == "numpy":
+        if not model.weights:
+            raise InvalidInputError("the numpy runner needs the model loaded with its weights", "model")
+        return NumpyRunner(model.config, model.weights, num_slots)
+    if model.weights:
+        return TorchRunner(model.config, model.weights, num_slots, device=device, dtype=dtype)
+    if model.folder is None:
+        raise InvalidInputError("the model has neither weights nor a folder to read them from", "model")
+    return TorchRunner.from_folder(model.folder, model.config, num_slots, device=device, dtype=dtype)

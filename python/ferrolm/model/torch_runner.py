@@ -1,0 +1,352 @@
+"""``TorchRunner``: the Llama-family forward in torch, on CUDA or the CPU, in the
+checkpoint's dtype (or one asked for).
+
+The same ``ForwardBatch`` columns as ``NumpyRunner``, the same architectures (Llama 2/3
+with llama3 RoPE scaling, Qwen2 biases, Qwen3 q/k norm, Mistral sliding window) and one
+code path for every device: plain torch ops and ``scaled_dot_product_attention`` over
+the slots of a paged KV pool held as torch tensors on the runner's device. Numerics follow
+transformers' modeling code (RMSNorm in float32, cast back before the weight; RoPE's
+cos/sin cast to the activations' dtype), so a bf16 model gives what transformers gives.
+
+torch is an optional dependency (``pip install 'ferrolm[torch]'``); importing this module
+without it works, building a runner raises ``InvalidInputError`` saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ferrolm.errors import InvalidInputError
+from ferrolm.model.config import ModelConfig
+from ferrolm.model.rope import inverse_frequencies, rotation
+from ferrolm.model.runner import ForwardBatch, ModelRunner, _AttentionPlan
+from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # the numpy runner needs none of this
+    torch = None  # type: ignore[assignment]
+    F = None  # type: ignore[assignment]
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+TORCH_MISSING = "torch is not installed: pip install 'ferrolm[torch]' (or pip install torch) to use the torch runner"
+
+
+def torch_available() -> bool:
+    return torch is not None
+
+
+def _require_torch() -> Any:
+    if torch is None:
+        raise InvalidInputError(TORCH_MISSING, "runner")
+    return torch
+
+
+def cuda_available() -> bool:
+    return torch is not None and bool(torch.cuda.is_available())
+
+
+def resolve_device(device: Any = "auto") -> Any:
+    """A ``torch.device`` for ``auto`` (CUDA where present, else the CPU), ``cpu``,
+    ``cuda`` or ``cuda:N``; CUDA asked for but absent is an error."""
+    _require_torch()
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str) or not (device in DEVICES or device.startswith("cuda:")):
+        raise InvalidInputError(f"device must be one of {DEVICES} (or cuda:N), got {device!r}", "device")
+    if device == "auto":
+        return torch.device("cuda" if cuda_available() else "cpu")
+    if device.startswith("cuda"):
+        if not cuda_available():
+            raise InvalidInputError(
+                f"device {device!r} asked for, but torch sees no CUDA device "
+                f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}); use --device cpu",
+                "device",
+            )
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise InvalidInputError(
+                f"device {device!r} asked for, but there are {torch.cuda.device_count()} CUDA devices", "device"
+            )
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: Any, device: Any, stored: Any = None) -> Any:
+    """The compute dtype: ``auto`` is the checkpoint's ``stored`` dtype on CUDA (float32
+    if unknown or float64) and float32 on the CPU, where bf16 matmuls are slow on most
+    processors; or ``bfloat16``/``float16``/``float32`` (a ``torch.dtype`` too)."""
+    _require_torch()
+    names = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if isinstance(dtype, torch.dtype):
+        if dtype not in names.values():
+            raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype}", "dtype")
+        chosen = dtype
+    elif dtype is None or dtype == "auto":
+        on_cuda = torch.device(device).type == "cuda"
+        chosen = stored if on_cuda and stored in names.values() else torch.float32
+    elif dtype in names:
+        chosen = names[dtype]
+    else:
+        raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype!r}", "dtype")
+    if torch.device(device).type == "cuda" and chosen == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise InvalidInputError("this CUDA device cannot run bfloat16; use --dtype float16 or float32", "dtype")
+    return chosen
+
+
+def _as_tensor(value: Any) -> Any:
+    """A torch tensor of a numpy array (bf16 from ml_dtypes included) or a tensor."""
+    if isinstance(value, torch.Tensor):
+        return value
+    array = np.ascontiguousarray(value)
+    if array.dtype.name == "bfloat16":  # ml_dtypes: torch cannot read it, but the bits are the same
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(frozen=True, slots=True)
+class _TorchLayer:
+    input_norm: Any
+    qkv: Any  # [(heads + 2 * kv_heads) * head_dim, hidden]: one matmul for q, k, v
+    qkv_bias: Any
+    q_norm: Any
+    k_norm: Any
+    o: Any
+    o_bias: Any
+    post_norm: Any
+    gate_up: Any  # [2 * intermediate, hidden]: one matmul for gate and up
+    gate_up_bias: Any
+    down: Any
+    down_bias: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _TorchPlan:
+    """A batch's index tensors on the device, built once per forward, used by every layer."""
+
+    decode_rows: Any  # [S] or None
+    decode_slots: Any  # [S, L]
+    decode_mask: Any  # [S, 1, 1, L]: True where attended
+    chunks: list[tuple[int, int, Any, Any]]  # (first token, end token, slots, mask or None)
+
+
+class TorchRunner(ModelRunner):
+    """The Llama-family forward in torch over a paged KV pool on ``device``.
+
+    ``weights``: Hugging Face names to numpy arrays or torch tensors (any float dtype);
+    they are converted once to ``dtype`` on ``device``. ``TorchRunner.from_folder`` reads a
+    checkpoint straight into torch instead (no float32 numpy copy on the way).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Mapping[str, Any],
+        num_slots: int,
+        *,
+        device: Any = "auto",
+        dtype: Any = "auto",
+    ) -> None:
+        _require_torch()
+        if num_slots < 1:
+            raise InvalidInputError(f"num_slots must be positive, got {num_slots}")
+        check_weights(weights, config)
+        self.config = config
+        self.num_slots = num_slots
+        self.device = resolve_device(device)
+        stored = _as_tensor(weights["model.embed_tokens.weight"]).dtype
+        self.dtype = resolve_dtype(dtype, self.device, stored)
+        c = config
+        converted: dict[int, Any] = {}  # id of a source array -> its tensor (tied weights stay one)
+
+        def t(name: str) -> Any:
+            value = weights[name]
+            if id(value) not in converted:
+                tensor = _as_tensor(value)
+                if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+                    raise InvalidInputError(
+                        f"checkpoint tensor {name!r} has dtype {tensor.dtype}; expected bf16, fp16 or fp32"
+                    )
+                converted[id(value)] = tensor.to(device=self.device, dtype=self.dtype).contiguous()
+            return converted[id(value)]
+
+        def opt(name: str) -> Any:
+            return t(name) if name in weights else None
+
+        def cat(names: list[str]) -> Any:
+            if names[0] not in weights:
+                return None
+            return torch.cat([t(n) for n in names]).contiguous()
+
+        self.embed = t("model.embed_tokens.weight")
+        self.lm_head = t("lm_head.weight")
+        self.final_norm = t("model.norm.weight")
+        self.layers = []
+        for i in range(c.num_layers):
+            p = layer_prefix(i)
+            attn, mlp = p + "self_attn.", p + "mlp."
+            self.layers.append(
+                _TorchLayer(
+                    input_norm=t(p + "input_layernorm.weight"),
+                    qkv=cat([attn + f"{x}_proj.weight" for x in "qkv"]),
+                    qkv_bias=cat([attn + f"{x}_proj.bias" for x in "qkv"]),
+                    q_norm=opt(attn + "q_norm.weight"),
+                    k_norm=opt(attn + "k_norm.weight"),
+                    o=t(attn + "o_proj.weight"),
+                    o_bias=opt(attn + "o_proj.bias"),
+                    post_norm=t(p + "post_attention_layernorm.weight"),
+                    gate_up=cat([mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+                    gate_up_bias=cat([mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
+                    down=t(mlp + "down_proj.weight"),
+                    down_bias=opt(mlp + "down_proj.bias"),
+                )
+            )
+            # the per-projection tensors were only needed for the fused ones
+            for n in [attn + f"{x}_proj.{k}" for x in "qkv" for k in ("weight", "bias")] + [
+                mlp + f"{x}_proj.{k}" for x in ("gate", "up") for k in ("weight", "bias")
+            ]:
+                if n in weights:
+                    converted.pop(id(weights[n]), None)
+        self.inv_freq = inverse_frequencies(c)
+        pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
+        # the paged KV pool: slot s of layer l holds the key/value of one token
+        self.k_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+        self.v_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | Path, config: ModelConfig, num_slots: int, *, device: Any = "auto", dtype: Any = "auto"
+    ) -> TorchRunner:
+        """Reads the safetensors checkpoint in ``folder`` (sharded or not) straight into
+        torch tensors on the device, in their stored dtype, then converts to ``dtype``."""
+        _require_torch()
+        place = resolve_device(device)
+        tensors: dict[str, Any] = dict(read_checkpoint(folder, config, framework="pt", device=str(place)))
+        if config.tie_word_embeddings and "model.embed_tokens.weight" in tensors:
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+        return cls(config, tensors, num_slots, device=place, dtype=dtype)
+
+    def kv_pool_bytes(self) -> int:
+        return sum(int(p.numel() * p.element_size()) for p in (*self.k_pool, *self.v_pool))
+
+    def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+        self._check(batch)
+        with torch.inference_mode():
+            logits = self._forward(batch, all_logits)
+            return logits.float().cpu().numpy()
+
+    def _check(self, batch: ForwardBatch) -> None:
+        if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:
+            raise InvalidInputError(f"ForwardBatch.input_ids holds an id >= vocab size {self.config.vocab_size}")
+        if batch.kv_slots.size and int(batch.kv_slots.max()) >= self.num_slots:
+            raise InvalidInputError(f"ForwardBatch.kv_slots holds a slot >= num_slots {self.num_slots}")
+
+    def _index(self, array: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
+
+    def _plan(self, batch: ForwardBatch) -> _TorchPlan:
+        plan = _AttentionPlan.of(batch, self.config.sliding_window)
+        window = self.config.sliding_window
+        rows = slots = mask = None
+        if plan.decode_rows.size:
+            rows = self._index(plan.decode_rows)
+            slots = self._index(plan.decode_slots)
+            mask = torch.from_numpy(~plan.decode_hidden).to(self.device)[:, None, None, :]
+        chunks = []
+        for q0, q1, chunk_slots in plan.chunks:
+            n, m = q1 - q0, chunk_slots.size
+            chunk_mask = None
+            if n > 1 or (window is not None and m > window):
+                # query i sits at kv index m - n + i and sees kv indices up to it (and,
+                # with a sliding window, only the last `window` of them)
+                query = torch.arange(m - n, m, device=self.device)[:, None]
+                kv = torch.arange(m, device=self.device)[None, :]
+                visible = kv <= query
+                if window is not None:
+                    visible &= kv > query - window
+                chunk_mask = visible
+            chunks.append((q0, q1, self._index(chunk_slots), chunk_mask))
+        return _TorchPlan(rows, slots, mask, chunks)
+
+    def _forward(self, batch: ForwardBatch, all_logits: bool) -> Any:
+        c = self.config
+        cos_np, sin_np = rotation(self.inv_freq, batch.positions)  # float32 [T, 1, d/2], angles in float64
+        cos = torch.from_numpy(cos_np).to(device=self.device, dtype=self.dtype)
+        sin = torch.from_numpy(sin_np).to(device=self.device, dtype=self.dtype)
+        plan = self._plan(batch)
+        out_slots = self._index(batch.out_slots)
+        x = self.embed[self._index(batch.input_ids)]
+        for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
+            h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            x = x + self._attention(layer, h, plan, cos, sin, out_slots, k_pool, v_pool)
+            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
+        if not all_logits:
+            x = x[self._index(batch.qo_offsets[1:] - 1)]  # each request's last new token
+        return F.linear(_rms_norm(x, self.final_norm, c.rms_norm_eps), self.lm_head)
+
+    def _attention(
+        self, layer: _TorchLayer, h: Any, plan: _TorchPlan, cos: Any, sin: Any, out_slots: Any, k_pool: Any, v_pool: Any
+    ) -> Any:
+        c = self.config
+        num_new = h.shape[0]
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
+        k = qkv[:, q_width : q_width + kv_width].reshape(num_new, c.num_kv_heads, c.head_dim)
+        v = qkv[:, q_width + kv_width :].reshape(num_new, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q = _rotate(q, cos, sin)
+        k_pool[out_slots] = _rotate(k, cos, sin)
+        v_pool[out_slots] = v
+
+        out = torch.empty((num_new, c.num_heads, c.head_dim), dtype=h.dtype, device=h.device)
+        grouped = c.num_kv_heads != c.num_heads
+        if plan.decode_rows is not None:
+            # [S, heads, 1, d] over [S, kv_heads, L, d]
+            keys = k_pool[plan.decode_slots].transpose(1, 2)
+            values = v_pool[plan.decode_slots].transpose(1, 2)
+            attended = F.scaled_dot_product_attention(
+                q[plan.decode_rows].unsqueeze(2), keys, values, attn_mask=plan.decode_mask, enable_gqa=grouped
+            )
+            out[plan.decode_rows] = attended.squeeze(2)
+        for q0, q1, slots, mask in plan.chunks:
+            # [1, heads, n, d] over [1, kv_heads, m, d]
+            attended = F.scaled_dot_product_attention(
+                q[q0:q1].transpose(0, 1).unsqueeze(0),
+                k_pool[slots].transpose(0, 1).unsqueeze(0),
+                v_pool[slots].transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                enable_gqa=grouped,
+            )
+            out[q0:q1] = attended[0].transpose(0, 1)
+        return F.linear(out.reshape(num_new, q_width), layer.o, layer.o_bias)
+
+    @staticmethod
+    def _mlp(layer: _TorchLayer, h: Any) -> Any:
+        gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+
+
+def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
+    """As transformers: normalized in float32, cast back, then scaled by the weight."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def _rotate(x: Any, cos: Any, sin: Any) -> Any:
+    """RoPE, rotate-half style: dimension i pairs with i + head_dim / 2."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
