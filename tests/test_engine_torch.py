@@ -69,3 +69,14 @@ def test_bf16_runs_end_to_end_with_a_bf16_pool(tiny: LoadedModel) -> None:
     results = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert [len(r.token_ids) for r in results] == [8, 8, 8]
     assert all(r.finish_reason == "length" for r in results)
+
+
+def test_generate_command_on_the_torch_runner_prints_what_numpy_prints(capsys: pytest.CaptureFixture) -> None:
+    from ferrolm.cli import main
+
+    flags = ["generate", "--prompt", "Once upon a time", "--max-new-tokens", "6", "--ignore-eos"]
+    assert main([*flags, "--runner", "numpy"]) == 0
+    on_numpy = capsys.readouterr().out
+    assert main([*flags, "--runner", "torch", "--device", "cpu", "--dtype", "float32"]) == 0
+    assert capsys.readouterr().out == on_numpy
+    assert "[length, 6 tokens]" in on_numpy

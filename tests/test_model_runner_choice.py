@@ -16,6 +16,7 @@ from small_models import small_config
 def test_without_torch_the_torch_runner_is_refused_with_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     # runs with or without torch: the module behaves as if torch were absent
     monkeypatch.setattr(torch_runner_module, "torch", None)
+    monkeypatch.setattr(torch_runner_module, "_import_torch", lambda: None)
     config = small_config("llama3")
     with pytest.raises(InvalidInputError, match=r"torch is not installed: pip install 'ferrolm\[torch\]'"):
         TorchRunner(config, random_weights(config, seed=0), 8, device="cpu")
@@ -38,3 +39,65 @@ def test_numpy_runner_refuses_what_it_cannot_do() -> None:
         with pytest.raises(InvalidInputError) as e:
             resolve_runner_kind(*bad)
         assert e.value.field == field
+
+
+def test_importing_ferrolm_does_not_import_torch() -> None:
+    # torch takes a second or more to import: only a torch runner (or auto's CUDA check) loads it
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys, ferrolm, ferrolm.engine, ferrolm.model.runner_choice; print('torch' in sys.modules)"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "False"
+
+
+
+def test_the_server_flags_offer_what_the_runner_choice_takes() -> None:
+    from ferrolm.model import runner_choice, torch_runner
+    from ferrolm.server import args
+
+    assert args.RUNNERS == runner_choice.RUNNERS
+    assert args.DEVICES == torch_runner.DEVICES
+    assert args.DTYPES == torch_runner.DTYPES
+
+
+def test_serve_flags_reach_the_server_args() -> None:
+    import argparse
+
+    from ferrolm.server.args import add_serve_arguments, server_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    defaults = server_args_from(parser.parse_args([]), {})
+    assert (defaults.runner, defaults.device, defaults.dtype) == ("auto", "auto", "auto")
+    chosen = server_args_from(parser.parse_args(["--runner", "torch", "--device", "cpu", "--dtype", "bfloat16"]), {})
+    assert (chosen.runner, chosen.device, chosen.dtype) == ("torch", "cpu", "bfloat16")
+    assert chosen.public_dict()["runner"] == "torch"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--device", "tpu"])
+
+
+def test_engine_process_reports_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing import Pipe
+
+    from ferrolm.server import engine_process
+    from ferrolm.server.args import ServerArgs
+
+    monkeypatch.setattr(engine_process.signal, "signal", lambda *_: None)  # not this test process's SIGINT
+    ours, theirs = Pipe()
+    engine_process.engine_main(ServerArgs(runner="numpy", device="cuda"), theirs)
+    kind, message = ours.recv()
+    assert kind == "failed" and "the numpy runner runs on the CPU only" in message
+
+
+def test_generate_refuses_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from ferrolm.cli import main
+
+    assert main(["generate", "--runner", "numpy", "--dtype", "float16", "--prompt", "x"]) == 2
+    assert "the numpy runner computes in float32 only" in capsys.readouterr().err
+    monkeypatch.setattr(torch_runner_module, "torch", None)
+    monkeypatch.setattr(torch_runner_module, "_import_torch", lambda: None)
+    assert main(["generate", "--runner", "torch", "--prompt", "x"]) == 2
+    assert "torch is not installed: pip install 'ferrolm[torch]'" in capsys.readouterr().err

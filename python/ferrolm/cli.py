@@ -19,7 +19,10 @@ def _generate(args: argparse.Namespace) -> int:
         args.blas_threads = default_blas_threads()
     from ferrolm.sampling_params import SamplingParams
 
-    engine = Engine(args.model, seed=args.seed, blas_threads=args.blas_threads)
+    engine = Engine(
+        args.model, seed=args.seed, blas_threads=args.blas_threads, runner=args.runner, device=args.device,
+        dtype=args.dtype,
+    )
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -46,6 +49,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from ferrolm.server.args import add_runner_arguments
+
     p = sub.add_parser("generate", help="generate text offline")
     p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a Hugging Face model folder")
     p.add_argument("--prompt", action="append", required=True, help="may be given several times")
@@ -59,6 +64,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--blas-threads", type=int, default=None, help="cap numpy's BLAS threads (default: half the cores)")
+    add_runner_arguments(p)
     p.set_defaults(func=_generate)
 
 

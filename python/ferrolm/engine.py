@@ -127,8 +127,6 @@ class Engine:
         precision ``dtype`` is asked for, else the numpy one), built with ``device``
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU)."""
-        if blas_threads is not None:
-            limit_blas_threads(blas_threads)
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner or "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -147,6 +145,8 @@ class Engine:
             self.runner = runner
         else:
             self.runner = build_runner(loaded, kv_capacity, runner=kind or "auto", device=device, dtype=dtype)
+        if blas_threads is not None:
+            limit_blas_threads(blas_threads)  # once the runner is built: torch's threads too, if it loaded torch
         # one vocabulary for detokenization and for every request's grammar
         self.vocabulary = _core.Vocabulary(
             self.tokenizer.token_bytes(),

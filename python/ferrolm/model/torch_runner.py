@@ -8,12 +8,14 @@ the slots of a paged KV pool held as torch tensors on the runner's device. Numer
 transformers' modeling code (RMSNorm in float32, cast back before the weight; RoPE's
 cos/sin cast to the activations' dtype), so a bf16 model gives what transformers gives.
 
-torch is an optional dependency (``pip install 'ferrolm[torch]'``); importing this module
-without it works, building a runner raises ``InvalidInputError`` saying so.
+torch is an optional dependency (``pip install 'ferrolm[torch]'``), imported on first use
+(importing it takes a second or more, and the API process never needs it); without it
+this module still imports, and building a runner raises ``InvalidInputError`` saying so.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,30 +29,45 @@ from ferrolm.model.rope import inverse_frequencies, rotation
 from ferrolm.model.runner import ForwardBatch, ModelRunner, _AttentionPlan
 from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:  # the numpy runner needs none of this
-    torch = None  # type: ignore[assignment]
-    F = None  # type: ignore[assignment]
+# torch and torch.nn.functional once loaded (see _load_torch)
+torch: Any = None
+F: Any = None
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 TORCH_MISSING = "torch is not installed: pip install 'ferrolm[torch]' (or pip install torch) to use the torch runner"
 
 
+def _import_torch() -> Any:
+    """The torch module, or None where it is not installed."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        return None
+
+
+def _load_torch() -> Any:
+    global torch, F
+    if torch is None:
+        module = _import_torch()
+        if module is not None:
+            F = importlib.import_module("torch.nn.functional")
+            torch = module
+    return torch
+
+
 def torch_available() -> bool:
-    return torch is not None
+    return _load_torch() is not None
 
 
 def _require_torch() -> Any:
-    if torch is None:
+    if _load_torch() is None:
         raise InvalidInputError(TORCH_MISSING, "runner")
     return torch
 
 
 def cuda_available() -> bool:
-    return torch is not None and bool(torch.cuda.is_available())
+    return _load_torch() is not None and bool(torch.cuda.is_available())
 
 
 def resolve_device(device: Any = "auto") -> Any:

@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
+# as ferrolm.model.runner_choice has them (not imported: that would load the model package here)
+RUNNERS = ("auto", "numpy", "torch")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
@@ -35,6 +39,9 @@ class ServerArgs:
     engine_heartbeat_timeout: float = 60.0  # seconds without word from the engine: 503 until it answers; 0: off
     seed: int = 0
     blas_threads: int | None = None
+    runner: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
 
@@ -77,9 +84,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "answers again; well above the longest step; 0 turns the watch off")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
+    add_runner_arguments(parser)
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
     parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
                         help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)")
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--runner``, ``--device``, ``--dtype``: for ``serve`` and ``generate``."""
+    parser.add_argument("--runner", choices=RUNNERS, default="auto",
+                        help="model runner: numpy (float32, CPU) or torch (CPU or CUDA, any dtype; needs "
+                             "pip install 'ferrolm[torch]'); auto: torch where CUDA is present or a half "
+                             "precision --dtype is asked for, else numpy")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where the torch runner runs; auto: cuda if present, else cpu")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="the torch runner's weights, activations and KV cache; auto: the checkpoint's "
+                             "dtype on CUDA, float32 on the CPU")
 
 
 def _heartbeat_timeout(text: str) -> float:

@@ -305,6 +305,9 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
             enable_prefix_cache=not args.disable_radix_cache,
             seed=args.seed,
             blas_threads=args.blas_threads or default_blas_threads(),
+            runner=args.runner,
+            device=args.device,
+            dtype=args.dtype,
         )
     except (FerrolmError, OSError) as e:
         conn.send(("failed", str(e)))
