@@ -51,6 +51,11 @@ def test_importing_ferrolm_does_not_import_torch() -> None:
     env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
+    if not torch_runner_module.cuda_driver_present():
+        # and --runner auto without a CUDA driver picks numpy without importing torch either
+        code = "import sys; from ferrolm.model.runner_choice import resolve_runner_kind as r; print(r(), 'torch' in sys.modules)"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+        assert out.stdout.strip() == "numpy False"
 
 
 

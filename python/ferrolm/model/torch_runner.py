@@ -66,7 +66,25 @@ def _require_torch() -> Any:
     return torch
 
 
+def cuda_driver_present() -> bool:
+    """Whether the CUDA driver library loads: a check that costs microseconds, where
+    importing torch to ask it costs a second or more."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
 def cuda_available() -> bool:
+    """Whether torch can use a CUDA device; without a CUDA driver, known without importing
+    torch (so ``--runner auto`` on a CPU-only machine never loads it)."""
+    if torch is None and not cuda_driver_present():
+        return False
     return _load_torch() is not None and bool(torch.cuda.is_available())
 
 
