@@ -48,27 +48,32 @@ _FORWARD_FMT = "<ddq"  # forward CPU seconds, forward wall seconds, forward call
 
 
 def _install_forward_timer(path: str) -> None:
-    """Wraps ``NumpyRunner.forward`` so that each call adds its process CPU time and wall
-    time to the shared file at ``path`` (the engine process has no other busy thread, so
-    its process CPU clock during the call is the forward's, BLAS threads included)."""
+    """Wraps ``NumpyRunner.forward`` and ``TorchRunner.forward`` so that each call adds its
+    process CPU time and wall time to the shared file at ``path`` (the engine process has
+    no other busy thread, so its process CPU clock during the call is the forward's, BLAS
+    and torch threads included)."""
     from ferrolm.model.runner import NumpyRunner
+    from ferrolm.model.torch_runner import TorchRunner
 
     f = open(path, "r+b")  # noqa: SIM115 - lives as long as the process
     shared = mmap.mmap(f.fileno(), struct.calcsize(_FORWARD_FMT))
-    original = NumpyRunner.forward
     totals = [0.0, 0.0, 0]
 
-    def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        c0, w0 = time.process_time(), time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            totals[0] += time.process_time() - c0
-            totals[1] += time.perf_counter() - w0
-            totals[2] += 1
-            struct.pack_into(_FORWARD_FMT, shared, 0, totals[0], totals[1], totals[2])
+    def timed(original: Any) -> Any:
+        def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            c0, w0 = time.process_time(), time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                totals[0] += time.process_time() - c0
+                totals[1] += time.perf_counter() - w0
+                totals[2] += 1
+                struct.pack_into(_FORWARD_FMT, shared, 0, totals[0], totals[1], totals[2])
 
-    NumpyRunner.forward = timed_forward  # type: ignore[method-assign]
+        return timed_forward
+
+    NumpyRunner.forward = timed(NumpyRunner.forward)  # type: ignore[method-assign]
+    TorchRunner.forward = timed(TorchRunner.forward)  # type: ignore[method-assign]
 
 
 if os.environ.get(_FORWARD_STATS_ENV) and __name__ in ("__main__", "__mp_main__"):
