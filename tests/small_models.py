@@ -3,9 +3,14 @@ forward pass but not a real model (milliseconds per step)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ferrolm.model.config import ModelConfig
+
+# where the torch runner's numerical tests run: cpu here and in CI; scripts/gpu_check.sh
+# runs them on cuda (FERROLM_TEST_DEVICE=cuda)
+TORCH_TEST_DEVICE = os.environ.get("FERROLM_TEST_DEVICE", "cpu")
 
 # one variant per switch of the forward pass; small enough for a float64 reference
 SMALL_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {

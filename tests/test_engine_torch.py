@@ -17,11 +17,12 @@ from ferrolm.model import LoadedModel
 torch: Any = pytest.importorskip("torch", reason="torch is not installed; the torch runner tests are skipped")
 
 from ferrolm.model.torch_runner import TorchRunner  # noqa: E402
+from small_models import TORCH_TEST_DEVICE  # noqa: E402
 from test_engine_identity import GREEDY, PROMPTS, reference, run_batch  # noqa: E402,F401 (reference: a fixture)
 
 
 def torch_engine(tiny: LoadedModel, kv_capacity: int = 4096, **kw: Any) -> Engine:
-    return Engine(tiny, kv_capacity=kv_capacity, runner="torch", device="cpu", **kw)
+    return Engine(tiny, kv_capacity=kv_capacity, runner="torch", device=TORCH_TEST_DEVICE, **kw)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +49,7 @@ def test_torch_runner_greedy_equals_the_numpy_reference(
 
 
 def test_warm_cache_then_repeat_equals_the_reference(tiny: LoadedModel, reference: list[list[int]]) -> None:
-    engine = Engine(tiny, kv_capacity=4096, runner=TorchRunner(tiny.config, tiny.weights, 4096, device="cpu"))
+    engine = Engine(tiny, kv_capacity=4096, runner=TorchRunner(tiny.config, tiny.weights, 4096, device=TORCH_TEST_DEVICE))
     assert [run_batch(engine, [p], GREEDY)[0] for p in PROMPTS] == reference
     hits = engine.core.stats()["cache_hit_tokens"]
     assert hits > 0
@@ -57,14 +58,14 @@ def test_warm_cache_then_repeat_equals_the_reference(tiny: LoadedModel, referenc
 
 
 def test_model_by_name_is_read_straight_into_torch(reference: list[list[int]]) -> None:
-    engine = Engine("tiny", kv_capacity=512, runner="torch", device="cpu", dtype="float32")
+    engine = Engine("tiny", kv_capacity=512, runner="torch", device=TORCH_TEST_DEVICE, dtype="float32")
     assert isinstance(engine.runner, TorchRunner)
     [result] = engine.generate(PROMPTS[0], GREEDY)
     assert result.token_ids == reference[0]
 
 
 def test_bf16_runs_end_to_end_with_a_bf16_pool(tiny: LoadedModel) -> None:
-    engine = Engine("tiny", kv_capacity=512, device="cpu", dtype="bfloat16")  # auto: bf16 needs torch
+    engine = Engine("tiny", kv_capacity=512, device=TORCH_TEST_DEVICE, dtype="bfloat16")  # auto: bf16 needs torch
     assert isinstance(engine.runner, TorchRunner) and engine.runner.k_pool[0].dtype == torch.bfloat16
     results = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert [len(r.token_ids) for r in results] == [8, 8, 8]
@@ -77,6 +78,6 @@ def test_generate_command_on_the_torch_runner_prints_what_numpy_prints(capsys: p
     flags = ["generate", "--prompt", "Once upon a time", "--max-new-tokens", "6", "--ignore-eos"]
     assert main([*flags, "--runner", "numpy"]) == 0
     on_numpy = capsys.readouterr().out
-    assert main([*flags, "--runner", "torch", "--device", "cpu", "--dtype", "float32"]) == 0
+    assert main([*flags, "--runner", "torch", "--device", TORCH_TEST_DEVICE, "--dtype", "float32"]) == 0
     assert capsys.readouterr().out == on_numpy
     assert "[length, 6 tokens]" in on_numpy

@@ -23,7 +23,7 @@ from ferrolm.model.runner import ForwardBatch, NumpyRunner
 from ferrolm.model.runner_choice import resolve_runner_kind
 from ferrolm.model.torch_runner import TorchRunner
 from ferrolm.model.weights import Weights
-from small_models import SMALL_MODEL_OVERRIDES, small_config
+from small_models import SMALL_MODEL_OVERRIDES, TORCH_TEST_DEVICE, small_config
 
 NUM_SLOTS = 128
 
@@ -48,7 +48,7 @@ class Pair:
             # the reference then differs from the runner only by bf16 activations
             self.weights = bf16_rounded(self.weights)
         self.numpy = NumpyRunner(self.config, self.weights, NUM_SLOTS)
-        self.torch = TorchRunner(self.config, self.weights, NUM_SLOTS, device="cpu", dtype=dtype)
+        self.torch = TorchRunner(self.config, self.weights, NUM_SLOTS, device=TORCH_TEST_DEVICE, dtype=dtype)
         for pool in (*self.numpy.k_pool, *self.numpy.v_pool, *self.torch.k_pool, *self.torch.v_pool):
             pool.fill(np.nan) if isinstance(pool, np.ndarray) else pool.fill_(float("nan"))
         self.rng = np.random.default_rng(seed + 1)
@@ -190,13 +190,13 @@ def test_from_folder_reads_bf16_straight_into_torch(tmp_path: Path, variant: str
     config = small_config(variant)
     weights = bf16_rounded(random_weights(config, seed=4))
     write_checkpoint(tmp_path, config, weights, ml_dtypes.bfloat16, shards=3)
-    runner = TorchRunner.from_folder(tmp_path, config, 32, device="cpu", dtype="bfloat16")
+    runner = TorchRunner.from_folder(tmp_path, config, 32, device=TORCH_TEST_DEVICE, dtype="bfloat16")
     assert runner.embed.dtype == torch.bfloat16
-    np.testing.assert_array_equal(runner.embed.float().numpy(), weights["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(runner.embed.float().cpu().numpy(), weights["model.embed_tokens.weight"])
     if config.tie_word_embeddings:
         assert runner.lm_head.data_ptr() == runner.embed.data_ptr()
     # the same model given as float32 numpy weights gives the same logits
-    direct = TorchRunner(config, weights, 32, device="cpu", dtype="bfloat16")
+    direct = TorchRunner(config, weights, 32, device=TORCH_TEST_DEVICE, dtype="bfloat16")
     batch = ForwardBatch.from_requests([[3, 1, 4, 1, 5, 9]], [list(range(6))])
     np.testing.assert_array_equal(runner.forward(batch, all_logits=True), direct.forward(batch, all_logits=True))
     # auto on the CPU widens to float32

@@ -29,7 +29,7 @@ from ferrolm.model.loader import load_model
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
 from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner
-from small_models import SMALL_MODEL_OVERRIDES, small_config
+from small_models import SMALL_MODEL_OVERRIDES, TORCH_TEST_DEVICE, small_config
 
 torch: Any = pytest.importorskip("torch", reason="torch is not installed; the transformers checkpoint tests are skipped")
 transformers: Any = pytest.importorskip(
@@ -158,7 +158,9 @@ def runners(checkpoint: Checkpoint) -> list[tuple[str, ModelRunner, np.ndarray, 
     """(name, runner, expected logits of A and B, tolerance) for each runner of the checkpoint."""
     loaded = load_model(checkpoint.folder)
     stored = "bfloat16" if checkpoint.dtype == "bfloat16" else "float32"
-    torch_runner = TorchRunner.from_folder(checkpoint.folder, loaded.config, 128, device="cpu", dtype=stored)
+    torch_runner = TorchRunner.from_folder(
+        checkpoint.folder, loaded.config, 128, device=TORCH_TEST_DEVICE, dtype=stored
+    )
     assert torch_runner.embed.dtype == getattr(torch, stored)
     return [
         # the numpy runner widens the checkpoint to float32: compare with float32 transformers
@@ -247,7 +249,7 @@ def test_reference_and_runner_match_transformers(variant: str) -> None:
         expected = model(torch.tensor([ids])).logits[0].double().numpy()
     tolerance = 2e-5 * max(1.0, float(np.abs(expected).max()))
     np.testing.assert_allclose(reference_logits(config, weights, ids), expected, rtol=0, atol=tolerance)
-    for runner in (NumpyRunner(config, weights, num_slots=32), TorchRunner(config, weights, 32, device="cpu")):
+    for runner in (NumpyRunner(config, weights, num_slots=32), TorchRunner(config, weights, 32, device=TORCH_TEST_DEVICE)):
         # over two calls, so the second reads the first's keys and values from the pool
         first = runner.forward(ForwardBatch.from_requests([ids[:13]], [list(range(13))]), all_logits=True)
         second = runner.forward(ForwardBatch.from_requests([ids[13:]], [list(range(21))]), all_logits=True)
