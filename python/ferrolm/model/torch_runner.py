@@ -190,6 +190,7 @@ class TorchRunner(ModelRunner):
         *,
         device: Any = "auto",
         dtype: Any = "auto",
+        _consume: bool = False,
     ) -> None:
         _require_torch()
         if num_slots < 1:
@@ -251,6 +252,8 @@ class TorchRunner(ModelRunner):
             ]:
                 if n in weights:
                     converted.pop(id(weights[n]), None)
+                    if _consume:  # from_folder's own dict: drop them now, not after the last layer
+                        del weights[n]  # type: ignore[attr-defined]
         self.inv_freq = inverse_frequencies(c)
         pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
         # the paged KV pool: slot s of layer l holds the key/value of one token
@@ -268,7 +271,8 @@ class TorchRunner(ModelRunner):
         tensors: dict[str, Any] = dict(read_checkpoint(folder, config, framework="pt", device=str(place)))
         if config.tie_word_embeddings and "model.embed_tokens.weight" in tensors:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-        return cls(config, tensors, num_slots, device=place, dtype=dtype)
+        # consumed as the fused tensors are built: peak memory is the checkpoint plus one layer
+        return cls(config, tensors, num_slots, device=place, dtype=dtype, _consume=True)
 
     def kv_pool_bytes(self) -> int:
         return sum(int(p.numel() * p.element_size()) for p in (*self.k_pool, *self.v_pool))
