@@ -164,9 +164,9 @@ def runners(checkpoint: Checkpoint) -> list[tuple[str, ModelRunner, np.ndarray, 
     assert torch_runner.embed.dtype == getattr(torch, stored)
     return [
         # the numpy runner widens the checkpoint to float32: compare with float32 transformers
-        ("numpy", NumpyRunner(loaded.config, loaded.weights, 128),
+        (f"{checkpoint.folder.name} numpy", NumpyRunner(loaded.config, loaded.weights, 128),
          checkpoint.logits_a_f32, checkpoint.logits_b_f32, TOLERANCE["float32"]),
-        (f"torch-{stored}", torch_runner, checkpoint.logits_a, checkpoint.logits_b, TOLERANCE[stored]),
+        (f"{checkpoint.folder.name} torch-{stored}", torch_runner, checkpoint.logits_a, checkpoint.logits_b, TOLERANCE[stored]),
     ]
 
 

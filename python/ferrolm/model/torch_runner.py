@@ -323,13 +323,13 @@ class TorchRunner(ModelRunner):
         sin = torch.from_numpy(sin_np).to(device=self.device, dtype=self.dtype)
         plan = self._plan(batch)
         out_slots = self._index(batch.out_slots)
-        x = self.embed[self._index(batch.input_ids)]
+        x = self.embed.index_select(0, self._index(batch.input_ids))
         for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             x = x + self._attention(layer, h, plan, cos, sin, out_slots, k_pool, v_pool)
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
         if not all_logits:
-            x = x[self._index(batch.qo_offsets[1:] - 1)]  # each request's last new token
+            x = x.index_select(0, self._index(batch.qo_offsets[1:] - 1))  # each request's last new token
         return F.linear(_rms_norm(x, self.final_norm, c.rms_norm_eps), self.lm_head)
 
     def _attention(
@@ -346,25 +346,30 @@ class TorchRunner(ModelRunner):
             q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
             k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
         q = _rotate(q, cos, sin)
-        k_pool[out_slots] = _rotate(k, cos, sin)
-        v_pool[out_slots] = v
+        # index_copy_/index_select move whole slots: far faster on the CPU than
+        # advanced indexing, which walks element by element
+        k_pool.index_copy_(0, out_slots, _rotate(k, cos, sin))
+        v_pool.index_copy_(0, out_slots, v)
 
         out = torch.empty((num_new, c.num_heads, c.head_dim), dtype=h.dtype, device=h.device)
         grouped = c.num_kv_heads != c.num_heads
         if plan.decode_rows is not None:
             # [S, heads, 1, d] over [S, kv_heads, L, d]
-            keys = k_pool[plan.decode_slots].transpose(1, 2)
-            values = v_pool[plan.decode_slots].transpose(1, 2)
+            shape = (*plan.decode_slots.shape, c.num_kv_heads, c.head_dim)
+            flat = plan.decode_slots.view(-1)
+            keys = k_pool.index_select(0, flat).view(shape).transpose(1, 2)
+            values = v_pool.index_select(0, flat).view(shape).transpose(1, 2)
             attended = F.scaled_dot_product_attention(
-                q[plan.decode_rows].unsqueeze(2), keys, values, attn_mask=plan.decode_mask, enable_gqa=grouped
+                q.index_select(0, plan.decode_rows).unsqueeze(2), keys, values, attn_mask=plan.decode_mask,
+                enable_gqa=grouped,
             )
-            out[plan.decode_rows] = attended.squeeze(2)
+            out.index_copy_(0, plan.decode_rows, attended.squeeze(2))
         for q0, q1, slots, mask in plan.chunks:
             # [1, heads, n, d] over [1, kv_heads, m, d]
             attended = F.scaled_dot_product_attention(
                 q[q0:q1].transpose(0, 1).unsqueeze(0),
-                k_pool[slots].transpose(0, 1).unsqueeze(0),
-                v_pool[slots].transpose(0, 1).unsqueeze(0),
+                k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0),
+                v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0),
                 attn_mask=mask,
                 enable_gqa=grouped,
             )
