@@ -339,16 +339,18 @@ class TorchRunner(ModelRunner):
         num_new = h.shape[0]
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
         q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
-        k = qkv[:, q_width : q_width + kv_width].reshape(num_new, c.num_kv_heads, c.head_dim)
         v = qkv[:, q_width + kv_width :].reshape(num_new, c.num_kv_heads, c.head_dim)
-        if layer.q_norm is not None and layer.k_norm is not None:
-            q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
-            k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
-        q = _rotate(q, cos, sin)
+        if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: each head normalized first
+            q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
+            k = qkv[:, q_width : q_width + kv_width].reshape(num_new, c.num_kv_heads, c.head_dim)
+            q = _rotate(_rms_norm(q, layer.q_norm, c.rms_norm_eps), cos, sin)
+            k = _rotate(_rms_norm(k, layer.k_norm, c.rms_norm_eps), cos, sin)
+        else:  # q and k side by side in qkv: rotated in one go
+            qk = _rotate(qkv[:, : q_width + kv_width].reshape(num_new, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
         # index_copy_/index_select move whole slots: far faster on the CPU than
         # advanced indexing, which walks element by element
-        k_pool.index_copy_(0, out_slots, _rotate(k, cos, sin))
+        k_pool.index_copy_(0, out_slots, k)
         v_pool.index_copy_(0, out_slots, v)
 
         out = torch.empty((num_new, c.num_heads, c.head_dim), dtype=h.dtype, device=h.device)
