@@ -34,7 +34,7 @@ build-dev: $(DEPS_STAMP)
 	$(BIN)/maturin develop --quiet
 
 .PHONY: test  ## Rust tests, Python tests and the stub check: what CI runs
-test: build test-rust test-python stubtest
+test: build test-rust test-python test-torch stubtest
 
 .PHONY: test-rust  ## cargo test of the core crates (no Python needed)
 test-rust:
@@ -43,6 +43,15 @@ test-rust:
 .PHONY: test-python  ## pytest against the built module
 test-python: build
 	$(BIN)/python -m pytest
+
+# the engine and server suites again, their engines and servers on the torch runner (CPU)
+TORCH_RUNNER_SUITES := tests/test_engine_identity.py tests/test_engine_sampling.py tests/test_engine_text.py \
+	tests/test_engine_errors.py tests/test_server_openai.py tests/test_server_native.py \
+	tests/test_server_structured.py tests/test_server_errors.py
+
+.PHONY: test-torch  ## the engine and server suites on the torch runner
+test-torch: build
+	FERROLM_TEST_RUNNER=torch $(BIN)/python -m pytest $(TORCH_RUNNER_SUITES)
 
 .PHONY: stubtest  ## check python/ferrolm/_core.pyi against the built module
 stubtest: build
