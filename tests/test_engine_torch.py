@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ferrolm import SamplingParams
@@ -42,6 +43,8 @@ def test_torch_runner_greedy_equals_the_numpy_reference(
     engine = torch_engine(tiny, **settings)
     assert isinstance(engine.runner, TorchRunner) and engine.runner.dtype == torch.float32
     assert run_batch(engine, PROMPTS, GREEDY) == reference
+    # every step's greedy tokens were picked on the runner's device (ignoring EOS there)
+    assert engine.device_greedy_steps > 0
     stats = engine.core.stats()
     assert (stats["cache_hit_tokens"] > 0) == shares_prefix, stats
     assert (stats["retractions"] > 0) == retracts, stats
@@ -81,3 +84,53 @@ def test_generate_command_on_the_torch_runner_prints_what_numpy_prints(capsys: p
     assert main([*flags, "--runner", "torch", "--device", TORCH_TEST_DEVICE, "--dtype", "float32"]) == 0
     assert capsys.readouterr().out == on_numpy
     assert "[length, 6 tokens]" in on_numpy
+
+
+def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(tiny: LoadedModel, reference: list[list[int]]) -> None:
+    """Logits to the host and the core's sampler, as with the numpy runner: with
+    device_greedy off, and in every step where a request that samples runs beside the
+    greedy ones (the step falls back as a whole); greedy outputs are the same either way."""
+    off = Engine(tiny, kv_capacity=4096, runner="torch", device=TORCH_TEST_DEVICE, device_greedy=False)
+    assert run_batch(off, PROMPTS, GREEDY) == reference
+    assert off.device_greedy_steps == 0
+
+    mixed = torch_engine(tiny)
+    sampled = SamplingParams(temperature=1.0, seed=3, max_new_tokens=4, ignore_eos=True)
+    rids = [mixed.submit(p, GREEDY) for p in PROMPTS[:3]] + [mixed.submit(PROMPTS[3], sampled)]
+    out: dict[int, list[int]] = {rid: [] for rid in rids}
+    steps = 0
+    while mixed.has_work():
+        for d in mixed.step():
+            out[d.rid] += d.token_ids
+        steps += 1
+    assert [out[r] for r in rids[:3]] == reference[:3]
+    # the sampled request's 4 tokens took logits to the host; the greedy ones' tail did not
+    assert 0 < mixed.device_greedy_steps < steps
+    numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy")
+    [again] = numpy_engine.generate(PROMPTS[3], sampled)
+    assert out[rids[3]] == again.token_ids  # the same seeded draws from the same logits
+
+
+def test_forward_greedy_is_the_argmax_of_forward_with_eos_masked_where_ignored() -> None:
+    from ferrolm.model.random_weights import random_weights
+    from ferrolm.model.runner import ForwardBatch
+    from small_models import small_config
+
+    config = small_config("qwen2")
+    runner = TorchRunner(config, random_weights(config, seed=9), 64, device=TORCH_TEST_DEVICE)
+    batch = ForwardBatch.from_requests([[5, 6, 7], [8], [9, 10]], [[0, 1, 2], [3], [4, 5]])
+    logits = runner.forward(batch)
+    best = logits.argmax(-1)
+    again = ForwardBatch.from_requests([[5, 6, 7], [8], [9, 10]], [[10, 11, 12], [13], [14, 15]])
+    assert runner.forward_greedy(again).tolist() == best.tolist()
+    # the best token of row 0 and of row 2 as "EOS": masked only where EOS is ignored
+    eos = [int(best[0]), int(best[2])]
+    picked = runner.forward_greedy(batch, eos, np.array([True, True, False]))
+    masked_row0 = logits[0].copy()
+    masked_row0[eos] = -np.inf
+    assert picked[0] == masked_row0.argmax() and picked[0] not in eos
+    assert picked[2] == best[2] and picked.dtype == np.int32
+    # only the first vocab_size logits count
+    limited = runner.forward_greedy(batch, vocab_size=10)
+    assert limited.tolist() == logits[:, :10].argmax(-1).tolist()
+

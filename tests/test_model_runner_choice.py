@@ -106,3 +106,38 @@ def test_generate_refuses_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch_runner_module, "_import_torch", lambda: None)
     assert main(["generate", "--runner", "torch", "--prompt", "x"]) == 2
     assert "torch is not installed: pip install 'ferrolm[torch]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("change", "plain"),
+    [
+        ({}, True),
+        ({"ignore_eos": True, "stop": ["x"], "stop_token_ids": [3], "max_new_tokens": 5, "seed": 1}, True),
+        ({"temperature": 1.0, "top_k": 1}, True),  # top_k 1 is greedy at any temperature
+        ({"temperature": 0.7}, False),
+        ({"logit_bias": {5: 1.0}}, False),
+        ({"repetition_penalty": 1.1}, False),
+        ({"frequency_penalty": 0.5}, False),
+        ({"presence_penalty": 0.5}, False),
+        ({"min_new_tokens": 2}, False),
+        ({"logprobs": True}, False),
+        ({"top_logprobs": 2}, False),
+        ({"allowed_token_ids": [1, 2]}, False),
+        ({"regex": "a+"}, False),
+    ],
+)
+def test_plain_greedy_is_what_the_core_would_pick_as_a_bare_argmax(change: dict, plain: bool) -> None:
+    from ferrolm.engine import plain_greedy
+    from ferrolm.sampling_params import SamplingParams
+
+    assert plain_greedy(SamplingParams(**({"temperature": 0.0} | change))) is plain
+
+
+def test_the_numpy_runner_never_takes_the_device_greedy_path() -> None:
+    from ferrolm.engine import Engine
+    from ferrolm.sampling_params import SamplingParams
+
+    engine = Engine("tiny", kv_capacity=256, runner="numpy")
+    assert not engine.device_greedy
+    engine.generate("hello", SamplingParams(temperature=0.0, max_new_tokens=3))
+    assert engine.device_greedy_steps == 0

@@ -121,12 +121,15 @@ class Engine:
         blas_threads: int | None = None,
         device: str = "auto",
         dtype: str = "auto",
+        device_greedy: bool = True,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
         precision ``dtype`` is asked for, else the numpy one), built with ``device``
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
-        ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU)."""
+        ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
+        ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
+        its device in steps where every sampling request is plain greedy."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner or "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -164,6 +167,13 @@ class Engine:
             max_context=self.config.max_position_embeddings,
             seed=seed,
         )
+        # Greedy on the runner's device: a step whose sampling requests are all plain greedy
+        # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)
+        # and hands the ids to core.commit_tokens. Runners that can: forward_greedy.
+        self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
+        self.device_greedy_steps = 0
+        self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
+        self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
@@ -183,29 +193,70 @@ class Engine:
     def _step(self) -> list[Delta]:
         plan = self.core.schedule()
         if len(plan) == 0:
-            return deltas_of(self.core.take_outputs())
+            return self._forget(deltas_of(self.core.take_outputs()))
         try:
-            logits = self.runner.forward(ForwardBatch.from_plan(plan))
-            out = self.core.commit(logits)
+            batch = ForwardBatch.from_plan(plan)
+            ignore_eos = self._device_greedy_rows(plan)
+            if ignore_eos is not None:
+                ids = self.runner.forward_greedy(  # type: ignore[attr-defined]
+                    batch, self.config.eos_token_ids, ignore_eos, vocab_size=self.core.vocab_size
+                )
+                out = self.core.commit_tokens(ids)
+                self.device_greedy_steps += 1
+            else:
+                out = self.core.commit(self.runner.forward(batch))
         except CorePanicError:
             raise  # the core refuses further use
         except BaseException as e:
             # The step's KV was not written (or not all of it): the core drops the step, and
             # its requests end with an error (error_kind "step_failed") that is routed like
             # any other delta. The engine keeps serving.
-            failed = deltas_of(self.core.fail_step(f"the model forward failed: {type(e).__name__}: {e}"))
+            failed = self._forget(deltas_of(self.core.fail_step(f"the model forward failed: {type(e).__name__}: {e}")))
             if isinstance(e, Exception):
                 log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
                 return failed
             self._route(failed)  # an interrupt: deliver the failed step's deltas later, then stop
             raise
-        return deltas_of(out)
+        return self._forget(deltas_of(out))
+
+    def _device_greedy_rows(self, plan: Any) -> np.ndarray | None:
+        """For a step the runner may pick greedily: whether each entry ignores EOS (the
+        runner then never picks an EOS id for it, as the core's sampler would not); None
+        when some sampling entry is not plain greedy (or device greedy is off)."""
+        if not self.device_greedy or not self._greedy_rids:
+            return None
+        rids = plan.rids.tolist()
+        samples = plan.samples.tolist()
+        greedy = self._greedy_rids
+        if not all(rid in greedy for rid, s in zip(rids, samples) if s):
+            return None
+        ignore = self._greedy_ignore_eos
+        return np.fromiter((ignore.get(rid, False) for rid in rids), dtype=bool, count=len(rids))
+
+    def _forget(self, deltas: list[Delta]) -> list[Delta]:
+        """Drops finished requests from the device-greedy bookkeeping."""
+        if self._greedy_rids:
+            for d in deltas:
+                if d.finish_reason is not None:
+                    self._greedy_rids.discard(d.rid)
+                    self._greedy_ignore_eos.pop(d.rid, None)
+        return deltas
+
+    def note_submitted(self, rids: int | Sequence[int], params: SamplingParams) -> None:
+        """Records requests just given to ``core.submit`` (by ``submit``/``generate``, or by
+        a loop that submits to the core itself, as the server's does) for device greedy."""
+        if not self.device_greedy or not plain_greedy(params):
+            return
+        for rid in [rids] if isinstance(rids, int) else rids:
+            self._greedy_rids.add(int(rid))
+            if params.ignore_eos:
+                self._greedy_ignore_eos[int(rid)] = True
 
     def fail_step(self, message: str) -> list[Delta]:
         """Ends the requests of a step in flight with an error (for a loop whose step
         failed outside the forward); returns the deltas of ``submit``-ed requests, as
         ``step()`` does."""
-        self._route(deltas_of(self.core.fail_step(message)))
+        self._route(self._forget(deltas_of(self.core.fail_step(message))))
         out, self._outbox = self._outbox, []
         return out
 
@@ -304,6 +355,7 @@ class Engine:
         except BaseException:
             self._claimed.difference_update(rids)
             raise
+        self.note_submitted(rids, params)
         return rids
 
     def abort(self, rid: int) -> bool:
@@ -367,6 +419,24 @@ def default_blas_threads() -> int:
     """Half the cores (at least 1): on a small machine BLAS threads that outnumber the
     free cores spin against each other and the engine loop (5-7x slower steps on 2 cores)."""
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def plain_greedy(params: SamplingParams) -> bool:
+    """Whether the core would pick a request's tokens as the bare argmax of its logits
+    (EOS excluded where it ignores EOS): greedy, and nothing that changes or masks the
+    logits or asks for their log-probabilities."""
+    return (
+        (params.temperature == 0 or params.top_k == 1)
+        and not params.logit_bias
+        and params.repetition_penalty == 1
+        and params.frequency_penalty == 0
+        and params.presence_penalty == 0
+        and params.min_new_tokens == 0
+        and not params.logprobs
+        and params.top_logprobs == 0
+        and params.allowed_token_ids is None
+        and params.grammar_source() is None
+    )
 
 
 def limit_blas_threads(n: int) -> None:

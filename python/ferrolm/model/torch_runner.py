@@ -16,7 +16,7 @@ this module still imports, and building a runner raises ``InvalidInputError`` sa
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -282,6 +282,29 @@ class TorchRunner(ModelRunner):
         with torch.inference_mode():
             logits = self._forward(batch, all_logits)
             return logits.float().cpu().numpy()
+
+    def forward_greedy(
+        self,
+        batch: ForwardBatch,
+        eos_token_ids: Sequence[int] = (),
+        ignore_eos: np.ndarray | None = None,
+        vocab_size: int | None = None,
+    ) -> np.ndarray:
+        """As ``forward``, but returns each request's greedy token (int32 ``[B]``), picked
+        on the device: only B ids cross to the host, not B x vocab logits. Rows where
+        ``ignore_eos`` is true never pick an id of ``eos_token_ids``; only the first
+        ``vocab_size`` logits count (the engine core's vocabulary may be smaller than the
+        model's padded one). Ties go to the lowest id, as in the core's sampler."""
+        self._check(batch)
+        with torch.inference_mode():
+            logits = self._forward(batch, all_logits=False)
+            if vocab_size is not None:
+                logits = logits[:, :vocab_size]
+            if ignore_eos is not None and eos_token_ids and bool(ignore_eos.any()):
+                rows = self._index(np.flatnonzero(ignore_eos))
+                eos = self._index(np.asarray(eos_token_ids))
+                logits[rows[:, None], eos[None, :]] = float("-inf")
+            return logits.argmax(dim=-1).to(torch.int32).cpu().numpy()
 
     def _check(self, batch: ForwardBatch) -> None:
         if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:

@@ -240,6 +240,9 @@ class EngineLoop:
             if grammar is not None:
                 core_kw = {**core_kw, "grammar": grammar}
         self.engine.core.submit(rid, input_ids, **params.core_kwargs(), **core_kw)
+        note_submitted = getattr(self.engine, "note_submitted", None)
+        if note_submitted is not None:
+            note_submitted(rid, params)  # for greedy on the runner's device
 
     def _abort(self, rids: list[int]) -> None:
         for rid in rids:
