@@ -48,10 +48,10 @@ _FORWARD_FMT = "<ddq"  # forward CPU seconds, forward wall seconds, forward call
 
 
 def _install_forward_timer(path: str) -> None:
-    """Wraps ``NumpyRunner.forward`` and ``TorchRunner.forward`` so that each call adds its
-    process CPU time and wall time to the shared file at ``path`` (the engine process has
-    no other busy thread, so its process CPU clock during the call is the forward's, BLAS
-    and torch threads included)."""
+    """Wraps the runners' forward calls (``NumpyRunner.forward``, ``TorchRunner.forward``
+    and ``forward_greedy``) so that each call adds its process CPU time and wall time to
+    the shared file at ``path`` (the engine process has no other busy thread, so its
+    process CPU clock during the call is the forward's, BLAS and torch threads included)."""
     from ferrolm.model.runner import NumpyRunner
     from ferrolm.model.torch_runner import TorchRunner
 
@@ -74,6 +74,7 @@ def _install_forward_timer(path: str) -> None:
 
     NumpyRunner.forward = timed(NumpyRunner.forward)  # type: ignore[method-assign]
     TorchRunner.forward = timed(TorchRunner.forward)  # type: ignore[method-assign]
+    TorchRunner.forward_greedy = timed(TorchRunner.forward_greedy)  # type: ignore[method-assign]
 
 
 if os.environ.get(_FORWARD_STATS_ENV) and __name__ in ("__main__", "__mp_main__"):
