@@ -240,3 +240,11 @@ def test_malformed_batch_or_slots_out_of_range_are_refused() -> None:
         runner.forward(ForwardBatch.from_requests([[config.vocab_size]], [[0]]))
     with pytest.raises(InvalidInputError, match="num_slots"):
         runner.forward(ForwardBatch.from_requests([[1]], [[8]]))
+
+
+def test_a_pool_that_does_not_fit_is_a_clear_error() -> None:
+    config = small_config("llama3", num_hidden_layers=1)
+    with pytest.raises(InvalidInputError, match=r"KV pool of 2000000000000 slots .* does not fit on cpu") as e:
+        TorchRunner(config, random_weights(config, seed=0), 2 * 10**12, device="cpu")
+    assert e.value.field == "kv_capacity"
+

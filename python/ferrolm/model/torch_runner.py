@@ -257,8 +257,18 @@ class TorchRunner(ModelRunner):
         self.inv_freq = inverse_frequencies(c)
         pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
         # the paged KV pool: slot s of layer l holds the key/value of one token
-        self.k_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
-        self.v_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+        try:
+            self.k_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+            self.v_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+        except (torch.OutOfMemoryError, RuntimeError) as e:  # CUDA OOM; the CPU allocator's RuntimeError
+            self.k_pool = self.v_pool = []
+            size = num_slots * c.kv_bytes_per_slot(torch.empty((), dtype=self.dtype).element_size())
+            raise InvalidInputError(
+                f"a KV pool of {num_slots} slots ({size / 2**30:.2f} GiB in {str(self.dtype).removeprefix('torch.')}) "
+                f"does not fit on {self.device} beside the weights; ask for fewer slots "
+                f"(--max-total-tokens): {str(e).splitlines()[0]}",
+                "kv_capacity",
+            ) from None
 
     @classmethod
     def from_folder(
