@@ -131,7 +131,7 @@ class Engine:
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
         its device in steps where every sampling request is plain greedy."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
-        kind = None if given else resolve_runner_kind(runner or "auto", device, dtype)
+        kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
             loaded = model
         else:

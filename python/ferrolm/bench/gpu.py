@@ -140,15 +140,15 @@ def run(args: argparse.Namespace) -> int:
             runner.forward(batch)  # logits come back to the host: the step is done
             if step >= 2:
                 step_times.append(time.perf_counter() - t0)
-        step = float(np.median(step_times))
+        step_s = float(np.median(step_times))
         context = args.context + args.steps / 2 + 2
         bytes_per_step = weight_bytes + batch_size * context * config.kv_bytes_per_slot(itemsize)
         limit = bytes_per_step / bandwidth
-        row = {"batch": batch_size, "step_ms": step * 1e3, "tokens_per_s": batch_size / step,
-               "bytes_per_step": bytes_per_step, "limit_ms": limit * 1e3, "fraction_of_limit": limit / step}
+        row = {"batch": batch_size, "step_ms": step_s * 1e3, "tokens_per_s": batch_size / step_s,
+               "bytes_per_step": bytes_per_step, "limit_ms": limit * 1e3, "fraction_of_limit": limit / step_s}
         results.append(row)
-        print(f"batch {batch_size:4d}: decode step p50 {step * 1e3:8.3f} ms, {batch_size / step:10.1f} tok/s; "
-              f"bandwidth limit {limit * 1e3:.3f} ms/step: {limit / step:.2f} of the limit "
+        print(f"batch {batch_size:4d}: decode step p50 {step_s * 1e3:8.3f} ms, {batch_size / step_s:10.1f} tok/s; "
+              f"bandwidth limit {limit * 1e3:.3f} ms/step: {limit / step_s:.2f} of the limit "
               f"(floor on a GPU at batch 64: >= 0.5)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
