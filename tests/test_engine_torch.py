@@ -134,3 +134,15 @@ def test_forward_greedy_is_the_argmax_of_forward_with_eos_masked_where_ignored()
     limited = runner.forward_greedy(batch, vocab_size=10)
     assert limited.tolist() == logits[:, :10].argmax(-1).tolist()
 
+
+
+def test_pool_sized_from_memory_becomes_the_engines_kv_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferrolm.model import torch_runner as torch_runner_module
+
+    total = 64 * 2**20  # a device reporting 64 MiB, 16 MiB of it in use (the CPU has no mem_get_info)
+    monkeypatch.setattr(torch_runner_module, "device_memory", lambda device: (3 * total // 4, total))
+    engine = Engine("tiny", runner="torch", device="cpu", mem_fraction_static=0.5)
+    per_slot = engine.config.kv_bytes_per_slot(itemsize=4)
+    assert engine.runner.num_slots == engine.core.kv_capacity == (total // 2 - total // 4) // per_slot
+    [result] = engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert len(result.token_ids) == 4

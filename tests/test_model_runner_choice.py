@@ -141,3 +141,26 @@ def test_the_numpy_runner_never_takes_the_device_greedy_path() -> None:
     assert not engine.device_greedy
     engine.generate("hello", SamplingParams(temperature=0.0, max_new_tokens=3))
     assert engine.device_greedy_steps == 0
+
+
+def test_mem_fraction_static_flag_excludes_max_total_tokens() -> None:
+    import argparse
+
+    from ferrolm.server.args import add_serve_arguments, server_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert server_args_from(parser.parse_args([]), {}).max_total_tokens == 32_768
+    chosen = server_args_from(parser.parse_args(["--mem-fraction-static", "0.85"]), {})
+    assert chosen.mem_fraction_static == 0.85 and chosen.max_total_tokens == 32_768
+    assert server_args_from(parser.parse_args(["--max-total-tokens", "100"]), {}).max_total_tokens == 100
+    with pytest.raises(SystemExit):
+        server_args_from(parser.parse_args(["--max-total-tokens", "100", "--mem-fraction-static", "0.8"]), {})
+
+
+def test_mem_fraction_static_with_the_numpy_runner_is_refused() -> None:
+    from ferrolm.engine import Engine
+
+    with pytest.raises(InvalidInputError, match="sizes a CUDA pool") as e:
+        Engine("tiny", runner="numpy", mem_fraction_static=0.8)
+    assert e.value.field == "mem_fraction_static"

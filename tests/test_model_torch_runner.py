@@ -248,3 +248,26 @@ def test_a_pool_that_does_not_fit_is_a_clear_error() -> None:
         TorchRunner(config, random_weights(config, seed=0), 2 * 10**12, device="cpu")
     assert e.value.field == "kv_capacity"
 
+
+
+def test_mem_fraction_static_sizes_the_pool_from_the_device_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CPU has no mem_get_info: a device reporting 64 MiB, 16 MiB of it in use
+    total = 64 * 2**20
+    monkeypatch.setattr(torch_runner_module, "device_memory", lambda device: (3 * total // 4, total))
+    config = small_config("llama3")
+    runner = TorchRunner(config, random_weights(config, seed=0), None, device="cpu", dtype="bfloat16",
+                         mem_fraction_static=0.5)
+    per_slot = config.kv_bytes_per_slot(itemsize=2)
+    assert runner.num_slots == (total // 2 - total // 4) // per_slot
+    assert runner.k_pool[0].shape[0] == runner.num_slots
+    with pytest.raises(InvalidInputError, match="leaves no room for a KV pool") as e:
+        TorchRunner(config, random_weights(config, seed=0), None, device="cpu", mem_fraction_static=0.2)
+    assert e.value.field == "mem_fraction_static"
+    with pytest.raises(InvalidInputError, match=r"in \(0, 1\)"):
+        TorchRunner(config, random_weights(config, seed=0), None, device="cpu", mem_fraction_static=1.5)
+
+
+def test_mem_fraction_static_on_the_cpu_is_refused() -> None:
+    config = small_config("llama3")
+    with pytest.raises(InvalidInputError, match="CUDA device's memory; on the CPU give --max-total-tokens"):
+        TorchRunner(config, random_weights(config, seed=0), None, device="cpu", mem_fraction_static=0.8)

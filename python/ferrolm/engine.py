@@ -122,6 +122,7 @@ class Engine:
         device: str = "auto",
         dtype: str = "auto",
         device_greedy: bool = True,
+        mem_fraction_static: float | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
@@ -129,7 +130,10 @@ class Engine:
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
-        its device in steps where every sampling request is plain greedy."""
+        its device in steps where every sampling request is plain greedy.
+        ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
+        weights and pool take that fraction of the device's memory, instead of
+        ``kv_capacity``."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -147,7 +151,11 @@ class Engine:
                 )
             self.runner = runner
         else:
-            self.runner = build_runner(loaded, kv_capacity, runner=kind or "auto", device=device, dtype=dtype)
+            self.runner = build_runner(
+                loaded, kv_capacity, runner=kind or "auto", device=device, dtype=dtype,
+                mem_fraction_static=mem_fraction_static,
+            )
+            kv_capacity = self.runner.num_slots  # the same, unless sized from memory
         if blas_threads is not None:
             limit_blas_threads(blas_threads)  # once the runner is built: torch's threads too, if it loaded torch
         # one vocabulary for detokenization and for every request's grammar

@@ -46,17 +46,35 @@ def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str =
 
 
 def build_runner(
-    model: LoadedModel, num_slots: int, *, runner: str = "auto", device: str = "auto", dtype: str = "auto"
+    model: LoadedModel,
+    num_slots: int,
+    *,
+    runner: str = "auto",
+    device: str = "auto",
+    dtype: str = "auto",
+    mem_fraction_static: float | None = None,
 ) -> ModelRunner:
-    """The runner for ``model`` with a pool of ``num_slots``. The torch runner reads the
-    checkpoint from ``model.folder`` when ``model`` was loaded without weights."""
+    """The runner for ``model`` with a pool of ``num_slots``, or, with
+    ``mem_fraction_static`` (torch on CUDA), of as many slots as that fraction of the
+    device's memory holds beside the weights. The torch runner reads the checkpoint from
+    ``model.folder`` when ``model`` was loaded without weights."""
     kind = resolve_runner_kind(runner, device, dtype)
     if kind == "numpy":
+        if mem_fraction_static is not None:
+            raise InvalidInputError(
+                "--mem-fraction-static sizes a CUDA pool (the torch runner); give --max-total-tokens",
+                "mem_fraction_static",
+            )
         if not model.weights:
             raise InvalidInputError("the numpy runner needs the model loaded with its weights", "model")
         return NumpyRunner(model.config, model.weights, num_slots)
+    slots = None if mem_fraction_static is not None else num_slots
     if model.weights:
-        return TorchRunner(model.config, model.weights, num_slots, device=device, dtype=dtype)
+        return TorchRunner(
+            model.config, model.weights, slots, device=device, dtype=dtype, mem_fraction_static=mem_fraction_static
+        )
     if model.folder is None:
         raise InvalidInputError("the model has neither weights nor a folder to read them from", "model")
-    return TorchRunner.from_folder(model.folder, model.config, num_slots, device=device, dtype=dtype)
+    return TorchRunner.from_folder(
+        model.folder, model.config, slots, device=device, dtype=dtype, mem_fraction_static=mem_fraction_static
+    )

@@ -135,6 +135,38 @@ def resolve_dtype(dtype: Any, device: Any, stored: Any = None) -> Any:
     return chosen
 
 
+def device_memory(device: Any) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device's memory."""
+    if torch.device(device).type != "cuda":
+        raise InvalidInputError(
+            "--mem-fraction-static sizes the KV pool from a CUDA device's memory; on the CPU give --max-total-tokens",
+            "mem_fraction_static",
+        )
+    torch.cuda.empty_cache()  # blocks freed while loading count as free
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def pool_slots_for(config: ModelConfig, device: Any, dtype: Any, fraction: float) -> int:
+    """KV slots that fit when weights, pool and what else is allocated take at most
+    ``fraction`` of the device's memory (SGLang's ``--mem-fraction-static``): the rest is
+    left to activations and the allocator."""
+    if not 0 < fraction < 1:
+        raise InvalidInputError(f"mem_fraction_static must be in (0, 1), got {fraction}", "mem_fraction_static")
+    free, total = device_memory(device)
+    in_use = total - free
+    budget = fraction * total - in_use
+    per_slot = config.kv_bytes_per_slot(torch.empty((), dtype=dtype).element_size())
+    slots = int(budget // per_slot)
+    if slots < 1:
+        raise InvalidInputError(
+            f"--mem-fraction-static {fraction}: {fraction} of {total / 2**30:.1f} GiB leaves no room for a KV pool "
+            f"beside the {in_use / 2**30:.1f} GiB in use (weights included); raise it or use a smaller --dtype",
+            "mem_fraction_static",
+        )
+    return slots
+
+
 def _as_tensor(value: Any) -> Any:
     """A torch tensor of a numpy array (bf16 from ml_dtypes included) or a tensor."""
     if isinstance(value, torch.Tensor):
@@ -186,18 +218,24 @@ class TorchRunner(ModelRunner):
         self,
         config: ModelConfig,
         weights: Mapping[str, Any],
-        num_slots: int,
+        num_slots: int | None,
         *,
         device: Any = "auto",
         dtype: Any = "auto",
+        mem_fraction_static: float | None = None,
         _consume: bool = False,
     ) -> None:
+        """``num_slots=None`` with ``mem_fraction_static`` (CUDA): as many slots as fit in
+        that fraction of the device's memory once the weights are in (see ``pool_slots_for``)."""
         _require_torch()
-        if num_slots < 1:
+        if num_slots is None:
+            if mem_fraction_static is None:
+                raise InvalidInputError("give num_slots, or mem_fraction_static to size the pool from memory")
+        elif num_slots < 1:
             raise InvalidInputError(f"num_slots must be positive, got {num_slots}")
         check_weights(weights, config)
         self.config = config
-        self.num_slots = num_slots
+        self.num_slots = num_slots or 0  # set below when sized from memory
         self.device = resolve_device(device)
         stored = _as_tensor(weights["model.embed_tokens.weight"]).dtype
         self.dtype = resolve_dtype(dtype, self.device, stored)
@@ -255,6 +293,12 @@ class TorchRunner(ModelRunner):
                     if _consume:  # from_folder's own dict: drop them now, not after the last layer
                         del weights[n]  # type: ignore[attr-defined]
         self.inv_freq = inverse_frequencies(c)
+        if _consume:
+            weights.clear()  # type: ignore[attr-defined]  # from_folder's tensors: only the runner holds them now
+        converted.clear()
+        if num_slots is None:
+            num_slots = pool_slots_for(c, self.device, self.dtype, float(mem_fraction_static or 0))
+            self.num_slots = num_slots
         pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
         # the paged KV pool: slot s of layer l holds the key/value of one token
         try:
@@ -272,7 +316,14 @@ class TorchRunner(ModelRunner):
 
     @classmethod
     def from_folder(
-        cls, folder: str | Path, config: ModelConfig, num_slots: int, *, device: Any = "auto", dtype: Any = "auto"
+        cls,
+        folder: str | Path,
+        config: ModelConfig,
+        num_slots: int | None,
+        *,
+        device: Any = "auto",
+        dtype: Any = "auto",
+        mem_fraction_static: float | None = None,
     ) -> TorchRunner:
         """Reads the safetensors checkpoint in ``folder`` (sharded or not) straight into
         torch tensors on the device, in their stored dtype, then converts to ``dtype``."""
@@ -282,7 +333,10 @@ class TorchRunner(ModelRunner):
         if config.tie_word_embeddings and "model.embed_tokens.weight" in tensors:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
         # consumed as the fused tensors are built: peak memory is the checkpoint plus one layer
-        return cls(config, tensors, num_slots, device=place, dtype=dtype, _consume=True)
+        return cls(
+            config, tensors, num_slots, device=place, dtype=dtype, mem_fraction_static=mem_fraction_static,
+            _consume=True,
+        )
 
     def kv_pool_bytes(self) -> int:
         return sum(int(p.numel() * p.element_size()) for p in (*self.k_pool, *self.v_pool))

@@ -42,6 +42,7 @@ class ServerArgs:
     runner: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
+    mem_fraction_static: float | None = None  # torch on CUDA: KV pool from memory, not max_total_tokens
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
 
@@ -71,8 +72,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=defaults.schedule_policy)
     parser.add_argument("--chunked-prefill-size", type=int, default=defaults.chunked_prefill_size,
                         help="prompt tokens prefilled per step")
-    parser.add_argument("--max-total-tokens", type=int, default=defaults.max_total_tokens,
-                        help="KV cache capacity in tokens")
+    parser.add_argument("--max-total-tokens", type=int, default=None,
+                        help=f"KV cache capacity in tokens (default {defaults.max_total_tokens}, or from "
+                             "--mem-fraction-static)")
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
     parser.add_argument("--max-queued-requests", type=int, default=None,
                         help="requests allowed to wait beyond the running ones; more are refused with 429")
@@ -85,6 +87,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
     add_runner_arguments(parser)
+    parser.add_argument("--mem-fraction-static", type=float, default=None,
+                        help="torch runner on CUDA: size the KV pool so that weights and pool take this "
+                             "fraction of the GPU's memory (e.g. 0.85), instead of --max-total-tokens")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
     parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
                         help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)")
@@ -122,6 +127,10 @@ def server_args_from(ns: argparse.Namespace, environ: dict[str, str] | None = No
             raise SystemExit(f"ferrolm serve: {API_KEY_ENV} is set but empty; unset it to serve without a key")
     elif not settings["api_key"].strip():
         raise SystemExit("ferrolm serve: --api-key is empty")
+    if settings["max_total_tokens"] is None:
+        settings["max_total_tokens"] = ServerArgs().max_total_tokens
+    elif settings["mem_fraction_static"] is not None:
+        raise SystemExit("ferrolm serve: give --max-total-tokens or --mem-fraction-static, not both")
     if settings["max_request_bytes"] < 1:
         raise SystemExit("ferrolm serve: --max-request-bytes must be positive")
     return ServerArgs(**settings)
