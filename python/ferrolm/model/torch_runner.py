@@ -203,7 +203,7 @@ class _TorchPlan:
     decode_rows: Any  # [S] or None
     decode_slots: Any  # [S, L]
     decode_mask: Any  # [S, 1, 1, L]: True where attended
-    chunks: list[tuple[int, int, Any, Any]]  # (first token, end token, slots, mask or None)
+    chunks: list[tuple[int, int, Any, Any]]  # (first token, end token, slots, mask, "causal" or None)
 
 
 class TorchRunner(ModelRunner):
@@ -390,8 +390,12 @@ class TorchRunner(ModelRunner):
         chunks = []
         for q0, q1, chunk_slots in plan.chunks:
             n, m = q1 - q0, chunk_slots.size
-            chunk_mask = None
-            if n > 1 or (window is not None and m > window):
+            chunk_mask: Any = None
+            if n > 1 and n == m and (window is None or m <= window):
+                # a whole prompt: the plain causal mask, which fused kernels (flash) take
+                # without a mask tensor
+                chunk_mask = "causal"
+            elif n > 1 or (window is not None and m > window):
                 # query i sits at kv index m - n + i and sees kv indices up to it (and,
                 # with a sliding window, only the last `window` of them)
                 query = torch.arange(m - n, m, device=self.device)[:, None]
@@ -454,12 +458,14 @@ class TorchRunner(ModelRunner):
             )
             out.index_copy_(0, plan.decode_rows, attended.squeeze(2))
         for q0, q1, slots, mask in plan.chunks:
+            causal = isinstance(mask, str)
             # [1, heads, n, d] over [1, kv_heads, m, d]
             attended = F.scaled_dot_product_attention(
                 q[q0:q1].transpose(0, 1).unsqueeze(0),
                 k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0),
                 v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0),
-                attn_mask=mask,
+                attn_mask=None if causal else mask,
+                is_causal=causal,
                 enable_gqa=grouped,
             )
             out[q0:q1] = attended[0].transpose(0, 1)
