@@ -18,7 +18,7 @@ $(DEPS_STAMP): pyproject.toml
 		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "httpx>=0.27" "openai>=1.30" \
 		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "jsonschema>=4" "matplotlib>=3.7"
 	# the torch runner's tests (the `torch` extra, transformers from `dev`): about 2 minutes
-	# and 5.5 GB (PyPI's torch wheel carries CUDA libraries) on a 2-core machine
+	# and 5.7 GB (PyPI's torch wheel carries CUDA libraries) on a 2-core machine
 	$(BIN)/pip install --quiet "torch>=2.5" "transformers>=5"
 	touch $@
 
