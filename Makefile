@@ -17,8 +17,13 @@ $(DEPS_STAMP): pyproject.toml
 		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "threadpoolctl>=3.1" "bpe-openai>=0.1.4" \
 		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "httpx>=0.27" "openai>=1.30" \
 		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "jsonschema>=4" "matplotlib>=3.7"
-	# the torch runner's tests (the `torch` extra, transformers from `dev`): about 2 minutes
-	# and 5.7 GB (PyPI's torch wheel carries CUDA libraries) on a 2-core machine
+	touch $@
+
+# the torch runner's tests (the `torch` extra, transformers from `dev`): about 2 minutes
+# and 5.7 GB (PyPI's torch wheel carries CUDA libraries) on a 2-core machine; `make run`
+# does not need them
+TORCH_STAMP := $(VENV)/.torch-stamp
+$(TORCH_STAMP): $(DEPS_STAMP)
 	$(BIN)/pip install --quiet "torch>=2.5" "transformers>=5"
 	touch $@
 
@@ -41,7 +46,7 @@ test-rust:
 	cargo test -p ferrolm-core -p ferrolm-constraint
 
 .PHONY: test-python  ## pytest against the built module
-test-python: build
+test-python: build $(TORCH_STAMP)
 	$(BIN)/python -m pytest
 
 # the engine and server suites again, the engines of make_engine and the servers of
@@ -49,7 +54,7 @@ test-python: build
 TORCH_RUNNER_SUITES := tests/test_engine_*.py tests/test_server_*.py
 
 .PHONY: test-torch  ## the engine and server suites on the torch runner
-test-torch: build
+test-torch: build $(TORCH_STAMP)
 	FERROLM_TEST_RUNNER=torch $(BIN)/python -m pytest $(TORCH_RUNNER_SUITES)
 
 .PHONY: stubtest  ## check python/ferrolm/_core.pyi against the built module
