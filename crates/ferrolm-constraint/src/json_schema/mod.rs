@@ -5,11 +5,16 @@
 //! valid documents are not produced):
 //! - compact JSON by default, or JSON whitespace capped at a run length;
 //! - properties in the order the schema lists them, extra ones after them; an absent
-//!   `additionalProperties` generates no undeclared property, as `false` would
-//!   (`forbid_extra_properties`; off, it allows members of any name and type);
+//!   `additionalProperties` allows members of any name and type, as the specification
+//!   says (`strict`, OpenAI's strict mode: it generates no undeclared property, as
+//!   `false` would);
 //! - numbers without exponent where bounds apply; integral values without a fraction;
 //! - `format` restricts strings to the format (`assert_formats`), some formats to a
-//!   valid subset (see `formats.rs`).
+//!   valid subset (see `formats.rs`); formats the engine does not know are annotations.
+//!
+//! Schemas of drafts 4, 6, 7, 2019-09 and 2020-12 (by `$schema`; 2020-12 without) are
+//! first rewritten into the 2020-12 vocabulary, unknown keywords (annotations) dropped
+//! and references resolved (`normalize.rs`).
 //!
 //! Without `type`, a schema allows every type, each keyword constraining its own.
 //! Values of any type and recursive `$ref`s become rules that call each other (see
@@ -29,6 +34,7 @@ mod merge;
 mod multiple;
 mod names;
 mod negate;
+mod normalize;
 mod objects;
 mod one_of;
 mod pattern;
@@ -60,9 +66,10 @@ pub struct JsonSchemaOptions {
     pub whitespace: Whitespace,
     /// Ignore unsupported keywords instead of failing.
     pub lenient: bool,
-    /// Read an absent `additionalProperties` as `false` (the default: what a caller
-    /// asking for structured output means, and what OpenAI's strict mode requires).
-    pub forbid_extra_properties: bool,
+    /// OpenAI's strict mode: read an absent `additionalProperties` as `false` (objects
+    /// get only their declared members). Off (the default), it allows members of any
+    /// name and value after the declared ones, as JSON Schema says.
+    pub strict: bool,
     /// Generate strings in their `format` (the default: what a caller naming a format
     /// wants). Draft 2020-12 makes `format` an annotation unless the format-assertion
     /// vocabulary is in use; turn this off for that reading.
@@ -74,7 +81,7 @@ impl Default for JsonSchemaOptions {
         JsonSchemaOptions {
             whitespace: Whitespace::Compact,
             lenient: false,
-            forbid_extra_properties: true,
+            strict: false,
             assert_formats: true,
         }
     }
@@ -140,6 +147,16 @@ const HANDLED: &[&str] = &[
 pub(crate) const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})"#;
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
+/// The schema as the translator reads it: rewritten into the draft 2020-12 vocabulary
+/// (its draft picked by `$schema`), annotations and unknown keywords dropped, and every
+/// reference that stays in the document resolved and pointing under the root's `$defs`
+/// (see `normalize.rs`). For tools that follow the schema alongside the engine (the
+/// order in which members are generated, for instance).
+pub fn normalized_schema(schema: &Value) -> Result<Value> {
+    let draft = normalize::draft_of(schema).unwrap_or(normalize::Draft::D2020);
+    normalize::normalize(schema, draft)
+}
+
 /// Translate a schema into a regex over the JSON text.
 pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
     Ok(json_schema_to_rules(schema, options)?.swap_remove(0))
@@ -149,11 +166,25 @@ pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Resu
 /// that take a value of any type (`{}`, `true`, an array without `items`, ...), the
 /// rule for such a value, which those positions call (see `recursive.rs`).
 pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) -> Result<Vec<String>> {
+    // Another metaschema may switch vocabularies (validation) off or on.
+    let draft = match normalize::draft_of(schema) {
+        Some(draft) => draft,
+        None if options.lenient => normalize::Draft::D2020,
+        None => {
+            let metaschema = schema.get("$schema").map(|m| m.to_string()).unwrap_or_default();
+            return Err(ConstraintError::UnsupportedSchema {
+                keyword: format!("$schema {metaschema} (not a draft 4, 6, 7, 2019-09 or 2020-12 metaschema)"),
+                path: "#".into(),
+            });
+        }
+    };
+    let normalized = normalize::normalize(schema, draft)?;
+    let schema = &normalized;
     let ws = whitespace_regex(options.whitespace);
     let mut translator = Translator {
         root: schema,
         lenient: options.lenient,
-        forbid_extra_properties: options.forbid_extra_properties,
+        strict: options.strict,
         assert_formats: options.assert_formats,
         ws: ws.clone(),
         ref_stack: Vec::new(),
@@ -161,16 +192,6 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         uses_any_value: false,
         extra_rules: Vec::new(),
     };
-    // Another metaschema may switch vocabularies (validation) off or on.
-    if let Some(metaschema) = schema.get("$schema").and_then(Value::as_str) {
-        let known = ["http://json-schema.org/", "https://json-schema.org/"];
-        if !known.iter().any(|k| metaschema.starts_with(k)) && !options.lenient {
-            return Err(ConstraintError::UnsupportedSchema {
-                keyword: format!("$schema {metaschema:?} (a custom metaschema)"),
-                path: "#".into(),
-            });
-        }
-    }
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
     // references call its rule (new rules may be found on the way); shared regexes are
@@ -249,7 +270,7 @@ fn whitespace_regex(whitespace: Whitespace) -> String {
 struct Translator<'a> {
     root: &'a Value,
     lenient: bool,
-    forbid_extra_properties: bool,
+    strict: bool,
     assert_formats: bool,
     /// Regex for optional whitespace between tokens (empty when compact).
     ws: String,

@@ -9,7 +9,7 @@
 //! - `patternProperties`: a declared or required name matching patterns takes the
 //!   intersection of its schema and theirs (`merge.rs`); extra names matching them take
 //!   their schema. Exact where no difference of languages is needed: with
-//!   `additionalProperties` false (or absent and forbidding), the patterns' schemas all
+//!   `additionalProperties` false (or absent in strict mode), the patterns' schemas all
 //!   equal (names matching several need no intersection) and no declared name
 //!   matching one (it would have to be excluded from the pattern); with
 //!   `additionalProperties` a schema, only patterns with that same schema. Others are
@@ -99,7 +99,7 @@ impl<'a> Translator<'a> {
         let any = Value::Bool(true);
         let extra_schema: Option<&Value> = match map.get("additionalProperties") {
             Some(Value::Bool(false)) => None,
-            None if self.forbid_extra_properties => None,
+            None if self.strict => None,
             None => Some(&any),
             Some(schema) => Some(schema),
         };
