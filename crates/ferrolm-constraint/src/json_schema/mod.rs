@@ -157,6 +157,15 @@ pub fn normalized_schema(schema: &Value) -> Result<Value> {
     normalize::normalize(schema, draft)
 }
 
+/// [`normalized_schema`] of a schema given as JSON text, as compact JSON text.
+pub fn normalized_schema_text(schema: &str) -> Result<String> {
+    let value: Value = serde_json::from_str(schema).map_err(|e| ConstraintError::InvalidSchema {
+        path: "#".into(),
+        message: format!("not JSON: {e}"),
+    })?;
+    Ok(normalized_schema(&value)?.to_string())
+}
+
 /// Translate a schema into a regex over the JSON text.
 pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
     Ok(json_schema_to_rules(schema, options)?.swap_remove(0))
