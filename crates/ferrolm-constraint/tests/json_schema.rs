@@ -627,6 +627,9 @@ fn property_names_restrict_names() {
         &[r#"{"long":1}"#, r#"{"ok":1,"ok":2}"#],
     );
     check_rules(json!({"type": "object", "propertyNames": false}), &options, &["{}"], &[r#"{"a":1}"#]);
+    let referenced = json!({"$defs": {"id": {"type": "string", "maxLength": 2}}, "type": "object",
+        "propertyNames": {"$ref": "#/$defs/id"}});
+    check_rules(referenced, &options, &["{}", r#"{"ab":1,"c":[]}"#], &[r#"{"abc":1}"#]);
 }
 
 #[test]
@@ -763,4 +766,43 @@ fn draft_4_and_7_vocabularies() {
     check(modern, &["[1,2,3]"], &[r#"[1,"a"]"#]);
     let custom = json!({"$schema": "https://example.com/my-meta", "type": "string"});
     assert!(unsupported(custom).contains("metaschema"));
+}
+
+#[test]
+fn union_members_that_allow_no_value_are_left_out() {
+    check(json!({"anyOf": [{"type": "string", "enum": [1]}, {"type": "integer"}]}), &["1"], &[r#""a""#]);
+    check(json!({"type": ["array", "integer"], "minItems": 3, "maxItems": 1}), &["7"], &["[]", "[1,2,3]"]);
+    check(
+        json!({"oneOf": [{"type": "array", "maxItems": 0, "minItems": 1}, {"type": "null"}]}),
+        &["null"],
+        &["[]"],
+    );
+    // A member no value of which is allowed may not be present (it is if required).
+    let member = json!({"type": "object", "properties": {"a": {"type": "array", "minItems": 2, "maxItems": 1},
+        "b": {"type": "integer"}}});
+    check(member.clone(), &["{}", r#"{"b":1}"#], &[r#"{"a":[]}"#, r#"{"a":[1,2],"b":1}"#]);
+    let mut required = member;
+    required["required"] = json!(["a"]);
+    assert!(matches!(json_schema_to_regex(&required, &strict()), Err(ConstraintError::InvalidSchema { .. })));
+    // Every branch empty: the schema allows nothing, an error as before.
+    let empty =
+        json!({"anyOf": [{"type": "string", "enum": [1]}, {"type": "array", "minItems": 2, "maxItems": 1}]});
+    assert!(matches!(json_schema_to_regex(&empty, &strict()), Err(ConstraintError::InvalidSchema { .. })));
+}
+
+#[test]
+fn open_objects_with_many_members_stay_small() {
+    // Each declared name is excluded from the extra members' names: the regex of "other
+    // names" grows with the names; several such objects still compile.
+    let properties: serde_json::Map<String, Value> =
+        (0..80).map(|i| (format!("option_{i}_name"), json!({"type": "integer"}))).collect();
+    let object = json!({"type": "object", "properties": properties});
+    let schema =
+        json!({"type": "object", "properties": {"a": object, "b": object, "c": object, "d": object}});
+    check_rules(
+        schema,
+        &JsonSchemaOptions::default(),
+        &[r#"{"a":{"option_7_name":1,"option_7_nam":2,"zzz":{}},"b":{"option_1_name_":[]}}"#],
+        &[r#"{"a":{"zzz":1,"option_7_name":1}}"#, r#"{"a":{"option_7_name":1,"option_7_name":2}}"#],
+    );
 }

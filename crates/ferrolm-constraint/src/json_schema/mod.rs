@@ -200,6 +200,7 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         inline_stack: Vec::new(),
         uses_any_value: false,
         extra_rules: Vec::new(),
+        empty: Default::default(),
     };
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
@@ -291,6 +292,9 @@ struct Translator<'a> {
     uses_any_value: bool,
     /// `$ref`s that recur and shared regexes; the i-th is rule `FIRST_REF_RULE + i`.
     extra_rules: Vec<ExtraRule>,
+    /// The errors met so far that say a schema allows no value (rather than that it is
+    /// malformed): a union drops such a branch.
+    empty: std::cell::RefCell<Vec<ConstraintError>>,
 }
 
 impl<'a> Translator<'a> {
@@ -300,6 +304,20 @@ impl<'a> Translator<'a> {
 
     fn invalid(&self, path: &str, message: impl Into<String>) -> ConstraintError {
         ConstraintError::InvalidSchema { path: path.to_string(), message: message.into() }
+    }
+
+    /// An error saying that the schema at `path` allows no value.
+    pub(super) fn nothing(&self, path: &str, message: impl Into<String>) -> ConstraintError {
+        let err = self.invalid(path, message);
+        self.empty.borrow_mut().push(err.clone());
+        err
+    }
+
+    /// Whether `result`, the translation of the schema at `path`, failed because that
+    /// schema allows no value (not merely some position inside it).
+    pub(super) fn allows_nothing<T>(&self, result: &Result<T>, path: &str) -> bool {
+        matches!(result, Err(err @ ConstraintError::InvalidSchema { path: at, .. })
+            if at == path && self.empty.borrow().contains(err))
     }
 
     /// Fail on a keyword we do not support, unless lenient.
@@ -368,7 +386,7 @@ impl<'a> Translator<'a> {
         let map = match schema {
             Value::Object(map) => map,
             Value::Bool(true) => return Ok(self.any_value()),
-            Value::Bool(false) => return Err(self.invalid(path, "the schema `false` allows no value")),
+            Value::Bool(false) => return Err(self.nothing(path, "the schema `false` allows no value")),
             _ => return Err(self.invalid(path, "a schema must be an object or a boolean")),
         };
         if merge::needs_flattening(map) {
@@ -410,8 +428,18 @@ impl<'a> Translator<'a> {
         }
         let types = self.types(map, path)?;
         let mut alternatives = Vec::new();
+        let mut none_of_them = None;
         for ty in types {
-            alternatives.push(format!("(?:{})", self.typed(&ty, map, path)?));
+            // A type no value of which the keywords allow is left out of the union.
+            let typed = self.typed(&ty, map, path);
+            if self.allows_nothing(&typed, path) {
+                none_of_them = typed.err();
+                continue;
+            }
+            alternatives.push(format!("(?:{})", typed?));
+        }
+        if let (true, Some(err)) = (alternatives.is_empty(), none_of_them) {
+            return Err(err);
         }
         Ok(self.with_nullable(map, alternatives.join("|")))
     }
@@ -451,15 +479,26 @@ impl<'a> Translator<'a> {
             }
             _ => {
                 let mut alternatives = Vec::new();
+                let mut none_of_them = None;
                 for (i, branch) in branches.iter().enumerate() {
-                    let inner = self.schema(branch, &format!("{path}/{keyword}/{i}"))?;
+                    let branch_path = format!("{path}/{keyword}/{i}");
+                    let inner = self.schema(branch, &branch_path);
+                    // A branch that allows no value adds nothing to the union.
+                    if self.allows_nothing(&inner, &branch_path) {
+                        none_of_them = inner.err();
+                        continue;
+                    }
+                    let inner = inner?;
                     // In anyOf, a branch that takes anything makes the others redundant.
                     if inner == call(ANY_VALUE_RULE) && keyword == "anyOf" {
                         return Ok(inner);
                     }
                     alternatives.push(format!("(?:{inner})"));
                 }
-                Ok(alternatives.join("|"))
+                match none_of_them {
+                    Some(err) if alternatives.is_empty() => Err(err),
+                    _ => Ok(alternatives.join("|")),
+                }
             }
         }
     }
@@ -523,7 +562,7 @@ impl<'a> Translator<'a> {
             .map(|v| regex_syntax::escape(&canonical_json(v)))
             .collect();
         if alternatives.is_empty() {
-            return Err(self.invalid(path, "no value of `const`/`enum` has the schema's type"));
+            return Err(self.nothing(path, "no value of `const`/`enum` has the schema's type"));
         }
         Ok(alternatives.join("|"))
     }

@@ -16,6 +16,12 @@ pub fn unit(c: char) -> String {
 
 /// The canonical encoding of every character of the body except `excluded` ones.
 fn char_except(excluded: &[char]) -> String {
+    let plain = |c: &char| unit(*c).len() == c.len_utf8();
+    if excluded.iter().all(plain) {
+        // Only characters written as themselves: every escape stays (short form).
+        let raw: String = excluded.iter().map(|c| regex_syntax::escape(&c.to_string())).collect();
+        return format!(r#"(?:[^"\\\x00-\x1f{raw}]|\\["\\bfnrt]|\\u00(?:0[0-7]|0b|0e|0f|1[0-9a-f]))"#);
+    }
     let raw: String = excluded
         .iter()
         .filter(|c| unit(**c).len() == c.len_utf8())
@@ -56,23 +62,44 @@ fn name_trie(names: &[&str]) -> Node {
     root
 }
 
-/// A regex for the body (between the quotes) of every name except `names`.
+/// A regex for the body (between the quotes) of every name except `names`: a name
+/// either leaves the trie of `names` at some character (then anything follows), or
+/// ends inside it where no name ends. The tail after leaving is written once, not per
+/// node (objects with many members made regexes of megabytes).
 pub fn name_except(names: &[&str]) -> String {
     let root = name_trie(names);
-    except(&root)
+    let ending_inside = ends_inside(&root);
+    let leaving = format!("(?:{}){CANONICAL_CHAR}*", leaves(&root));
+    match ending_inside {
+        Some(inside) => format!("{leaving}|{inside}"),
+        None => leaving,
+    }
 }
 
-fn except(node: &Node) -> String {
+/// A path along the trie, then a character that leaves it.
+fn leaves(node: &Node) -> String {
+    let mut alternatives: Vec<String> = node
+        .children
+        .iter()
+        .map(|(&c, child)| format!("{}(?:{})", regex_syntax::escape(&unit(c)), leaves(child)))
+        .collect();
+    let next: Vec<char> = node.children.keys().copied().collect();
+    alternatives.push(char_except(&next));
+    alternatives.join("|")
+}
+
+/// A path along the trie ending at a node where no name ends; `None` when there is none.
+fn ends_inside(node: &Node) -> Option<String> {
     let mut alternatives = Vec::new();
     if !node.is_name {
         alternatives.push(String::new());
     }
     for (&c, child) in &node.children {
-        alternatives.push(format!("{}(?:{})", regex_syntax::escape(&unit(c)), except(child)));
+        if let Some(rest) = ends_inside(child) {
+            alternatives.push(format!("{}(?:{rest})", regex_syntax::escape(&unit(c))));
+        }
     }
-    let next: Vec<char> = node.children.keys().copied().collect();
-    alternatives.push(format!("{}{CANONICAL_CHAR}*", char_except(&next)));
-    alternatives.join("|")
+    (!alternatives.is_empty()).then(|| format!("(?:{})", alternatives.join("|")))
 }
 
 /// A regex for the body of every name of `min..=max` characters except `names`;

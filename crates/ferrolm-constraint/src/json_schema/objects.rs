@@ -143,14 +143,18 @@ impl<'a> Translator<'a> {
                 _ if **schema == Value::Bool(false) || !allowed => None,
                 Some(matching) => self.intersection(schema, &matching, &member_path)?,
                 None => {
-                    let value = self.schema(schema, &member_path)?;
-                    Some(self.shallow(value))
+                    // A member whose schema allows no value may not be present.
+                    let value = self.schema(schema, &member_path);
+                    match self.allows_nothing(&value, &member_path) {
+                        true => None,
+                        false => Some(self.shallow(value?)),
+                    }
                 }
             };
             // Absent: the member may not be present (its name is still not "other").
             let Some(value) = value else {
                 if is_required {
-                    return Err(self.invalid(path, format!("required property {name:?} allows no value")));
+                    return Err(self.nothing(path, format!("required property {name:?} allows no value")));
                 }
                 continue;
             };
@@ -162,13 +166,13 @@ impl<'a> Translator<'a> {
         // one (else of any type).
         for name in &undeclared {
             if filter.as_ref().is_some_and(|f| !f.allows(name)) {
-                return Err(self.invalid(path, format!("required property {name:?} is not a valid name")));
+                return Err(self.nothing(path, format!("required property {name:?} is not a valid name")));
             }
             let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
             let value = match (pattern_schema(name), map.get("additionalProperties")) {
                 (Some(matching), _) => self.schema(&matching, &format!("{path}/patternProperties"))?,
                 (None, Some(Value::Bool(false))) => {
-                    return Err(self.invalid(path, format!("required property {name:?} is not allowed")))
+                    return Err(self.nothing(path, format!("required property {name:?} is not allowed")))
                 }
                 (None, Some(schema)) => self.schema(schema, &format!("{path}/additionalProperties"))?,
                 (None, None) => self.any_value(),
@@ -211,7 +215,7 @@ impl<'a> Translator<'a> {
             match counted_body(&members, extra.as_deref(), min, max, &ws) {
                 Ok(body) => body,
                 Err(Uncountable::NoCount) => {
-                    return Err(self.invalid(path, "no object satisfies minProperties/maxProperties"))
+                    return Err(self.nothing(path, "no object satisfies minProperties/maxProperties"))
                 }
                 Err(Uncountable::TooLarge) => {
                     self.refuse("minProperties/maxProperties (too many optional members to count)", path)?;
@@ -224,8 +228,20 @@ impl<'a> Translator<'a> {
 
     /// `propertyNames` as a filter; `None` when it allows every name.
     fn name_filter(&self, map: &Map<String, Value>, path: &str) -> Result<Option<NameFilter>> {
-        let Some(schema) = map.get("propertyNames") else { return Ok(None) };
-        let path = format!("{path}/propertyNames");
+        let Some(mut schema) = map.get("propertyNames") else { return Ok(None) };
+        let mut path = format!("{path}/propertyNames");
+        // A reference alone (to names defined once): its target, followed a few steps.
+        for _ in 0..8 {
+            let Some(reference) = schema.get("$ref").and_then(Value::as_str) else { break };
+            if schema.as_object().is_some_and(|m| m.len() > 1) {
+                break;
+            }
+            let pointer = reference.strip_prefix('#').map(super::decode_pointer);
+            match pointer.and_then(|p| self.root.pointer(&p)) {
+                Some(target) => (schema, path) = (target, reference.to_string()),
+                None => break,
+            }
+        }
         let names = match schema {
             Value::Bool(true) => return Ok(None),
             Value::Bool(false) => return Ok(Some(NameFilter { nothing: true, ..NameFilter::default() })),
