@@ -806,3 +806,17 @@ fn open_objects_with_many_members_stay_small() {
         &[r#"{"a":{"zzz":1,"option_7_name":1}}"#, r#"{"a":{"option_7_name":1,"option_7_name":2}}"#],
     );
 }
+
+#[test]
+fn keywords_next_to_enum_filter_or_do_not_apply() {
+    // Lengths filter string values; keywords of a type no value has change nothing.
+    check(json!({"enum": ["a", "abc", 1], "minLength": 2}), &[r#""abc""#, "1"], &[r#""a""#]);
+    check(
+        json!({"enum": ["avoid", "always"], "additionalProperties": false, "minItems": 1}),
+        &[r#""avoid""#],
+        &["{}"],
+    );
+    // A keyword that applies to a value is still refused.
+    assert!(unsupported(json!({"enum": [{"a": 1}], "additionalProperties": false}))
+        .contains("next to const/enum"));
+}

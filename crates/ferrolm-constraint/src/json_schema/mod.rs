@@ -546,19 +546,33 @@ impl<'a> Translator<'a> {
     /// `const` / `enum`: the compact serializations of the values that also have the
     /// schema's `type` (if any).
     fn literal_choice(&self, map: &Map<String, Value>, values: &[Value], path: &str) -> Result<String> {
-        for key in map.keys() {
-            let allowed = ["const", "enum", "type", "nullable"];
-            if !allowed.contains(&key.as_str()) && HANDLED.contains(&key.as_str()) {
-                self.refuse(&format!("{key} next to const/enum"), path)?;
-            }
-        }
         let types = match map.get("type") {
             Some(_) => Some(self.listed_types(map, path)?),
             None => None,
         };
-        let alternatives: Vec<String> = values
+        let values: Vec<&Value> = values
             .iter()
             .filter(|v| types.as_ref().is_none_or(|t| t.iter().any(|ty| has_type(v, ty))))
+            .collect();
+        let (min_length, max_length) = self.counts(map, "minLength", "maxLength", path)?;
+        for key in map.keys() {
+            let allowed = ["const", "enum", "type", "nullable", "minLength", "maxLength"];
+            // A keyword of a type none of the values has constrains none of them.
+            let relevant = keyword_type(key).is_none_or(|ty| values.iter().any(|v| has_type(v, ty)));
+            if !allowed.contains(&key.as_str()) && HANDLED.contains(&key.as_str()) && relevant {
+                self.refuse(&format!("{key} next to const/enum"), path)?;
+            }
+        }
+        let alternatives: Vec<String> = values
+            .iter()
+            .filter(|v| match v.as_str() {
+                // Lengths in characters, as JSON Schema counts them.
+                Some(s) => {
+                    let n = s.chars().count() as u64;
+                    n >= min_length && max_length.is_none_or(|m| n <= m)
+                }
+                None => true,
+            })
             .map(|v| regex_syntax::escape(&canonical_json(v)))
             .collect();
         if alternatives.is_empty() {
@@ -621,6 +635,25 @@ pub fn canonical_json(value: &Value) -> String {
 
 /// 2^53: every integer up to here is exactly representable as an `f64`.
 const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// The type whose values a keyword constrains (`None`: every type, or not a keyword of
+/// one type).
+fn keyword_type(keyword: &str) -> Option<&'static str> {
+    Some(match keyword {
+        "properties"
+        | "required"
+        | "additionalProperties"
+        | "patternProperties"
+        | "propertyNames"
+        | "minProperties"
+        | "maxProperties" => "object",
+        "items" | "prefixItems" | "minItems" | "maxItems" | "contains" | "minContains" | "maxContains"
+        | "uniqueItems" => "array",
+        "minLength" | "maxLength" | "pattern" | "format" => "string",
+        "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf" => "number",
+        _ => return None,
+    })
+}
 
 /// Whether a JSON value has a JSON Schema type.
 fn has_type(value: &Value, ty: &str) -> bool {
