@@ -147,7 +147,7 @@ impl<'a> Translator<'a> {
                     let value = self.schema(schema, &member_path);
                     match self.allows_nothing(&value, &member_path) {
                         true => None,
-                        false => Some(self.shallow(value?)),
+                        false => Some(self.shared(value?)),
                     }
                 }
             };
