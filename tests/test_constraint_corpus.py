@@ -87,8 +87,8 @@ def test_corpus_valid_documents_are_accepted_and_invalid_ones_refused(
     for schema, why in sorted(refusals.items()):
         print(f"  refused {schema}: {why[:160]}")
     assert not mistakes, "\n".join(mistakes)
-    # a floor against regressions: 58 of the 120 compiled when the sample was taken
-    assert counts["compiled"] >= 55 and counts["valid"] >= 100
+    # a floor against regressions: 64 of the 120 compiled when this was written
+    assert counts["compiled"] >= 60 and counts["valid"] >= 110
 
 
 def accepts(grammar: _core.Grammar, text: str, eos: int) -> Any:

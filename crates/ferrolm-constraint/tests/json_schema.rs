@@ -820,3 +820,28 @@ fn keywords_next_to_enum_filter_or_do_not_apply() {
     assert!(unsupported(json!({"enum": [{"a": 1}], "additionalProperties": false}))
         .contains("next to const/enum"));
 }
+
+#[test]
+fn pattern_properties_in_open_objects_with_simple_patterns() {
+    let options = JsonSchemaOptions::default();
+    let prefixed = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+        "patternProperties": {"^x-": {"type": "string"}}});
+    check_rules(
+        prefixed,
+        &options,
+        &["{}", r#"{"a":1,"x-y":"s","b":[1]}"#, r#"{"b":1,"x-":""}"#, r#"{"x":{}}"#],
+        &[r#"{"x-y":1}"#, r#"{"a":1,"x-":2}"#, r#"{"a":1,"a":2}"#],
+    );
+    let every_line = json!({"type": "object", "patternProperties": {"^.*$": {"type": "integer"}}});
+    check_rules(
+        every_line,
+        &options,
+        &["{}", r#"{"a":1,"":2}"#, r#"{"a\nb":"s"}"#],
+        &[r#"{"a":"s"}"#, r#"{"":"s"}"#],
+    );
+    let every = json!({"type": "object", "patternProperties": {".*": {"type": "integer"}}});
+    check_rules(every, &options, &[r#"{"a":1,"b\nc":2}"#], &[r#"{"a":"s"}"#, r#"{"b\nc":"s"}"#]);
+    // Other patterns would need their complement: still refused.
+    let other = json!({"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}});
+    assert!(unsupported(other).contains("patternProperties"));
+}

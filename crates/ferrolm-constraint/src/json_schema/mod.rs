@@ -347,19 +347,11 @@ impl<'a> Translator<'a> {
     }
 
     /// `regex` as it is if short and shallow, else a call to a rule that matches it: for
-    /// regexes written more than once (see [`SHARED_RULE_BYTES`]).
+    /// positions a call may take that are written more than once or may be large (array
+    /// items, member values; see [`SHARED_RULE_BYTES`]), and so that deeply nested
+    /// schemas do not nest groups past what the regex parser takes.
     pub(super) fn shared(&mut self, regex: String) -> String {
         if regex.len() <= SHARED_RULE_BYTES && group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
-            return regex;
-        }
-        self.as_rule(regex)
-    }
-
-    /// `regex` as it is if shallow, else a call to a rule that matches it: for positions
-    /// a call may take (array items, member values), so that deeply nested schemas do
-    /// not nest groups past what the regex parser takes.
-    pub(super) fn shallow(&mut self, regex: String) -> String {
-        if group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
             return regex;
         }
         self.as_rule(regex)

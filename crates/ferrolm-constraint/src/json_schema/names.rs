@@ -102,6 +102,90 @@ fn ends_inside(node: &Node) -> Option<String> {
     (!alternatives.is_empty()).then(|| format!("(?:{})", alternatives.join("|")))
 }
 
+/// A regex for the body of every name that none of `patterns` matches and that is not
+/// one of `names`, for patterns of the forms whose complement is simple: literal
+/// prefixes (`^_`, `^x-`), and the patterns matching every name (`.*`) or every name
+/// without line terminators (`^.*$`, `^.+$`); `Some(None)` when there is no such name,
+/// `None` for other patterns.
+pub fn name_outside(patterns: &[&str], names: &[&str]) -> Option<Option<String>> {
+    const LINE_TERMINATOR: &str = "(?:\\\\n|\\\\r|\u{2028}|\u{2029})";
+    if let [single] = patterns {
+        let has_terminator = |n: &&str| n.contains(['\n', '\r', '\u{2028}', '\u{2029}']);
+        match *single {
+            // Every name matches: no other name.
+            "" | ".*" | "^.*" | ".*$" | "^" | "$" => return Some(None),
+            // The names with a line terminator (and for `.+`, the empty one).
+            "^.*$" | "^.+$" if !names.iter().any(has_terminator) => {
+                let with = format!("{CANONICAL_CHAR}*{LINE_TERMINATOR}{CANONICAL_CHAR}*");
+                let empty = single.contains('+') && !names.contains(&"");
+                return Some(Some(if empty { format!("{with}|") } else { with }));
+            }
+            _ => {}
+        }
+    }
+    // Literal prefixes: a trie where a prefix blocks its whole subtree.
+    let meta = |c: char| "\\.^$|?*+()[]{}/".contains(c);
+    let mut prefixes = Vec::new();
+    for pattern in patterns {
+        let literal = pattern.strip_prefix('^').filter(|l| !l.is_empty() && !l.chars().any(meta))?;
+        prefixes.push(literal);
+    }
+    let mut root = Node::default();
+    let mut blocked = Vec::new();
+    for prefix in &prefixes {
+        blocked.push(prefix.chars().collect::<Vec<_>>());
+    }
+    for name in names {
+        // A declared name under a prefix is already outside the others.
+        if !prefixes.iter().any(|p| name.starts_with(p)) {
+            let mut node = &mut root;
+            for c in name.chars() {
+                node = node.children.entry(c).or_default();
+            }
+            node.is_name = true;
+        }
+    }
+    Some(Some(outside(&root, &mut Vec::new(), &blocked)))
+}
+
+/// `name_outside` below a trie node reached by `path`.
+fn outside(node: &Node, path: &mut Vec<char>, blocked: &[Vec<char>]) -> String {
+    // The characters after `path` that complete a prefix (their subtree is blocked), and
+    // those that lead along one.
+    let mut completing = Vec::new();
+    let mut leading: BTreeMap<char, ()> = BTreeMap::new();
+    for prefix in blocked {
+        if prefix.len() > path.len() && prefix[..path.len()] == path[..] {
+            let c = prefix[path.len()];
+            if prefix.len() == path.len() + 1 {
+                completing.push(c);
+            } else {
+                leading.insert(c, ());
+            }
+        }
+    }
+    let mut alternatives = Vec::new();
+    if !node.is_name {
+        alternatives.push(String::new());
+    }
+    let mut next: Vec<char> = completing.clone();
+    let steps: Vec<char> = node.children.keys().chain(leading.keys()).copied().collect();
+    for c in steps {
+        if completing.contains(&c) || next.contains(&c) {
+            continue;
+        }
+        next.push(c);
+        let empty = Node::default();
+        let child = node.children.get(&c).unwrap_or(&empty);
+        path.push(c);
+        let rest = outside(child, path, blocked);
+        path.pop();
+        alternatives.push(format!("{}(?:{rest})", regex_syntax::escape(&unit(c))));
+    }
+    alternatives.push(format!("{}{CANONICAL_CHAR}*", char_except(&next)));
+    alternatives.join("|")
+}
+
 /// A regex for the body of every name of `min..=max` characters except `names`;
 /// `None` when there is none.
 pub fn name_except_len(names: &[&str], min: u64, max: Option<u64>) -> Option<String> {
@@ -151,6 +235,28 @@ mod tests {
         }
         assert!(!is_other_name(&names, "\\u000a"), "not canonical");
         assert!(!is_other_name(&names, "\\/"), "not canonical");
+    }
+
+    #[test]
+    fn names_outside_simple_patterns() {
+        let outside = |patterns: &[&str], names: &[&str], text: &str| {
+            let body = name_outside(patterns, names).unwrap().unwrap();
+            regex::Regex::new(&format!("^(?:{body})$")).unwrap().is_match(text)
+        };
+        for (text, expected) in
+            [("", true), ("a", false), ("x_", true), ("_", false), ("x", true), ("x-", false)]
+        {
+            assert_eq!(outside(&["^_", "^x-"], &["a"], text), expected, "{text:?} (prefixes)");
+        }
+        assert!(
+            outside(&["^x-"], &[], "x") && outside(&["^x-"], &[], "xy") && !outside(&["^x-"], &[], "x-y")
+        );
+        for (text, expected) in [("", true), ("a", false), ("a\\nb", true), ("\u{2028}", true)] {
+            assert_eq!(outside(&["^.+$"], &[], text), expected, "{text:?} (.+)");
+        }
+        assert!(!outside(&["^.*$"], &[], ""));
+        assert_eq!(name_outside(&[".*"], &[]), Some(None));
+        assert_eq!(name_outside(&["^[a-z]+$"], &[]), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use regex_automata::dfa::regex::Regex;
 use serde_json::{json, Map, Value};
 
 use super::merge::json_eq;
-use super::names::{name_except, name_except_len, unit, CANONICAL_CHAR};
+use super::names::{name_except, name_except_len, name_outside, unit, CANONICAL_CHAR};
 use super::pattern::pattern_regex;
 use super::values::escape_pointer;
 use super::{Translator, ANNOTATIONS};
@@ -33,6 +33,8 @@ const MAX_COUNTED_REGEX: u128 = 200_000;
 /// A name pattern: its regex over the canonical name body, and a matcher for it, built
 /// when a name is first tested (Unicode classes make it costly).
 struct NamePattern {
+    /// The pattern as the schema writes it.
+    source: String,
     body: String,
     matcher: std::cell::OnceCell<Option<Regex>>,
 }
@@ -40,7 +42,7 @@ struct NamePattern {
 impl NamePattern {
     fn new(pattern: &str) -> std::result::Result<Self, String> {
         let body = pattern_regex(pattern, CANONICAL_CHAR)?;
-        Ok(NamePattern { body, matcher: std::cell::OnceCell::new() })
+        Ok(NamePattern { source: pattern.to_string(), body, matcher: std::cell::OnceCell::new() })
     }
 
     /// Whether `name` matches (a pattern we cannot build a matcher for matches every
@@ -350,7 +352,18 @@ impl<'a> Translator<'a> {
             };
             (names, extra.clone())
         } else {
-            if extra_schema.is_some() {
+            // Next to `additionalProperties: true` (or absent, open): names the patterns
+            // match take their schema, the others any value, where the other names can
+            // be written (patterns of a few simple forms).
+            let open = extra_schema.is_some_and(is_true);
+            let others = match (open, filter) {
+                (true, None) if live.len() == relevant.len() => {
+                    let sources: Vec<&str> = live.iter().map(|(p, _)| p.source.as_str()).collect();
+                    name_outside(&sources, declared)
+                }
+                _ => None,
+            };
+            if extra_schema.is_some() && others.is_none() {
                 return Err(self.unsupported("patternProperties next to additionalProperties", path));
             }
             if live.is_empty() {
@@ -366,6 +379,13 @@ impl<'a> Translator<'a> {
                 return Err(self.unsupported("patternProperties matching a declared property", path));
             }
             let names: Vec<&str> = live.iter().map(|(p, _)| p.body.as_str()).collect();
+            if let Some(others) = others {
+                let value = self.schema(live[0].1, &format!("{path}/patternProperties"))?;
+                let matching = format!("\"(?:{})\"{ws}:{ws}(?:{value})", names.join("|"));
+                let Some(others) = others else { return Ok(Some(matching)) };
+                let any = self.any_value();
+                return Ok(Some(format!("(?:{matching}|\"(?:{others})\"{ws}:{ws}{any})")));
+            }
             (names.join("|"), live[0].1.clone())
         };
         let value = self.schema(&value_schema, &format!("{path}/additionalProperties"))?;
