@@ -841,7 +841,13 @@ fn pattern_properties_in_open_objects_with_simple_patterns() {
     );
     let every = json!({"type": "object", "patternProperties": {".*": {"type": "integer"}}});
     check_rules(every, &options, &[r#"{"a":1,"b\nc":2}"#], &[r#"{"a":"s"}"#, r#"{"b\nc":"s"}"#]);
+    // Every name matching: the pattern is the extra members' schema, next to propertyNames too.
+    let named = json!({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": false,
+        "patternProperties": {".*": {"type": "integer"}}});
+    check_rules(named, &options, &["{}", r#"{"404":1,"5":2}"#], &[r#"{"a":1}"#, r#"{"404":"x"}"#]);
     // Other patterns would need their complement: still refused.
-    let other = json!({"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}});
+    let run = json!({"type": "object", "patternProperties": {"^[_a-z][a-z0-9-]*$": {"type": "integer"}}});
+    check_rules(run, &options, &[r#"{"a-1":1,"9":"s","A":[],"":null}"#], &[r#"{"a":"s"}"#, r#"{"_":"s"}"#]);
+    let other = json!({"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}});
     assert!(unsupported(other).contains("patternProperties"));
 }

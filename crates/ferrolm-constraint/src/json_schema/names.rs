@@ -113,7 +113,7 @@ pub fn name_outside(patterns: &[&str], names: &[&str]) -> Option<Option<String>>
         let has_terminator = |n: &&str| n.contains(['\n', '\r', '\u{2028}', '\u{2029}']);
         match *single {
             // Every name matches: no other name.
-            "" | ".*" | "^.*" | ".*$" | "^" | "$" => return Some(None),
+            _ if matches_every_name(single) => return Some(None),
             // The names with a line terminator (and for `.+`, the empty one).
             "^.*$" | "^.+$" if !names.iter().any(has_terminator) => {
                 let with = format!("{CANONICAL_CHAR}*{LINE_TERMINATOR}{CANONICAL_CHAR}*");
@@ -121,6 +121,11 @@ pub fn name_outside(patterns: &[&str], names: &[&str]) -> Option<Option<String>>
                 return Some(Some(if empty { format!("{with}|") } else { with }));
             }
             _ => {}
+        }
+    }
+    if let [single] = patterns {
+        if let Some(others) = outside_class_run(single, names) {
+            return Some(Some(others));
         }
     }
     // Literal prefixes: a trie where a prefix blocks its whole subtree.
@@ -146,6 +151,75 @@ pub fn name_outside(patterns: &[&str], names: &[&str]) -> Option<Option<String>>
         }
     }
     Some(Some(outside(&root, &mut Vec::new(), &blocked)))
+}
+
+/// The names outside `^[A][B]*$`, `^[A]+$` or `^[A]*$`, for classes of printable ASCII
+/// characters and ranges (`[_a-zA-Z]`, `[a-z0-9-]`): empty (unless `*`), a first
+/// character outside A, or a later one outside B. `None` for other patterns, or when a
+/// name in `names` is outside too (it would have to be taken out).
+fn outside_class_run(pattern: &str, names: &[&str]) -> Option<String> {
+    let body = pattern.strip_prefix("^[")?.strip_suffix('$')?;
+    let (first, rest) = body.split_once(']')?;
+    let (second, empty_ok) = match rest {
+        "+" => (first, false),
+        "*" => (first, true),
+        _ => (rest.strip_prefix('[')?.strip_suffix("]*")?, false),
+    };
+    let (a, b) = (class_set(first)?, class_set(second)?);
+    let matches = |name: &str| {
+        let mut chars = name.chars();
+        match chars.next() {
+            None => empty_ok,
+            Some(c) if empty_ok => a.contains(&c) && chars.all(|c| a.contains(&c)),
+            Some(c) => a.contains(&c) && chars.all(|c| b.contains(&c)),
+        }
+    };
+    if names.iter().any(|n| !matches(n)) {
+        return None;
+    }
+    let class = |set: &[char]| {
+        format!("[{}]", set.iter().map(|c| regex_syntax::escape(&c.to_string())).collect::<String>())
+    };
+    let (a_in, a_out, b_in, b_out) = (class(&a), char_except(&a), class(&b), char_except(&b));
+    Some(if empty_ok {
+        format!("{a_in}*{a_out}{CANONICAL_CHAR}*")
+    } else {
+        format!("|{a_out}{CANONICAL_CHAR}*|{a_in}{b_in}*{b_out}{CANONICAL_CHAR}*")
+    })
+}
+
+/// The characters of a class body of printable ASCII literals and ranges; `None` for
+/// anything else (escapes, negation, characters JSON escapes).
+fn class_set(body: &str) -> Option<Vec<char>> {
+    let chars: Vec<char> = body.chars().collect();
+    let plain = |c: char| c.is_ascii_graphic() && !"\\\"[]^".contains(c);
+    let mut set = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if !plain(c) {
+            return None;
+        }
+        if chars.get(i + 1) == Some(&'-') && i + 2 < chars.len() {
+            let end = chars[i + 2];
+            if !plain(end) || end < c {
+                return None;
+            }
+            set.extend(c..=end);
+            i += 3;
+        } else {
+            set.push(c);
+            i += 1;
+        }
+    }
+    set.sort_unstable();
+    set.dedup();
+    (!set.is_empty()).then_some(set)
+}
+
+/// Whether a pattern matches every name (search semantics: `.*`, `^`, the empty one, ...).
+pub fn matches_every_name(pattern: &str) -> bool {
+    matches!(pattern, "" | ".*" | "^.*" | ".*$" | "^" | "$")
 }
 
 /// `name_outside` below a trie node reached by `path`.
@@ -256,7 +330,14 @@ mod tests {
         }
         assert!(!outside(&["^.*$"], &[], ""));
         assert_eq!(name_outside(&[".*"], &[]), Some(None));
-        assert_eq!(name_outside(&["^[a-z]+$"], &[]), None);
+        for (text, expected) in
+            [("", true), ("a", false), ("_a-9", false), ("9a", true), ("a b", true), ("a\\n", true)]
+        {
+            assert_eq!(outside(&["^[_a-zA-Z][a-zA-Z0-9_-]*$"], &[], text), expected, "{text:?} (class run)");
+        }
+        assert!(!outside(&["^[a-z]*$"], &[], "") && outside(&["^[a-z]*$"], &[], "aB"));
+        assert_eq!(name_outside(&["^[a-z]+$"], &["A"]), None, "a declared name outside");
+        assert_eq!(name_outside(&["^[\\w]+$"], &[]), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use regex_automata::dfa::regex::Regex;
 use serde_json::{json, Map, Value};
 
 use super::merge::json_eq;
-use super::names::{name_except, name_except_len, name_outside, unit, CANONICAL_CHAR};
+use super::names::{matches_every_name, name_except, name_except_len, name_outside, unit, CANONICAL_CHAR};
 use super::pattern::pattern_regex;
 use super::values::escape_pointer;
 use super::{Translator, ANNOTATIONS};
@@ -321,6 +321,13 @@ impl<'a> Translator<'a> {
         path: &str,
     ) -> Result<Option<String>> {
         let ws = self.ws.clone();
+        // One pattern that every name matches: `additionalProperties` applies to no name,
+        // and the pattern's schema to every extra one.
+        if let [(pattern, schema)] = patterns {
+            if matches_every_name(&pattern.source) {
+                return self.extra_member(Some(schema), &[], filter, declared, path);
+            }
+        }
         // Patterns that change nothing: their schema is the one extra members take.
         let relevant: Vec<&(NamePattern, &Value)> = match extra_schema {
             Some(extra) => patterns.iter().filter(|(_, s)| !same_schema(s, extra)).collect(),
