@@ -27,6 +27,7 @@ __all__ = [
     "Grammar",
     "Matcher",
     "fill_next_token_bitmask_batch",
+    "json_schema_normalized",
 ]
 __version__: str
 
