@@ -54,7 +54,7 @@ def test_report_structure_and_documents_accepted(vocab: bc.BenchVocab) -> None:
     cases = hand + suite
     report = bc.bench(vocab, cases, ["ferrolm", "xgrammar"], seed=1, batch=4, batch_rounds=2)
     json.dumps(report)  # serializable
-    assert report["schemas"] == {"total": len(cases), "suite": len(suite), "hand": len(hand)}
+    assert report["schemas"] == {"total": len(cases), "suite": len(suite), "hand": len(hand), "schemastore": 0}
     assert report["vocab_size"] == vocab.size == 256 + len(MERGES) + 1
     assert "xgrammar" in report["skipped"] or "xgrammar" in report["engines"]
     ours = report["engines"]["ferrolm"]
@@ -89,4 +89,19 @@ def test_add_parser_defaults() -> None:
     bc.add_parser(parser.add_subparsers(dest="bench", required=True))
     args = parser.parse_args(["constraint", "--max-schemas", "5", "--json", "out.json"])
     assert (args.vocab, args.max_schemas, args.seed, args.json) == ("o200k_base", 5, 0, "out.json")
+    assert args.corpus == "suite"
+    assert parser.parse_args(["constraint", "--corpus", "schemastore"]).corpus == "schemastore"
     assert args.func is bc.run
+
+
+def test_schemastore_corpus_cases_are_benched(vocab: bc.BenchVocab) -> None:
+    cases, stats = bc.schemastore_cases()
+    assert stats["schemas"] == len(cases) >= 100 and stats["documents"] > 100
+    assert stats["valid_instances"] >= stats["documents"] and stats["invalid_instances"] > 0
+    picked = [c for c in cases if c.name in ("bigquery-table", "ninjs-1.4", "prettierrc")]
+    assert len(picked) == 3 and all(c.source == "schemastore" and c.documents for c in picked)
+    report = bc.bench(vocab, picked, ["ferrolm"], batch=2, batch_rounds=1)
+    ours = report["engines"]["ferrolm"]
+    assert report["schemas"]["schemastore"] == 3 and ours["by_source"]["schemastore"]["schemas"] == 3
+    assert ours["compiled"] >= 2 and ours["rejected_valid"] == 0, ours["rejections"]
+    assert "schemastore" in bc.format_table(report)

@@ -145,12 +145,20 @@ SCHEMA = {
 
 def test_engine_output_validates_against_the_schema(tiny: LoadedModel) -> None:
     engine = Engine(tiny, kv_capacity=4096)
-    params = SamplingParams(max_new_tokens=120, temperature=1.0, json_schema=SCHEMA)
+    # strict: only declared members, so the random model's document ends within the budget
+    params = SamplingParams(max_new_tokens=120, temperature=1.0, json_schema=SCHEMA, json_schema_strict=True)
     for seed in range(6):
         params.seed = seed
         [r] = engine.generate("Reply in JSON:", params)
         assert r.finish_reason == "stop", r
         jsonschema.validate(json.loads(r.text), SCHEMA)
+        assert set(json.loads(r.text)) <= set(SCHEMA["properties"])
+    # the default (extra members allowed) may run to the budget on random weights; what ends is valid
+    for seed in range(3):
+        [r] = engine.generate("Reply in JSON:", SamplingParams(max_new_tokens=160, temperature=1.0, seed=seed,
+                                                                json_schema=SCHEMA))
+        if r.finish_reason == "stop":
+            jsonschema.validate(json.loads(r.text), SCHEMA)
     [r] = engine.generate("x", SamplingParams(max_new_tokens=30, temperature=1.0, seed=1, regex=r"[0-9]{3}-[a-z]{2}"))
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", r.text), r.text
     [r] = engine.generate("x", SamplingParams(max_new_tokens=30, temperature=1.0, seed=2, choice=["red", "green"]))
@@ -323,3 +331,24 @@ def test_recursive_schemas_with_a_way_out_still_compile(vocab: _core.Vocabulary)
     }
     m = vocab.json_schema(json.dumps(linked)).matcher()
     assert m.accept_string('{"v":1,"next":{"v":2}}') and m.can_end()
+
+
+def test_json_schema_follows_the_spec_and_strict_closes_objects(tiny: LoadedModel, vocab: _core.Vocabulary) -> None:
+    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                         "x-internal": True, "links": [{"rel": "self"}]})
+    m = vocab.json_schema(schema).matcher()
+    assert m.accept_string('{"name":"n","zzz":{"a":[1]}}'), "an absent additionalProperties allows extras"
+    strict = vocab.json_schema(schema, strict=True).matcher()
+    assert strict.accept_string('{"name":"n"')
+    assert not strict.accept_string(',"zzz":1'), "strict mode: only declared members"
+    assert strict.accept_string("}") and strict.can_end()
+    normalized = json.loads(_core.json_schema_normalized(json.dumps(
+        {"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": True, "id": "x"})))
+    assert normalized == {"exclusiveMinimum": 1}
+    with pytest.raises(InvalidInputError):
+        SamplingParams(json_schema_strict=True)
+    engine = Engine(tiny, kv_capacity=2048)
+    loose = engine.grammar(SamplingParams(json_schema=schema)).matcher()  # type: ignore[union-attr]
+    closed = engine.grammar(SamplingParams(json_schema=schema, json_schema_strict=True)).matcher()  # type: ignore[union-attr]
+    assert loose.accept_string('{"name":"n","z":1}')
+    assert not closed.accept_string('{"name":"n","z":1}')

@@ -76,3 +76,32 @@ def test_grammar_times_reach_the_metrics(server: RunningServer) -> None:
         body = {"prompt": "x", "regex": f"[a-c]{{{i + 1}}}", "max_tokens": 8}
         assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
     assert count() - before == 3
+
+
+OPEN = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+def test_strict_in_response_format_closes_objects(server: RunningServer) -> None:
+    # OpenAI's strict mode: an absent additionalProperties is false, only declared members
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": OPEN, "strict": True}}
+    for seed in range(3):
+        body = {"messages": [{"role": "user", "content": "JSON"}], "max_tokens": 60, "temperature": 1.0,
+                "seed": seed, "response_format": fmt}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+        doc = json.loads(r["choices"][0]["message"]["content"])
+        assert set(doc) == {"ok"}, doc
+    bad = {"messages": [{"role": "user", "content": "JSON"}], "max_tokens": 5,
+           "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": OPEN, "strict": "yes"}}}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=bad, timeout=60)
+    assert r.status_code == 400 and "strict" in r.text, r.text
+
+
+def test_strict_maps_to_sampling_params() -> None:
+    from ferrolm.server.protocol import ResponseFormat
+    from ferrolm.server.structured_output import constraint_kwargs
+
+    strict = ResponseFormat(type="json_schema", json_schema={"name": "a", "schema": OPEN, "strict": True})
+    kwargs, _ = constraint_kwargs(response_format=strict)
+    assert kwargs == {"json_schema": OPEN, "json_schema_strict": True}
+    default = ResponseFormat(type="json_schema", json_schema={"name": "a", "schema": OPEN})
+    assert constraint_kwargs(response_format=default)[0] == {"json_schema": OPEN}

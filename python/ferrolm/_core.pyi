@@ -27,6 +27,7 @@ __all__ = [
     "Grammar",
     "Matcher",
     "fill_next_token_bitmask_batch",
+    "json_schema_normalized",
 ]
 __version__: str
 
@@ -371,12 +372,21 @@ class Vocabulary:
     def regex(self, pattern: str) -> Grammar:
         """Raises ``InvalidInputError`` (field ``regex``; ``grammar`` when too large or slow)."""
     def json_schema(
-        self, schema: str, *, whitespace: str = "compact", max_whitespace: int = 4, lenient: bool = False
+        self,
+        schema: str,
+        *,
+        whitespace: str = "compact",
+        max_whitespace: int = 4,
+        lenient: bool = False,
+        strict: bool = False,
     ) -> Grammar:
-        """A JSON Schema (draft 2020-12, as text), properties in schema order. ``whitespace``
-        is ``compact`` or ``flexible`` (runs capped at ``max_whitespace``). A keyword that
-        would change what is valid but is not supported raises ``InvalidInputError``
-        (field ``json_schema``) naming it, unless ``lenient``."""
+        """A JSON Schema (as text; draft 4, 6, 7, 2019-09 or 2020-12 by ``$schema``, 2020-12
+        without), declared properties in schema order, then any others. Unknown keywords
+        and formats are annotations; an absent ``additionalProperties`` allows any extra
+        member, unless ``strict`` (OpenAI's strict mode: only declared members).
+        ``whitespace`` is ``compact`` or ``flexible`` (runs capped at ``max_whitespace``). A
+        known keyword that changes what is valid but is not supported raises
+        ``InvalidInputError`` (field ``json_schema``) naming it, unless ``lenient``."""
     def json_object(self, *, whitespace: str = "compact", max_whitespace: int = 4) -> Grammar:
         """Any JSON object (``response_format: json_object``)."""
     def choice(self, choices: list[str]) -> Grammar:
@@ -429,3 +439,10 @@ class Matcher:
 
 def fill_next_token_bitmask_batch(matchers: list[Matcher], bitmask: npt.NDArray[np.int32]) -> None:
     """Fills row ``i`` of ``bitmask`` (``int32[len(matchers), words]``) for ``matchers[i]``."""
+
+def json_schema_normalized(schema: str) -> str:
+    """A JSON Schema (text) as ``Vocabulary.json_schema`` reads it, as JSON text: in the
+    draft 2020-12 vocabulary, annotations and unknown keywords dropped, each reference
+    within the document resolved to ``#/$defs/<JSON pointer of its target>``. For tools
+    that follow the engine, e.g. writing a document's members in the order it generates
+    them. Raises ``InvalidInputError`` (field ``json_schema``) on text that is not JSON."""

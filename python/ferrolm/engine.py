@@ -331,7 +331,7 @@ class Engine:
         if kind == "regex":
             g = v.regex(value)
         elif kind == "json_schema":
-            g = v.json_schema(value, whitespace=params.whitespace)
+            g = v.json_schema(value, whitespace=params.whitespace, strict=params.json_schema_strict)
         elif kind == "json_object":
             g = v.json_object(whitespace=params.whitespace)
         else:

@@ -35,6 +35,9 @@ class SamplingParams:
     # structured output: at most one of these
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
+    # OpenAI's strict mode: objects whose additionalProperties is absent get only their
+    # declared members (by default, as JSON Schema says, any others may follow them)
+    json_schema_strict: bool = False
     json_object: bool = False
     choice: list[str] | None = None
     # free text until this string, then the structured part (e.g. "</think>")
@@ -60,6 +63,11 @@ class SamplingParams:
         kinds += ["json_object"] if self.json_object else []
         if len(kinds) > 1:
             raise InvalidInputError(f"give at most one of regex, json_schema, json_object, choice; got {kinds}", kinds[1])
+        if not isinstance(self.json_schema_strict, bool):
+            raise InvalidInputError(f"json_schema_strict must be a bool, got {self.json_schema_strict!r}",
+                                    "json_schema_strict")
+        if self.json_schema_strict and self.json_schema is None:
+            raise InvalidInputError("json_schema_strict needs a json_schema", "json_schema_strict")
         if self.structured_after is not None and not kinds:
             raise InvalidInputError("structured_after needs a regex, json_schema, json_object or choice", "structured_after")
 
@@ -79,6 +87,7 @@ class SamplingParams:
     def core_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``_core.Engine.submit``."""
         kw = asdict(self)
-        for name in ("n", "regex", "json_schema", "json_object", "choice", "structured_after", "whitespace"):
+        for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "structured_after",
+                     "whitespace"):
             del kw[name]
         return kw

@@ -1,5 +1,9 @@
 //! JSON Schema -> regex: valid documents (compact, properties in schema order) are in
 //! the language, invalid ones are not, unsupported keywords are named errors.
+//!
+//! `check` reads schemas in OpenAI's strict mode (an absent `additionalProperties` is
+//! `false`), so that a schema without values of any type is one regex; the default,
+//! open objects, is checked through grammars (`check_rules`).
 
 mod common;
 
@@ -14,8 +18,12 @@ fn language(schema: &Value, options: &JsonSchemaOptions) -> regex::Regex {
     regex::Regex::new(&format!("^(?:{pattern})$")).unwrap()
 }
 
+fn strict() -> JsonSchemaOptions {
+    JsonSchemaOptions { strict: true, ..JsonSchemaOptions::default() }
+}
+
 fn check(schema: Value, valid: &[&str], invalid: &[&str]) {
-    let re = language(&schema, &JsonSchemaOptions::default());
+    let re = language(&schema, &strict());
     for doc in valid {
         assert!(re.is_match(doc), "{schema} should accept {doc}");
     }
@@ -60,7 +68,7 @@ fn optional_properties_in_every_combination() {
     );
     let all_optional = json!({"type": "object", "properties": {
         "a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}});
-    let re = language(&all_optional, &JsonSchemaOptions::default());
+    let re = language(&all_optional, &strict());
     for subset in 0..8u32 {
         let members: Vec<String> = ["a", "b", "c"]
             .iter()
@@ -239,8 +247,7 @@ fn keywords_without_type_constrain_only_their_own_type() {
 fn flexible_whitespace_is_capped() {
     let schema =
         json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}}});
-    let options =
-        JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, ..JsonSchemaOptions::default() };
+    let options = JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, ..strict() };
     let re = language(&schema, &options);
     assert!(re.is_match("{ \"a\" : [ 1 ,\n2 ] }"));
     assert!(re.is_match(r#"{"a":[1,2]}"#));
@@ -314,7 +321,7 @@ proptest! {
             names.iter().map(|n| (n.clone(), json!({"type": "integer"}))).collect();
         let required_names: Vec<&String> = names.iter().zip(&required).filter(|(_, r)| **r).map(|(n, _)| n).collect();
         let schema = json!({"type": "object", "properties": properties, "required": required_names});
-        let re = language(&schema, &JsonSchemaOptions::default());
+        let re = language(&schema, &strict());
         for subset in 0u32..(1 << names.len()) {
             let chosen: Vec<usize> = (0..names.len()).filter(|i| subset >> i & 1 == 1).collect();
             let doc = format!("{{{}}}", chosen.iter().map(|i| format!("\"m{i}\":1")).collect::<Vec<_>>().join(","));
@@ -391,11 +398,7 @@ fn check_rules(schema: Value, options: &JsonSchemaOptions, valid: &[&str], inval
 }
 
 fn spec_options() -> JsonSchemaOptions {
-    JsonSchemaOptions {
-        forbid_extra_properties: false,
-        assert_formats: false,
-        ..JsonSchemaOptions::default()
-    }
+    JsonSchemaOptions { strict: false, assert_formats: false, ..JsonSchemaOptions::default() }
 }
 
 #[test]
@@ -624,6 +627,9 @@ fn property_names_restrict_names() {
         &[r#"{"long":1}"#, r#"{"ok":1,"ok":2}"#],
     );
     check_rules(json!({"type": "object", "propertyNames": false}), &options, &["{}"], &[r#"{"a":1}"#]);
+    let referenced = json!({"$defs": {"id": {"type": "string", "maxLength": 2}}, "type": "object",
+        "propertyNames": {"$ref": "#/$defs/id"}});
+    check_rules(referenced, &options, &["{}", r#"{"ab":1,"c":[]}"#], &[r#"{"abc":1}"#]);
 }
 
 #[test]
@@ -634,7 +640,7 @@ fn pattern_properties_without_overlaps() {
         &[r#"{"foo":1}"#, r#"{"foo":1,"v_a":"x","w_b":"y"}"#, r#"{"v_":""}"#],
         &[r#"{"x":1}"#, r#"{"v_a":1}"#, r#"{"foo":"a"}"#],
     );
-    // Absent additionalProperties forbids extras by default: only pattern names.
+    // Absent additionalProperties forbids extras in strict mode: only pattern names.
     check(
         json!({"type": "object", "patternProperties": {"f.*o": {"type": "integer"}}}),
         &[r#"{"xfooy":1}"#],
@@ -649,4 +655,199 @@ fn pattern_properties_without_overlaps() {
     ] {
         assert!(unsupported(overlapping).contains("patternProperties"));
     }
+}
+
+#[test]
+fn absent_additional_properties_allows_any_extra_member_after_the_declared_ones() {
+    let options = JsonSchemaOptions::default();
+    check_rules(
+        json!({"type": "object"}),
+        &options,
+        &["{}", r#"{"a":1}"#, r#"{"a":{"b":[1,"x",null,{}]},"c":true}"#],
+        &[r#"{"a"}"#, r#"{"a":1,}"#, "[]"],
+    );
+    let named = json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]});
+    check_rules(
+        named.clone(),
+        &options,
+        &[r#"{"name":"n"}"#, r#"{"name":"n","zzz":1}"#, r#"{"name":"n","zzz":{"name":2},"y":[]}"#],
+        // Declared members first, with their own schema; extras take other names.
+        &[r#"{"zzz":1,"name":"n"}"#, r#"{"name":1}"#, r#"{"name":"n","name":"m"}"#, "{}"],
+    );
+    // A free-form member (`metadata: {type: object}`) is any object, not only `{}`.
+    check_rules(
+        json!({"type": "object", "properties": {"metadata": {"type": "object"}}}),
+        &options,
+        &[r#"{"metadata":{"k":"v","n":[1]}}"#],
+        &[r#"{"metadata":1}"#],
+    );
+    // Extras follow the whitespace rules of the rest.
+    let flexible = JsonSchemaOptions { whitespace: Whitespace::Flexible { max_run: 2 }, ..options.clone() };
+    check_rules(
+        named.clone(),
+        &flexible,
+        &["{ \"name\": \"n\" ,\n\"x\" : [ 1 ] }"],
+        &["{\"name\":\"n\",   \"x\":1}"],
+    );
+    // Strict mode (OpenAI's structured outputs): no undeclared member.
+    check_rules(named, &strict(), &[r#"{"name":"n"}"#], &[r#"{"name":"n","zzz":1}"#]);
+    check_rules(json!({"type": "object"}), &strict(), &["{}"], &[r#"{"a":1}"#]);
+}
+
+#[test]
+fn unknown_keywords_and_formats_are_annotations() {
+    let schema = json!({
+        "type": "object", "id": "urn:x", "self": {"href": "x"}, "links": [{"rel": "self"}],
+        "example": {"a": 1}, "x-kubernetes-preserve-unknown-fields": true, "_comment": "note",
+        "properties": {
+            "a": {"type": "integer", "readonly": true, "javaName": "A", "markdownDescription": "*a*"},
+            "h": {"type": "string", "format": "sha1"},
+            "d": {"type": "string", "format": "date"},
+        },
+        "additionalProperties": false,
+    });
+    check(
+        schema,
+        &[r#"{"a":1}"#, r#"{"h":"anything"}"#, r#"{"d":"2024-02-29"}"#],
+        &[r#"{"a":"x"}"#, r#"{"d":"2023-02-29"}"#, r#"{"x-kubernetes-preserve-unknown-fields":1}"#],
+    );
+    // A known keyword the engine cannot enforce is still named (lenient ignores it).
+    let dynamic = json!({"$dynamicRef": "#meta"});
+    assert_eq!(unsupported(dynamic.clone()), "$dynamicRef");
+    let lenient = JsonSchemaOptions { lenient: true, ..JsonSchemaOptions::default() };
+    assert!(json_schema_to_regex(&dynamic, &lenient).is_ok());
+}
+
+#[test]
+fn draft_4_and_7_vocabularies() {
+    let draft4 = json!({
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "id": "https://example.com/person.json",
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 0, "exclusiveMinimum": true, "maximum": 9, "exclusiveMaximum": false},
+            "pair": {"type": "array", "items": [{"type": "string"}, {"type": "integer"}], "additionalItems": false},
+            "kind": {"$ref": "https://example.com/person.json#/definitions/kind"},
+        },
+        "dependencies": {"age": ["kind"], "pair": {"required": ["age"]}},
+        "definitions": {"kind": {"enum": ["a", "b"]}},
+        "additionalProperties": false,
+    });
+    check(
+        draft4,
+        &[
+            "{}",
+            r#"{"age":1,"kind":"a"}"#,
+            r#"{"age":9,"pair":["x",1],"kind":"b"}"#,
+            r#"{"age":3,"pair":["x"],"kind":"a"}"#,
+        ],
+        &[
+            r#"{"age":0,"kind":"a"}"#,
+            r#"{"age":10,"kind":"a"}"#,
+            r#"{"age":1}"#,
+            r#"{"pair":["x"]}"#,
+            r#"{"pair":["x",1,2],"age":1,"kind":"a"}"#,
+            r#"{"kind":"c"}"#,
+        ],
+    );
+    // Drafts up to 7 ignore the siblings of `$ref`; `$id: "#name"` is an anchor; an
+    // array `items` with `additionalItems` a schema.
+    let draft7 = json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"n": {"$id": "#num", "type": "integer"}},
+        "type": "array",
+        "items": [{"$ref": "#num", "type": "string"}],
+        "additionalItems": {"type": "boolean"},
+    });
+    check(draft7, &["[]", "[1]", "[1,true,false]"], &[r#"["a"]"#, "[1,2]"]);
+    // In 2020-12 `additionalItems` is gone (an unknown keyword) and `$ref` siblings apply.
+    let modern = json!({"type": "array", "prefixItems": [{"type": "integer"}], "additionalItems": false,
+        "items": {"type": "integer"}});
+    check(modern, &["[1,2,3]"], &[r#"[1,"a"]"#]);
+    let custom = json!({"$schema": "https://example.com/my-meta", "type": "string"});
+    assert!(unsupported(custom).contains("metaschema"));
+}
+
+#[test]
+fn union_members_that_allow_no_value_are_left_out() {
+    check(json!({"anyOf": [{"type": "string", "enum": [1]}, {"type": "integer"}]}), &["1"], &[r#""a""#]);
+    check(json!({"type": ["array", "integer"], "minItems": 3, "maxItems": 1}), &["7"], &["[]", "[1,2,3]"]);
+    check(
+        json!({"oneOf": [{"type": "array", "maxItems": 0, "minItems": 1}, {"type": "null"}]}),
+        &["null"],
+        &["[]"],
+    );
+    // A member no value of which is allowed may not be present (it is if required).
+    let member = json!({"type": "object", "properties": {"a": {"type": "array", "minItems": 2, "maxItems": 1},
+        "b": {"type": "integer"}}});
+    check(member.clone(), &["{}", r#"{"b":1}"#], &[r#"{"a":[]}"#, r#"{"a":[1,2],"b":1}"#]);
+    let mut required = member;
+    required["required"] = json!(["a"]);
+    assert!(matches!(json_schema_to_regex(&required, &strict()), Err(ConstraintError::InvalidSchema { .. })));
+    // Every branch empty: the schema allows nothing, an error as before.
+    let empty =
+        json!({"anyOf": [{"type": "string", "enum": [1]}, {"type": "array", "minItems": 2, "maxItems": 1}]});
+    assert!(matches!(json_schema_to_regex(&empty, &strict()), Err(ConstraintError::InvalidSchema { .. })));
+}
+
+#[test]
+fn open_objects_with_many_members_stay_small() {
+    // Each declared name is excluded from the extra members' names: the regex of "other
+    // names" grows with the names; several such objects still compile.
+    let properties: serde_json::Map<String, Value> =
+        (0..80).map(|i| (format!("option_{i}_name"), json!({"type": "integer"}))).collect();
+    let object = json!({"type": "object", "properties": properties});
+    let schema =
+        json!({"type": "object", "properties": {"a": object, "b": object, "c": object, "d": object}});
+    check_rules(
+        schema,
+        &JsonSchemaOptions::default(),
+        &[r#"{"a":{"option_7_name":1,"option_7_nam":2,"zzz":{}},"b":{"option_1_name_":[]}}"#],
+        &[r#"{"a":{"zzz":1,"option_7_name":1}}"#, r#"{"a":{"option_7_name":1,"option_7_name":2}}"#],
+    );
+}
+
+#[test]
+fn keywords_next_to_enum_filter_or_do_not_apply() {
+    // Lengths filter string values; keywords of a type no value has change nothing.
+    check(json!({"enum": ["a", "abc", 1], "minLength": 2}), &[r#""abc""#, "1"], &[r#""a""#]);
+    check(
+        json!({"enum": ["avoid", "always"], "additionalProperties": false, "minItems": 1}),
+        &[r#""avoid""#],
+        &["{}"],
+    );
+    // A keyword that applies to a value is still refused.
+    assert!(unsupported(json!({"enum": [{"a": 1}], "additionalProperties": false}))
+        .contains("next to const/enum"));
+}
+
+#[test]
+fn pattern_properties_in_open_objects_with_simple_patterns() {
+    let options = JsonSchemaOptions::default();
+    let prefixed = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+        "patternProperties": {"^x-": {"type": "string"}}});
+    check_rules(
+        prefixed,
+        &options,
+        &["{}", r#"{"a":1,"x-y":"s","b":[1]}"#, r#"{"b":1,"x-":""}"#, r#"{"x":{}}"#],
+        &[r#"{"x-y":1}"#, r#"{"a":1,"x-":2}"#, r#"{"a":1,"a":2}"#],
+    );
+    let every_line = json!({"type": "object", "patternProperties": {"^.*$": {"type": "integer"}}});
+    check_rules(
+        every_line,
+        &options,
+        &["{}", r#"{"a":1,"":2}"#, r#"{"a\nb":"s"}"#],
+        &[r#"{"a":"s"}"#, r#"{"":"s"}"#],
+    );
+    let every = json!({"type": "object", "patternProperties": {".*": {"type": "integer"}}});
+    check_rules(every, &options, &[r#"{"a":1,"b\nc":2}"#], &[r#"{"a":"s"}"#, r#"{"b\nc":"s"}"#]);
+    // Every name matching: the pattern is the extra members' schema, next to propertyNames too.
+    let named = json!({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": false,
+        "patternProperties": {".*": {"type": "integer"}}});
+    check_rules(named, &options, &["{}", r#"{"404":1,"5":2}"#], &[r#"{"a":1}"#, r#"{"404":"x"}"#]);
+    // Other patterns would need their complement: still refused.
+    let run = json!({"type": "object", "patternProperties": {"^[_a-z][a-z0-9-]*$": {"type": "integer"}}});
+    check_rules(run, &options, &[r#"{"a-1":1,"9":"s","A":[],"":null}"#], &[r#"{"a":"s"}"#, r#"{"_":"s"}"#]);
+    let other = json!({"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}});
+    assert!(unsupported(other).contains("patternProperties"));
 }

@@ -45,6 +45,7 @@ fn json_options(
     whitespace: &str,
     max_whitespace: u32,
     lenient: bool,
+    strict: bool,
 ) -> PyResult<JsonSchemaOptions> {
     let whitespace = match whitespace {
         "compact" => Whitespace::Compact,
@@ -57,7 +58,7 @@ fn json_options(
             ))
         }
     };
-    Ok(JsonSchemaOptions { whitespace, lenient, ..JsonSchemaOptions::default() })
+    Ok(JsonSchemaOptions { whitespace, lenient, strict, ..JsonSchemaOptions::default() })
 }
 
 /// A tokenizer file's vocabulary with the caller's EOS ids, padded to `vocab_size`.
@@ -134,7 +135,7 @@ impl PyVocabulary {
         self.compile(py, GrammarSource::Regex(pattern))
     }
 
-    #[pyo3(signature = (schema, *, whitespace = "compact", max_whitespace = 4, lenient = false))]
+    #[pyo3(signature = (schema, *, whitespace = "compact", max_whitespace = 4, lenient = false, strict = false))]
     fn json_schema(
         &self,
         py: Python<'_>,
@@ -142,14 +143,15 @@ impl PyVocabulary {
         whitespace: &str,
         max_whitespace: u32,
         lenient: bool,
+        strict: bool,
     ) -> PyResult<PyGrammar> {
-        let options = json_options(py, whitespace, max_whitespace, lenient)?;
+        let options = json_options(py, whitespace, max_whitespace, lenient, strict)?;
         self.compile(py, GrammarSource::JsonSchema(schema, options))
     }
 
     #[pyo3(signature = (*, whitespace = "compact", max_whitespace = 4))]
     fn json_object(&self, py: Python<'_>, whitespace: &str, max_whitespace: u32) -> PyResult<PyGrammar> {
-        let options = json_options(py, whitespace, max_whitespace, false)?;
+        let options = json_options(py, whitespace, max_whitespace, false, false)?;
         self.compile(py, GrammarSource::JsonObject(options))
     }
 
@@ -320,10 +322,18 @@ pub fn fill_next_token_bitmask_batch(
     filled?.map_err(|e| errors::constraint(py, e))
 }
 
+/// A JSON Schema (text) as the engine reads it, as compact JSON text.
+#[pyfunction]
+pub fn json_schema_normalized(py: Python<'_>, schema: String) -> PyResult<String> {
+    let normalized = contain(py, || ferrolm_constraint::json_schema::normalized_schema_text(&schema))?;
+    normalized.map_err(|e| errors::constraint(py, e))
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyVocabulary>()?;
     m.add_class::<PyGrammar>()?;
     m.add_class::<PyMatcher>()?;
     m.add_function(wrap_pyfunction!(fill_next_token_bitmask_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(json_schema_normalized, m)?)?;
     Ok(())
 }

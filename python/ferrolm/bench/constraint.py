@@ -4,10 +4,14 @@ schemas, documents and tokenizer.
 
 Schemas: the JSON-Schema-Test-Suite draft 2020-12 core schemas (the files committed in
 ``crates/ferrolm-constraint/tests/data/json-schema-test-suite``), deduplicated, plus a set
-of hand-written API-payload schemas with one valid document each. Every engine compiles
-every schema (compact JSON, no whitespace; ferrolm with its defaults: absent
-``additionalProperties`` forbids extra members, ``format`` is generated). The compile rate
-and p50 / p95 / max compile time (over the schemas it compiled) are reported per engine.
+of hand-written API-payload schemas with one valid document each; or, with ``--corpus
+schemastore``, the sample of the JSON SchemaStore catalog committed in
+``crates/ferrolm-constraint/tests/data/schemastore`` with every test instance ``jsonschema``
+accepts (members ordered as ferrolm generates them, see ``ferrolm.bench.corpus``). Every
+engine compiles every schema (compact JSON, no whitespace; ferrolm with its defaults, the
+specification's: an absent ``additionalProperties`` allows extra members, unknown keywords
+and formats are annotations, known formats are generated). The compile rate and p50 / p95 /
+max compile time (over the schemas it compiled) are reported per engine.
 
 Documents: the hand-written ones, and the suite's valid instances serialized compactly with
 members in schema order; suite instances outside what a generating engine means by the
@@ -188,7 +192,7 @@ class Case:
     name: str
     schema: str  # JSON text
     documents: list[str]
-    source: str  # "suite" or "hand"
+    source: str  # "suite", "hand" or "schemastore"
 
 
 def _ref_target(schema: dict[str, Any], root: Any) -> Any:
@@ -332,6 +336,29 @@ def hand_schemas() -> list[tuple[str, dict[str, Any], Any]]:
 
 def hand_cases() -> list[Case]:
     return [Case(name, json.dumps(schema), [compact(doc)], "hand") for name, schema, doc in hand_schemas()]
+
+
+def schemastore_cases(root: Path | None = None) -> tuple[list[Case], dict[str, int]]:
+    """One case per corpus schema, with its valid instances written in the order ferrolm
+    generates members (one ordering each: the first ``ferrolm.bench.corpus`` proposes)."""
+    from ferrolm import _core
+    from ferrolm.bench import corpus
+
+    entries = corpus.load_corpus(root or corpus.CORPUS_DIR)
+    cases = []
+    stats = {"schemas": len(entries), "valid_instances": 0, "invalid_instances": 0, "undecided": 0, "documents": 0}
+    for entry in entries:
+        stats["valid_instances"] += len(entry.valid)
+        stats["invalid_instances"] += len(entry.invalid)
+        stats["undecided"] += len(entry.undecided)
+        try:
+            orderer = corpus.Orderer(json.loads(_core.json_schema_normalized(entry.text)))
+            docs = [corpus.documents(orderer, v)[0] for v in entry.valid]
+        except Exception:  # a schema ferrolm cannot read: its instances as they are
+            docs = [corpus.compact(v) for v in entry.valid]
+        cases.append(Case(entry.name, entry.text, list(dict.fromkeys(docs)), "schemastore"))
+    stats["documents"] = sum(len(c.documents) for c in cases)
+    return cases, stats
 
 
 # --------------------------------------------------------------------------- engines
@@ -676,7 +703,7 @@ def summarize(run: EngineRun, cases: list[Case]) -> dict[str, Any]:
     tokens = [t for ts in run.mask_us.values() for t in ts]
     warm = [t for ts in run.warm_mask_us.values() for t in ts]
     by_source = {}
-    for source in ("suite", "hand"):
+    for source in ("suite", "hand", "schemastore"):
         names = [c.name for c in cases if c.source == source]
         by_source[source] = {"schemas": len(names), "compiled": sum(n in run.compiled for n in names)}
     return {
@@ -742,7 +769,7 @@ def bench(vocab: BenchVocab, cases: list[Case], engine_names: Sequence[str] = ("
         "vocab_size": vocab.size,
         "tokenizer": "tiktoken" if vocab.tiktoken_encoding is not None else "pure-python bpe",
         "seed": seed,
-        "schemas": {"total": len(cases), "suite": sum(c.source == "suite" for c in cases), "hand": sum(c.source == "hand" for c in cases)},
+        "schemas": {"total": len(cases), **{s: sum(c.source == s for c in cases) for s in ("suite", "hand", "schemastore")}},
         "documents": sum(len(c.documents) for c in cases),
         "document_tokens": sum(len(t) for v in tokenized.values() for t in v),
         "engines": {name: summarize(run, cases) for name, run in runs.items()},
@@ -760,19 +787,23 @@ def _f(x: float | None, spec: str = ".1f") -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
+    sources = [s for s in ("suite", "hand", "schemastore") if report["schemas"].get(s)]
+    described = ", ".join(f"{report['schemas'][s]} {'hand-written' if s == 'hand' else s}" for s in sources)
     lines = [
         f"vocab {report['vocab']} ({report['vocab_size']} tokens, tokenized by {report['tokenizer']}); "
-        f"{report['schemas']['total']} schemas ({report['schemas']['suite']} suite, {report['schemas']['hand']} hand-written), "
+        f"{report['schemas']['total']} schemas ({described}), "
         f"{report['documents']} valid documents, {report['document_tokens']} tokens",
         "",
-        f"{'engine':<14}{'compiled':>10}{'suite':>9}{'hand':>7}{'compile ms p50':>16}{'p95':>9}{'max':>9}"
+        f"{'engine':<14}{'compiled':>10}" + "".join(f"{s:>{max(9, len(s) + 2)}}" for s in sources)
+        + f"{'compile ms p50':>16}{'p95':>9}{'max':>9}"
         f"{'mask us p50':>13}{'p99':>9}{'batch64 us':>12}{'docs':>6}{'rejected':>10}",
     ]
     for name, s in report["engines"].items():
         bs = s["by_source"]
+        per_source = "".join(
+            f"{str(bs[src]['compiled']) + '/' + str(bs[src]['schemas']):>{max(9, len(src) + 2)}}" for src in sources)
         lines.append(
-            f"{name:<14}{s['compile_rate'] * 100:>9.0f}%{bs['suite']['compiled']:>5}/{bs['suite']['schemas']:<3}"
-            f"{bs['hand']['compiled']:>3}/{bs['hand']['schemas']:<3}{_f(s['compile_ms']['p50'], '.2f'):>16}"
+            f"{name:<14}{s['compile_rate'] * 100:>9.0f}%{per_source}{_f(s['compile_ms']['p50'], '.2f'):>16}"
             f"{_f(s['compile_ms']['p95'], '.2f'):>9}{_f(s['compile_ms']['max'], '.1f'):>9}{_f(s['mask_us']['p50']):>13}"
             f"{_f(s['mask_us']['p99']):>9}{_f(s['batch64_us'], '.0f'):>12}{s['documents']:>6}{s['rejected_valid']:>10}"
         )
@@ -843,13 +874,22 @@ def run(args: argparse.Namespace) -> int:
     log = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", file=sys.stderr)  # noqa: E731
     vocab = load_vocab(args.vocab)
     log(f"loaded {vocab.name}: {vocab.size} tokens (EOS {vocab.eos})")
-    suite, suite_stats = suite_cases(Path(args.suite))
-    log(f"suite: {suite_stats['schemas']} distinct schemas, {suite_stats['documents']} documents from "
-        f"{suite_stats['valid_instances']} valid instances ({suite_stats['left_out']} left out: undeclared members or strings under format)")
-    cases = select_cases(hand_cases() + suite, args.max_schemas, args.seed)
+    if args.corpus == "schemastore":
+        corpus_cases, suite_stats = schemastore_cases()
+        log(f"schemastore: {suite_stats['schemas']} schemas, {suite_stats['documents']} documents from "
+            f"{suite_stats['valid_instances']} valid instances ({suite_stats['invalid_instances']} invalid, "
+            f"{suite_stats['undecided']} undecided by jsonschema)")
+        random.Random(args.seed).shuffle(corpus_cases)
+        cases = corpus_cases if args.max_schemas is None else corpus_cases[:args.max_schemas]
+    else:
+        suite, suite_stats = suite_cases(Path(args.suite))
+        log(f"suite: {suite_stats['schemas']} distinct schemas, {suite_stats['documents']} documents from "
+            f"{suite_stats['valid_instances']} valid instances ({suite_stats['left_out']} left out: undeclared members or strings under format)")
+        cases = select_cases(hand_cases() + suite, args.max_schemas, args.seed)
     report = bench(vocab, cases, args.engines, seed=args.seed, timeout_s=args.timeout_s,
                    peer_budget_s=args.peer_budget_s if args.peer_budget_s > 0 else None, log=log)
     report["suite"] = suite_stats
+    report["corpus"] = args.corpus
     report["command"] = " ".join(["ferrolm", "bench", "constraint", *sys.argv[3:]]) if len(sys.argv) > 2 else "ferrolm bench constraint"
     report["wall_s"] = time.perf_counter() - t0
     print(format_table(report))
@@ -873,5 +913,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--peer-budget-s", type=float, default=120.0,
                    help="wall time each out-of-process peer may spend in all (0: no limit); later schemas are not attempted")
     p.add_argument("--suite", default=str(SUITE_DIR), help="the JSON-Schema-Test-Suite draft2020-12 folder")
+    p.add_argument("--corpus", default="suite", choices=["suite", "schemastore"],
+                   help="suite: the test suite and hand-written schemas; schemastore: the SchemaStore sample")
     p.add_argument("--strict", action="store_true", help="exit 1 when a floor is missed")
     p.set_defaults(func=run)

@@ -2,7 +2,9 @@
 ``guided_json`` / ``guided_regex`` / ``guided_choice``) meets the HTTP API. The request
 models accept the fields; each maps to a ``SamplingParams`` field, and the engine compiles
 the grammar. A field that ``SamplingParams`` does not have (yet) is refused with a 400
-naming it, so a client never gets unconstrained text by surprise."""
+naming it, so a client never gets unconstrained text by surprise. ``"strict": true`` in
+``response_format.json_schema`` asks for OpenAI's strict mode (``json_schema_strict``:
+objects without ``additionalProperties`` get only their declared members)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def constraint_kwargs(
     the grammar does not compile); ``prefix`` is where the fields sit in the body
     (``sampling_params.``)."""
     asked: list[tuple[str, str, Any]] = []  # (SamplingParams field, body field, value)
+    strict: bool | None = None  # response_format.json_schema.strict
     if regex is not None:
         asked.append(("regex", f"{prefix}regex", regex))
     if json_schema is not None:
@@ -52,6 +55,10 @@ def constraint_kwargs(
         if not isinstance(spec.get("schema"), dict):
             raise bad_request("response_format.json_schema.schema: a JSON Schema object is required",
                               "response_format.json_schema.schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad_request("response_format.json_schema.strict: must be a boolean",
+                              "response_format.json_schema.strict")
         asked.append(("json_schema", "response_format", spec["schema"]))
     if len(asked) > 1:
         names = [body for _, body, _ in asked]
@@ -65,7 +72,11 @@ def constraint_kwargs(
         # a compile error names the constraint engine's part at fault (a schema's pattern is
         # a "regex", any size limit the "grammar"): to the client it is the field it sent
         names |= {field: body for field in COMPILE_ERROR_FIELDS}
-    return {field: value for field, _, value in asked}, names
+    kwargs = {field: value for field, _, value in asked}
+    if strict:
+        # OpenAI's strict mode: objects without additionalProperties get only their members
+        kwargs["json_schema_strict"] = True
+    return kwargs, names
 
 
 # the fields the constraint engine's compile errors name (crates/ferrolm-py/src/constraint.rs)

@@ -1,6 +1,6 @@
 //! Regexes for the string `format`s we generate. Each matches the JSON-encoded string
 //! body; none contains a character JSON would escape. Where a format's full grammar is
-//! large (hostnames' total length, URIs), the regex is a plainly valid subset: we must
+//! large (hostnames' total length, emails), the regex is a plainly valid subset: we must
 //! never generate an invalid value, not every valid one.
 
 /// RFC 3339 full-date: days per month, and February 29 in leap years only (divisible
@@ -28,6 +28,18 @@ const HOSTNAME: &str =
 const H16: &str = "[0-9a-fA-F]{1,4}";
 /// URI characters of a path segment, query or fragment (RFC 3986 `pchar`).
 const PCHAR: &str = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
+
+/// RFC 3986 `URI`, whole: a scheme, then `//` and an authority (user info, a registered
+/// name, an IPv4 address or a bracketed IPv6 / IPvFuture literal, a port) and a path, or a
+/// path alone (`urn:x`, `mailto:a@b`), then a query and a fragment.
+fn uri() -> String {
+    let plain = r"[A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f]{2}";
+    let ip_literal = format!(r"\[(?:{}|[vV][0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+)\]", ipv6());
+    let authority = format!("(?:(?:{plain}|:)*@)?(?:{ip_literal}|(?:{plain})*)(?::[0-9]*)?");
+    let path_tail = format!("(?:/{PCHAR}*)*");
+    let hier = format!("//{authority}{path_tail}|/(?:{PCHAR}+{path_tail})?|{PCHAR}+{path_tail}|");
+    format!(r"[A-Za-z][A-Za-z0-9+.-]*:(?:{hier})(?:\?(?:{PCHAR}|[/?])*)?(?:#(?:{PCHAR}|[/?])*)?")
+}
 
 /// RFC 4291 text form (RFC 3986 `IPv6address`): eight groups, or fewer around `::`,
 /// the last two possibly an IPv4 address.
@@ -62,10 +74,7 @@ pub fn format_regex(format: &str) -> Option<String> {
         "email" => EMAIL.to_string(),
         "hostname" => HOSTNAME.to_string(),
         "ipv6" => ipv6(),
-        // http(s) URLs with a hostname or IPv4 host: a valid subset of RFC 3986 URIs.
-        "uri" => format!(
-            r"https?://(?:{HOSTNAME}|{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}})(?::[0-9]{{1,5}})?(?:/{PCHAR}*)*(?:\?(?:{PCHAR}|[/?])*)?(?:#(?:{PCHAR}|[/?])*)?"
-        ),
+        "uri" => uri(),
         _ => return None,
     })
 }
@@ -106,6 +115,14 @@ mod tests {
         );
         assert!(matches("uri", "https://example.com/a/b?x=1&y=%20#top"));
         assert!(matches("uri", "http://10.0.0.1:8080/"));
+        for ok in
+            ["urn:002-schema", "mailto:a@b.c", "file:///etc/x", "ftp://u:p@[::1]:21/a", "x:", "a+b.c-d:/p//q"]
+        {
+            assert!(matches("uri", ok), "{ok}");
+        }
+        for bad in ["1a:b", ":x", "http://a b", "http://[::g]/", "a:b#c#d", "s:%zz"] {
+            assert!(!matches("uri", bad), "{bad}");
+        }
         assert!(!matches("uri", "example.com") && !matches("uri", "https://exa mple.com"));
     }
 }

@@ -85,7 +85,7 @@ impl<'a> Translator<'a> {
         let mut inlined = Vec::new();
         let flat = self.flatten_map(map, path, &mut inlined, 0)?;
         let schema = match flat.maps.len() {
-            0 => return Err(self.invalid(path, "no value satisfies every part of the schema")),
+            0 => return Err(self.nothing(path, "no value satisfies every part of the schema")),
             1 => Value::Object(flat.maps.into_iter().next().expect("one")),
             _ => json!({ "anyOf": flat.maps }),
         };

@@ -5,11 +5,16 @@
 //! valid documents are not produced):
 //! - compact JSON by default, or JSON whitespace capped at a run length;
 //! - properties in the order the schema lists them, extra ones after them; an absent
-//!   `additionalProperties` generates no undeclared property, as `false` would
-//!   (`forbid_extra_properties`; off, it allows members of any name and type);
+//!   `additionalProperties` allows members of any name and type, as the specification
+//!   says (`strict`, OpenAI's strict mode: it generates no undeclared property, as
+//!   `false` would);
 //! - numbers without exponent where bounds apply; integral values without a fraction;
 //! - `format` restricts strings to the format (`assert_formats`), some formats to a
-//!   valid subset (see `formats.rs`).
+//!   valid subset (see `formats.rs`); formats the engine does not know are annotations.
+//!
+//! Schemas of drafts 4, 6, 7, 2019-09 and 2020-12 (by `$schema`; 2020-12 without) are
+//! first rewritten into the 2020-12 vocabulary, unknown keywords (annotations) dropped
+//! and references resolved (`normalize.rs`).
 //!
 //! Without `type`, a schema allows every type, each keyword constraining its own.
 //! Values of any type and recursive `$ref`s become rules that call each other (see
@@ -29,6 +34,7 @@ mod merge;
 mod multiple;
 mod names;
 mod negate;
+mod normalize;
 mod objects;
 mod one_of;
 mod pattern;
@@ -60,9 +66,10 @@ pub struct JsonSchemaOptions {
     pub whitespace: Whitespace,
     /// Ignore unsupported keywords instead of failing.
     pub lenient: bool,
-    /// Read an absent `additionalProperties` as `false` (the default: what a caller
-    /// asking for structured output means, and what OpenAI's strict mode requires).
-    pub forbid_extra_properties: bool,
+    /// OpenAI's strict mode: read an absent `additionalProperties` as `false` (objects
+    /// get only their declared members). Off (the default), it allows members of any
+    /// name and value after the declared ones, as JSON Schema says.
+    pub strict: bool,
     /// Generate strings in their `format` (the default: what a caller naming a format
     /// wants). Draft 2020-12 makes `format` an annotation unless the format-assertion
     /// vocabulary is in use; turn this off for that reading.
@@ -74,7 +81,7 @@ impl Default for JsonSchemaOptions {
         JsonSchemaOptions {
             whitespace: Whitespace::Compact,
             lenient: false,
-            forbid_extra_properties: true,
+            strict: false,
             assert_formats: true,
         }
     }
@@ -140,6 +147,25 @@ const HANDLED: &[&str] = &[
 pub(crate) const STRING_CHAR: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})"#;
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
+/// The schema as the translator reads it: rewritten into the draft 2020-12 vocabulary
+/// (its draft picked by `$schema`), annotations and unknown keywords dropped, and every
+/// reference that stays in the document resolved and pointing under the root's `$defs`
+/// (see `normalize.rs`). For tools that follow the schema alongside the engine (the
+/// order in which members are generated, for instance).
+pub fn normalized_schema(schema: &Value) -> Result<Value> {
+    let draft = normalize::draft_of(schema).unwrap_or(normalize::Draft::D2020);
+    normalize::normalize(schema, draft)
+}
+
+/// [`normalized_schema`] of a schema given as JSON text, as compact JSON text.
+pub fn normalized_schema_text(schema: &str) -> Result<String> {
+    let value: Value = serde_json::from_str(schema).map_err(|e| ConstraintError::InvalidSchema {
+        path: "#".into(),
+        message: format!("not JSON: {e}"),
+    })?;
+    Ok(normalized_schema(&value)?.to_string())
+}
+
 /// Translate a schema into a regex over the JSON text.
 pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
     Ok(json_schema_to_rules(schema, options)?.swap_remove(0))
@@ -149,28 +175,33 @@ pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Resu
 /// that take a value of any type (`{}`, `true`, an array without `items`, ...), the
 /// rule for such a value, which those positions call (see `recursive.rs`).
 pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) -> Result<Vec<String>> {
+    // Another metaschema may switch vocabularies (validation) off or on.
+    let draft = match normalize::draft_of(schema) {
+        Some(draft) => draft,
+        None if options.lenient => normalize::Draft::D2020,
+        None => {
+            let metaschema = schema.get("$schema").map(|m| m.to_string()).unwrap_or_default();
+            return Err(ConstraintError::UnsupportedSchema {
+                keyword: format!("$schema {metaschema} (not a draft 4, 6, 7, 2019-09 or 2020-12 metaschema)"),
+                path: "#".into(),
+            });
+        }
+    };
+    let normalized = normalize::normalize(schema, draft)?;
+    let schema = &normalized;
     let ws = whitespace_regex(options.whitespace);
     let mut translator = Translator {
         root: schema,
         lenient: options.lenient,
-        forbid_extra_properties: options.forbid_extra_properties,
+        strict: options.strict,
         assert_formats: options.assert_formats,
         ws: ws.clone(),
         ref_stack: Vec::new(),
         inline_stack: Vec::new(),
         uses_any_value: false,
         extra_rules: Vec::new(),
+        empty: Default::default(),
     };
-    // Another metaschema may switch vocabularies (validation) off or on.
-    if let Some(metaschema) = schema.get("$schema").and_then(Value::as_str) {
-        let known = ["http://json-schema.org/", "https://json-schema.org/"];
-        if !known.iter().any(|k| metaschema.starts_with(k)) && !options.lenient {
-            return Err(ConstraintError::UnsupportedSchema {
-                keyword: format!("$schema {metaschema:?} (a custom metaschema)"),
-                path: "#".into(),
-            });
-        }
-    }
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
     // references call its rule (new rules may be found on the way); shared regexes are
@@ -249,7 +280,7 @@ fn whitespace_regex(whitespace: Whitespace) -> String {
 struct Translator<'a> {
     root: &'a Value,
     lenient: bool,
-    forbid_extra_properties: bool,
+    strict: bool,
     assert_formats: bool,
     /// Regex for optional whitespace between tokens (empty when compact).
     ws: String,
@@ -261,6 +292,9 @@ struct Translator<'a> {
     uses_any_value: bool,
     /// `$ref`s that recur and shared regexes; the i-th is rule `FIRST_REF_RULE + i`.
     extra_rules: Vec<ExtraRule>,
+    /// The errors met so far that say a schema allows no value (rather than that it is
+    /// malformed): a union drops such a branch.
+    empty: std::cell::RefCell<Vec<ConstraintError>>,
 }
 
 impl<'a> Translator<'a> {
@@ -270,6 +304,20 @@ impl<'a> Translator<'a> {
 
     fn invalid(&self, path: &str, message: impl Into<String>) -> ConstraintError {
         ConstraintError::InvalidSchema { path: path.to_string(), message: message.into() }
+    }
+
+    /// An error saying that the schema at `path` allows no value.
+    pub(super) fn nothing(&self, path: &str, message: impl Into<String>) -> ConstraintError {
+        let err = self.invalid(path, message);
+        self.empty.borrow_mut().push(err.clone());
+        err
+    }
+
+    /// Whether `result`, the translation of the schema at `path`, failed because that
+    /// schema allows no value (not merely some position inside it).
+    pub(super) fn allows_nothing<T>(&self, result: &Result<T>, path: &str) -> bool {
+        matches!(result, Err(err @ ConstraintError::InvalidSchema { path: at, .. })
+            if at == path && self.empty.borrow().contains(err))
     }
 
     /// Fail on a keyword we do not support, unless lenient.
@@ -299,19 +347,11 @@ impl<'a> Translator<'a> {
     }
 
     /// `regex` as it is if short and shallow, else a call to a rule that matches it: for
-    /// regexes written more than once (see [`SHARED_RULE_BYTES`]).
+    /// positions a call may take that are written more than once or may be large (array
+    /// items, member values; see [`SHARED_RULE_BYTES`]), and so that deeply nested
+    /// schemas do not nest groups past what the regex parser takes.
     pub(super) fn shared(&mut self, regex: String) -> String {
         if regex.len() <= SHARED_RULE_BYTES && group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
-            return regex;
-        }
-        self.as_rule(regex)
-    }
-
-    /// `regex` as it is if shallow, else a call to a rule that matches it: for positions
-    /// a call may take (array items, member values), so that deeply nested schemas do
-    /// not nest groups past what the regex parser takes.
-    pub(super) fn shallow(&mut self, regex: String) -> String {
-        if group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
             return regex;
         }
         self.as_rule(regex)
@@ -338,7 +378,7 @@ impl<'a> Translator<'a> {
         let map = match schema {
             Value::Object(map) => map,
             Value::Bool(true) => return Ok(self.any_value()),
-            Value::Bool(false) => return Err(self.invalid(path, "the schema `false` allows no value")),
+            Value::Bool(false) => return Err(self.nothing(path, "the schema `false` allows no value")),
             _ => return Err(self.invalid(path, "a schema must be an object or a boolean")),
         };
         if merge::needs_flattening(map) {
@@ -380,8 +420,18 @@ impl<'a> Translator<'a> {
         }
         let types = self.types(map, path)?;
         let mut alternatives = Vec::new();
+        let mut none_of_them = None;
         for ty in types {
-            alternatives.push(format!("(?:{})", self.typed(&ty, map, path)?));
+            // A type no value of which the keywords allow is left out of the union.
+            let typed = self.typed(&ty, map, path);
+            if self.allows_nothing(&typed, path) {
+                none_of_them = typed.err();
+                continue;
+            }
+            alternatives.push(format!("(?:{})", typed?));
+        }
+        if let (true, Some(err)) = (alternatives.is_empty(), none_of_them) {
+            return Err(err);
         }
         Ok(self.with_nullable(map, alternatives.join("|")))
     }
@@ -421,15 +471,26 @@ impl<'a> Translator<'a> {
             }
             _ => {
                 let mut alternatives = Vec::new();
+                let mut none_of_them = None;
                 for (i, branch) in branches.iter().enumerate() {
-                    let inner = self.schema(branch, &format!("{path}/{keyword}/{i}"))?;
+                    let branch_path = format!("{path}/{keyword}/{i}");
+                    let inner = self.schema(branch, &branch_path);
+                    // A branch that allows no value adds nothing to the union.
+                    if self.allows_nothing(&inner, &branch_path) {
+                        none_of_them = inner.err();
+                        continue;
+                    }
+                    let inner = inner?;
                     // In anyOf, a branch that takes anything makes the others redundant.
                     if inner == call(ANY_VALUE_RULE) && keyword == "anyOf" {
                         return Ok(inner);
                     }
                     alternatives.push(format!("(?:{inner})"));
                 }
-                Ok(alternatives.join("|"))
+                match none_of_them {
+                    Some(err) if alternatives.is_empty() => Err(err),
+                    _ => Ok(alternatives.join("|")),
+                }
             }
         }
     }
@@ -477,23 +538,37 @@ impl<'a> Translator<'a> {
     /// `const` / `enum`: the compact serializations of the values that also have the
     /// schema's `type` (if any).
     fn literal_choice(&self, map: &Map<String, Value>, values: &[Value], path: &str) -> Result<String> {
-        for key in map.keys() {
-            let allowed = ["const", "enum", "type", "nullable"];
-            if !allowed.contains(&key.as_str()) && HANDLED.contains(&key.as_str()) {
-                self.refuse(&format!("{key} next to const/enum"), path)?;
-            }
-        }
         let types = match map.get("type") {
             Some(_) => Some(self.listed_types(map, path)?),
             None => None,
         };
-        let alternatives: Vec<String> = values
+        let values: Vec<&Value> = values
             .iter()
             .filter(|v| types.as_ref().is_none_or(|t| t.iter().any(|ty| has_type(v, ty))))
+            .collect();
+        let (min_length, max_length) = self.counts(map, "minLength", "maxLength", path)?;
+        for key in map.keys() {
+            let allowed = ["const", "enum", "type", "nullable", "minLength", "maxLength"];
+            // A keyword of a type none of the values has constrains none of them.
+            let relevant = keyword_type(key).is_none_or(|ty| values.iter().any(|v| has_type(v, ty)));
+            if !allowed.contains(&key.as_str()) && HANDLED.contains(&key.as_str()) && relevant {
+                self.refuse(&format!("{key} next to const/enum"), path)?;
+            }
+        }
+        let alternatives: Vec<String> = values
+            .iter()
+            .filter(|v| match v.as_str() {
+                // Lengths in characters, as JSON Schema counts them.
+                Some(s) => {
+                    let n = s.chars().count() as u64;
+                    n >= min_length && max_length.is_none_or(|m| n <= m)
+                }
+                None => true,
+            })
             .map(|v| regex_syntax::escape(&canonical_json(v)))
             .collect();
         if alternatives.is_empty() {
-            return Err(self.invalid(path, "no value of `const`/`enum` has the schema's type"));
+            return Err(self.nothing(path, "no value of `const`/`enum` has the schema's type"));
         }
         Ok(alternatives.join("|"))
     }
@@ -552,6 +627,25 @@ pub fn canonical_json(value: &Value) -> String {
 
 /// 2^53: every integer up to here is exactly representable as an `f64`.
 const MAX_EXACT_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// The type whose values a keyword constrains (`None`: every type, or not a keyword of
+/// one type).
+fn keyword_type(keyword: &str) -> Option<&'static str> {
+    Some(match keyword {
+        "properties"
+        | "required"
+        | "additionalProperties"
+        | "patternProperties"
+        | "propertyNames"
+        | "minProperties"
+        | "maxProperties" => "object",
+        "items" | "prefixItems" | "minItems" | "maxItems" | "contains" | "minContains" | "maxContains"
+        | "uniqueItems" => "array",
+        "minLength" | "maxLength" | "pattern" | "format" => "string",
+        "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf" => "number",
+        _ => return None,
+    })
+}
 
 /// Whether a JSON value has a JSON Schema type.
 fn has_type(value: &Value, ty: &str) -> bool {

@@ -148,7 +148,7 @@ impl<'a> Translator<'a> {
         }
         if let (Some(l), Some(h)) = (low, high) {
             if l > h {
-                return Err(self.invalid(path, "no multiple of `multipleOf` lies between the bounds"));
+                return Err(self.nothing(path, "no multiple of `multipleOf` lies between the bounds"));
             }
             if h - l < MAX_LISTED {
                 return Ok((l..=h)

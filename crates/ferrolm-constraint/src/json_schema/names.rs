@@ -16,6 +16,12 @@ pub fn unit(c: char) -> String {
 
 /// The canonical encoding of every character of the body except `excluded` ones.
 fn char_except(excluded: &[char]) -> String {
+    let plain = |c: &char| unit(*c).len() == c.len_utf8();
+    if excluded.iter().all(plain) {
+        // Only characters written as themselves: every escape stays (short form).
+        let raw: String = excluded.iter().map(|c| regex_syntax::escape(&c.to_string())).collect();
+        return format!(r#"(?:[^"\\\x00-\x1f{raw}]|\\["\\bfnrt]|\\u00(?:0[0-7]|0b|0e|0f|1[0-9a-f]))"#);
+    }
     let raw: String = excluded
         .iter()
         .filter(|c| unit(**c).len() == c.len_utf8())
@@ -56,21 +62,200 @@ fn name_trie(names: &[&str]) -> Node {
     root
 }
 
-/// A regex for the body (between the quotes) of every name except `names`.
+/// A regex for the body (between the quotes) of every name except `names`: a name
+/// either leaves the trie of `names` at some character (then anything follows), or
+/// ends inside it where no name ends. The tail after leaving is written once, not per
+/// node (objects with many members made regexes of megabytes).
 pub fn name_except(names: &[&str]) -> String {
     let root = name_trie(names);
-    except(&root)
+    let ending_inside = ends_inside(&root);
+    let leaving = format!("(?:{}){CANONICAL_CHAR}*", leaves(&root));
+    match ending_inside {
+        Some(inside) => format!("{leaving}|{inside}"),
+        None => leaving,
+    }
 }
 
-fn except(node: &Node) -> String {
+/// A path along the trie, then a character that leaves it.
+fn leaves(node: &Node) -> String {
+    let mut alternatives: Vec<String> = node
+        .children
+        .iter()
+        .map(|(&c, child)| format!("{}(?:{})", regex_syntax::escape(&unit(c)), leaves(child)))
+        .collect();
+    let next: Vec<char> = node.children.keys().copied().collect();
+    alternatives.push(char_except(&next));
+    alternatives.join("|")
+}
+
+/// A path along the trie ending at a node where no name ends; `None` when there is none.
+fn ends_inside(node: &Node) -> Option<String> {
     let mut alternatives = Vec::new();
     if !node.is_name {
         alternatives.push(String::new());
     }
     for (&c, child) in &node.children {
-        alternatives.push(format!("{}(?:{})", regex_syntax::escape(&unit(c)), except(child)));
+        if let Some(rest) = ends_inside(child) {
+            alternatives.push(format!("{}(?:{rest})", regex_syntax::escape(&unit(c))));
+        }
     }
-    let next: Vec<char> = node.children.keys().copied().collect();
+    (!alternatives.is_empty()).then(|| format!("(?:{})", alternatives.join("|")))
+}
+
+/// A regex for the body of every name that none of `patterns` matches and that is not
+/// one of `names`, for patterns of the forms whose complement is simple: literal
+/// prefixes (`^_`, `^x-`), and the patterns matching every name (`.*`) or every name
+/// without line terminators (`^.*$`, `^.+$`); `Some(None)` when there is no such name,
+/// `None` for other patterns.
+pub fn name_outside(patterns: &[&str], names: &[&str]) -> Option<Option<String>> {
+    const LINE_TERMINATOR: &str = "(?:\\\\n|\\\\r|\u{2028}|\u{2029})";
+    if let [single] = patterns {
+        let has_terminator = |n: &&str| n.contains(['\n', '\r', '\u{2028}', '\u{2029}']);
+        match *single {
+            // Every name matches: no other name.
+            _ if matches_every_name(single) => return Some(None),
+            // The names with a line terminator (and for `.+`, the empty one).
+            "^.*$" | "^.+$" if !names.iter().any(has_terminator) => {
+                let with = format!("{CANONICAL_CHAR}*{LINE_TERMINATOR}{CANONICAL_CHAR}*");
+                let empty = single.contains('+') && !names.contains(&"");
+                return Some(Some(if empty { format!("{with}|") } else { with }));
+            }
+            _ => {}
+        }
+    }
+    if let [single] = patterns {
+        if let Some(others) = outside_class_run(single, names) {
+            return Some(Some(others));
+        }
+    }
+    // Literal prefixes: a trie where a prefix blocks its whole subtree.
+    let meta = |c: char| "\\.^$|?*+()[]{}/".contains(c);
+    let mut prefixes = Vec::new();
+    for pattern in patterns {
+        let literal = pattern.strip_prefix('^').filter(|l| !l.is_empty() && !l.chars().any(meta))?;
+        prefixes.push(literal);
+    }
+    let mut root = Node::default();
+    let mut blocked = Vec::new();
+    for prefix in &prefixes {
+        blocked.push(prefix.chars().collect::<Vec<_>>());
+    }
+    for name in names {
+        // A declared name under a prefix is already outside the others.
+        if !prefixes.iter().any(|p| name.starts_with(p)) {
+            let mut node = &mut root;
+            for c in name.chars() {
+                node = node.children.entry(c).or_default();
+            }
+            node.is_name = true;
+        }
+    }
+    Some(Some(outside(&root, &mut Vec::new(), &blocked)))
+}
+
+/// The names outside `^[A][B]*$`, `^[A]+$` or `^[A]*$`, for classes of printable ASCII
+/// characters and ranges (`[_a-zA-Z]`, `[a-z0-9-]`): empty (unless `*`), a first
+/// character outside A, or a later one outside B. `None` for other patterns, or when a
+/// name in `names` is outside too (it would have to be taken out).
+fn outside_class_run(pattern: &str, names: &[&str]) -> Option<String> {
+    let body = pattern.strip_prefix("^[")?.strip_suffix('$')?;
+    let (first, rest) = body.split_once(']')?;
+    let (second, empty_ok) = match rest {
+        "+" => (first, false),
+        "*" => (first, true),
+        _ => (rest.strip_prefix('[')?.strip_suffix("]*")?, false),
+    };
+    let (a, b) = (class_set(first)?, class_set(second)?);
+    let matches = |name: &str| {
+        let mut chars = name.chars();
+        match chars.next() {
+            None => empty_ok,
+            Some(c) if empty_ok => a.contains(&c) && chars.all(|c| a.contains(&c)),
+            Some(c) => a.contains(&c) && chars.all(|c| b.contains(&c)),
+        }
+    };
+    if names.iter().any(|n| !matches(n)) {
+        return None;
+    }
+    let class = |set: &[char]| {
+        format!("[{}]", set.iter().map(|c| regex_syntax::escape(&c.to_string())).collect::<String>())
+    };
+    let (a_in, a_out, b_in, b_out) = (class(&a), char_except(&a), class(&b), char_except(&b));
+    Some(if empty_ok {
+        format!("{a_in}*{a_out}{CANONICAL_CHAR}*")
+    } else {
+        format!("|{a_out}{CANONICAL_CHAR}*|{a_in}{b_in}*{b_out}{CANONICAL_CHAR}*")
+    })
+}
+
+/// The characters of a class body of printable ASCII literals and ranges; `None` for
+/// anything else (escapes, negation, characters JSON escapes).
+fn class_set(body: &str) -> Option<Vec<char>> {
+    let chars: Vec<char> = body.chars().collect();
+    let plain = |c: char| c.is_ascii_graphic() && !"\\\"[]^".contains(c);
+    let mut set = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if !plain(c) {
+            return None;
+        }
+        if chars.get(i + 1) == Some(&'-') && i + 2 < chars.len() {
+            let end = chars[i + 2];
+            if !plain(end) || end < c {
+                return None;
+            }
+            set.extend(c..=end);
+            i += 3;
+        } else {
+            set.push(c);
+            i += 1;
+        }
+    }
+    set.sort_unstable();
+    set.dedup();
+    (!set.is_empty()).then_some(set)
+}
+
+/// Whether a pattern matches every name (search semantics: `.*`, `^`, the empty one, ...).
+pub fn matches_every_name(pattern: &str) -> bool {
+    matches!(pattern, "" | ".*" | "^.*" | ".*$" | "^" | "$")
+}
+
+/// `name_outside` below a trie node reached by `path`.
+fn outside(node: &Node, path: &mut Vec<char>, blocked: &[Vec<char>]) -> String {
+    // The characters after `path` that complete a prefix (their subtree is blocked), and
+    // those that lead along one.
+    let mut completing = Vec::new();
+    let mut leading: BTreeMap<char, ()> = BTreeMap::new();
+    for prefix in blocked {
+        if prefix.len() > path.len() && prefix[..path.len()] == path[..] {
+            let c = prefix[path.len()];
+            if prefix.len() == path.len() + 1 {
+                completing.push(c);
+            } else {
+                leading.insert(c, ());
+            }
+        }
+    }
+    let mut alternatives = Vec::new();
+    if !node.is_name {
+        alternatives.push(String::new());
+    }
+    let mut next: Vec<char> = completing.clone();
+    let steps: Vec<char> = node.children.keys().chain(leading.keys()).copied().collect();
+    for c in steps {
+        if completing.contains(&c) || next.contains(&c) {
+            continue;
+        }
+        next.push(c);
+        let empty = Node::default();
+        let child = node.children.get(&c).unwrap_or(&empty);
+        path.push(c);
+        let rest = outside(child, path, blocked);
+        path.pop();
+        alternatives.push(format!("{}(?:{rest})", regex_syntax::escape(&unit(c))));
+    }
     alternatives.push(format!("{}{CANONICAL_CHAR}*", char_except(&next)));
     alternatives.join("|")
 }
@@ -124,6 +309,35 @@ mod tests {
         }
         assert!(!is_other_name(&names, "\\u000a"), "not canonical");
         assert!(!is_other_name(&names, "\\/"), "not canonical");
+    }
+
+    #[test]
+    fn names_outside_simple_patterns() {
+        let outside = |patterns: &[&str], names: &[&str], text: &str| {
+            let body = name_outside(patterns, names).unwrap().unwrap();
+            regex::Regex::new(&format!("^(?:{body})$")).unwrap().is_match(text)
+        };
+        for (text, expected) in
+            [("", true), ("a", false), ("x_", true), ("_", false), ("x", true), ("x-", false)]
+        {
+            assert_eq!(outside(&["^_", "^x-"], &["a"], text), expected, "{text:?} (prefixes)");
+        }
+        assert!(
+            outside(&["^x-"], &[], "x") && outside(&["^x-"], &[], "xy") && !outside(&["^x-"], &[], "x-y")
+        );
+        for (text, expected) in [("", true), ("a", false), ("a\\nb", true), ("\u{2028}", true)] {
+            assert_eq!(outside(&["^.+$"], &[], text), expected, "{text:?} (.+)");
+        }
+        assert!(!outside(&["^.*$"], &[], ""));
+        assert_eq!(name_outside(&[".*"], &[]), Some(None));
+        for (text, expected) in
+            [("", true), ("a", false), ("_a-9", false), ("9a", true), ("a b", true), ("a\\n", true)]
+        {
+            assert_eq!(outside(&["^[_a-zA-Z][a-zA-Z0-9_-]*$"], &[], text), expected, "{text:?} (class run)");
+        }
+        assert!(!outside(&["^[a-z]*$"], &[], "") && outside(&["^[a-z]*$"], &[], "aB"));
+        assert_eq!(name_outside(&["^[a-z]+$"], &["A"]), None, "a declared name outside");
+        assert_eq!(name_outside(&["^[\\w]+$"], &[]), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! - `patternProperties`: a declared or required name matching patterns takes the
 //!   intersection of its schema and theirs (`merge.rs`); extra names matching them take
 //!   their schema. Exact where no difference of languages is needed: with
-//!   `additionalProperties` false (or absent and forbidding), the patterns' schemas all
+//!   `additionalProperties` false (or absent in strict mode), the patterns' schemas all
 //!   equal (names matching several need no intersection) and no declared name
 //!   matching one (it would have to be excluded from the pattern); with
 //!   `additionalProperties` a schema, only patterns with that same schema. Others are
@@ -21,7 +21,7 @@ use regex_automata::dfa::regex::Regex;
 use serde_json::{json, Map, Value};
 
 use super::merge::json_eq;
-use super::names::{name_except, name_except_len, unit, CANONICAL_CHAR};
+use super::names::{matches_every_name, name_except, name_except_len, name_outside, unit, CANONICAL_CHAR};
 use super::pattern::pattern_regex;
 use super::values::escape_pointer;
 use super::{Translator, ANNOTATIONS};
@@ -33,6 +33,8 @@ const MAX_COUNTED_REGEX: u128 = 200_000;
 /// A name pattern: its regex over the canonical name body, and a matcher for it, built
 /// when a name is first tested (Unicode classes make it costly).
 struct NamePattern {
+    /// The pattern as the schema writes it.
+    source: String,
     body: String,
     matcher: std::cell::OnceCell<Option<Regex>>,
 }
@@ -40,7 +42,7 @@ struct NamePattern {
 impl NamePattern {
     fn new(pattern: &str) -> std::result::Result<Self, String> {
         let body = pattern_regex(pattern, CANONICAL_CHAR)?;
-        Ok(NamePattern { body, matcher: std::cell::OnceCell::new() })
+        Ok(NamePattern { source: pattern.to_string(), body, matcher: std::cell::OnceCell::new() })
     }
 
     /// Whether `name` matches (a pattern we cannot build a matcher for matches every
@@ -99,7 +101,7 @@ impl<'a> Translator<'a> {
         let any = Value::Bool(true);
         let extra_schema: Option<&Value> = match map.get("additionalProperties") {
             Some(Value::Bool(false)) => None,
-            None if self.forbid_extra_properties => None,
+            None if self.strict => None,
             None => Some(&any),
             Some(schema) => Some(schema),
         };
@@ -143,14 +145,18 @@ impl<'a> Translator<'a> {
                 _ if **schema == Value::Bool(false) || !allowed => None,
                 Some(matching) => self.intersection(schema, &matching, &member_path)?,
                 None => {
-                    let value = self.schema(schema, &member_path)?;
-                    Some(self.shallow(value))
+                    // A member whose schema allows no value may not be present.
+                    let value = self.schema(schema, &member_path);
+                    match self.allows_nothing(&value, &member_path) {
+                        true => None,
+                        false => Some(self.shared(value?)),
+                    }
                 }
             };
             // Absent: the member may not be present (its name is still not "other").
             let Some(value) = value else {
                 if is_required {
-                    return Err(self.invalid(path, format!("required property {name:?} allows no value")));
+                    return Err(self.nothing(path, format!("required property {name:?} allows no value")));
                 }
                 continue;
             };
@@ -162,13 +168,13 @@ impl<'a> Translator<'a> {
         // one (else of any type).
         for name in &undeclared {
             if filter.as_ref().is_some_and(|f| !f.allows(name)) {
-                return Err(self.invalid(path, format!("required property {name:?} is not a valid name")));
+                return Err(self.nothing(path, format!("required property {name:?} is not a valid name")));
             }
             let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
             let value = match (pattern_schema(name), map.get("additionalProperties")) {
                 (Some(matching), _) => self.schema(&matching, &format!("{path}/patternProperties"))?,
                 (None, Some(Value::Bool(false))) => {
-                    return Err(self.invalid(path, format!("required property {name:?} is not allowed")))
+                    return Err(self.nothing(path, format!("required property {name:?} is not allowed")))
                 }
                 (None, Some(schema)) => self.schema(schema, &format!("{path}/additionalProperties"))?,
                 (None, None) => self.any_value(),
@@ -211,7 +217,7 @@ impl<'a> Translator<'a> {
             match counted_body(&members, extra.as_deref(), min, max, &ws) {
                 Ok(body) => body,
                 Err(Uncountable::NoCount) => {
-                    return Err(self.invalid(path, "no object satisfies minProperties/maxProperties"))
+                    return Err(self.nothing(path, "no object satisfies minProperties/maxProperties"))
                 }
                 Err(Uncountable::TooLarge) => {
                     self.refuse("minProperties/maxProperties (too many optional members to count)", path)?;
@@ -224,8 +230,20 @@ impl<'a> Translator<'a> {
 
     /// `propertyNames` as a filter; `None` when it allows every name.
     fn name_filter(&self, map: &Map<String, Value>, path: &str) -> Result<Option<NameFilter>> {
-        let Some(schema) = map.get("propertyNames") else { return Ok(None) };
-        let path = format!("{path}/propertyNames");
+        let Some(mut schema) = map.get("propertyNames") else { return Ok(None) };
+        let mut path = format!("{path}/propertyNames");
+        // A reference alone (to names defined once): its target, followed a few steps.
+        for _ in 0..8 {
+            let Some(reference) = schema.get("$ref").and_then(Value::as_str) else { break };
+            if schema.as_object().is_some_and(|m| m.len() > 1) {
+                break;
+            }
+            let pointer = reference.strip_prefix('#').map(super::decode_pointer);
+            match pointer.and_then(|p| self.root.pointer(&p)) {
+                Some(target) => (schema, path) = (target, reference.to_string()),
+                None => break,
+            }
+        }
         let names = match schema {
             Value::Bool(true) => return Ok(None),
             Value::Bool(false) => return Ok(Some(NameFilter { nothing: true, ..NameFilter::default() })),
@@ -303,6 +321,13 @@ impl<'a> Translator<'a> {
         path: &str,
     ) -> Result<Option<String>> {
         let ws = self.ws.clone();
+        // One pattern that every name matches: `additionalProperties` applies to no name,
+        // and the pattern's schema to every extra one.
+        if let [(pattern, schema)] = patterns {
+            if matches_every_name(&pattern.source) {
+                return self.extra_member(Some(schema), &[], filter, declared, path);
+            }
+        }
         // Patterns that change nothing: their schema is the one extra members take.
         let relevant: Vec<&(NamePattern, &Value)> = match extra_schema {
             Some(extra) => patterns.iter().filter(|(_, s)| !same_schema(s, extra)).collect(),
@@ -334,7 +359,18 @@ impl<'a> Translator<'a> {
             };
             (names, extra.clone())
         } else {
-            if extra_schema.is_some() {
+            // Next to `additionalProperties: true` (or absent, open): names the patterns
+            // match take their schema, the others any value, where the other names can
+            // be written (patterns of a few simple forms).
+            let open = extra_schema.is_some_and(is_true);
+            let others = match (open, filter) {
+                (true, None) if live.len() == relevant.len() => {
+                    let sources: Vec<&str> = live.iter().map(|(p, _)| p.source.as_str()).collect();
+                    name_outside(&sources, declared)
+                }
+                _ => None,
+            };
+            if extra_schema.is_some() && others.is_none() {
                 return Err(self.unsupported("patternProperties next to additionalProperties", path));
             }
             if live.is_empty() {
@@ -350,6 +386,13 @@ impl<'a> Translator<'a> {
                 return Err(self.unsupported("patternProperties matching a declared property", path));
             }
             let names: Vec<&str> = live.iter().map(|(p, _)| p.body.as_str()).collect();
+            if let Some(others) = others {
+                let value = self.schema(live[0].1, &format!("{path}/patternProperties"))?;
+                let matching = format!("\"(?:{})\"{ws}:{ws}(?:{value})", names.join("|"));
+                let Some(others) = others else { return Ok(Some(matching)) };
+                let any = self.any_value();
+                return Ok(Some(format!("(?:{matching}|\"(?:{others})\"{ws}:{ws}{any})")));
+            }
             (names.join("|"), live[0].1.clone())
         };
         let value = self.schema(&value_schema, &format!("{path}/additionalProperties"))?;

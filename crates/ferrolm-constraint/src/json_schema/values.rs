@@ -56,7 +56,7 @@ impl<'a> Translator<'a> {
             low = Some(value.saturating_add(1));
         }
         if parts.is_empty() {
-            return Err(self.invalid(path, "no integer lies between the bounds"));
+            return Err(self.nothing(path, "no integer lies between the bounds"));
         }
         Ok(parts.join("|"))
     }
@@ -89,7 +89,7 @@ impl<'a> Translator<'a> {
         };
         match (as_integer(lower), as_integer(upper)) {
             (Some(lower), Some(upper)) => number_range_regex(lower, upper)
-                .ok_or_else(|| self.invalid(path, "no number lies between the bounds")),
+                .ok_or_else(|| self.nothing(path, "no number lies between the bounds")),
             _ => {
                 self.refuse("bounds on a number other than integers", path)?;
                 Ok(NUMBER.to_string())
@@ -199,7 +199,7 @@ impl<'a> Translator<'a> {
             Some(_) => max,
         };
         if max.is_some_and(|m| m < min) {
-            return Err(self.invalid(path, "no array length satisfies minItems/maxItems"));
+            return Err(self.nothing(path, "no array length satisfies minItems/maxItems"));
         }
         let separator = format!("{ws},{ws}", ws = self.ws);
         let element = |i: usize| -> String {
@@ -298,7 +298,7 @@ impl<'a> Translator<'a> {
             return Ok(None);
         }
         if arrays.is_empty() {
-            return Err(self.invalid(path, "no array of distinct items satisfies the schema"));
+            return Err(self.nothing(path, "no array of distinct items satisfies the schema"));
         }
         let ws = &self.ws;
         let separator = format!("{ws},{ws}");
@@ -339,10 +339,10 @@ impl<'a> Translator<'a> {
         let items = map.get("items").unwrap_or(&any);
         let path = format!("{path}/contains");
         let Some(both) = self.intersection(items, contains, &path)? else {
-            return Err(self.invalid(&path, "no item can match `contains`"));
+            return Err(self.nothing(&path, "no item can match `contains`"));
         };
         let item = match items {
-            Value::Bool(false) => return Err(self.invalid(&path, "no item can match `contains`")),
+            Value::Bool(false) => return Err(self.nothing(&path, "no item can match `contains`")),
             items => self.schema(items, &path)?,
         };
         // A call next to bytes read directly would make the grammar ambiguous: values of
@@ -381,7 +381,7 @@ impl<'a> Translator<'a> {
             self.refuse(&format!("{min_key} above {MAX_COUNT}"), path)?;
         }
         if max.is_some_and(|m| m < min) {
-            return Err(self.invalid(path, format!("{max_key} is below {min_key}")));
+            return Err(self.nothing(path, format!("{max_key} is below {min_key}")));
         }
         Ok((min.min(MAX_COUNT), max.filter(|&m| m <= MAX_COUNT)))
     }
