@@ -84,7 +84,10 @@ impl Arith for Fused {
 pub(super) fn run_task<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace, state: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
             // SAFETY: the CPU has the features `run_avx2` is compiled for.
             unsafe { run_avx2(input, work, state) };
             return;
@@ -94,7 +97,7 @@ pub(super) fn run_task<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace, state: &mut [f32]) {
     run::<E, Fused>(input, work, state);
 }
@@ -135,11 +138,26 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
     let mut start = input.keys.start;
     while start < input.keys.end {
         let n = TILE.min(input.keys.end - start);
-        for (i, &slot) in input.slots[start..start + n].iter().enumerate() {
-            let at = (slot as usize * input.num_kv_heads + input.kv_head) * d;
-            E::load(&input.k_pool[at..at + d], &mut work.k[i * d..(i + 1) * d]);
-            E::load(&input.v_pool[at..at + d], &mut work.v[i * d..(i + 1) * d]);
+        let tile_slots = &input.slots[start..start + n];
+        let at = |slot: u32| (slot as usize * input.num_kv_heads + input.kv_head) * d;
+        // f32 pools are read in place; others are widened a tile at a time
+        let direct = E::as_f32(input.k_pool).zip(E::as_f32(input.v_pool));
+        if direct.is_none() {
+            for (i, &slot) in tile_slots.iter().enumerate() {
+                let a = at(slot);
+                E::load(&input.k_pool[a..a + d], &mut work.k[i * d..(i + 1) * d]);
+                E::load(&input.v_pool[a..a + d], &mut work.v[i * d..(i + 1) * d]);
+            }
         }
+        let (k_tile, v_tile) = (&work.k, &work.v);
+        let key = |i: usize| match direct {
+            Some((k, _)) => &k[at(tile_slots[i])..at(tile_slots[i]) + d],
+            None => &k_tile[i * d..(i + 1) * d],
+        };
+        let value = |i: usize| match direct {
+            Some((_, v)) => &v[at(tile_slots[i])..at(tile_slots[i]) + d],
+            None => &v_tile[i * d..(i + 1) * d],
+        };
         for (r, row) in state.chunks_exact_mut(stride).take(rows).enumerate() {
             // the keys of this tile the row sees: a window ending at its own
             let own = input.positions[r] as usize;
@@ -149,12 +167,10 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
                 continue;
             }
             let q = &input.queries[r * d..(r + 1) * d];
-            let keys = &work.k[(lo - start) * d..(hi - start) * d];
-            let values = &work.v[(lo - start) * d..(hi - start) * d];
             let scores = &mut work.scores[..hi - lo];
             let mut tile_max = f32::NEG_INFINITY;
-            for (s, k) in scores.iter_mut().zip(keys.chunks_exact(d)) {
-                *s = dot::<A>(q, k);
+            for (j, s) in scores.iter_mut().enumerate() {
+                *s = dot::<A>(q, key(lo - start + j));
                 tile_max = tile_max.max(*s);
             }
             let (head, acc) = row.split_at_mut(STATE_HEADER);
@@ -171,8 +187,8 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
                     *a *= rescale;
                 }
             }
-            for (&p, v) in scores.iter().zip(values.chunks_exact(d)) {
-                for (a, &x) in acc.iter_mut().zip(v) {
+            for (j, &p) in scores.iter().enumerate() {
+                for (a, &x) in acc.iter_mut().zip(value(lo - start + j)) {
                     *a = A::fma(p, x, *a);
                 }
             }
