@@ -58,8 +58,21 @@ impl Workspace {
 
 /// Multiply-add, separate or fused (the fused one only where the CPU has FMA: elsewhere
 /// `mul_add` is a slow library call).
-trait Arith {
+trait Arith: Sized {
     fn fma(a: f32, b: f32, c: f32) -> f32;
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot::<Self>(a, b)
+    }
+    /// `acc += sum_j weights[j] * rows[j]`.
+    #[inline(always)]
+    fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]]) {
+        for (&p, v) in weights.iter().zip(rows) {
+            for (a, &x) in acc.iter_mut().zip(v.iter()) {
+                *a = Self::fma(p, x, *a);
+            }
+        }
+    }
 }
 
 struct Separate;
@@ -77,6 +90,97 @@ impl Arith for Fused {
     #[inline(always)]
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
+    }
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: `Fused` is only used inside `run_avx2`, on a CPU with AVX2 and FMA.
+        unsafe { dot_avx2(a, b) }
+    }
+    #[inline(always)]
+    fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]]) {
+        if acc.len() % 8 != 0 {
+            for (&p, v) in weights.iter().zip(rows) {
+                for (a, &x) in acc.iter_mut().zip(v.iter()) {
+                    *a = p.mul_add(x, *a);
+                }
+            }
+            return;
+        }
+        let mut base = 0;
+        // SAFETY: as for `dot`; each block stays within `acc` and every row (length d).
+        unsafe {
+            while base < acc.len() {
+                match (acc.len() - base).min(32) / 8 {
+                    4 => accumulate_avx2::<4>(acc, base, weights, rows),
+                    3 => accumulate_avx2::<3>(acc, base, weights, rows),
+                    2 => accumulate_avx2::<2>(acc, base, weights, rows),
+                    _ => accumulate_avx2::<1>(acc, base, weights, rows),
+                }
+                base += 32;
+            }
+        }
+    }
+}
+
+/// `acc[base..base + 8C] += sum_j weights[j] * rows[j][base..base + 8C]`, the C vectors of
+/// the accumulator held in registers across the rows (independent FMA chains).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn accumulate_avx2<const C: usize>(acc: &mut [f32], base: usize, weights: &[f32], rows: &[&[f32]]) {
+    use std::arch::x86_64::*;
+    assert!(base + 8 * C <= acc.len());
+    // SAFETY: base + 8C <= len of acc, and of every row (checked below).
+    unsafe {
+        let mut r = [_mm256_setzero_ps(); C];
+        for (c, reg) in r.iter_mut().enumerate() {
+            *reg = _mm256_loadu_ps(acc.as_ptr().add(base + 8 * c));
+        }
+        for (&p, row) in weights.iter().zip(rows) {
+            assert!(base + 8 * C <= row.len());
+            let w = _mm256_set1_ps(p);
+            let v = row.as_ptr().add(base);
+            for (c, reg) in r.iter_mut().enumerate() {
+                *reg = _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * c)), *reg);
+            }
+        }
+        for (c, reg) in r.iter().enumerate() {
+            _mm256_storeu_ps(acc.as_mut_ptr().add(base + 8 * c), *reg);
+        }
+    }
+}
+
+/// The dot product in 256-bit registers (the portable lanes of `dot` compile to 64-bit
+/// pieces here): two accumulators, one horizontal sum.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut i = 0;
+    let mut tail = 0f32;
+    // SAFETY (all loads): i + 8 <= n or i + 16 <= n elements of both slices.
+    unsafe {
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        while i + 16 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), s1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
+            i += 8;
+        }
+        let s = _mm256_add_ps(s0, s1);
+        let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        let q = _mm_add_ss(q, _mm_movehdup_ps(q));
+        for j in i..n {
+            tail = a[j].mul_add(b[j], tail);
+        }
+        _mm_cvtss_f32(q) + tail
     }
 }
 
@@ -104,7 +208,8 @@ unsafe fn run_avx2<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace, st
 
 #[inline(always)]
 fn dot<A: Arith>(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
+    // one vector register of lanes (AVX2), reduced once at the end
+    const L: usize = 8;
     let mut lanes = [0f32; L];
     let (ac, bc) = (a.chunks_exact(L), b.chunks_exact(L));
     let mut tail = 0f32;
@@ -112,18 +217,26 @@ fn dot<A: Arith>(a: &[f32], b: &[f32]) -> f32 {
         tail = A::fma(*x, *y, tail);
     }
     for (x, y) in ac.zip(bc) {
+        let (x, y): (&[f32; L], &[f32; L]) = (x.try_into().unwrap(), y.try_into().unwrap());
         for i in 0..L {
             lanes[i] = A::fma(x[i], y[i], lanes[i]);
         }
     }
-    let mut width = L / 2;
-    while width > 0 {
-        for i in 0..width {
-            lanes[i] += lanes[i + width];
+    let (lo, hi) = lanes.split_at(L / 2);
+    let quad = [lo[0] + hi[0], lo[1] + hi[1], lo[2] + hi[2], lo[3] + hi[3]];
+    (quad[0] + quad[2]) + (quad[1] + quad[3]) + tail
+}
+
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            lanes[i] += c[i];
         }
-        width /= 2;
     }
-    lanes[0] + tail
+    lanes.iter().chain(chunks.remainder()).sum()
 }
 
 #[inline(always)]
@@ -149,15 +262,14 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
                 E::load(&input.v_pool[a..a + d], &mut work.v[i * d..(i + 1) * d]);
             }
         }
-        let (k_tile, v_tile) = (&work.k, &work.v);
-        let key = |i: usize| match direct {
-            Some((k, _)) => &k[at(tile_slots[i])..at(tile_slots[i]) + d],
-            None => &k_tile[i * d..(i + 1) * d],
-        };
-        let value = |i: usize| match direct {
-            Some((_, v)) => &v[at(tile_slots[i])..at(tile_slots[i]) + d],
-            None => &v_tile[i * d..(i + 1) * d],
-        };
+        let mut key_rows: [&[f32]; TILE] = [&[]; TILE];
+        let mut value_rows: [&[f32]; TILE] = [&[]; TILE];
+        for (i, &slot) in tile_slots.iter().enumerate() {
+            (key_rows[i], value_rows[i]) = match direct {
+                Some((k, v)) => (&k[at(slot)..at(slot) + d], &v[at(slot)..at(slot) + d]),
+                None => (&work.k[i * d..(i + 1) * d], &work.v[i * d..(i + 1) * d]),
+            };
+        }
         for (r, row) in state.chunks_exact_mut(stride).take(rows).enumerate() {
             // the keys of this tile the row sees: a window ending at its own
             let own = input.positions[r] as usize;
@@ -170,28 +282,23 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
             let scores = &mut work.scores[..hi - lo];
             let mut tile_max = f32::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate() {
-                *s = dot::<A>(q, key(lo - start + j));
+                *s = A::dot(q, key_rows[lo - start + j]);
                 tile_max = tile_max.max(*s);
             }
             let (head, acc) = row.split_at_mut(STATE_HEADER);
             let max = head[0].max(tile_max);
             // exp(-inf) is 0: the first tile a row sees scales nothing in
             let rescale = exp_nonpositive(head[0] - max);
-            let mut sum = head[1] * rescale;
             for s in scores.iter_mut() {
                 *s = exp_nonpositive(*s - max);
-                sum += *s;
             }
+            let sum = head[1] * rescale + lane_sum(scores);
             if rescale != 1.0 {
                 for a in acc.iter_mut() {
                     *a *= rescale;
                 }
             }
-            for (j, &p) in scores.iter().enumerate() {
-                for (a, &x) in acc.iter_mut().zip(value(lo - start + j)) {
-                    *a = A::fma(p, x, *a);
-                }
-            }
+            A::accumulate(acc, scores, &value_rows[lo - start..hi - start]);
             head[0] = max;
             head[1] = sum;
         }

@@ -37,7 +37,7 @@ fn plans() -> impl Strategy<Value = Plan> {
     (
         1usize..=3,
         prop::sample::select(vec![1usize, 2, 4, 8]),
-        prop::sample::select(vec![8usize, 20, 32, 64, 128]),
+        prop::sample::select(vec![8usize, 20, 24, 32, 48, 64, 128]),
         prop::collection::vec(request, 1..5),
         prop::option::of(1usize..64),
         1usize..=3,
