@@ -1,6 +1,7 @@
-//! The inner loop of one task: a block of query rows (the query heads of one KV head, for
-//! a few consecutive tokens of one request) over a range of that request's keys, read in
-//! place from the pool a tile at a time, with an online softmax. The result is a partial
+//! The inner loop of one task: a block of query rows (every query head of a few
+//! consecutive tokens of one request) over a range of that request's keys, read in place
+//! from the pool a tile at a time (a slot's keys of all KV heads are contiguous, so a tile
+//! reads whole slot rows), with an online softmax. The result is a partial
 //! state per row (running max, running sum, unnormalised output) that `merge` combines
 //! with the other tasks of the same rows.
 //!
@@ -19,16 +20,17 @@ pub(super) const STATE_HEADER: usize = 2;
 
 /// What one task reads.
 pub(super) struct TaskInput<'a, E> {
-    /// `[rows, head_dim]`, already multiplied by the softmax scale.
+    /// `[tokens * num_heads, head_dim]` (row `r` is token `r / num_heads`, head
+    /// `r % num_heads`), already multiplied by the softmax scale.
     pub queries: &'a [f32],
-    /// Per row: the index of its query's own key in `slots` (its position).
+    /// Per token: the index of its own key in `slots` (its position).
     pub positions: &'a [u32],
     /// The request's KV slots, in position order.
     pub slots: &'a [u32],
     pub keys: std::ops::Range<usize>,
     pub k_pool: &'a [E],
     pub v_pool: &'a [E],
-    pub kv_head: usize,
+    pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
     /// Keys a query sees, counting its own: `usize::MAX` without a sliding window.
@@ -45,12 +47,13 @@ pub(super) struct Workspace {
 }
 
 impl Workspace {
-    pub fn new(head_dim: usize) -> Self {
+    /// For slot rows of `row` elements (KV heads times head_dim).
+    pub fn new(row: usize) -> Self {
         Workspace {
             queries: Vec::new(),
             positions: Vec::new(),
-            k: vec![0.0; TILE * head_dim],
-            v: vec![0.0; TILE * head_dim],
+            k: vec![0.0; TILE * row],
+            v: vec![0.0; TILE * row],
             scores: vec![0.0; TILE],
         }
     }
@@ -64,11 +67,12 @@ trait Arith: Sized {
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         dot::<Self>(a, b)
     }
-    /// `acc += sum_j weights[j] * rows[j]`.
+    /// `acc += sum_j weights[j] * rows[j][offset..offset + len(acc)]`.
     #[inline(always)]
-    fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]]) {
+    fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]], offset: usize) {
+        let len = acc.len();
         for (&p, v) in weights.iter().zip(rows) {
-            for (a, &x) in acc.iter_mut().zip(v.iter()) {
+            for (a, &x) in acc.iter_mut().zip(&v[offset..offset + len]) {
                 *a = Self::fma(p, x, *a);
             }
         }
@@ -97,24 +101,25 @@ impl Arith for Fused {
         unsafe { dot_avx2(a, b) }
     }
     #[inline(always)]
-    fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]]) {
+    fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]], offset: usize) {
         if acc.len() % 8 != 0 {
+            let len = acc.len();
             for (&p, v) in weights.iter().zip(rows) {
-                for (a, &x) in acc.iter_mut().zip(v.iter()) {
+                for (a, &x) in acc.iter_mut().zip(&v[offset..offset + len]) {
                     *a = p.mul_add(x, *a);
                 }
             }
             return;
         }
         let mut base = 0;
-        // SAFETY: as for `dot`; each block stays within `acc` and every row (length d).
+        // SAFETY: as for `dot`; each block stays within `acc` and every row (checked there).
         unsafe {
             while base < acc.len() {
                 match (acc.len() - base).min(32) / 8 {
-                    4 => accumulate_avx2::<4>(acc, base, weights, rows),
-                    3 => accumulate_avx2::<3>(acc, base, weights, rows),
-                    2 => accumulate_avx2::<2>(acc, base, weights, rows),
-                    _ => accumulate_avx2::<1>(acc, base, weights, rows),
+                    4 => accumulate_avx2::<4>(acc, base, weights, rows, offset),
+                    3 => accumulate_avx2::<3>(acc, base, weights, rows, offset),
+                    2 => accumulate_avx2::<2>(acc, base, weights, rows, offset),
+                    _ => accumulate_avx2::<1>(acc, base, weights, rows, offset),
                 }
                 base += 32;
             }
@@ -122,12 +127,18 @@ impl Arith for Fused {
     }
 }
 
-/// `acc[base..base + 8C] += sum_j weights[j] * rows[j][base..base + 8C]`, the C vectors of
+/// `acc[base..base + 8C] += sum_j weights[j] * rows[j][offset + base..][..8C]`, the C vectors of
 /// the accumulator held in registers across the rows (independent FMA chains).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn accumulate_avx2<const C: usize>(acc: &mut [f32], base: usize, weights: &[f32], rows: &[&[f32]]) {
+unsafe fn accumulate_avx2<const C: usize>(
+    acc: &mut [f32],
+    base: usize,
+    weights: &[f32],
+    rows: &[&[f32]],
+    offset: usize,
+) {
     use std::arch::x86_64::*;
     assert!(base + 8 * C <= acc.len());
     // SAFETY: base + 8C <= len of acc, and of every row (checked below).
@@ -137,9 +148,9 @@ unsafe fn accumulate_avx2<const C: usize>(acc: &mut [f32], base: usize, weights:
             *reg = _mm256_loadu_ps(acc.as_ptr().add(base + 8 * c));
         }
         for (&p, row) in weights.iter().zip(rows) {
-            assert!(base + 8 * C <= row.len());
+            assert!(offset + base + 8 * C <= row.len());
             let w = _mm256_set1_ps(p);
-            let v = row.as_ptr().add(base);
+            let v = row.as_ptr().add(offset + base);
             for (c, reg) in r.iter_mut().enumerate() {
                 *reg = _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * c)), *reg);
             }
@@ -242,8 +253,10 @@ fn lane_sum(xs: &[f32]) -> f32 {
 #[inline(always)]
 fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, state: &mut [f32]) {
     let d = input.head_dim;
+    let row_len = input.num_kv_heads * d; // one slot: every KV head
+    let group = input.num_heads / input.num_kv_heads;
     let stride = STATE_HEADER + d;
-    let rows = input.positions.len();
+    let rows = input.positions.len() * input.num_heads;
     for row in state.chunks_exact_mut(stride).take(rows) {
         row[0] = f32::NEG_INFINITY;
         row[1..].fill(0.0);
@@ -252,37 +265,38 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
     while start < input.keys.end {
         let n = TILE.min(input.keys.end - start);
         let tile_slots = &input.slots[start..start + n];
-        let at = |slot: u32| (slot as usize * input.num_kv_heads + input.kv_head) * d;
         // f32 pools are read in place; others are widened a tile at a time
         let direct = E::as_f32(input.k_pool).zip(E::as_f32(input.v_pool));
         if direct.is_none() {
             for (i, &slot) in tile_slots.iter().enumerate() {
-                let a = at(slot);
-                E::load(&input.k_pool[a..a + d], &mut work.k[i * d..(i + 1) * d]);
-                E::load(&input.v_pool[a..a + d], &mut work.v[i * d..(i + 1) * d]);
+                let a = slot as usize * row_len;
+                E::load(&input.k_pool[a..a + row_len], &mut work.k[i * row_len..(i + 1) * row_len]);
+                E::load(&input.v_pool[a..a + row_len], &mut work.v[i * row_len..(i + 1) * row_len]);
             }
         }
         let mut key_rows: [&[f32]; TILE] = [&[]; TILE];
         let mut value_rows: [&[f32]; TILE] = [&[]; TILE];
         for (i, &slot) in tile_slots.iter().enumerate() {
+            let a = slot as usize * row_len;
             (key_rows[i], value_rows[i]) = match direct {
-                Some((k, v)) => (&k[at(slot)..at(slot) + d], &v[at(slot)..at(slot) + d]),
-                None => (&work.k[i * d..(i + 1) * d], &work.v[i * d..(i + 1) * d]),
+                Some((k, v)) => (&k[a..a + row_len], &v[a..a + row_len]),
+                None => (&work.k[i * row_len..(i + 1) * row_len], &work.v[i * row_len..(i + 1) * row_len]),
             };
         }
         for (r, row) in state.chunks_exact_mut(stride).take(rows).enumerate() {
             // the keys of this tile the row sees: a window ending at its own
-            let own = input.positions[r] as usize;
+            let own = input.positions[r / input.num_heads] as usize;
             let lo = (own + 1).saturating_sub(input.window).max(start);
             let hi = (own + 1).min(start + n);
             if lo >= hi {
                 continue;
             }
+            let offset = (r % input.num_heads) / group * d; // its KV head within a slot row
             let q = &input.queries[r * d..(r + 1) * d];
             let scores = &mut work.scores[..hi - lo];
             let mut tile_max = f32::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate() {
-                *s = A::dot(q, key_rows[lo - start + j]);
+                *s = A::dot(q, &key_rows[lo - start + j][offset..offset + d]);
                 tile_max = tile_max.max(*s);
             }
             let (head, acc) = row.split_at_mut(STATE_HEADER);
@@ -298,7 +312,7 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
                     *a *= rescale;
                 }
             }
-            A::accumulate(acc, scores, &value_rows[lo - start..hi - start]);
+            A::accumulate(acc, scores, &value_rows[lo - start..hi - start], offset);
             head[0] = max;
             head[1] = sum;
         }

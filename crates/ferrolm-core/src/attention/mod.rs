@@ -13,11 +13,11 @@
 //! KV head `h / (num_heads / num_kv_heads)` (grouped-query attention). Everything is
 //! computed in f32 with an online softmax.
 //!
-//! The work is cut into tasks of (request, KV head, block of queries, block of keys): a
-//! query block holds the query heads of one KV head for a few tokens (for a decode, the
-//! group of one token), and a long context is split into key blocks when the step would
-//! otherwise have fewer tasks than threads can share, so one long request does not
-//! serialize the step. Tasks run on scoped threads (the caller's thread among them), the
+//! The work is cut into tasks of (request, block of queries, block of keys): a query block
+//! holds every query head of a few tokens (for a decode, one token), so a task reads each
+//! slot's keys and values of all KV heads at once, contiguous in the pool; a long context
+//! is split into key blocks when the step would otherwise have fewer tasks than threads
+//! can share, so one long request does not serialize the step. Tasks run on scoped threads (the caller's thread among them), the
 //! largest first; each leaves a partial softmax state per row, and the partials of a row
 //! are merged at the end.
 
@@ -169,11 +169,10 @@ pub fn write_kv<E: KvElem>(
     Ok(())
 }
 
-/// One unit of output rows: a query block of one request and one KV head, over the keys
-/// any of its queries sees; its tasks are `tasks[first_task..first_task + num_tasks]`.
+/// One unit of output rows: a query block of one request (every head of its tokens), over
+/// the keys any of its queries sees; its tasks are `tasks[first_task..first_task + num_tasks]`.
 struct Unit {
     request: usize,
-    kv_head: usize,
     tokens: std::ops::Range<usize>,
     first_task: usize,
     num_tasks: usize,
@@ -187,7 +186,8 @@ struct Task {
     work: usize,
 }
 
-/// Query rows per task at most (queries of a block times the heads of a group).
+/// Query rows per task at most (tokens of a block times the query heads), unless one
+/// token has more heads.
 const ROWS_PER_TASK: usize = 64;
 /// Keys per task at least, when a context is split.
 const MIN_KEYS_PER_TASK: usize = 256;
@@ -215,7 +215,6 @@ pub fn attend<E: KvElem>(
 ) -> Result<(), AttentionError> {
     check_geometry(&geometry)?;
     let Geometry { num_heads, num_kv_heads, head_dim: d } = geometry;
-    let group = num_heads / num_kv_heads;
     let num_slots = pool_slots(&geometry, k_pool.len(), v_pool.len())?;
     let num_tokens = step.positions.len();
     let width = num_heads * d;
@@ -264,7 +263,7 @@ pub fn attend<E: KvElem>(
     }
 
     // plan: units of output rows, each cut into tasks over its keys
-    let tokens_per_block = (ROWS_PER_TASK / group).max(1);
+    let tokens_per_block = (ROWS_PER_TASK / num_heads).max(1);
     let mut units = Vec::new();
     let mut spans = Vec::new(); // keys each unit sees
     for b in 0..num_requests {
@@ -274,13 +273,11 @@ pub fn attend<E: KvElem>(
             let block = &step.positions[start..end];
             let first = block.iter().min().map_or(0, |&p| (p as usize + 1).saturating_sub(window));
             let last = block.iter().max().map_or(0, |&p| p as usize + 1);
-            for kv_head in 0..num_kv_heads {
-                units.push(Unit { request: b, kv_head, tokens: start..end, first_task: 0, num_tasks: 0 });
-                spans.push(first..last);
-            }
+            units.push(Unit { request: b, tokens: start..end, first_task: 0, num_tasks: 0 });
+            spans.push(first..last);
         }
     }
-    let rows_of = |u: &Unit| u.tokens.len() * group;
+    let rows_of = |u: &Unit| u.tokens.len() * num_heads;
     let total_work: usize = units.iter().zip(&spans).map(|(u, s)| rows_of(u) * s.len()).sum();
     let threads = match options.num_threads {
         0 => available_threads(),
@@ -292,7 +289,7 @@ pub fn attend<E: KvElem>(
     let mut tasks = Vec::new();
     let mut scratch_len = 0;
     for (index, (unit, span)) in units.iter_mut().zip(&spans).enumerate() {
-        let rows = unit.tokens.len() * group;
+        let rows = unit.tokens.len() * num_heads;
         let work = rows * span.len();
         let pieces = work.div_ceil(task_work).max(1);
         let mut keys = span.len().div_ceil(pieces).next_multiple_of(TILE).max(MIN_KEYS_PER_TASK);
@@ -327,7 +324,7 @@ pub fn attend<E: KvElem>(
         pieces.sort_by_key(|(i, _)| std::cmp::Reverse(tasks[*i].work));
         let queue = Mutex::new(pieces.into_iter());
         let worker = || {
-            let mut work = Workspace::new(d);
+            let mut work = Workspace::new(num_kv_heads * d);
             loop {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let Some((i, state)) = next else { break };
@@ -337,13 +334,9 @@ pub fn attend<E: KvElem>(
                 let slots = &step.kv_slots[step.kv_offsets[b] as usize..step.kv_offsets[b + 1] as usize];
                 work.queries.clear();
                 work.positions.clear();
-                for t in unit.tokens.clone() {
-                    let heads = (t * num_heads + unit.kv_head * group) * d;
-                    for q in queries[heads..heads + group * d].chunks_exact(d) {
-                        work.queries.extend(q.iter().map(|x| x * options.scale));
-                        work.positions.push(step.positions[t]);
-                    }
-                }
+                let rows = unit.tokens.start * width..unit.tokens.end * width;
+                work.queries.extend(queries[rows].iter().map(|x| x * options.scale));
+                work.positions.extend_from_slice(&step.positions[unit.tokens.clone()]);
                 let (qs, ps) = (std::mem::take(&mut work.queries), std::mem::take(&mut work.positions));
                 let input = TaskInput {
                     queries: &qs,
@@ -352,7 +345,7 @@ pub fn attend<E: KvElem>(
                     keys: task.keys.clone(),
                     k_pool,
                     v_pool,
-                    kv_head: unit.kv_head,
+                    num_heads,
                     num_kv_heads,
                     head_dim: d,
                     window,
@@ -380,9 +373,9 @@ pub fn attend<E: KvElem>(
         let rows = rows_of(unit);
         let parts = &tasks[unit.first_task..unit.first_task + unit.num_tasks];
         for r in 0..rows {
-            let t = unit.tokens.start + r / group;
-            let head = unit.kv_head * group + r % group;
-            let dst = &mut out[(t * num_heads + head) * d..(t * num_heads + head + 1) * d];
+            // rows are (token, head) in order, as in `out`
+            let at = unit.tokens.start * width + r * d;
+            let dst = &mut out[at..at + d];
             let state_of = |p: &Task| &scratch[p.state + r * stride..p.state + (r + 1) * stride];
             let max = parts.iter().map(|p| state_of(p)[0]).fold(f32::NEG_INFINITY, f32::max);
             dst.fill(0.0);
