@@ -191,8 +191,10 @@ struct Task {
 const ROWS_PER_TASK: usize = 64;
 /// Keys per task at least, when a context is split.
 const MIN_KEYS_PER_TASK: usize = 256;
-/// Below this many row-key products in all, threads cost more than they save.
-const MIN_PARALLEL_WORK: usize = 1 << 14;
+/// Below this many row-key products in all (well under a millisecond of one core's work),
+/// a helper thread costs more than it saves: spawning it and, on a busy machine, waiting
+/// for it to be scheduled.
+const MIN_PARALLEL_WORK: usize = 1 << 17;
 /// Tasks per thread aimed at when contexts are split (for balance).
 const TASKS_PER_THREAD: usize = 4;
 

@@ -199,18 +199,21 @@ proptest! {
 }
 
 #[test]
-fn one_long_request_is_split_across_threads_and_agrees() {
-    // a single decode over 5,000 keys: split into several tasks, merged, same answer
+fn long_contexts_are_split_across_threads_and_agree() {
+    // enough work for threads: a single decode over 20,000 keys (split into key blocks on
+    // several threads, merged), then decodes beside a prefill chunk over a cached prefix
     let plan = Plan {
         geometry: Geometry { num_heads: 8, num_kv_heads: 2, head_dim: 64 },
-        requests: vec![(5000, 1)],
+        requests: vec![(20_000, 1)],
         window: None,
         threads: 4,
         max_keys: None,
         seed: 7,
     };
     check_plan::<f16>(&plan).unwrap();
-    check_plan::<f32>(&Plan { window: Some(3000), ..plan }).unwrap();
+    check_plan::<f32>(&Plan { window: Some(15_000), ..plan.clone() }).unwrap();
+    let mixed = vec![(6_000, 1), (6_000, 1), (3_000, 40), (6_000, 1)];
+    check_plan::<bf16>(&Plan { requests: mixed, threads: 2, ..plan }).unwrap();
 }
 
 #[test]
