@@ -67,6 +67,11 @@ trait Arith: Sized {
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         dot::<Self>(a, b)
     }
+    /// `q` against four keys at once.
+    #[inline(always)]
+    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        k.map(|k| Self::dot(q, k))
+    }
     /// `acc += sum_j weights[j] * rows[j][offset..offset + len(acc)]`.
     #[inline(always)]
     fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]], offset: usize) {
@@ -101,6 +106,14 @@ impl Arith for Fused {
         unsafe { dot_avx2(a, b) }
     }
     #[inline(always)]
+    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        if q.len() % 8 != 0 {
+            return k.map(|k| Self::dot(q, k));
+        }
+        // SAFETY: as for `dot`.
+        unsafe { dot4_avx2(q, k) }
+    }
+    #[inline(always)]
     fn accumulate(acc: &mut [f32], weights: &[f32], rows: &[&[f32]], offset: usize) {
         if acc.len() % 8 != 0 {
             let len = acc.len();
@@ -124,6 +137,40 @@ impl Arith for Fused {
                 base += 32;
             }
         }
+    }
+}
+
+/// Four dot products of one query row, reduced together: the horizontal sums, which cost
+/// as much as the products at head_dim 32, are shared by the four (`q.len()` a multiple
+/// of 8).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n = q.len();
+    for row in &k {
+        assert!(row.len() >= n);
+    }
+    // SAFETY: i + 8 <= n <= the length of q and of every key row.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(q.as_ptr().add(i));
+            for (a, row) in acc.iter_mut().zip(&k) {
+                *a = _mm256_fmadd_ps(x, _mm256_loadu_ps(row.as_ptr().add(i)), *a);
+            }
+            i += 8;
+        }
+        // [a0+a1, a2+a3 | b0+b1, b2+b3 ...] twice, then the two 128-bit halves
+        let ab = _mm256_hadd_ps(acc[0], acc[1]);
+        let cd = _mm256_hadd_ps(acc[2], acc[3]);
+        let abcd = _mm256_hadd_ps(ab, cd);
+        let sums = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), sums);
+        out
     }
 }
 
@@ -294,11 +341,17 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
             let offset = (r % input.num_heads) / group * d; // its KV head within a slot row
             let q = &input.queries[r * d..(r + 1) * d];
             let scores = &mut work.scores[..hi - lo];
-            let mut tile_max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = A::dot(q, &key_rows[lo - start + j][offset..offset + d]);
-                tile_max = tile_max.max(*s);
+            let keys = &key_rows[lo - start..hi - start];
+            let key = |j: usize| &keys[j][offset..offset + d];
+            let done = scores.len() / 4 * 4;
+            for (c, four) in scores[..done].chunks_exact_mut(4).enumerate() {
+                let j = 4 * c;
+                four.copy_from_slice(&A::dot4(q, [key(j), key(j + 1), key(j + 2), key(j + 3)]));
             }
+            for (j, s) in scores.iter_mut().enumerate().skip(done) {
+                *s = A::dot(q, key(j));
+            }
+            let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let (head, acc) = row.split_at_mut(STATE_HEADER);
             let max = head[0].max(tile_max);
             // exp(-inf) is 0: the first tile a row sees scales nothing in
