@@ -85,10 +85,12 @@ def test_an_engine_that_dies_fails_its_requests_and_ends_the_server() -> None:
 
 
 def test_overload_is_429_when_full_and_503_after_waiting_too_long() -> None:
-    # the queue timeout leaves a window wide enough to see the waiter queued on a busy machine
-    flags = ("--max-running-requests", "1", "--max-queued-requests", "2", "--queue-timeout", "3")
+    # the queue timeout leaves a window wide enough to see the waiter queued on a busy machine,
+    # and the hog (the model's whole context) outlasts it even on an idle one: with the
+    # attention kernel the tiny model decodes 3000 tokens in about 3 s there
+    flags = ("--max-running-requests", "1", "--max-queued-requests", "2", "--queue-timeout", "2")
     with running_server(*flags) as server:
-        long = {"prompt": "hog", "max_tokens": 3000, "ignore_eos": True}
+        long = {"prompt": "hog", "max_tokens": 4000, "ignore_eos": True}
         hog = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=long, timeout=60))
         hog.start()
         try:

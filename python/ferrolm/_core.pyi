@@ -28,6 +28,8 @@ __all__ = [
     "Matcher",
     "fill_next_token_bitmask_batch",
     "json_schema_normalized",
+    "write_kv",
+    "paged_attention",
 ]
 __version__: str
 
@@ -446,3 +448,51 @@ def json_schema_normalized(schema: str) -> str:
     within the document resolved to ``#/$defs/<JSON pointer of its target>``. For tools
     that follow the engine, e.g. writing a document's members in the order it generates
     them. Raises ``InvalidInputError`` (field ``json_schema``) on text that is not JSON."""
+def write_kv(
+    k_pool: npt.NDArray[np.generic],
+    v_pool: npt.NDArray[np.generic],
+    out_slots: npt.ArrayLike,
+    keys: npt.NDArray[np.float32],
+    values: npt.NDArray[np.float32],
+) -> None:
+    """Stores a step's new keys and values (``float32[T, kv_heads, head_dim]`` each) into
+    slots ``out_slots`` (``[T]``) of one layer's pool (``[num_slots, kv_heads, head_dim]``,
+    float32, float16 or ``ml_dtypes.bfloat16``; rounded to nearest even when narrower).
+
+    Every array is used in place and must be C-contiguous; the pools must be writable and
+    not share memory. A wrong type, shape or slot raises ``InvalidInputError`` naming the
+    argument.
+    """
+
+def paged_attention(
+    queries: npt.NDArray[np.float32],
+    k_pool: npt.NDArray[np.generic],
+    v_pool: npt.NDArray[np.generic],
+    positions: npt.ArrayLike,
+    qo_offsets: npt.ArrayLike,
+    kv_slots: npt.ArrayLike,
+    kv_offsets: npt.ArrayLike,
+    out: npt.NDArray[np.float32],
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    num_threads: int | None = None,
+) -> None:
+    """Attention of a step's queries over one layer's KV pool, read in place (no gather,
+    no padding), written into ``out``.
+
+    ``queries`` and ``out`` are ``float32[T, heads, head_dim]``; the pools are
+    ``[num_slots, kv_heads, head_dim]`` in float32, float16 or bfloat16 (computed in
+    float32), ``heads`` a multiple of ``kv_heads`` (query head ``h`` reads KV head
+    ``h // (heads // kv_heads)``). The columns are the engine's: request ``b``'s queries
+    are ``queries[qo_offsets[b]:qo_offsets[b + 1]]`` and it attends to the slots
+    ``kv_slots[kv_offsets[b]:kv_offsets[b + 1]]`` in position order; query ``t`` sits at
+    index ``positions[t]`` there and sees the keys up to it, or only the last
+    ``sliding_window`` of them (its own included). Scores are multiplied by ``scale``.
+    The step's own keys and values must already be in the pool (``write_kv``).
+
+    The work is shared by ``num_threads`` threads (default: the machine's CPUs), split by
+    request, KV head, block of queries and block of keys. Arrays must be C-contiguous and
+    ``out`` must not share memory with the inputs; a wrong type, shape, offset, slot or
+    position raises ``InvalidInputError`` naming the argument.
+    """

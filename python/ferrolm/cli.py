@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ferrolm.bench import attention as bench_attention
 from ferrolm.bench import constraint as bench_constraint
 from ferrolm.bench import engine as bench_engine
 from ferrolm.bench import gpu as bench_gpu
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_serve.add_parser(bench_sub)
     bench_constraint.add_parser(bench_sub)
     bench_gpu.add_parser(bench_sub)
+    bench_attention.add_parser(bench_sub)
     _add_generate(sub)
     _add_serve(sub)
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@
 //! assert_eq!(freed.len(), 4);
 //! ```
 
+pub mod attention;
 pub mod detok;
 pub mod engine;
 pub mod radix;

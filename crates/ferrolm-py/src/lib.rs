@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod attention;
 mod constraint;
 mod convert;
 mod engine;
@@ -18,6 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     radix::init(m)?;
     engine::init(m)?;
     constraint::init(m)?;
+    attention::init(m)?;
     Ok(())
 }
 

@@ -7,6 +7,7 @@ flat arrays plus offsets, so it crosses the Rust/Python boundary as a few numpy 
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.rope import apply_rotation, inverse_frequencies, rotation
@@ -41,6 +43,19 @@ def _check_offsets(name: str, offsets: np.ndarray, total: int, data: str) -> Non
 # rows of queries attended at once in a prefill: bounds its score matrix to
 # heads x _QUERY_BLOCK x context floats
 _QUERY_BLOCK = 256
+
+# KV pool element types: name -> numpy dtype (bfloat16 from ml_dtypes)
+def _kv_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name in ("float32", "float16"):
+        return np.dtype(name)
+    raise InvalidInputError(f"kv_cache_dtype must be float32, float16 or bfloat16, got {name!r}")
+
+
+_ATTENTION_BACKENDS = ("kernel", "reference")
 
 _COLUMNS = ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets")
 
@@ -208,6 +223,12 @@ class _AttentionPlan:
         return cls(qo[decodes], slots, hidden, chunks)
 
 
+def _gather(pool: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Rows of a KV pool as float32 (a copy: fancy indexing)."""
+    rows = pool[slots]
+    return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+
+
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
     return (x / np.sqrt(mean_square + np.float32(eps))) * weight
@@ -225,11 +246,32 @@ def _concat_bias(weights: Weights, names: list[str]) -> np.ndarray | None:
 
 
 class NumpyRunner(ModelRunner):
-    """The Llama-family forward in float32 numpy, for CPUs and tests."""
+    """The Llama-family forward in float32 numpy, for CPUs and tests.
 
-    def __init__(self, config: ModelConfig, weights: Weights, num_slots: int) -> None:
+    Attention runs in the Rust core's paged-attention kernel (``attention="kernel"``,
+    reading the pool in place) or in the pure-numpy code below it (``"reference"``: the
+    gather-and-matmul path the kernel is tested against). ``kv_cache_dtype`` is the
+    pool's element type: ``float32`` (exact), ``float16`` or ``bfloat16`` (half the
+    memory; attention is computed in float32 either way). Unset, they come from
+    ``FERROLM_ATTENTION`` and ``FERROLM_KV_CACHE_DTYPE``, else ``kernel`` and ``float32``.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Weights,
+        num_slots: int,
+        *,
+        kv_cache_dtype: str | None = None,
+        attention: str | None = None,
+    ) -> None:
         if num_slots < 1:
             raise InvalidInputError(f"num_slots must be positive, got {num_slots}")
+        attention = attention or os.environ.get("FERROLM_ATTENTION") or "kernel"
+        if attention not in _ATTENTION_BACKENDS:
+            raise InvalidInputError(f"attention must be one of {_ATTENTION_BACKENDS}, got {attention!r}")
+        self.attention = attention
+        self.kv_cache_dtype = _kv_dtype(kv_cache_dtype or os.environ.get("FERROLM_KV_CACHE_DTYPE") or "float32")
         check_weights(weights, config)
         self.config = config
         self.num_slots = num_slots
@@ -241,8 +283,8 @@ class NumpyRunner(ModelRunner):
         self.inv_freq = inverse_frequencies(c)
         pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
         # the paged KV pool: slot s of layer l holds the key/value of one token
-        self.k_pool = [np.zeros(pool_shape, np.float32) for _ in range(c.num_layers)]
-        self.v_pool = [np.zeros(pool_shape, np.float32) for _ in range(c.num_layers)]
+        self.k_pool = [np.zeros(pool_shape, self.kv_cache_dtype) for _ in range(c.num_layers)]
+        self.v_pool = [np.zeros(pool_shape, self.kv_cache_dtype) for _ in range(c.num_layers)]
 
     @staticmethod
     def _layer(weights: Weights, index: int) -> _Layer:
@@ -271,7 +313,7 @@ class NumpyRunner(ModelRunner):
         self._check(batch)
         c = self.config
         cos, sin = rotation(self.inv_freq, batch.positions)
-        plan = _AttentionPlan.of(batch, c.sliding_window)
+        plan = _AttentionPlan.of(batch, c.sliding_window) if self.attention == "reference" else None
         x = self.embed[batch.input_ids]
         for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
@@ -292,7 +334,7 @@ class NumpyRunner(ModelRunner):
         layer: _Layer,
         h: np.ndarray,
         batch: ForwardBatch,
-        plan: _AttentionPlan,
+        plan: _AttentionPlan | None,
         cos: np.ndarray,
         sin: np.ndarray,
         k_pool: np.ndarray,
@@ -311,20 +353,70 @@ class NumpyRunner(ModelRunner):
             q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
             k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
         q = apply_rotation(q, cos, sin)
-        k_pool[batch.out_slots] = apply_rotation(k, cos, sin)
-        v_pool[batch.out_slots] = v
-
-        out = np.empty((num_new, c.num_heads * c.head_dim), np.float32)
-        q *= np.float32(c.head_dim**-0.5)
-        if plan.decode_rows.size:
-            rows = plan.decode_rows
-            out[rows] = self._attend_decodes(q[rows], k_pool[plan.decode_slots], v_pool[plan.decode_slots], plan.decode_hidden)
-        for q0, q1, slots in plan.chunks:
-            out[q0:q1] = self._attend(q[q0:q1], k_pool[slots], v_pool[slots])
+        k = apply_rotation(k, cos, sin)
+        if plan is None:
+            out = self._attend_kernel(q, k, v, batch, k_pool, v_pool)
+        else:
+            out = self._attend_reference(q, k, v, batch, plan, k_pool, v_pool)
         o = out @ layer.o
         if layer.o_bias is not None:
             o += layer.o_bias
         return o
+
+    def _attend_kernel(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        batch: ForwardBatch,
+        k_pool: np.ndarray,
+        v_pool: np.ndarray,
+    ) -> np.ndarray:
+        """The core's kernel: writes the new keys and values into the pool, then attends
+        over the pool in place. Returns ``[T, heads * d]``."""
+        c = self.config
+        _core.write_kv(k_pool, v_pool, batch.out_slots, np.ascontiguousarray(k), np.ascontiguousarray(v))
+        out = np.empty((q.shape[0], c.num_heads, c.head_dim), np.float32)
+        _core.paged_attention(
+            np.ascontiguousarray(q),
+            k_pool,
+            v_pool,
+            batch.positions,
+            batch.qo_offsets,
+            batch.kv_slots,
+            batch.kv_offsets,
+            out,
+            scale=c.head_dim**-0.5,
+            sliding_window=c.sliding_window,
+        )
+        return out.reshape(q.shape[0], c.num_heads * c.head_dim)
+
+    def _attend_reference(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        batch: ForwardBatch,
+        plan: _AttentionPlan,
+        k_pool: np.ndarray,
+        v_pool: np.ndarray,
+    ) -> np.ndarray:
+        """The pure-numpy path: gathers each request's keys and values out of the pool
+        (decodes padded to the longest) and multiplies. Returns ``[T, heads * d]``."""
+        c = self.config
+        k_pool[batch.out_slots] = k
+        v_pool[batch.out_slots] = v
+
+        out = np.empty((q.shape[0], c.num_heads * c.head_dim), np.float32)
+        q *= np.float32(c.head_dim**-0.5)
+        if plan.decode_rows.size:
+            rows = plan.decode_rows
+            out[rows] = self._attend_decodes(
+                q[rows], _gather(k_pool, plan.decode_slots), _gather(v_pool, plan.decode_slots), plan.decode_hidden
+            )
+        for q0, q1, slots in plan.chunks:
+            out[q0:q1] = self._attend(q[q0:q1], _gather(k_pool, slots), _gather(v_pool, slots))
+        return out
 
     def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """One request: ``q [n, heads, d]`` (pre-scaled) over ``k, v [m, kv_heads, d]``,

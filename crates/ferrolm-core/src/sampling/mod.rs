@@ -3,7 +3,7 @@
 mod params;
 mod rng;
 mod sampler;
-mod simd;
+pub(crate) mod simd;
 
 pub use params::{InvalidParam, SamplingParams, MAX_TOP_LOGPROBS};
 pub use rng::RequestRng;
