@@ -106,7 +106,7 @@ def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(tiny: Loaded
     assert [out[r] for r in rids[:3]] == reference[:3]
     # the sampled request's 4 tokens took logits to the host; the greedy ones' tail did not
     assert 0 < mixed.device_greedy_steps < steps
-    numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy")
+    numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy", kv_cache_dtype="float32")
     [again] = numpy_engine.generate(PROMPTS[3], sampled)
     assert out[rids[3]] == again.token_ids  # the same seeded draws from the same logits
 

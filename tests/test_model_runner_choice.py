@@ -164,3 +164,49 @@ def test_mem_fraction_static_with_the_numpy_runner_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="sizes a CUDA pool") as e:
         Engine("tiny", runner="numpy", mem_fraction_static=0.8)
     assert e.value.field == "mem_fraction_static"
+
+
+def test_kv_cache_dtype_reaches_the_numpy_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from ferrolm.engine import Engine
+    from ferrolm.model import runner_choice
+    from ferrolm.server import args
+
+    assert args.KV_CACHE_DTYPES == runner_choice.KV_CACHE_DTYPES
+    monkeypatch.delenv("FERROLM_KV_CACHE_DTYPE", raising=False)
+    # auto: float16, the bytes the core's attention kernel reads per decode step halved
+    assert Engine("tiny", kv_capacity=64, runner="numpy").runner.k_pool[0].dtype == np.float16
+    exact = Engine("tiny", kv_capacity=64, runner="numpy", kv_cache_dtype="float32")
+    assert exact.runner.k_pool[0].dtype == np.float32 and exact.runner.v_pool[-1].dtype == np.float32
+    monkeypatch.setenv("FERROLM_KV_CACHE_DTYPE", "bfloat16")
+    assert Engine("tiny", kv_capacity=64, runner="numpy").runner.k_pool[0].dtype.name == "bfloat16"
+    with pytest.raises(InvalidInputError) as e:
+        Engine("tiny", kv_capacity=64, runner="numpy", kv_cache_dtype="int8")
+    assert e.value.field == "kv_cache_dtype"
+
+
+def test_kv_cache_dtype_flag_reaches_the_server_args() -> None:
+    import argparse
+
+    from ferrolm.server.args import add_serve_arguments, server_args_from
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert server_args_from(parser.parse_args([]), {}).kv_cache_dtype == "auto"
+    assert server_args_from(parser.parse_args(["--kv-cache-dtype", "float32"]), {}).kv_cache_dtype == "float32"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "int4"])
+
+
+def test_greedy_output_is_the_same_with_a_float16_pool_and_a_float32_one() -> None:
+    from ferrolm.engine import Engine
+    from ferrolm.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+    prompts = ["The radix tree", "Once upon a time, in a land far away", "1 2 3"]
+    half = Engine("tiny", kv_capacity=512, runner="numpy", kv_cache_dtype="float16").generate(prompts, params)
+    full = Engine("tiny", kv_capacity=512, runner="numpy", kv_cache_dtype="float32").generate(prompts, params)
+    # the tiny model's logits are far apart at its argmax; float16 keys and values (about
+    # three decimal digits) do not move it over 16 tokens
+    assert [r.token_ids for r in half] == [r.token_ids for r in full]

@@ -23,7 +23,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     engine = Engine(
         args.model, seed=args.seed, blas_threads=args.blas_threads, runner=args.runner, device=args.device,
-        dtype=args.dtype,
+        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
     )
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,

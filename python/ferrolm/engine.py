@@ -121,6 +121,7 @@ class Engine:
         blas_threads: int | None = None,
         device: str = "auto",
         dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
         device_greedy: bool = True,
         mem_fraction_static: float | None = None,
     ) -> None:
@@ -129,6 +130,10 @@ class Engine:
         precision ``dtype`` is asked for, else the numpy one), built with ``device``
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
+        ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``): the KV pool's
+        element type; ``auto`` is float16 on the numpy runner (its attention kernel reads
+        half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
+        says otherwise, and the runner's ``dtype`` on the torch runner.
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
         its device in steps where every sampling request is plain greedy.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
@@ -153,7 +158,7 @@ class Engine:
         else:
             self.runner = build_runner(
                 loaded, kv_capacity, runner=kind or "auto", device=device, dtype=dtype,
-                mem_fraction_static=mem_fraction_static,
+                kv_cache_dtype=kv_cache_dtype, mem_fraction_static=mem_fraction_static,
             )
             kv_capacity = self.runner.num_slots  # the same, unless sized from memory
         if blas_threads is not None:

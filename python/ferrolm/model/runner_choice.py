@@ -9,12 +9,25 @@ on the CPU in float32 the two compute the same thing, and the numpy runner needs
 
 from __future__ import annotations
 
+import os
+
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import LoadedModel
 from ferrolm.model.runner import ModelRunner, NumpyRunner
 from ferrolm.model.torch_runner import DEVICES, DTYPES, TORCH_MISSING, TorchRunner, cuda_available, torch_available
 
 RUNNERS = ("auto", "numpy", "torch")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def numpy_kv_cache_dtype(kv_cache_dtype: str) -> str:
+    """The numpy runner's pool type for ``kv_cache_dtype``: ``auto`` is
+    ``FERROLM_KV_CACHE_DTYPE`` where set, else float16 (the core's attention kernel reads
+    the pool in place, so half the bytes is what a decode step costs; it computes in
+    float32 all the same)."""
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    return os.environ.get("FERROLM_KV_CACHE_DTYPE") or "float16"
 
 
 def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str = "auto") -> str:
@@ -52,6 +65,7 @@ def build_runner(
     runner: str = "auto",
     device: str = "auto",
     dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
     mem_fraction_static: float | None = None,
 ) -> ModelRunner:
     """The runner for ``model`` with a pool of ``num_slots``, or, with
@@ -59,6 +73,9 @@ def build_runner(
     device's memory holds beside the weights. The torch runner reads the checkpoint from
     ``model.folder`` when ``model`` was loaded without weights."""
     kind = resolve_runner_kind(runner, device, dtype)
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InvalidInputError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}",
+                                "kv_cache_dtype")
     if kind == "numpy":
         if mem_fraction_static is not None:
             raise InvalidInputError(
@@ -67,7 +84,11 @@ def build_runner(
             )
         if not model.weights:
             raise InvalidInputError("the numpy runner needs the model loaded with its weights", "model")
-        return NumpyRunner(model.config, model.weights, num_slots)
+        return NumpyRunner(model.config, model.weights, num_slots, kv_cache_dtype=numpy_kv_cache_dtype(kv_cache_dtype))
+    if kv_cache_dtype != "auto" and kv_cache_dtype != dtype:
+        raise InvalidInputError(
+            f"the torch runner keeps its KV cache in its --dtype ({dtype}); kv_cache_dtype {kv_cache_dtype} "
+            "is for the numpy runner", "kv_cache_dtype")
     slots = None if mem_fraction_static is not None else num_slots
     if model.weights:
         return TorchRunner(

@@ -13,6 +13,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
 RUNNERS = ("auto", "numpy", "torch")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
@@ -42,6 +43,7 @@ class ServerArgs:
     runner: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # numpy runner: float16 (read in place by the core's kernel); torch: its dtype
     mem_fraction_static: float | None = None  # torch on CUDA: KV pool from memory, not max_total_tokens
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
@@ -96,7 +98,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--runner``, ``--device``, ``--dtype``: for ``serve`` and ``generate``."""
+    """``--runner``, ``--device``, ``--dtype``, ``--kv-cache-dtype``: for ``serve`` and
+    ``generate``."""
     parser.add_argument("--runner", choices=RUNNERS, default="auto",
                         help="model runner: numpy (float32, CPU) or torch (CPU or CUDA, any dtype; needs "
                              "pip install 'ferrolm[torch]'); auto: torch where CUDA is present or a half "
@@ -106,6 +109,9 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="auto",
                         help="the torch runner's weights, activations and KV cache; auto: the checkpoint's "
                              "dtype on CUDA, float32 on the CPU")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="the KV pool's element type (attention computes in float32); auto: float16 on the "
+                             "numpy runner (half the bytes its attention kernel reads), the --dtype on torch")
 
 
 def _heartbeat_timeout(text: str) -> float:

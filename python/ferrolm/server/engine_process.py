@@ -311,6 +311,7 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
             runner=args.runner,
             device=args.device,
             dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             mem_fraction_static=args.mem_fraction_static,
         )
     except (FerrolmError, OSError) as e:

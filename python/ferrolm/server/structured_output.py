@@ -61,8 +61,8 @@ def constraint_kwargs(
                               "response_format.json_schema.strict")
         asked.append(("json_schema", "response_format", spec["schema"]))
     if len(asked) > 1:
-        names = [body for _, body, _ in asked]
-        raise bad_request(f"{names[1]}: only one of {', '.join(names)} may be given", names[1])
+        given = [body for _, body, _ in asked]
+        raise bad_request(f"{given[1]}: only one of {', '.join(given)} may be given", given[1])
     supported = _supported()
     for field, body_field, _ in asked:
         if field not in supported:
