@@ -179,7 +179,9 @@ def test_gil_is_released_during_check_invariants(large_tree):
 
 
 def test_gil_is_released_during_large_insert_and_match():
-    n = 8_000_000
+    # long enough that a released GIL shows many beats however fast the allocator is:
+    # 8M tokens took 30 ms in a fresh process but 9 ms after other tests had warmed it
+    n = 32_000_000
     seq = np.random.default_rng(3).integers(0, 100_000, size=n).astype(np.int32)
     kv = np.arange(n, dtype=np.int32)
     t = make_tree("rust")
