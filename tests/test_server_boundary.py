@@ -87,7 +87,14 @@ def test_openai_fields_that_change_nothing_are_accepted(server: RunningServer) -
     completion = client.completions.create(prompt="hi", user="u-1", **kw)
     assert completion.choices[0].finish_reason in ("length", "stop")
     assert set(IGNORED_FIELDS) == {"user", "store", "metadata", "service_tier", "parallel_tool_calls",
-                                   "safety_identifier", "prompt_cache_key"}
+                                   "safety_identifier", "prompt_cache_key", "cache_prompt"}
+    # llama.cpp's clients (and the e2e benchmark against its server) send cache_prompt
+    body = {"model": "tiny", "max_tokens": 4, "temperature": 0, "messages": MSG}
+    cached = post(server, CHAT, {**body, "cache_prompt": True})
+    assert cached.status_code == 200, cached.text
+    assert cached.json()["choices"][0]["message"]["content"] == plain.choices[0].message.content
+    assert post(server, C, {"prompt": "hi", "max_tokens": 2, "cache_prompt": False}).status_code == 200
+    assert_error(post(server, C, {"prompt": "hi", "max_tokens": 2, "cache_prompt": "yes"}), 400, "cache_prompt")
 
 
 def test_assistant_messages_sent_back_as_openai_returns_them(server: RunningServer) -> None:

@@ -36,6 +36,8 @@ IGNORED_FIELDS = {
     "parallel_tool_calls": "meaningful only with tools, which are refused",
     "prompt_cache_key": "a routing hint for OpenAI's cache; the prefix cache here is automatic "
                         "(cache_salt, not this, separates tenants)",
+    "cache_prompt": "llama.cpp's switch for reusing the prompt's KV; the prefix cache here is always "
+                    "on, and cached KV gives the same tokens as computed KV",
 }
 
 # fields other servers accept that this one does not: refused with a reason, not as typos
@@ -104,6 +106,7 @@ class OpenAISampling(_Body):
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     # accepted and ignored (IGNORED_FIELDS)
     user: str | None = None
+    cache_prompt: bool | None = None
 
 
 class CompletionRequest(OpenAISampling):
