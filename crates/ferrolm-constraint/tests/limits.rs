@@ -140,10 +140,18 @@ fn schemas_whose_regex_multiplies_are_refused_quickly_by_size() {
 #[test]
 fn a_schema_regex_too_deep_for_the_parser_is_a_size_limit() {
     let (vocab, _) = small_vocab(&[]);
-    let items: Vec<serde_json::Value> = (0..300).map(|_| serde_json::json!({"type": "integer"})).collect();
-    let schema = serde_json::json!({"type": "array", "prefixItems": items, "items": false}).to_string();
-    let err = compile(&vocab, &schema).unwrap_err();
-    assert!(matches!(&err, ConstraintError::GrammarTooLarge { message } if message.contains("256")), "{err}");
+    // 300 items nest 600 levels, within the limit; 1,000 do not.
+    let items = |n: usize| -> Vec<serde_json::Value> {
+        (0..n).map(|_| serde_json::json!({"type": "integer"})).collect()
+    };
+    let schema =
+        |n: usize| serde_json::json!({"type": "array", "prefixItems": items(n), "items": false}).to_string();
+    assert!(compile(&vocab, &schema(300)).is_ok());
+    let err = compile(&vocab, &schema(1000)).unwrap_err();
+    assert!(
+        matches!(&err, ConstraintError::GrammarTooLarge { message } if message.contains("1024")),
+        "{err}"
+    );
 }
 
 #[test]

@@ -81,7 +81,7 @@ impl ByteDfa {
     fn build_uncached(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
         let invalid = |message: String| invalid_regex(pattern, message);
         let hir = regex_syntax::ParserBuilder::new()
-            .nest_limit(256)
+            .nest_limit(MAX_GROUP_NESTING)
             .utf8(!allow_calls)
             .build()
             .parse(pattern)
@@ -136,6 +136,12 @@ impl ByteDfa {
         Ok(table)
     }
 }
+
+/// Deepest nesting of groups a regex may have. The parser and the HIR are safe at any
+/// depth (they keep their own stacks), but the Thompson compiler recurses: 1024
+/// levels take well under the 2 MiB stack of a spawned thread (tested). Objects with
+/// hundreds of optional members nest two levels per member.
+pub(crate) const MAX_GROUP_NESTING: u32 = 1024;
 
 /// DFAs of at most this many bytes are memoized.
 const MEMO_MAX_DFA_BYTES: usize = 256 << 10;
@@ -338,6 +344,24 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("memory budget"), "{err}");
+    }
+
+    #[test]
+    fn the_deepest_nesting_allowed_compiles_on_a_small_thread_stack() {
+        // The parser counts a group and the alternation in it: two levels each.
+        let depth = MAX_GROUP_NESTING as usize / 2 - 1;
+        let pattern = format!("{}a{}", "(?:b|".repeat(depth), ")".repeat(depth));
+        let dfa = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || ByteDfa::from_regex(&pattern, &RegexOptions::default()).map(|d| d.num_states()))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(dfa.is_ok(), "{dfa:?}");
+        let too_deep = format!("{}a{}", "(?:b|".repeat(depth + 2), ")".repeat(depth + 2));
+        assert!(depth > 500);
+        let err = ByteDfa::from_regex(&too_deep, &RegexOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("nested parentheses"), "{err}");
     }
 
     #[test]

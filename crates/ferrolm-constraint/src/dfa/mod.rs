@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use analysis::strongly_connected_components;
 
 pub use compile::RegexOptions;
+pub(crate) use compile::MAX_GROUP_NESTING;
 
 /// The message of the [`crate::ConstraintError::InvalidRegex`] of a regex that matches
 /// no string at all.

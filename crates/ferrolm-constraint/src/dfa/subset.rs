@@ -22,39 +22,38 @@ pub(super) fn applies(nfa: &NFA) -> bool {
 
 /// The DFA of `nfa` (anchored at the start, accepting where `\z` then a match can be
 /// reached), trimmed to states that can still reach acceptance.
+///
+/// Each state is expanded in one pass over its NFA states, which spreads their byte
+/// ranges over the byte classes (class numbers grow with the byte, so a range is a run
+/// of classes); neighbouring classes usually reach the same NFA states (every letter
+/// inside a string), and the closure and lookup of such a target are done once. The
+/// NFA state sets live in one flat array.
 pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> {
     let started = Instant::now();
     let (classes, num_classes, representative) = super::compile::class_table(nfa.byte_classes());
     let mut closure = Closure::new(nfa.states().len());
-    // Sets are sorted NFA state lists; set k is DFA state k (0 = DEAD = empty set).
-    let mut sets: Vec<Box<[StateID]>> = vec![Box::new([])];
-    let mut ids: FxHashMap<Box<[StateID]>, u32> = FxHashMap::default();
-    ids.insert(Box::new([]), DEAD);
+    let mut sets = SetStore::default();
     let mut transitions = vec![DEAD; num_classes];
     let mut accepting = vec![false];
-    let mut set_bytes = 0usize;
     let mut buffer = Vec::new();
     closure.of(nfa, [nfa.start_anchored()], &mut buffer);
-    let mut intern = |set: &[StateID], sets: &mut Vec<Box<[StateID]>>| -> Result<u32> {
-        if let Some(&id) = ids.get(set) {
-            return Ok(id);
+    let intern = |set: &[StateID], sets: &mut SetStore| -> Result<u32> {
+        let (id, fresh) = sets.intern(set);
+        if fresh {
+            if sets.len() > options.max_states {
+                return Err(too_large(format!("more than {} DFA states", options.max_states)));
+            }
+            if sets.heap_bytes() + sets.len() * num_classes * 4 > options.max_automaton_bytes {
+                return Err(too_large(format!("the DFA exceeds {} bytes", options.max_automaton_bytes)));
+            }
         }
-        set_bytes += std::mem::size_of_val(set);
-        if sets.len() >= options.max_states {
-            return Err(too_large(format!("more than {} DFA states", options.max_states)));
-        }
-        if set_bytes + sets.len() * num_classes * 4 > options.max_automaton_bytes {
-            return Err(too_large(format!("the DFA exceeds {} bytes", options.max_automaton_bytes)));
-        }
-        let id = sets.len() as u32;
-        let set: Box<[StateID]> = set.into();
-        sets.push(set.clone());
-        ids.insert(set, id);
         Ok(id)
     };
     let start = intern(&buffer, &mut sets)?;
     let mut next_to_expand = 1;
-    let mut targets: Vec<StateID> = Vec::new();
+    let mut set: Vec<StateID> = Vec::new();
+    // Per class: the NFA states one byte of it leads to, in the order of `set`.
+    let mut per_class: Vec<Vec<StateID>> = vec![Vec::new(); num_classes];
     while next_to_expand < sets.len() {
         if next_to_expand % 256 == 0 {
             if started.elapsed() > options.timeout {
@@ -62,23 +61,38 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
             }
             crate::budget::check()?;
         }
-        let set = sets[next_to_expand].clone();
+        set.clear();
+        set.extend_from_slice(sets.get(next_to_expand as u32));
         accepting.push(closure.accepts_at_end(nfa, &set));
-        for &byte in &representative {
-            targets.clear();
-            for &id in set.iter() {
-                let next = match nfa.state(id) {
-                    State::ByteRange { trans } => trans.matches_byte(byte).then_some(trans.next),
-                    State::Sparse(sparse) => sparse.matches_byte(byte),
-                    State::Dense(dense) => dense.matches_byte(byte),
-                    _ => None,
-                };
-                targets.extend(next);
+        per_class.iter_mut().for_each(Vec::clear);
+        for &id in &set {
+            match nfa.state(id) {
+                State::ByteRange { trans } => {
+                    spread(&classes, trans.start, trans.end, trans.next, &mut per_class);
+                }
+                State::Sparse(sparse) => {
+                    for trans in sparse.transitions.iter() {
+                        spread(&classes, trans.start, trans.end, trans.next, &mut per_class);
+                    }
+                }
+                State::Dense(dense) => {
+                    for (class, &byte) in representative.iter().enumerate() {
+                        let next = dense.transitions[byte as usize];
+                        if next != StateID::ZERO {
+                            per_class[class].push(next);
+                        }
+                    }
+                }
+                _ => {}
             }
-            let target = if targets.is_empty() {
+        }
+        for class in 0..num_classes {
+            let target = if per_class[class].is_empty() {
                 DEAD
+            } else if class > 0 && per_class[class] == per_class[class - 1] {
+                *transitions.last().expect("the previous class's target")
             } else {
-                closure.of(nfa, targets.iter().copied(), &mut buffer);
+                closure.of(nfa, per_class[class].iter().copied(), &mut buffer);
                 intern(&buffer, &mut sets)?
             };
             transitions.push(target);
@@ -86,6 +100,78 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
         next_to_expand += 1;
     }
     Ok(ByteDfa::from_table(classes, num_classes, transitions, accepting, start))
+}
+
+/// Add `next` to the target lists of the classes of bytes `start..=end`.
+#[inline]
+fn spread(classes: &[u8; 256], start: u8, end: u8, next: StateID, per_class: &mut [Vec<StateID>]) {
+    for class in classes[start as usize]..=classes[end as usize] {
+        per_class[class as usize].push(next);
+    }
+}
+
+/// NFA state sets, each a DFA state (set k is state k; set 0, empty, is [`DEAD`]),
+/// stored end to end in one array and found again by their hash.
+struct SetStore {
+    states: Vec<StateID>,
+    /// Set k is `states[bounds[k]..bounds[k + 1]]`.
+    bounds: Vec<usize>,
+    /// Hash of a set -> the first set with that hash; further ones are chained.
+    by_hash: FxHashMap<u64, u32>,
+    next_same_hash: Vec<u32>,
+}
+
+impl Default for SetStore {
+    fn default() -> Self {
+        let mut store = SetStore {
+            states: Vec::new(),
+            bounds: vec![0],
+            by_hash: FxHashMap::default(),
+            next_same_hash: Vec::new(),
+        };
+        store.intern(&[]);
+        store
+    }
+}
+
+impl SetStore {
+    const NONE: u32 = u32::MAX;
+
+    fn len(&self) -> usize {
+        self.bounds.len() - 1
+    }
+
+    fn get(&self, id: u32) -> &[StateID] {
+        &self.states[self.bounds[id as usize]..self.bounds[id as usize + 1]]
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.states.len() * std::mem::size_of::<StateID>() + self.bounds.len() * 16
+    }
+
+    /// The id of `set`, and whether it is new.
+    fn intern(&mut self, set: &[StateID]) -> (u32, bool) {
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = rustc_hash::FxHasher::default();
+            set.hash(&mut hasher);
+            hasher.finish()
+        };
+        let first = *self.by_hash.get(&hash).unwrap_or(&Self::NONE);
+        let mut candidate = first;
+        while candidate != Self::NONE {
+            if self.get(candidate) == set {
+                return (candidate, false);
+            }
+            candidate = self.next_same_hash[candidate as usize];
+        }
+        let id = self.len() as u32;
+        self.states.extend_from_slice(set);
+        self.bounds.push(self.states.len());
+        self.next_same_hash.push(first);
+        self.by_hash.insert(hash, id);
+        (id, true)
+    }
 }
 
 /// Epsilon closures, with a reusable visited mark.

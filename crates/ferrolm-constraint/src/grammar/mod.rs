@@ -102,9 +102,11 @@ impl Grammar {
             // A generated regex too deep for the parser: a limit, not a bad regex.
             ConstraintError::InvalidRegex { message, .. } if message.contains("nested parentheses") => {
                 ConstraintError::GrammarTooLarge {
-                    message: "the schema's regex nests groups deeper than the regex parser's limit of 256 \
-                              (hundreds of prefixItems, deeply nested combinators)"
-                        .into(),
+                    message: format!(
+                        "the schema's regex nests groups deeper than the limit of {} (hundreds of \
+                         prefixItems, deeply nested combinators)",
+                        crate::dfa::MAX_GROUP_NESTING
+                    ),
                 }
             }
             e => e,

@@ -236,7 +236,7 @@ const FIRST_REF_RULE: usize = 2;
 const SHARED_RULE_BYTES: usize = 4096;
 
 /// A regex nesting groups deeper than this, in a position a call may take, becomes a
-/// rule (the regex parser takes at most 256 levels).
+/// rule (a regex may nest groups at most `MAX_GROUP_NESTING` deep).
 const MAX_INLINE_GROUP_DEPTH: usize = 64;
 
 /// How deeply `regex` nests groups (escapes and character classes skipped).

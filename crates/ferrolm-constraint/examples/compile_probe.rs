@@ -1,0 +1,77 @@
+//! Compile time of JSON Schemas on a real vocabulary, worst first: where the constraint
+//! engine spends its compile time, for profiling (`perf record` this example).
+//!
+//! ```text
+//! cargo run --release --example compile_probe -- o200k_base.tiktoken schema.json...
+//! ```
+//!
+//! Schemas compile once each in the order given, in one process (as `ferrolm bench
+//! constraint` does: rules shared between schemas are memoized process-wide).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrolm_constraint::json_schema::JsonSchemaOptions;
+use ferrolm_constraint::tokenizer_files::from_tiktoken;
+use ferrolm_constraint::Grammar;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("--regex") {
+        // Regexes (one per file): states and CPU time of each DFA alone.
+        for file in args.skip(1) {
+            let pattern = std::fs::read_to_string(&file)?;
+            let cpu_started = thread_cpu_ns();
+            let dfa = ferrolm_constraint::ByteDfa::from_regex(pattern.trim_end(), &Default::default());
+            let ms = (thread_cpu_ns().unwrap_or(0) - cpu_started.unwrap_or(0)) as f64 / 1e6;
+            println!("{file}: {} bytes, {:?} states, {ms:.1} ms", pattern.len(), dfa.map(|d| d.num_states()));
+        }
+        return Ok(());
+    }
+    let path = args.next().ok_or("usage: compile_probe PATH.tiktoken SCHEMA.json...")?;
+    let text = std::fs::read_to_string(&path)?;
+    let mut builder = from_tiktoken(&text)?;
+    let eos = text.lines().count() as u32;
+    builder.add_special_token(eos, b"<|endoftext|>".to_vec()).mark_eos(eos);
+    let vocab = Arc::new(builder.build()?);
+    let options = JsonSchemaOptions::default();
+    let mut rows = Vec::new();
+    for file in args {
+        let schema = std::fs::read_to_string(&file)?;
+        let (started, cpu_started) = (Instant::now(), thread_cpu_ns());
+        let result = Grammar::from_json_schema(vocab.clone(), &schema, &options);
+        // CPU time of this thread where the kernel reports it (steadier on a busy machine).
+        let ms = match (cpu_started, thread_cpu_ns()) {
+            (Some(a), Some(b)) => (b - a) as f64 / 1e6,
+            _ => started.elapsed().as_secs_f64() * 1e3,
+        };
+        let name = std::path::Path::new(&file).file_stem().unwrap_or_default().to_string_lossy().into_owned();
+        rows.push((ms, name, result.err().map(|e| e.to_string())));
+    }
+    let mut compiled: Vec<f64> = rows.iter().filter(|r| r.2.is_none()).map(|r| r.0).collect();
+    compiled.sort_by(f64::total_cmp);
+    if !compiled.is_empty() {
+        let pct = |q: f64| compiled[((compiled.len() - 1) as f64 * q).round() as usize];
+        println!(
+            "compiled {}/{}: p50 {:.1} ms, p95 {:.1} ms, total {:.0} ms",
+            compiled.len(),
+            rows.len(),
+            pct(0.5),
+            pct(0.95),
+            compiled.iter().sum::<f64>()
+        );
+    }
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (ms, name, error) in rows.iter() {
+        let error =
+            error.as_deref().map(|e| format!("  ERROR {}", &e[..e.len().min(90)])).unwrap_or_default();
+        println!("{ms:9.1} ms  {name}{error}");
+    }
+    Ok(())
+}
+
+/// Nanoseconds this thread has run on a CPU (Linux's schedstat), if readable.
+fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
