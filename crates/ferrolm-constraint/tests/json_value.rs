@@ -253,3 +253,40 @@ proptest! {
         prop_assert!(accepts(&grammar, &vocab, eos, &document, &mut rng, true), "{} {}", schema, document);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// Many documents through one grammar: its mask cache, keyed by classes of states
+    /// with the same future, is filled by earlier documents and read by later ones at
+    /// other states of those classes (extra members after any declared one, free-form
+    /// objects at any depth); every mask must still equal trying every token.
+    #[test]
+    fn masks_shared_between_states_of_one_grammar_stay_exact(
+        values in proptest::collection::vec(json_strategy(), 12),
+        seed in any::<u64>(),
+    ) {
+        let (vocab, eos) = vocab();
+        let schema = json!({
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "object"}, "c": {"type": "array"}},
+            "required": ["c"],
+        });
+        let grammar = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &JsonSchemaOptions::default()).unwrap();
+        prop_assert!(grammar.is_recursive());
+        let mut rng = Rng(seed);
+        for (i, value) in values.into_iter().enumerate() {
+            let mut document = serde_json::Map::new();
+            if i % 2 == 0 {
+                document.insert("a".into(), json!("x\"é"));
+            }
+            if i % 3 != 1 {
+                document.insert("b".into(), json!({"k": value.clone(), "b": [value.clone()]}));
+            }
+            document.insert("c".into(), json!([value.clone(), {}]));
+            document.insert(format!("z{i}"), value);
+            let text = Value::Object(document).to_string();
+            prop_assert!(accepts(&grammar, &vocab, eos, &text, &mut rng, true), "{}", text);
+        }
+    }
+}
