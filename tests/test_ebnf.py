@@ -174,3 +174,44 @@ def test_two_grammar_fields_are_refused(server: RunningServer) -> None:
     body = {"prompt": "x", "guided_grammar": NESTED, "ebnf": NESTED}
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_grammar", r.text
+
+
+# ---- the same grammars in xgrammar (where it reads them) accept the same texts ----
+
+DOCUMENTS = {
+    "arithmetic.gbnf": ["1=2\n", "a +b=c\n", "(a+b) *3 = x\n1=1\n", "( a )=b\n", "1=2", "a + b=c\n", "=1\n"],
+    "c.gbnf": ["int main(){return 0;}", "int f(int x){if(x<1){return 1;}else{return x*f(x-1);}}",
+               "int f(){while(a<b){x = -( a+b );}}", "int f(){x = (a+b);}", "int f(){", ""],
+    "chess.gbnf": ["1. e4 e5\n2. Nf3 Nc6\n", "1. d4 d5\n2. c4 dxc4\n3. O-O-O Qxd8+\n", "1. e4 e5\n"],
+    "list.gbnf": ["- one\n", "- a\n- b, c\n", "- \n", "-a\n"],
+    "japanese.gbnf": ["こんにちは", "カタカナ 漢字\nです。", "hello"],
+    "english.gbnf": ["Hello, world!", "a b\tc\n(1+2)=3", "héllo", "a  b"],
+    "json_arr_2023.gbnf": ['[\n1, {"a": [true, "x\\n"]}]', "[\n]", "[]", '[\n"\\x"]'],
+}
+
+
+def test_xgrammar_accepts_the_same_texts() -> None:
+    xgr = pytest.importorskip("xgrammar", reason="xgrammar is an optional peer (the crate's Earley oracle "
+                                                  "checks the same translation without it)")
+    import random
+
+    from xgrammar.testing import _is_grammar_accept_string
+
+    vocab = _core.Vocabulary([bytes([b]) for b in range(256)] + [b"<eos>"], eos_token_ids=[256])
+    rng = random.Random(3)
+    compared = 0
+    for name, documents in DOCUMENTS.items():
+        text = (GRAMMARS / name).read_text()
+        ours, theirs = vocab.ebnf(text), xgr.Grammar.from_ebnf(text)
+        variants = list(documents)
+        for doc in documents:  # near misses: a character dropped, doubled or swapped for another
+            for _ in range(6):
+                i = rng.randrange(len(doc) + 1)
+                variants.append(rng.choice([doc[:i] + doc[i + 1:], doc[:i] + doc[i:i + 1] + doc[i:],
+                                            doc[:i] + rng.choice("a1 ()\n{}[],=-") + doc[i + 1:]]))
+        for doc in variants:
+            m = ours.matcher()
+            accepted = m.accept_string(doc) and m.can_end()
+            assert accepted == _is_grammar_accept_string(theirs, doc), (name, doc)
+            compared += 1
+    assert compared > 200
