@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use common::{random_tokenization, small_vocab, Rng};
 use ferrolm_constraint::{ConstraintError, Grammar, GrammarCache, GrammarSource, Matcher, Vocabulary};
+use proptest::prelude::*;
 use serde_json::Value;
 
 fn grammar_file(name: &str) -> String {
@@ -296,7 +297,10 @@ fn grammars_that_need_lookahead_are_refused_not_run_inexactly() {
 fn rewritten_recursion_runs_as_written() {
     let (vocab, eos) = vocab();
     let mut rng = Rng(15);
-    let cases: [(&str, &[&str], &[&str]); 4] = [
+    let cases: [(&str, &[&str], &[&str]); 6] = [
+        // A rule that is only another rule's name, in a cycle.
+        ("root ::= \"x\" a | \"y\"\na ::= root", &["y", "xy", "xxy"], &["x", ""]),
+        ("root ::= a\na ::= b\nb ::= \"(\" a \")\" | \"z\"", &["z", "(z)", "((z))"], &["(z", "z)"]),
         // Left recursion, directly and through another rule.
         (
             "root ::= e\ne ::= e \"+\" t | t\nt ::= t \"*\" f | f\nf ::= \"(\" e \")\" | [0-9]+",
@@ -390,4 +394,34 @@ fn the_cache_compiles_each_grammar_once() {
     assert!(accepts(&a, &vocab, eos, "{\"a\":[]}", &mut Rng(1), false));
     let bad = GrammarSource::Gbnf("root ::= (".into());
     assert!(matches!(cache.get_or_compile(&bad), Err(ConstraintError::InvalidGrammar { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Text made of grammar syntax, in any order: compiled, or refused with a typed
+    /// error; never a panic.
+    #[test]
+    fn any_text_compiles_or_is_refused(parts in proptest::collection::vec(proptest::sample::select(vec![
+        "root ::= ", "a ::= ", "b ::= ", "root", "a", "b", "\"x\"", "\"\"", "\"(\"", "\")\"", "(", ")", "|", "*", "+",
+        "?", "{2}", "{1,3}", "{0,}", "[a-z]", "[^\"]", ".", "\n", " ", "# c\n", "<", "\\", "\"\\u00e9\"", "::=", "{",
+        "'", "é",
+    ]), 0..24)) {
+        let (vocab, _) = vocab();
+        let text: String = parts.concat();
+        match Grammar::from_gbnf(vocab, &text) {
+            Ok(grammar) => {
+                let mut matcher = Matcher::new(grammar);
+                let mut mask = vec![0u32; matcher.grammar().vocab().bitmask_words()];
+                matcher.fill_next_token_bitmask(&mut mask).unwrap();
+                let _ = matcher.accept_str("x(x)");
+            }
+            Err(
+                ConstraintError::InvalidGrammar { .. }
+                | ConstraintError::UnsupportedGrammar { .. }
+                | ConstraintError::GrammarTooLarge { .. },
+            ) => {}
+            Err(other) => prop_assert!(false, "{text:?}: {other}"),
+        }
+    }
 }

@@ -102,11 +102,14 @@ fn random_node(rng: &mut Rng, depth: u32, rules: usize, refs: bool) -> G {
 }
 
 /// 1 to 4 rules; each has a first alternative without references, so every rule can
-/// finish.
+/// finish, or is another rule by another name (one defined before it).
 fn random_rules(rng: &mut Rng) -> Vec<G> {
     let n = 1 + rng.below(4);
     (0..n)
-        .map(|_| {
+        .map(|k| {
+            if k > 0 && rng.below(6) == 0 {
+                return G::Ref(rng.below(k));
+            }
             let mut alternatives = vec![random_node(rng, 2, n, false)];
             for _ in 0..rng.below(3) {
                 alternatives.push(random_node(rng, 3, n, true));

@@ -16,6 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::dfa::{ByteDfa, DEAD};
+use crate::error::Result;
 use crate::recursive::{Rules, CALL_BASE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,10 +112,12 @@ fn follow_sets(rules: &Rules) -> Vec<Bytes> {
     follow
 }
 
-/// The first place where the engine would have to guess, if any.
-pub(crate) fn find_conflict(rules: &Rules) -> Option<Conflict> {
+/// The first place where the engine would have to guess, if any (`Err` once the
+/// compilation is cancelled).
+pub(crate) fn find_conflict(rules: &Rules) -> Result<Option<Conflict>> {
     let follow = follow_sets(rules);
     for rule in 0..rules.num_rules() as u32 {
+        crate::budget::check()?;
         let dfa = rules.rule(rule);
         for state in 1..dfa.num_states() as u32 {
             let calls = rules.calls_from(rule, state);
@@ -122,27 +125,28 @@ pub(crate) fn find_conflict(rules: &Rules) -> Option<Conflict> {
             for (i, &(callee, _)) in calls.iter().enumerate() {
                 let starts = rules.first(callee);
                 if let Some(byte) = common(starts, &text) {
-                    return Some(Conflict { rule, state, byte, kind: ConflictKind::CallOrText { callee } });
+                    return Ok(Some(Conflict {
+                        rule,
+                        state,
+                        byte,
+                        kind: ConflictKind::CallOrText { callee },
+                    }));
                 }
                 for &(other, _) in &calls[i + 1..] {
                     if let Some(byte) = common(starts, rules.first(other)) {
-                        return Some(Conflict {
-                            rule,
-                            state,
-                            byte,
-                            kind: ConflictKind::TwoCalls { callee, other },
-                        });
+                        let kind = ConflictKind::TwoCalls { callee, other };
+                        return Ok(Some(Conflict { rule, state, byte, kind }));
                     }
                 }
             }
             if rule != 0 && dfa.is_accepting(state) {
                 if let Some(byte) = common(&moves(rules, rule, state), &follow[rule as usize]) {
-                    return Some(Conflict { rule, state, byte, kind: ConflictKind::EndOrGoOn });
+                    return Ok(Some(Conflict { rule, state, byte, kind: ConflictKind::EndOrGoOn }));
                 }
             }
         }
     }
-    None
+    Ok(None)
 }
 
 /// A shortest way into `state` of `rule` from its start, as text (calls written as
@@ -224,24 +228,24 @@ mod tests {
         // `Rules::new` sees only the first caller.
         let r = rules(&[&format!("{} ", call(1)), &call(2), "x ?"]);
         assert!(r.clone().checked().is_ok(), "the local check misses it");
-        let conflict = find_conflict(&r).unwrap();
+        let conflict = find_conflict(&r).unwrap().unwrap();
         assert_eq!((conflict.rule, conflict.byte, conflict.kind), (2, b' ', ConflictKind::EndOrGoOn));
         assert_eq!(conflict.blamed_rule(), 2);
         // With a comma after it, fine.
-        assert_eq!(find_conflict(&rules(&[&format!("{},", call(1)), &call(2), "x ?"])), None);
+        assert_eq!(find_conflict(&rules(&[&format!("{},", call(1)), &call(2), "x ?"])), Ok(None));
     }
 
     #[test]
     fn calls_against_text_and_calls() {
         let r = rules(&[&format!("{}|xy", call(1)), "xz"]);
-        let conflict = find_conflict(&r).unwrap();
+        let conflict = find_conflict(&r).unwrap().unwrap();
         assert_eq!((conflict.rule, conflict.byte), (0, b'x'));
         assert_eq!(conflict.kind, ConflictKind::CallOrText { callee: 1 });
         let r = rules(&[&format!("{}|{}", call(1), call(2)), "xz", "xy"]);
-        assert_eq!(find_conflict(&r).unwrap().kind, ConflictKind::TwoCalls { callee: 1, other: 2 });
+        assert_eq!(find_conflict(&r).unwrap().unwrap().kind, ConflictKind::TwoCalls { callee: 1, other: 2 });
         let name = |k: u32| format!("r{k}");
         let r = rules(&[&format!("ab{}c(?:x|{})", call(1), call(2)), "xz", "xy"]);
-        let conflict = find_conflict(&r).unwrap();
+        let conflict = find_conflict(&r).unwrap().unwrap();
         assert_eq!(example_prefix(&r, conflict.rule, conflict.state, &name), "ab<r1>c");
     }
 }

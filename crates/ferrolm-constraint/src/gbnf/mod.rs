@@ -94,7 +94,7 @@ pub(crate) fn compile(vocab: Arc<Vocabulary>, text: &str) -> Result<Arc<Grammar>
             .collect::<Result<Vec<_>>>()
             .map_err(|e| dfa_error(e, &no_finite_text))?;
         let rules = Rules::new_unchecked(dfas).map_err(|e| dfa_error(e, &no_finite_text))?;
-        let Some(conflict) = find_conflict(&rules) else {
+        let Some(conflict) = find_conflict(&rules)? else {
             let rules = rules.checked().map_err(|e| dfa_error(e, &no_finite_text))?;
             return Ok(Arc::new(Grammar::from_rules(vocab, rules)));
         };

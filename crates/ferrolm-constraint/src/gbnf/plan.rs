@@ -240,6 +240,8 @@ fn enclosing_segment(
     site: &[u32],
     boundary: &impl Fn(&Node) -> bool,
 ) -> Option<(Vec<u32>, usize, usize)> {
+    // A body that is only the reference has no sequence around it.
+    site.last()?;
     let mut ancestors = vec![body];
     for &index in &site[..site.len() - 1] {
         ancestors.push(child(ancestors.last().unwrap(), index));
