@@ -16,7 +16,7 @@
 //! A plan can still be one the engine cannot run exactly (`check.rs`); the caller then
 //! forbids the rule at fault and plans again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ast::{alt, repeat, seq, Def, Node};
 use super::rewrite;
@@ -36,6 +36,9 @@ pub(crate) struct Segment {
     pub first: usize,
     pub last: usize,
 }
+
+/// Segments cut from the sequence at `(definition, path)`: `(first, last)` item ranges.
+type SegmentCuts = HashMap<(usize, Vec<u32>), Vec<(usize, usize)>>;
 
 /// What a plan may not use (each found at fault in an earlier plan).
 #[derive(Debug, Default)]
@@ -90,7 +93,7 @@ pub(crate) fn plan(
         .collect();
     let component = components(&refs);
     let recursive = |d: usize, e: usize| component[d] == component[e];
-    let mut segments: HashMap<(usize, Vec<u32>), Vec<(usize, usize)>> = HashMap::new();
+    let mut segments = SegmentCuts::new();
     for d in (0..defs.len()).filter(|&d| reachable[d]) {
         let mut sites = Vec::new();
         find_sites(&defs[d].body, &mut Vec::new(), &mut |path, e| {
@@ -111,7 +114,7 @@ pub(crate) fn plan(
         }
     }
     // Overlapping segments of one sequence merge (`"(" a "," b ")"`).
-    let mut cut_segments: HashMap<(usize, Vec<u32>), Vec<(usize, usize)>> = HashMap::new();
+    let mut cut_segments = SegmentCuts::new();
     for ((d, path), mut ranges) in segments {
         ranges.sort();
         let mut merged: Vec<(usize, usize)> = Vec::new();
@@ -259,13 +262,7 @@ fn enclosing_segment(
 }
 
 /// The references of `node` outside the segments cut from it.
-fn refs_outside(
-    node: &Node,
-    path: &mut Vec<u32>,
-    def: usize,
-    cuts: &HashMap<(usize, Vec<u32>), Vec<(usize, usize)>>,
-    out: &mut Vec<usize>,
-) {
+fn refs_outside(node: &Node, path: &mut Vec<u32>, def: usize, cuts: &SegmentCuts, out: &mut Vec<usize>) {
     match node {
         Node::Ref(d) => out.push(*d),
         Node::Seq(items) | Node::Alt(items) => {
@@ -303,9 +300,10 @@ fn fallback_cuts(
         let successors: Vec<Vec<usize>> =
             outside.iter().map(|refs| refs.iter().copied().filter(|e| !cut.contains(e)).collect()).collect();
         let component = components(&successors);
-        let mut members: HashMap<usize, Vec<usize>> = HashMap::new();
-        for d in 0..defs.len() {
-            members.entry(component[d]).or_default().push(d);
+        // Ordered, so that the same grammar always gets the same plan.
+        let mut members: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (d, &c) in component.iter().enumerate().take(defs.len()) {
+            members.entry(c).or_default().push(d);
         }
         let cyclic: Vec<Vec<usize>> =
             members.into_values().filter(|m| m.len() > 1 || successors[m[0]].contains(&m[0])).collect();
@@ -337,7 +335,7 @@ fn is_fixed(node: &Node) -> bool {
 struct Builder<'a> {
     defs: &'a [Def],
     nullable: &'a [bool],
-    cut_segments: HashMap<(usize, Vec<u32>), Vec<(usize, usize)>>,
+    cut_segments: SegmentCuts,
     /// Rule number of each definition made a rule.
     def_rules: HashMap<usize, usize>,
     rules: Vec<Rule>,
@@ -353,12 +351,7 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    fn new(
-        defs: &'a [Def],
-        nullable: &'a [bool],
-        cut_segments: HashMap<(usize, Vec<u32>), Vec<(usize, usize)>>,
-        cut_defs: Vec<usize>,
-    ) -> Self {
+    fn new(defs: &'a [Def], nullable: &'a [bool], cut_segments: SegmentCuts, cut_defs: Vec<usize>) -> Self {
         let mut builder = Builder {
             defs,
             nullable,
@@ -597,8 +590,8 @@ mod tests {
         let parsed = parse(text).unwrap();
         let mut defs = parsed.defs;
         let nullable = rewrite::nullable(&defs);
-        for d in 0..defs.len() {
-            defs[d].body = rewrite::without_self_recursion(&Node::Ref(d), &nullable, defs[d].body.clone());
+        for (d, def) in defs.iter_mut().enumerate() {
+            def.body = rewrite::without_self_recursion(&Node::Ref(d), &nullable, def.body.clone());
         }
         plan(&defs, parsed.root, &nullable, &Forbidden::default()).unwrap().unwrap()
     }
