@@ -69,7 +69,8 @@ TEXT = st.one_of(st.text(max_size=30), st.sampled_from(["Hello", "", "\x00", "<|
 # grammars from a fixed list: what compiles (or not) is the constraint engine's to fuzz,
 # and a random regex can be arbitrarily costly to compile
 GRAMMARS = st.sampled_from(["[a-z]{1,3}", "((", "a|b", "", '{"type": "object"}', "{", {"type": "string"},
-                            {"type": "integer", "minimum": 3}, {"type": 5}, {}, 7, None])
+                            {"type": "integer", "minimum": 3}, {"type": 5}, {}, 7, None,
+                            'root ::= "a" | "(" root ")"', "root ::= x"])
 
 SPECIAL: dict[str, st.SearchStrategy[Any]] = {
     "max_tokens": LENGTHS, "max_completion_tokens": LENGTHS, "max_new_tokens": LENGTHS,
@@ -83,11 +84,12 @@ SPECIAL: dict[str, st.SearchStrategy[Any]] = {
                                             st.one_of(st.floats(), st.integers(-200, 200)), max_size=3), nasty),
     "stop": st.one_of(TEXT, st.lists(TEXT, max_size=3), nasty),
     "regex": GRAMMARS, "json_schema": GRAMMARS, "ebnf": GRAMMARS, "guided_json": GRAMMARS, "guided_regex": GRAMMARS,
+    "guided_grammar": GRAMMARS, "grammar": GRAMMARS,
     "guided_choice": st.one_of(st.lists(st.sampled_from(["yes", "no", "", "maybe so"]), max_size=3), GRAMMARS),
     "tools": st.one_of(st.just([]), st.just([{"type": "function"}]), nasty),
     "cache_salt": st.one_of(TEXT, st.text(min_size=500, max_size=600), nasty),
 }
-UNKNOWN = st.sampled_from(["max_tokenz", "lora_path", "guided_grammar", "guided_decoding_backend", "tool_choice",
+UNKNOWN = st.sampled_from(["max_tokenz", "lora_path", "guided_grammars", "guided_decoding_backend", "tool_choice",
                            "logprob_start_len", "image_data", "Temperature", "functions", "x" * 40])
 
 

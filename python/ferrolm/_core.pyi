@@ -391,6 +391,13 @@ class Vocabulary:
         ``InvalidInputError`` (field ``json_schema``) naming it, unless ``lenient``."""
     def json_object(self, *, whitespace: str = "compact", max_whitespace: int = 4) -> Grammar:
         """Any JSON object (``response_format: json_object``)."""
+    def ebnf(self, grammar: str) -> Grammar:
+        """A grammar in GBNF (llama.cpp's notation; also the EBNF xgrammar reads):
+        ``name ::= ...`` rules, the output matching ``root``. Raises ``InvalidInputError``
+        (field ``ebnf``) for a grammar that does not parse or make sense (the message gives
+        the line and column) or that the engine cannot run exactly (the message names the
+        rule and the character where one character of lookahead is not enough);
+        ``grammar`` when too large or slow."""
     def choice(self, choices: list[str]) -> Grammar:
         """Exactly one of ``choices``."""
     def after_trigger(self, trigger: str, then: Grammar) -> Grammar:

@@ -339,6 +339,8 @@ class Engine:
             g = v.json_schema(value, whitespace=params.whitespace, strict=params.json_schema_strict)
         elif kind == "json_object":
             g = v.json_object(whitespace=params.whitespace)
+        elif kind == "ebnf":
+            g = v.ebnf(value)
         else:
             g = v.choice(value)
         if params.structured_after:

@@ -40,6 +40,9 @@ class SamplingParams:
     json_schema_strict: bool = False
     json_object: bool = False
     choice: list[str] | None = None
+    # a grammar in GBNF / EBNF (llama.cpp's notation, which xgrammar also reads): rules
+    # `name ::= ...`, the output matching `root`
+    ebnf: str | None = None
     # free text until this string, then the structured part (e.g. "</think>")
     structured_after: str | None = None
     whitespace: str = "compact"
@@ -59,17 +62,22 @@ class SamplingParams:
                 raise InvalidInputError(f"{name} must be a number, got {value!r}", name)
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise InvalidInputError(f"seed must be an int in [0, 2**64), got {self.seed!r}", "seed")
-        kinds = [k for k in ("regex", "json_schema", "choice") if getattr(self, k) is not None]
+        kinds = [k for k in ("regex", "json_schema", "choice", "ebnf") if getattr(self, k) is not None]
         kinds += ["json_object"] if self.json_object else []
         if len(kinds) > 1:
-            raise InvalidInputError(f"give at most one of regex, json_schema, json_object, choice; got {kinds}", kinds[1])
+            raise InvalidInputError(f"give at most one of regex, json_schema, json_object, choice, ebnf; got {kinds}",
+                                    kinds[1])
+        if self.ebnf is not None and not isinstance(self.ebnf, str):
+            raise InvalidInputError(f"ebnf must be a string (the grammar's text), got {type(self.ebnf).__name__}",
+                                    "ebnf")
         if not isinstance(self.json_schema_strict, bool):
             raise InvalidInputError(f"json_schema_strict must be a bool, got {self.json_schema_strict!r}",
                                     "json_schema_strict")
         if self.json_schema_strict and self.json_schema is None:
             raise InvalidInputError("json_schema_strict needs a json_schema", "json_schema_strict")
         if self.structured_after is not None and not kinds:
-            raise InvalidInputError("structured_after needs a regex, json_schema, json_object or choice", "structured_after")
+            raise InvalidInputError("structured_after needs a regex, json_schema, json_object, choice or ebnf",
+                                    "structured_after")
 
     def grammar_source(self) -> tuple[str, Any] | None:
         """(kind, source) of the structured-output grammar, if any."""
@@ -82,12 +90,14 @@ class SamplingParams:
             return ("json_object", None)
         if self.choice is not None:
             return ("choice", list(self.choice))
+        if self.ebnf is not None:
+            return ("ebnf", self.ebnf)
         return None
 
     def core_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``_core.Engine.submit``."""
         kw = asdict(self)
-        for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "structured_after",
-                     "whitespace"):
+        for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf",
+                     "structured_after", "whitespace"):
             del kw[name]
         return kw

@@ -36,6 +36,8 @@ pub enum GrammarSource {
     Choice(Vec<String>),
     /// Any JSON object (`response_format: json_object`).
     JsonObject(JsonSchemaOptions),
+    /// A grammar in GBNF/EBNF (`Grammar::from_gbnf`).
+    Gbnf(String),
     /// Free text until the trigger first appears, then the inner grammar.
     Segment {
         trigger: String,
@@ -57,6 +59,7 @@ impl GrammarSource {
                 Grammar::from_choices(vocab, &choices)
             }
             GrammarSource::JsonObject(options) => Grammar::json_object(vocab, options),
+            GrammarSource::Gbnf(grammar) => Grammar::from_gbnf(vocab, grammar),
             GrammarSource::Segment { trigger, then } => {
                 Grammar::after_trigger(trigger, &*then.compile(vocab)?)
             }

@@ -23,6 +23,14 @@ pub enum ConstraintError {
     UnsupportedSchema { keyword: String, path: String },
     /// A JSON Schema that is not valid JSON Schema (or not JSON at all).
     InvalidSchema { path: String, message: String },
+    /// A GBNF/EBNF grammar that does not parse or does not make sense (an undefined
+    /// rule, no `root`); `line` and `column` are 1-based, the column counted in
+    /// characters.
+    InvalidGrammar { line: usize, column: usize, message: String },
+    /// A valid GBNF/EBNF grammar that the engine cannot run exactly (one that needs to
+    /// look ahead more than one character at a rule boundary, or left recursion through
+    /// several rules); `rule` names the rule at fault.
+    UnsupportedGrammar { rule: String, message: String },
     /// A bug: a panic while compiling (on the compile thread), caught and reported.
     Internal { message: String },
 }
@@ -52,6 +60,12 @@ impl fmt::Display for ConstraintError {
             ),
             Self::InvalidSchema { path, message } => {
                 write!(f, "invalid JSON Schema at {path}: {message}")
+            }
+            Self::InvalidGrammar { line, column, message } => {
+                write!(f, "invalid grammar at line {line}, column {column}: {message}")
+            }
+            Self::UnsupportedGrammar { rule, message } => {
+                write!(f, "unsupported grammar (rule `{rule}`): {message}")
             }
             Self::Internal { message } => write!(f, "internal error in the constraint engine: {message}"),
         }

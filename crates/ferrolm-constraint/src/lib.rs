@@ -5,7 +5,7 @@
 //! - [`Vocabulary`]: token bytes, special and EOS ids, and the token trie; built once per
 //!   tokenizer (from a list, a tiktoken file or a `tokenizer.json`) and shared.
 //! - [`Grammar`]: a regex, a JSON Schema ([`json_schema`]), any JSON object, a list of
-//!   choices, or free text until a trigger then one of those, compiled to byte-level
+//!   choices, a GBNF/EBNF grammar ([`Grammar::from_gbnf`]), or free text until a trigger then one of those, compiled to byte-level
 //!   DFAs (several that call each other where JSON nests without bound) bound to a
 //!   vocabulary, with a mask cache shared by all its matchers. [`GrammarCache`] compiles
 //!   each source once, under a time limit.
@@ -40,6 +40,7 @@ mod budget;
 mod cache;
 mod dfa;
 mod error;
+mod gbnf;
 mod grammar;
 pub mod json_schema;
 mod matcher;

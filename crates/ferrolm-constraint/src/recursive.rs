@@ -157,6 +157,12 @@ pub struct Rules {
 
 impl Rules {
     pub fn new(dfas: Vec<ByteDfa>) -> Result<Rules> {
+        Self::new_unchecked(dfas)?.checked()
+    }
+
+    /// [`Rules::new`] but for the check that the greedy order is safe, for a translator
+    /// that checks more itself (`gbnf/check.rs`) before calling [`Rules::checked`].
+    pub(crate) fn new_unchecked(dfas: Vec<ByteDfa>) -> Result<Rules> {
         let ambiguous = |message: String| ConstraintError::UnsupportedSchema {
             keyword: format!("recursive grammar: {message}"),
             path: "#".into(),
@@ -184,9 +190,25 @@ impl Rules {
                 }
             };
         }
-        let rules = Rules { dfas, first, first_class, calls };
-        rules.check_unambiguous().map_err(ambiguous)?;
-        Ok(rules)
+        Ok(Rules { dfas, first, first_class, calls })
+    }
+
+    /// These rules, once checked unambiguous.
+    pub(crate) fn checked(self) -> Result<Rules> {
+        self.check_unambiguous().map_err(|message| ConstraintError::UnsupportedSchema {
+            keyword: format!("recursive grammar: {message}"),
+            path: "#".into(),
+        })?;
+        Ok(self)
+    }
+
+    pub(crate) fn num_rules(&self) -> usize {
+        self.dfas.len()
+    }
+
+    /// `first(k)[b]`: rule k can begin with byte b.
+    pub(crate) fn first(&self, rule: u32) -> &[bool; 256] {
+        &self.first[rule as usize]
     }
 
     /// The same rules with another main rule (checked again).

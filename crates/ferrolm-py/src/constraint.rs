@@ -155,6 +155,11 @@ impl PyVocabulary {
         self.compile(py, GrammarSource::JsonObject(options))
     }
 
+    /// A grammar in GBNF / EBNF (llama.cpp's notation, which xgrammar also reads).
+    fn ebnf(&self, py: Python<'_>, grammar: String) -> PyResult<PyGrammar> {
+        self.compile(py, GrammarSource::Gbnf(grammar))
+    }
+
     fn choice(&self, py: Python<'_>, choices: Vec<String>) -> PyResult<PyGrammar> {
         if choices.is_empty() {
             return Err(errors::invalid_field(py, "choice", "choice needs at least one option".into()));

@@ -74,6 +74,7 @@ pub fn constraint(py: Python<'_>, err: ConstraintError) -> PyErr {
         ConstraintError::BitmaskSize { .. } => "bitmask",
         ConstraintError::RollbackTooFar { .. } => "steps",
         ConstraintError::UnsupportedSchema { .. } | ConstraintError::InvalidSchema { .. } => "json_schema",
+        ConstraintError::InvalidGrammar { .. } | ConstraintError::UnsupportedGrammar { .. } => "ebnf",
     };
     invalid_field(py, field, err.to_string())
 }

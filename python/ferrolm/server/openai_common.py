@@ -56,7 +56,8 @@ def sampling_params_from(req: OpenAISampling, *, max_tokens: int, logprobs: bool
     ``field_names`` (core field -> body field) gains the structured-output field used."""
     constraint, constraint_names = constraint_kwargs(
         regex=req.regex, json_schema=req.json_schema, ebnf=req.ebnf, response_format=req.response_format,
-        guided_json=req.guided_json, guided_regex=req.guided_regex, guided_choice=req.guided_choice)
+        guided_json=req.guided_json, guided_regex=req.guided_regex, guided_choice=req.guided_choice,
+        guided_grammar=req.guided_grammar, grammar=req.grammar)
     field_names.update(constraint_names)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:

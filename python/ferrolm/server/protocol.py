@@ -44,7 +44,6 @@ IGNORED_FIELDS = {
 UNSUPPORTED_FIELDS = {
     "lora_path": "LoRA adapters are not supported",
     "lora_request": "LoRA adapters are not supported",
-    "guided_grammar": "grammars (EBNF/Lark) are not supported; use guided_json, guided_regex or guided_choice",
     "guided_decoding_backend": "there is one structured-output engine; the backend cannot be chosen",
     "guided_whitespace_pattern": "the whitespace of structured output cannot be set",
     "structured_outputs": "use guided_json, guided_regex, guided_choice, json_schema, regex or response_format",
@@ -104,6 +103,8 @@ class OpenAISampling(_Body):
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = None  # GBNF / EBNF (a Lark grammar does not parse: 400)
+    grammar: str | None = None  # llama.cpp's name for a GBNF grammar
     # accepted and ignored (IGNORED_FIELDS)
     user: str | None = None
     cache_prompt: bool | None = None

@@ -1,5 +1,7 @@
-"""Where structured output (regex, JSON Schema, ``response_format``, EBNF, and vLLM's
-``guided_json`` / ``guided_regex`` / ``guided_choice``) meets the HTTP API. The request
+"""Where structured output (regex, JSON Schema, ``response_format``, EBNF, vLLM's
+``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``, and
+llama.cpp's ``grammar``) meets the HTTP API. Grammars (``ebnf``, ``guided_grammar``,
+``grammar``) are GBNF, llama.cpp's notation, which is also the EBNF xgrammar reads. The request
 models accept the fields; each maps to a ``SamplingParams`` field, and the engine compiles
 the grammar. A field that ``SamplingParams`` does not have (yet) is refused with a 400
 naming it, so a client never gets unconstrained text by surprise. ``"strict": true`` in
@@ -28,6 +30,8 @@ def constraint_kwargs(
     guided_json: str | dict[str, Any] | None = None,
     guided_regex: str | None = None,
     guided_choice: list[str] | None = None,
+    guided_grammar: str | None = None,
+    grammar: str | None = None,
     prefix: str = "",
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``SamplingParams`` keyword arguments for the constraint a request asks for (at most
@@ -48,6 +52,10 @@ def constraint_kwargs(
         asked.append(("regex", f"{prefix}guided_regex", guided_regex))
     if guided_choice is not None:
         asked.append(("choice", f"{prefix}guided_choice", list(guided_choice)))
+    if guided_grammar is not None:
+        asked.append(("ebnf", f"{prefix}guided_grammar", guided_grammar))
+    if grammar is not None:
+        asked.append(("ebnf", f"{prefix}grammar", grammar))
     if response_format is not None and response_format.type == "json_object":
         asked.append(("json_object", "response_format", True))
     elif response_format is not None and response_format.type == "json_schema":
@@ -80,4 +88,4 @@ def constraint_kwargs(
 
 
 # the fields the constraint engine's compile errors name (crates/ferrolm-py/src/constraint.rs)
-COMPILE_ERROR_FIELDS = ("grammar", "regex", "json_schema", "choice", "json_object")
+COMPILE_ERROR_FIELDS = ("grammar", "regex", "json_schema", "choice", "json_object", "ebnf")

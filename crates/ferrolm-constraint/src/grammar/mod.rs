@@ -79,6 +79,13 @@ impl Grammar {
         })
     }
 
+    /// Compile a grammar in GBNF, llama.cpp's notation, which is also the EBNF that
+    /// xgrammar reads: rules `name ::= ...`, the whole output matching `root`. What is
+    /// supported, and which grammars the engine refuses, is documented in `gbnf/mod.rs`.
+    pub fn from_gbnf(vocab: Arc<Vocabulary>, grammar: &str) -> Result<Arc<Grammar>> {
+        crate::budget::entry(|| crate::gbnf::compile(vocab, grammar))
+    }
+
     /// One JSON object with members of any names and values (`response_format:
     /// json_object`); whitespace as in `options`.
     pub fn json_object(vocab: Arc<Vocabulary>, options: &JsonSchemaOptions) -> Result<Arc<Grammar>> {

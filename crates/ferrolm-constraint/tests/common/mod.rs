@@ -2,6 +2,8 @@
 //! be generated independently of our automaton), small vocabularies, an oracle.
 #![allow(dead_code)]
 
+pub mod earley;
+
 use std::sync::Arc;
 
 use ferrolm_constraint::Vocabulary;
