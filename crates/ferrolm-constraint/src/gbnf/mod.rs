@@ -32,7 +32,7 @@
 //! and the character), never run inexactly; left recursion through several rules too.
 
 mod ast;
-mod check;
+pub(crate) mod check;
 mod emit;
 mod parse;
 mod plan;

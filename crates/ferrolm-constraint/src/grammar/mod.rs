@@ -205,6 +205,16 @@ impl Grammar {
         }
     }
 
+    /// Where the engine would have to look further than one byte to choose between a
+    /// rule's own text, a call and a return (see `gbnf/check.rs`), described; `None`
+    /// when the rules are LL(1) and so run exactly. Grammars compiled from GBNF are
+    /// checked when built; this lets tests check the rules of other forms too.
+    #[doc(hidden)]
+    pub fn ll1_conflict(&self) -> Option<String> {
+        let rules = self.rules.as_ref()?;
+        crate::gbnf::check::find_conflict(rules).ok().flatten().map(|c| format!("{c:?}"))
+    }
+
     /// Whether rules call rules (the matcher then keeps a stack).
     pub fn is_recursive(&self) -> bool {
         self.rules.is_some()
