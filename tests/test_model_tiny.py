@@ -263,3 +263,39 @@ def test_chat_template_renders_chatml(model: LoadedModel) -> None:
     assert not tok.apply_chat_template(messages, add_generation_prompt=False).endswith("assistant\n")
     ids = tok.encode(prompt, add_special_tokens=False)
     assert list(ids[:2]) == [32000, 32002] and int((ids == 32003).sum()) == 2
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+]
+
+
+def test_chat_template_writes_tools_calls_and_results_hermes_style(model: LoadedModel) -> None:
+    prompt = model.tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=TOOLS)
+    assert prompt.startswith("<|begin_of_text|><|im_start|>system\nBe brief.\n\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "The forecast"' in prompt
+    assert prompt.count("<|im_start|>system") == 1  # the system message goes with the tools
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+            '<|im_end|>\n') in prompt
+    assert "<|im_start|>tool\n<tool_response>\nrain\n</tool_response><|im_end|>\n" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    ids = model.tokenizer.encode(prompt, add_special_tokens=False)
+    # the tags are single tokens: two in the instructions, one per call
+    assert int((ids == 32004).sum()) == 4 and int((ids == 32005).sum()) == 4
+
+
+def test_transformers_renders_the_chat_template_the_same(model: LoadedModel) -> None:
+    transformers = pytest.importorskip("transformers", reason="the comparison with Hugging Face's own rendering")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(model.folder))
+    for messages, tools in [(TOOL_CONVERSATION, TOOLS), (TOOL_CONVERSATION[1:2], None)]:
+        expected = theirs.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert model.tokenizer.apply_chat_template(messages, tools=tools) == expected
