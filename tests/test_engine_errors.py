@@ -111,14 +111,14 @@ def test_empty_prompt(engine: Engine, expected: list[int]) -> None:
 @pytest.mark.parametrize(
     "ids",
     [
-        pytest.param([1, 2, 32004], id="vocab-size"),
+        pytest.param([1, 2, 32008], id="vocab-size"),
         pytest.param([2**20], id="far-outside"),
         pytest.param(np.array([5, 2**31], dtype=np.int64), id="int64-array"),
         pytest.param(np.array([5, 40000], dtype=np.uint32), id="uint32-array"),
     ],
 )
 def test_ids_outside_the_vocabulary(engine: Engine, expected: list[int], ids: Any) -> None:
-    assert engine.core.vocab_size == 32004
+    assert engine.core.vocab_size == 32008
     assert_refused(engine, expected, "input_ids", ids)
 
 

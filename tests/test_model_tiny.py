@@ -156,10 +156,12 @@ def test_loading_without_weights_keeps_the_folder(model: LoadedModel) -> None:
 
 def test_weights_are_the_same_on_every_machine(model: LoadedModel) -> None:
     # the bytes of the weights follow from the seed alone (see random_weights)
-    def digest(name: str) -> str:
-        return hashlib.sha256(model.weights[name].tobytes()).hexdigest()
+    def digest(name: str, rows: int | None = None) -> str:
+        return hashlib.sha256(model.weights[name][:rows].tobytes()).hexdigest()
 
-    assert digest("model.embed_tokens.weight") == "0c5919c25f7b0937711ab3e5a4b9a596e9fa572aa3dffe86522c11ef07eaa84e"
+    assert digest("model.embed_tokens.weight") == "43a61bc96c718574bb201ad6e96c087da531789a1737adae4050b1810d44303b"
+    # the rows of version 1's tokens are version 1's: the added tokens' rows came after them
+    assert digest("model.embed_tokens.weight", 32004) == "0c5919c25f7b0937711ab3e5a4b9a596e9fa572aa3dffe86522c11ef07eaa84e"
     assert digest("model.layers.3.mlp.down_proj.weight") == "cf774f4309fcbed4d65bbb1d05039ff184cecf0521b17a13d368c628454eb4fa"
     assert model.weights["lm_head.weight"] is model.weights["model.embed_tokens.weight"]
 
@@ -222,7 +224,9 @@ def test_token_bytes_concatenate_to_the_text(model: LoadedModel) -> None:
         text = random_text(rng)
         assert b"".join(table[i] for i in tok.encode(text, add_special_tokens=False)) == text.encode()
     assert table[32003] == b"<|im_end|>" and tok.special_token_ids == [32000, 32001, 32002, 32003]
-    assert tok.token_bytes(vocab_size=32064)[32004:] == [b""] * 60
+    # the markers of tool calls and thinking: tokens of their own, kept in the text
+    assert table[32004:32008] == [b"<tool_call>", b"</tool_call>", b"<think>", b"</think>"]
+    assert tok.token_bytes(vocab_size=32064)[32008:] == [b""] * 56
 
 
 def test_tokenizer_compresses_english(model: LoadedModel) -> None:
@@ -259,3 +263,39 @@ def test_chat_template_renders_chatml(model: LoadedModel) -> None:
     assert not tok.apply_chat_template(messages, add_generation_prompt=False).endswith("assistant\n")
     ids = tok.encode(prompt, add_special_tokens=False)
     assert list(ids[:2]) == [32000, 32002] and int((ids == 32003).sum()) == 2
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+]
+
+
+def test_chat_template_writes_tools_calls_and_results_hermes_style(model: LoadedModel) -> None:
+    prompt = model.tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=TOOLS)
+    assert prompt.startswith("<|begin_of_text|><|im_start|>system\nBe brief.\n\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "The forecast"' in prompt
+    assert prompt.count("<|im_start|>system") == 1  # the system message goes with the tools
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+            '<|im_end|>\n') in prompt
+    assert "<|im_start|>tool\n<tool_response>\nrain\n</tool_response><|im_end|>\n" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    ids = model.tokenizer.encode(prompt, add_special_tokens=False)
+    # the tags are single tokens: two in the instructions, one per call
+    assert int((ids == 32004).sum()) == 4 and int((ids == 32005).sum()) == 4
+
+
+def test_transformers_renders_the_chat_template_the_same(model: LoadedModel) -> None:
+    transformers = pytest.importorskip("transformers", reason="the comparison with Hugging Face's own rendering")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(model.folder))
+    for messages, tools in [(TOOL_CONVERSATION, TOOLS), (TOOL_CONVERSATION[1:2], None)]:
+        expected = theirs.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert model.tokenizer.apply_chat_template(messages, tools=tools) == expected

@@ -46,13 +46,14 @@ UNKNOWN = [
     pytest.param(C, {"prompt": "x", "lora_path": "adapter"}, "lora_path", id="lora_path"),
     pytest.param(C, {"prompt": "x", "guided_decoding_backend": "xgrammar"}, "guided_decoding_backend",
                  id="guided_decoding_backend"),
-    pytest.param(CHAT, {"messages": MSG, "tool_choice": "auto"}, "tool_choice", id="tool_choice"),
+    pytest.param(CHAT, {"messages": MSG, "functions": [{"name": "f"}]}, "functions", id="legacy-functions"),
     pytest.param(CHAT, {"messages": MSG, "stream_options": {"include_usag": True}}, "stream_options.include_usag",
                  id="nested-misspelled"),
     pytest.param(CHAT, {"messages": [{"role": "user", "contnet": "hi"}]}, "messages.0.contnet",
                  id="message-misspelled"),
-    pytest.param(CHAT, {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
-                 "messages.0.tool_calls", id="message-tool-calls"),
+    pytest.param(CHAT, {"messages": [{"role": "assistant", "content": "x", "tool_calls": [
+                     {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}, "extra": 1}]}]},
+                 "messages.0.tool_calls.0.extra", id="message-tool-call-misspelled"),
     pytest.param(G, {"text": "x", "lora_path": "adapter"}, "lora_path", id="native-lora_path"),
     pytest.param(G, {"text": "x", "sampling_params": {"max_new_token": 3}}, "sampling_params.max_new_token",
                  id="native-sampling-misspelled"),
@@ -85,8 +86,8 @@ def test_openai_fields_that_change_nothing_are_accepted(server: RunningServer) -
     assert ignored.choices[0].message.content == plain.choices[0].message.content
     completion = client.completions.create(prompt="hi", user="u-1", **kw)
     assert completion.choices[0].finish_reason in ("length", "stop")
-    assert set(IGNORED_FIELDS) == {"user", "store", "metadata", "service_tier", "parallel_tool_calls",
-                                   "safety_identifier", "prompt_cache_key", "cache_prompt"}
+    assert set(IGNORED_FIELDS) == {"user", "store", "metadata", "service_tier", "safety_identifier",
+                                   "prompt_cache_key", "cache_prompt"}
     # llama.cpp's clients (and the e2e benchmark against its server) send cache_prompt
     body = {"model": "tiny", "max_tokens": 4, "temperature": 0, "messages": MSG}
     cached = post(server, CHAT, {**body, "cache_prompt": True})

@@ -73,7 +73,7 @@ BAD = [
     pytest.param(CHAT, {"messages": [{"role": "user", "content": 3}]}, "messages.0.content", id="chat-content-type"),
     pytest.param(CHAT, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens", id="chat-max-zero"),
     pytest.param(CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs", id="chat-top-without-logprobs"),
-    pytest.param(CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, "tools", id="chat-tools"),
+    pytest.param(CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, "tools.0.function", id="chat-tool-incomplete"),
     pytest.param(CHAT, {"messages": [{"role": "user", "content": "word " * (KV + 10)}]}, "messages",
                  id="chat-prompt-too-long"),
     pytest.param("/generate", {"sampling_params": {"max_new_tokens": 1}}, "text", id="generate-no-prompt"),

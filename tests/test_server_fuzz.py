@@ -89,7 +89,7 @@ SPECIAL: dict[str, st.SearchStrategy[Any]] = {
     "tools": st.one_of(st.just([]), st.just([{"type": "function"}]), nasty),
     "cache_salt": st.one_of(TEXT, st.text(min_size=500, max_size=600), nasty),
 }
-UNKNOWN = st.sampled_from(["max_tokenz", "lora_path", "guided_grammars", "guided_decoding_backend", "tool_choice",
+UNKNOWN = st.sampled_from(["max_tokenz", "lora_path", "guided_grammars", "guided_decoding_backend", "function_call",
                            "logprob_start_len", "image_data", "Temperature", "functions", "x" * 40])
 
 

@@ -40,7 +40,7 @@ def test_generate_text_and_ids_agree(http: httpx.Client) -> None:
     assert by_text["meta_info"]["finish_reason"]["type"] in ("length", "stop")
     assert by_text["meta_info"]["completion_tokens"] == len(by_text["output_ids"])
     info = http.get("/get_model_info").json()
-    assert info["vocab_size"] == 32004 and info["is_generation"]
+    assert info["vocab_size"] == 32008 and info["is_generation"]
 
 
 def test_generate_stream_is_cumulative_and_ends_with_done(http: httpx.Client) -> None:

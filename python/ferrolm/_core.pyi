@@ -400,8 +400,11 @@ class Vocabulary:
         ``grammar`` when too large or slow."""
     def choice(self, choices: list[str]) -> Grammar:
         """Exactly one of ``choices``."""
-    def after_trigger(self, trigger: str, then: Grammar) -> Grammar:
-        """Free text until ``trigger`` appears, then ``then`` (think, then answer in JSON)."""
+    def after_trigger(self, trigger: str, then: Grammar, *, optional: bool = False) -> Grammar:
+        """Free text until ``trigger`` appears, then ``then`` (think, then answer in JSON).
+        The output may end only once ``then`` may, or, with ``optional``, also in the free
+        text before any trigger (``tool_choice: auto``: a plain answer or a call). Raises
+        ``InvalidInputError`` (field ``trigger``) for an empty trigger."""
     def _inject_panic(self) -> None:
         """Test hook (not API): panics inside the core. Raises ``CorePanicError``; a
         vocabulary is immutable, so it stays usable."""

@@ -8,12 +8,14 @@ engine in Python: the Rust core schedules and commits, the runner computes logit
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,9 +25,14 @@ from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from ferrolm.chat import ChatResult
+
 Prompt = str | Sequence[int] | np.ndarray
 
 log = logging.getLogger("ferrolm.engine")
+
+SEGMENT_CACHE_SIZE = 64  # grammars behind triggers kept for reuse (see Engine.grammar)
 
 
 @dataclass(slots=True)
@@ -188,6 +195,10 @@ class Engine:
         self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
         self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
+        # grammars behind triggers (the core caches what it compiles, not these segments,
+        # whose masks are built anew per grammar): reused while requests repeat them
+        self._segments: dict[tuple[Any, ...], _core.Grammar] = {}
+        self._segments_lock = threading.Lock()
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
         self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
@@ -336,17 +347,44 @@ class Engine:
         if kind == "regex":
             g = v.regex(value)
         elif kind == "json_schema":
-            g = v.json_schema(value, whitespace=params.whitespace, strict=params.json_schema_strict)
+            g = self._json_schema_grammar(value, params)
         elif kind == "json_object":
             g = v.json_object(whitespace=params.whitespace)
         elif kind == "ebnf":
             g = v.ebnf(value)
         else:
             g = v.choice(value)
-        if params.structured_after:
-            g = v.after_trigger(params.structured_after, g)
+        triggers = params.triggers()
+        if triggers:
+            key = (tuple(triggers), params.structured_optional, kind, json.dumps(value, sort_keys=True),
+                   params.whitespace, params.json_schema_strict)
+            with self._segments_lock:  # grammars compile on several threads in the server
+                segmented = self._segments.get(key)
+            if segmented is None:
+                # innermost first: the last trigger leads to the grammar, each earlier one to the next
+                for k, trigger in enumerate(reversed(triggers)):
+                    g = v.after_trigger(trigger, g, optional=params.structured_optional and k == 0)
+                with self._segments_lock:
+                    segmented = self._segments.setdefault(key, g)
+                    while len(self._segments) > SEGMENT_CACHE_SIZE:
+                        del self._segments[next(iter(self._segments))]
+            g = segmented
         self._grammar_seconds.append(time.perf_counter() - started)
         return g
+
+    def _json_schema_grammar(self, schema: str, params: SamplingParams) -> _core.Grammar:
+        """A JSON Schema's grammar; when it does not compile and was assembled from parts
+        (the functions of ``tools``), the error names the first part that fails alone."""
+        v = self.vocabulary
+        try:
+            return v.json_schema(schema, whitespace=params.whitespace, strict=params.json_schema_strict)
+        except InvalidInputError:
+            for field_name, part in (params.json_schema_parts or {}).items():
+                try:
+                    v.json_schema(json.dumps(part), whitespace=params.whitespace, strict=params.json_schema_strict)
+                except InvalidInputError as e:
+                    raise InvalidInputError(f"{field_name}: {e}", field_name) from None
+            raise
 
     def take_grammar_seconds(self) -> list[float]:
         """Seconds each structured request waited for its grammar (a compile, or a cache
@@ -397,6 +435,33 @@ class Engine:
         finally:
             self._release(results)
         return [results[r] for r in sorted(results)]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
+        tool_call_parser: str = "auto",
+        reasoning_parser: str | None = None,
+        constrain_tool_calls: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[ChatResult]:
+        """Chat messages (OpenAI's: ``tool_calls`` and ``tool`` messages included) rendered
+        with the model's chat template, ``params.n`` answers. ``tools`` and ``tool_choice``
+        as in OpenAI's API; calls come back parsed (``ChatResult.tool_calls``) in the format
+        ``tool_call_parser`` names (``auto``: the chat template's), generated under the
+        functions' schemas unless ``constrain_tool_calls`` is off. ``reasoning_parser``
+        (``qwen3``, ``deepseek_r1``) splits off the thinking. Bad input raises
+        ``InvalidInputError`` naming the field (``tools.0.function.parameters``, ...)."""
+        from ferrolm.chat import chat
+
+        return chat(self, messages, params, tools=tools, tool_choice=tool_choice,
+                    parallel_tool_calls=parallel_tool_calls, tool_call_parser=tool_call_parser,
+                    reasoning_parser=reasoning_parser, constrain_tool_calls=constrain_tool_calls,
+                    chat_template_kwargs=chat_template_kwargs)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Delta]:
         """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep

@@ -43,8 +43,16 @@ class SamplingParams:
     # a grammar in GBNF / EBNF (llama.cpp's notation, which xgrammar also reads): rules
     # `name ::= ...`, the output matching `root`
     ebnf: str | None = None
-    # free text until this string, then the structured part (e.g. "</think>")
-    structured_after: str | None = None
+    # free text until this string, then the structured part (e.g. "</think>"); a list:
+    # free text until each in turn (["</think>", "<tool_call>"]: a call after the thinking)
+    structured_after: str | list[str] | None = None
+    # the structured part may never come: the output may also end in the free text before
+    # the (last) trigger (tool_choice "auto": a plain answer or a call)
+    structured_optional: bool = False
+    # the sub-schemas json_schema was assembled from, by the request field each came from
+    # ("tools.1.function.parameters"): when json_schema does not compile, the first part
+    # that does not compile alone is the field named in the error
+    json_schema_parts: dict[str, Any] | None = None
     whitespace: str = "compact"
 
     def __post_init__(self) -> None:
@@ -78,6 +86,21 @@ class SamplingParams:
         if self.structured_after is not None and not kinds:
             raise InvalidInputError("structured_after needs a regex, json_schema, json_object, choice or ebnf",
                                     "structured_after")
+        if self.structured_after is not None and not all(isinstance(t, str) and t for t in self.triggers()):
+            raise InvalidInputError("structured_after must be a non-empty string or a non-empty list of them",
+                                    "structured_after")
+        if self.structured_optional and self.structured_after is None:
+            raise InvalidInputError("structured_optional needs structured_after", "structured_optional")
+        if self.json_schema_parts is not None and self.json_schema is None:
+            raise InvalidInputError("json_schema_parts needs a json_schema", "json_schema_parts")
+
+    def triggers(self) -> list[str]:
+        """``structured_after`` as a list, in the order the output meets them."""
+        if self.structured_after is None:
+            return []
+        if isinstance(self.structured_after, str):
+            return [self.structured_after]
+        return list(self.structured_after) if isinstance(self.structured_after, list) else [self.structured_after]
 
     def grammar_source(self) -> tuple[str, Any] | None:
         """(kind, source) of the structured-output grammar, if any."""
@@ -97,7 +120,7 @@ class SamplingParams:
     def core_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``_core.Engine.submit``."""
         kw = asdict(self)
-        for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf",
-                     "structured_after", "whitespace"):
+        for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf", "structured_after",
+                     "structured_optional", "json_schema_parts", "whitespace"):
             del kw[name]
         return kw

@@ -4,15 +4,17 @@
 //! Built as one automaton: a string-matching automaton for the trigger (Knuth-Morris-
 //! Pratt: state k = the last k bytes are the first k bytes of the trigger) whose
 //! completion enters the grammar's start state. The document may end only inside the
-//! grammar. Free text is any bytes but 0xF8..=0xFF, which UTF-8 text never contains
-//! (and which recursive grammars use for calls).
+//! grammar, unless the trigger is optional: then it may also end in the free text, before
+//! any trigger (a tool call or a plain answer). Free text is any bytes but 0xF8..=0xFF,
+//! which UTF-8 text never contains (and which recursive grammars use for calls).
 
 use crate::dfa::{ByteDfa, DEAD};
 use crate::error::{ConstraintError, Result};
 use crate::recursive::CALL_BASE;
 
-/// Any bytes until the first occurrence of `trigger` (included), then `then`.
-pub fn after_trigger(trigger: &[u8], then: &ByteDfa) -> Result<ByteDfa> {
+/// Any bytes until the first occurrence of `trigger` (included), then `then`; with
+/// `optional`, the document may also end before the trigger.
+pub fn after_trigger(trigger: &[u8], then: &ByteDfa, optional: bool) -> Result<ByteDfa> {
     if trigger.is_empty() {
         return Err(ConstraintError::InvalidRegex {
             pattern: String::new(),
@@ -49,6 +51,7 @@ pub fn after_trigger(trigger: &[u8], then: &ByteDfa) -> Result<ByteDfa> {
     let mut transitions = vec![DEAD; total * num_classes];
     let mut accepting = vec![false; total];
     for k in 0..m {
+        accepting[trigger_state(k) as usize] = optional;
         for (class, &byte) in representative.iter().enumerate() {
             if byte >= CALL_BASE {
                 continue; // never text (in a recursive grammar, the bytes of calls)
@@ -106,14 +109,28 @@ mod tests {
     #[test]
     fn free_text_then_grammar() {
         let json = ByteDfa::from_regex(r#"\{"a":[0-9]+\}"#, &RegexOptions::default()).unwrap();
-        let dfa = after_trigger(b"</think>", &json).unwrap();
+        let dfa = after_trigger(b"</think>", &json, false).unwrap();
         assert!(full_match(&dfa, r#"hmm, <think> </thin </think>{"a":12}"#));
         assert!(full_match(&dfa, r#"</think>{"a":1}"#));
         assert!(full_match(&dfa, r#"<<</</think>{"a":1}"#), "overlapping partial triggers");
         assert!(!full_match(&dfa, "no trigger yet"));
         assert!(!full_match(&dfa, r#"</think>{"a":1} </think>"#), "strict after the first trigger");
         assert!(!full_match(&dfa, r#"</think>x"#));
-        assert!(after_trigger(b"", &json).is_err());
+        assert!(after_trigger(b"", &json, false).is_err());
+    }
+
+    #[test]
+    fn an_optional_trigger_may_never_come() {
+        let json = ByteDfa::from_regex(r#"\{"a":[0-9]+\}"#, &RegexOptions::default()).unwrap();
+        let dfa = after_trigger(b"<call>", &json, true).unwrap();
+        assert!(full_match(&dfa, "a plain answer"), "free text may end");
+        assert!(full_match(&dfa, ""), "even at once");
+        assert!(full_match(&dfa, "<ca"), "a partial trigger is free text");
+        assert!(full_match(&dfa, r#"then <call>{"a":1}"#));
+        assert!(!full_match(&dfa, "then <call>"), "once triggered, the grammar must complete");
+        assert!(!full_match(&dfa, r#"<call>{"a":1} more"#), "strict after the trigger");
+        let mandatory = after_trigger(b"<call>", &json, false).unwrap();
+        assert!(!full_match(&mandatory, "a plain answer"));
     }
 
     #[test]

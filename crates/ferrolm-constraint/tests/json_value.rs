@@ -185,6 +185,21 @@ fn free_text_then_any_json_object() {
     assert!(!accepts(&grammar, &vocab, eos, "</a>[1]", &mut rng, true));
 }
 
+#[test]
+fn an_optional_trigger_lets_free_text_end_and_a_recursive_grammar_follow() {
+    // tool_choice "auto": a plain answer, or a call (any JSON object here) after the trigger
+    let (vocab, eos) = vocab();
+    let object = Grammar::json_object(vocab.clone(), &JsonSchemaOptions::default()).unwrap();
+    let grammar = Grammar::after_trigger_with("<call>", &object, true).unwrap();
+    assert!(grammar.is_recursive());
+    let mut rng = Rng(6);
+    assert!(accepts(&grammar, &vocab, eos, "just an answer, {[ unbalanced", &mut rng, true));
+    assert!(accepts(&grammar, &vocab, eos, "", &mut rng, true));
+    assert!(accepts(&grammar, &vocab, eos, r#"let me call <call>{"k":[1,{"x":null}]}"#, &mut rng, true));
+    assert!(!accepts(&grammar, &vocab, eos, r#"<call>{"k":"#, &mut rng, true));
+    assert!(!accepts(&grammar, &vocab, eos, r#"<call>{"k":1} and more"#, &mut rng, true));
+}
+
 fn json_strategy() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),

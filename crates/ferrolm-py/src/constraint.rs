@@ -167,12 +167,20 @@ impl PyVocabulary {
         self.compile(py, GrammarSource::Choice(choices))
     }
 
-    /// Free text until `trigger` appears, then `then` (e.g. JSON after `</think>`).
-    fn after_trigger(&self, py: Python<'_>, trigger: &str, then: &PyGrammar) -> PyResult<PyGrammar> {
+    /// Free text until `trigger` appears, then `then` (e.g. JSON after `</think>`); with
+    /// `optional`, the output may also end before the trigger.
+    #[pyo3(signature = (trigger, then, *, optional = false))]
+    fn after_trigger(
+        &self,
+        py: Python<'_>,
+        trigger: &str,
+        then: &PyGrammar,
+        optional: bool,
+    ) -> PyResult<PyGrammar> {
         if trigger.is_empty() {
             return Err(errors::invalid_field(py, "trigger", "the trigger must not be empty".into()));
         }
-        let grammar = contain(py, || Grammar::after_trigger(trigger, &then.grammar))?
+        let grammar = contain(py, || Grammar::after_trigger_with(trigger, &then.grammar, optional))?
             .map_err(|e| errors::constraint(py, e))?;
         Ok(PyGrammar { grammar })
     }

@@ -8,6 +8,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ferrolm.tools.formats import PARSER_CHOICES
+from ferrolm.tools.reasoning import REASONING_CHOICES
+
 SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
 # as ferrolm.model.runner_choice has them (not imported: that would load the model package here)
 RUNNERS = ("auto", "numpy", "torch")
@@ -47,6 +50,9 @@ class ServerArgs:
     mem_fraction_static: float | None = None  # torch on CUDA: KV pool from memory, not max_total_tokens
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
+    tool_call_parser: str = "auto"  # a format of ferrolm.tools.formats; auto: from the chat template
+    reasoning_parser: str = "none"  # qwen3 | deepseek_r1: reasoning_content apart from content
+    disable_tool_call_constraint: bool = False  # parse calls only: no grammar from the tools
 
     @property
     def model_name(self) -> str:
@@ -95,6 +101,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
     parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
                         help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)")
+    parser.add_argument("--tool-call-parser", choices=PARSER_CHOICES, default=defaults.tool_call_parser,
+                        help="how the model writes tool calls: hermes (Qwen 2.5/3), llama3_json, mistral; auto: "
+                             "the format the chat template shows, if exactly one")
+    parser.add_argument("--reasoning-parser", choices=REASONING_CHOICES, default=defaults.reasoning_parser,
+                        help="split <think>...</think> into reasoning_content (qwen3, deepseek_r1); structured "
+                             "output and tool calls are then constrained after the thinking")
+    parser.add_argument("--disable-tool-call-constraint", action="store_true",
+                        help="generate tool calls freely and only parse them (by default the calls are generated "
+                             "under a grammar built from the functions' schemas, so they always parse)")
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,6 @@ IGNORED_FIELDS = {
     "store": "asks OpenAI to keep the completion; nothing is stored here",
     "metadata": "tags for stored completions; nothing is stored here",
     "service_tier": "OpenAI's billing and latency tier",
-    "parallel_tool_calls": "meaningful only with tools, which are refused",
     "prompt_cache_key": "a routing hint for OpenAI's cache; the prefix cache here is automatic "
                         "(cache_salt, not this, separates tenants)",
     "cache_prompt": "llama.cpp's switch for reusing the prompt's KV; the prefix cache here is always "
@@ -47,9 +46,8 @@ UNSUPPORTED_FIELDS = {
     "guided_decoding_backend": "there is one structured-output engine; the backend cannot be chosen",
     "guided_whitespace_pattern": "the whitespace of structured output cannot be set",
     "structured_outputs": "use guided_json, guided_regex, guided_choice, json_schema, regex or response_format",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "tool_choice": "tool calling is not supported",
+    "functions": "the legacy function calling is not supported; use tools and tool_choice",
+    "function_call": "the legacy function calling is not supported; use tools and tool_choice",
     "image_data": "images are not supported",
     "audio": "audio is not supported",
     "modalities": "only text output is supported",
@@ -124,15 +122,51 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; absent: no parameters
+    strict: bool | None = None  # OpenAI's strict mode for the arguments
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(_Body):
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends JSON text; Hugging Face style, a mapping
+
+
+class ToolCallMessagePart(_Body):
+    """A call in an assistant message of the history, as OpenAI returned it."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: int | None = None  # what clients that rebuild streamed calls leave in
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    # what OpenAI's assistant messages carry when sent back: harmless while empty
+    tool_calls: list[ToolCallMessagePart] | None = None
+    # what OpenAI's assistant messages carry when sent back: harmless
     refusal: str | None = None
-    tool_calls: list[Any] | None = Field(default=None, max_length=0)
     annotations: list[Any] | None = None
+    reasoning_content: str | None = None  # a reasoning model's thinking, as this server returns it
 
 
 class ChatCompletionRequest(OpenAISampling):
@@ -140,13 +174,16 @@ class ChatCompletionRequest(OpenAISampling):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=U64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # default true; without tools, nothing to do
+    # variables for the chat template (vLLM's and SGLang's field), e.g. Qwen3's enable_thinking
+    chat_template_kwargs: dict[str, Any] | None = None
     # accepted and ignored (IGNORED_FIELDS)
     safety_identifier: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
     prompt_cache_key: str | None = None
 
 
@@ -185,6 +222,12 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
     priority: Priority | None = None
     cache_salt: CacheSalt | None = None
+    # tool calls over the native API: the prompt is the caller's (tools are not rendered
+    # into it); the output is constrained and parsed as for chat completions
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    separate_reasoning: bool = False  # with --reasoning-parser: the thinking apart
 
 
 class AbortRequest(_Body):

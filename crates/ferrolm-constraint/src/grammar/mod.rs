@@ -164,8 +164,14 @@ impl Grammar {
     /// Free text until `trigger` first appears in the output, then `then` (e.g.
     /// `"</think>"` then a JSON Schema). The output may end only once `then` may.
     pub fn after_trigger(trigger: &str, then: &Grammar) -> Result<Arc<Grammar>> {
+        Self::after_trigger_with(trigger, then, false)
+    }
+
+    /// As [`Grammar::after_trigger`]; with `optional`, the output may also end in the free
+    /// text, before the trigger has appeared (`tool_choice: auto`: a call or an answer).
+    pub fn after_trigger_with(trigger: &str, then: &Grammar, optional: bool) -> Result<Arc<Grammar>> {
         crate::budget::entry(|| {
-            let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa())?;
+            let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa(), optional)?;
             Ok(Arc::new(match &then.rules {
                 // The free-text part goes in front of the main rule; the others are unchanged.
                 Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),

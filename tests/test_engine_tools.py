@@ -1,0 +1,166 @@
+"""``Engine.chat`` with tools on the tiny model (random weights, a Hermes-style chat
+template): calls generated under the functions' schemas always parse and validate, over
+many seeds; ``auto`` stays free until the trigger; thinking comes apart."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+
+from ferrolm.errors import InvalidInputError
+from ferrolm.model.loader import LoadedModel
+from ferrolm.sampling_params import SamplingParams
+from tests.conftest import make_engine
+
+WEATHER_PARAMETERS = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+    "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        # bounded values and no other members (JSON Schema allows any by default): a random
+        # model writes digits and strings without end, and the test needs calls that finish
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": -999, "maximum": 999},
+                                         "b": {"type": "boolean"}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "ping"}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object", "additionalProperties": False})
+           for t in TOOLS}
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOL_CALL, THINK_END, IM_END = 32004, 32007, 32003  # the tiny model's <tool_call>, </think>, <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: LoadedModel) -> Any:
+    return make_engine(tiny)
+
+
+def assert_valid_calls(calls: list[Any]) -> None:
+    assert calls
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+def sampled(seed: int, **kw: Any) -> SamplingParams:
+    return SamplingParams(max_new_tokens=kw.pop("max_new_tokens", 96), temperature=1.0, seed=seed, **kw)
+
+
+def test_required_calls_always_parse_and_validate(engine: Any) -> None:
+    names = set()
+    for seed in range(24):
+        [answer] = engine.chat(USER, sampled(seed), tools=TOOLS, tool_choice="required")
+        assert answer.finish_reason == "tool_calls", answer
+        assert answer.content is None and answer.prompt.endswith("<|im_start|>assistant\n<tool_call>\n")
+        assert_valid_calls(answer.tool_calls)
+        names |= {c.name for c in answer.tool_calls}
+    assert len(names) > 1  # the model chooses among the tools
+
+
+def test_a_named_function_is_the_one_called(engine: Any) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    answers = engine.chat(USER, sampled(3, n=12), tools=TOOLS, tool_choice=choice)
+    assert len(answers) == 12
+    for answer in answers:
+        assert [c.name for c in answer.tool_calls] == ["get_weather"]
+        assert_valid_calls(answer.tool_calls)
+
+
+def test_auto_with_the_trigger_forced_returns_a_valid_call(engine: Any) -> None:
+    for seed in range(8):
+        params = sampled(seed, logit_bias={TOOL_CALL: 100.0})
+        [answer] = engine.chat(USER, params, tools=TOOLS, tool_choice="auto")
+        assert answer.text.startswith("<tool_call>"), answer.text
+        assert answer.finish_reason == "tool_calls"
+        assert_valid_calls(answer.tool_calls)
+
+
+def test_auto_without_the_trigger_is_free_text_that_may_end(engine: Any) -> None:
+    # the trigger never written (its token banned) and EOS made likely: the answer is text
+    # that ends by itself (under a mandatory trigger EOS would stay masked until a call)
+    for seed in range(4):
+        params = sampled(seed, logit_bias={TOOL_CALL: -100.0, IM_END: 12.0}, max_new_tokens=200)
+        [answer] = engine.chat(USER, params, tools=TOOLS)
+        assert answer.tool_calls == [] and answer.content == (answer.text.strip() or None)
+        assert answer.finish_reason == "stop", answer.text
+
+
+def test_parallel_tool_calls_off_returns_one_call(engine: Any) -> None:
+    # unconstrained, a model may write several calls; OpenAI's switch promises one at most
+    [answer] = engine.chat(USER, sampled(0), tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert len(answer.tool_calls) == 1
+
+
+def test_thinking_comes_apart_and_the_answer_follows_the_schema(engine: Any) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for seed in range(4):
+        params = sampled(seed, json_schema=schema, logit_bias={THINK_END: 12.0}, max_new_tokens=200)
+        [answer] = engine.chat(USER, params, reasoning_parser="deepseek_r1")
+        head, _, tail = answer.text.partition("</think>")
+        assert answer.reasoning_content == (head.strip() or None)
+        jsonschema.validate(json.loads(answer.content), schema)
+        assert answer.content == tail.strip()
+
+
+def test_thinking_then_a_required_call(engine: Any) -> None:
+    for seed in range(4):
+        params = sampled(seed, logit_bias={THINK_END: 12.0, TOOL_CALL: 12.0}, max_new_tokens=200)
+        [answer] = engine.chat(USER, params, tools=TOOLS, tool_choice="required", reasoning_parser="deepseek_r1")
+        assert "</think>" in answer.text and answer.finish_reason == "tool_calls", answer.text
+        assert_valid_calls(answer.tool_calls)
+
+
+def test_unconstrained_calls_are_parsed_only(engine: Any) -> None:
+    # the flag off: no grammar, so the random model's "call" is whatever it writes
+    [answer] = engine.chat(USER, sampled(0, max_new_tokens=8), tools=TOOLS, tool_choice="required",
+                           constrain_tool_calls=False)
+    assert answer.finish_reason == "length" and answer.prompt.endswith("<tool_call>\n")
+
+
+def test_history_with_calls_and_results_renders(engine: Any) -> None:
+    history = [*USER,
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                     "arguments": '{"city": "Paris", "days": 1}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    [answer] = engine.chat(history, sampled(0, max_new_tokens=4), tools=TOOLS, tool_choice="none")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>' in answer.prompt
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in answer.prompt
+    assert answer.tool_calls == []
+
+
+def test_a_schema_that_does_not_compile_names_its_tool(engine: Any) -> None:
+    bad = {"type": "function", "function": {"name": "bad", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(USER, sampled(0), tools=[TOOLS[0], bad], tool_choice="required")
+    assert e.value.field == "tools.1.function.parameters"
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(USER, sampled(0), tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert e.value.field == "tool_choice"
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(USER, sampled(0), tool_choice="auto")
+    assert e.value.field == "tool_choice"
+    assert not engine.has_work()
+
+
+def test_an_optional_trigger_lets_the_free_text_end(engine: Any) -> None:
+    v = engine.vocabulary
+    call = v.json_schema(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    eos = engine.config.eos_token_ids[0]
+    mask = np.zeros(v.bitmask_words, dtype=np.int32)
+    optional = v.after_trigger("<tool_call>", call, optional=True).matcher()
+    assert optional.can_end() and optional.accept_string("plain text")
+    optional.fill_next_token_bitmask(mask)
+    assert mask[eos // 32] >> (eos % 32) & 1, "EOS allowed in the free text"
+    assert optional.accept_token(TOOL_CALL) and not optional.can_end(), "once triggered, the call must complete"
+    assert optional.accept_string('{"a":1}') and optional.can_end()
+    mandatory = v.after_trigger("<tool_call>", call).matcher()
+    assert mandatory.accept_string("plain text") and not mandatory.can_end()
