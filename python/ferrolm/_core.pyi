@@ -10,7 +10,8 @@ ints. Anything else, a value out of range, or an array that is not 1-D raises
 ``InvalidInputError`` naming the argument.
 """
 
-from typing import Iterator, final
+import os
+from typing import Any, Iterator, final
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,7 @@ __all__ = [
     "Matcher",
     "fill_next_token_bitmask_batch",
     "json_schema_normalized",
+    "replay_trace",
     "write_kv",
     "paged_attention",
 ]
@@ -251,6 +253,7 @@ class Engine:
         fast_lane_tokens: int = 32,
         max_context: int = 32768,
         seed: int = 0,
+        record_trace: str | os.PathLike[str] | None = None,
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
         and EOS ids, and the vocabulary size; request grammars must be compiled from this
@@ -259,8 +262,11 @@ class Engine:
         ``max_running_requests`` 64, ``max_prefill_tokens`` 2048. ``schedule_policy``:
         ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
         step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
-        is kept free when admitting others. Raises ``InvalidInputError`` naming a bad
-        setting."""
+        is kept free when admitting others. ``record_trace``: a file (created, or
+        truncated) in which every call is recorded as JSON lines for ``replay_trace`` (the
+        format is documented in the core's ``trace`` module); a write that fails stops the
+        recording, never the engine. Raises ``InvalidInputError`` naming a bad setting,
+        ``OSError`` when the trace file cannot be created."""
     def submit(
         self,
         rid: int | list[int],
@@ -458,6 +464,43 @@ def json_schema_normalized(schema: str) -> str:
     within the document resolved to ``#/$defs/<JSON pointer of its target>``. For tools
     that follow the engine, e.g. writing a document's members in the order it generates
     them. Raises ``InvalidInputError`` (field ``json_schema``) on text that is not JSON."""
+def replay_trace(
+    path: str | os.PathLike[str],
+    *,
+    by_time: bool = False,
+    step_ms: float | None = None,
+    token_ms: float = 0.0,
+    check_every: int = 1,
+    verbose: bool = False,
+    kv_capacity: int | None = None,
+    max_running_requests: int | None = None,
+    max_prefill_tokens: int | None = None,
+    schedule_policy: str | None = None,
+    eviction_policy: str | None = None,
+    enable_prefix_cache: bool | None = None,
+    new_token_ratio: float | None = None,
+) -> dict[str, Any]:
+    """Replays a trace recorded with ``Engine(record_trace=...)`` through a fresh engine,
+    the recorded tokens standing in for the model (what the ``ferrolm-replay`` binary
+    does). Requests arrive in the recorded call order, each step's plan compared with the
+    recorded one, or with ``by_time`` at their recorded times on a virtual clock that
+    advances ``step_ms`` (default: the recording's mean step) plus ``token_ms`` per token
+    at each step. The settings given replace the recorded ones. KV conservation is
+    checked every ``check_every`` steps (0: at the end only) and at the end no slot may be
+    held.
+
+    Returns the summary: ``ok`` (every KV check held), ``same`` (every step and finish as
+    recorded), ``steps``, ``recorded_steps``, ``compared_steps``, ``diverged_steps``,
+    ``first_divergence``, ``prompt_tokens``, ``cache_hit_tokens``,
+    ``recorded_cache_hit_tokens``, ``generated_tokens``, ``admissions``,
+    ``prefill_chunks``, ``retractions``, ``finishes`` (count by reason), ``enforced_ends``,
+    ``cut_off``, ``refused``, ``finish_mismatches``, ``first_mismatch``,
+    ``missing_tokens``, ``kv_checks``, ``kv_capacity``, ``peak_kv_used``,
+    ``peak_running``, ``violations`` (the first 20), ``violation_count``, ``report`` (the
+    summary as lines) and ``lines`` (one per step with ``verbose``). Runs without the GIL.
+    Raises ``OSError`` when the file cannot be read, ``InvalidInputError`` for a trace
+    that does not parse (field ``trace``, with its line number) or a bad setting."""
+
 def write_kv(
     k_pool: npt.NDArray[np.generic],
     v_pool: npt.NDArray[np.generic],

@@ -24,7 +24,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     engine = Engine(
         args.model, seed=args.seed, blas_threads=args.blas_threads, runner=args.runner, device=args.device,
-        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, record_trace=args.record_trace,
     )
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -67,8 +67,57 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--blas-threads", type=int, default=None, help="cap numpy's BLAS threads (default: half the cores)")
+    p.add_argument("--record-trace", metavar="PATH", default=None,
+                   help="record the engine's calls in PATH, to replay with 'ferrolm replay PATH'")
     add_runner_arguments(p)
     p.set_defaults(func=_generate)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ferrolm import _core
+
+    overrides = {name: getattr(args, name) for name in REPLAY_OVERRIDES if getattr(args, name) is not None}
+    if args.disable_radix_cache:
+        overrides["enable_prefix_cache"] = False
+    timing = {"step_ms": args.step_ms, "token_ms": args.token_ms} if args.by_time else {}
+    summary = _core.replay_trace(args.trace, by_time=args.by_time, check_every=args.check_every,
+                                 verbose=not args.quiet, **timing, **overrides)
+    for line in summary["lines"] + summary["report"]:
+        print(line)
+    if not summary["ok"]:
+        return 1
+    if args.expect_same and not summary["same"]:
+        print("the replay differs from the recording (--expect-same)", file=sys.stderr)
+        return 3
+    return 0
+
+
+REPLAY_OVERRIDES = ("kv_capacity", "max_running_requests", "max_prefill_tokens", "schedule_policy", "eviction_policy",
+                    "new_token_ratio")
+
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay an engine trace (--record-trace) without the model and check the KV pool",
+                       description="Replays a trace through the Rust core, the recorded tokens standing in for the "
+                                   "model: prints each step's decisions and a summary; exit status 1 if a KV check "
+                                   "failed, 3 with --expect-same if the replay differs from the recording. The same "
+                                   "as the ferrolm-replay binary.")
+    p.add_argument("trace")
+    p.add_argument("-q", "--quiet", action="store_true", help="the summary only, not a line per step")
+    p.add_argument("--by-time", action="store_true",
+                   help="requests arrive at their recorded times on a virtual clock (default: in recorded step order)")
+    p.add_argument("--step-ms", type=float, default=None, help="--by-time: each step's cost (default: the recording's mean)")
+    p.add_argument("--token-ms", type=float, default=0.0, help="--by-time: added per token in the step")
+    p.add_argument("--check-every", type=int, default=1, help="check the KV pool every N steps (0: at the end)")
+    p.add_argument("--expect-same", action="store_true", help="exit 3 if any step or finish differs from the recording")
+    p.add_argument("--kv-capacity", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--max-prefill-tokens", "--chunked-prefill-size", dest="max_prefill_tokens", type=int, default=None)
+    p.add_argument("--schedule-policy", default=None)
+    p.add_argument("--eviction-policy", default=None)
+    p.add_argument("--new-token-ratio", type=float, default=None)
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.set_defaults(func=_replay)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -100,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_tools.add_parser(bench_sub)
     _add_generate(sub)
     _add_serve(sub)
+    _add_replay(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -131,6 +131,7 @@ class Engine:
         kv_cache_dtype: str = "auto",
         device_greedy: bool = True,
         mem_fraction_static: float | None = None,
+        record_trace: str | os.PathLike[str] | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
@@ -145,7 +146,10 @@ class Engine:
         its device in steps where every sampling request is plain greedy.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
         weights and pool take that fraction of the device's memory, instead of
-        ``kv_capacity``."""
+        ``kv_capacity``.
+        ``record_trace``: a file to record every call to the core in (submits, aborts,
+        each step's plan and tokens), replayable without the model: ``ferrolm replay``,
+        the ``ferrolm-replay`` binary (README, "Replaying the engine")."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -186,6 +190,7 @@ class Engine:
             eviction_policy=eviction_policy,
             max_context=self.config.max_position_embeddings,
             seed=seed,
+            record_trace=None if record_trace is None else os.fspath(record_trace),
         )
         # Greedy on the runner's device: a step whose sampling requests are all plain greedy
         # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)

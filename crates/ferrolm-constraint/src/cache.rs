@@ -46,6 +46,18 @@ pub enum GrammarSource {
 }
 
 impl GrammarSource {
+    /// What kind of source it is, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GrammarSource::Regex(_) => "regex",
+            GrammarSource::JsonSchema(..) => "json_schema",
+            GrammarSource::Choice(_) => "choice",
+            GrammarSource::JsonObject(_) => "json_object",
+            GrammarSource::Gbnf(_) => "gbnf",
+            GrammarSource::Segment { .. } => "segment",
+        }
+    }
+
     fn compile(&self, vocab: Arc<Vocabulary>) -> Result<Arc<Grammar>> {
         budget::entry(|| self.compile_in_scope(vocab))
     }
@@ -153,12 +165,18 @@ impl GrammarCache {
     /// The grammar of `source`, compiled now if it is not cached.
     pub fn get_or_compile(&self, source: &GrammarSource) -> Result<Arc<Grammar>> {
         if let Some(entry) = self.lock().get(source) {
+            tracing::debug!(kind = source.kind(), ok = entry.is_ok(), "grammar cache hit");
             return entry.clone();
         }
         // Compiled without holding the lock, so other sources are served meanwhile
         // (two callers may compile the same new source at once; both get equal grammars).
         let (vocab, owned) = (self.vocab.clone(), source.clone());
+        let started = std::time::Instant::now();
         let result = self.compile_with_timeout(Box::new(move || owned.compile_in_scope(vocab)));
+        match &result {
+            Ok(_) => tracing::debug!(kind = source.kind(), ms = started.elapsed().as_secs_f64() * 1e3, "grammar compiled"),
+            Err(e) => tracing::info!(kind = source.kind(), error = %e, "grammar compile failed"),
+        }
         if matches!(result, Err(ConstraintError::Internal { .. })) {
             return result;
         }

@@ -30,5 +30,7 @@
 pub mod attention;
 pub mod detok;
 pub mod engine;
+pub mod logging;
 pub mod radix;
 pub mod sampling;
+pub mod trace;

@@ -153,7 +153,7 @@ impl PyEngine {
         vocabulary, *, kv_capacity = 32768,
         max_running_requests = 64, max_prefill_tokens = 2048, schedule_policy = "fcfs",
         enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
-        max_context = 32768, seed = 0,
+        max_context = 32768, seed = 0, record_trace = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -169,6 +169,7 @@ impl PyEngine {
         fast_lane_tokens: usize,
         max_context: usize,
         seed: u64,
+        record_trace: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let bad = |field: &'static str, m: String| errors::invalid_field(py, field, format!("{field}: {m}"));
         let schedule_policy = schedule_policy.parse().map_err(|m| bad("schedule_policy", m))?;
@@ -190,8 +191,14 @@ impl PyEngine {
             seed,
         };
         // the engine detokenizes with it; request grammars must be compiled from it
-        let engine =
+        let mut engine =
             Engine::new(config, vocabulary.vocab().clone()).map_err(|m| errors::invalid_input(py, m))?;
+        if let Some(path) = record_trace {
+            let file = std::fs::File::create(&path).map_err(|e| {
+                pyo3::exceptions::PyOSError::new_err(format!("record_trace: {}: {e}", path.display()))
+            })?;
+            engine.record_trace(Box::new(file)).map_err(|m| errors::invalid_field(py, "record_trace", m))?;
+        }
         Ok(PyEngine { engine, poison: Poison::default() })
     }
 

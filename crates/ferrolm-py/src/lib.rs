@@ -11,6 +11,7 @@ mod engine;
 mod errors;
 mod guard;
 mod radix;
+mod trace;
 
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -20,13 +21,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::init(m)?;
     constraint::init(m)?;
     attention::init(m)?;
+    trace::init(m)?;
     Ok(())
 }
 
 /// Core logs go to stderr when `FERROLM_LOG` is set (e.g. `FERROLM_LOG=debug`); silent
-/// otherwise.
+/// otherwise (see `ferrolm_core::logging`).
 fn init_logging() {
-    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("FERROLM_LOG") {
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    }
+    ferrolm_core::logging::init_from_env();
 }

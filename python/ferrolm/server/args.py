@@ -53,6 +53,7 @@ class ServerArgs:
     tool_call_parser: str = "auto"  # a format of ferrolm.tools.formats; auto: from the chat template
     reasoning_parser: str = "none"  # qwen3 | deepseek_r1: reasoning_content apart from content
     disable_tool_call_constraint: bool = False  # parse calls only: no grammar from the tools
+    record_trace: str | None = None  # a file recording the engine's calls, for ferrolm replay
 
     @property
     def model_name(self) -> str:
@@ -107,6 +108,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reasoning-parser", choices=REASONING_CHOICES, default=defaults.reasoning_parser,
                         help="split <think>...</think> into reasoning_content (qwen3, deepseek_r1); structured "
                              "output and tool calls are then constrained after the thinking")
+    parser.add_argument("--record-trace", metavar="PATH", default=None,
+                        help="record every call to the engine core (arrivals, sampling settings, each step's plan "
+                             "and tokens) in PATH as JSON lines, to replay offline without the model: "
+                             "ferrolm replay PATH (or the ferrolm-replay binary)")
     parser.add_argument("--disable-tool-call-constraint", action="store_true",
                         help="generate tool calls freely and only parse them (by default the calls are generated "
                              "under a grammar built from the functions' schemas, so they always parse)")

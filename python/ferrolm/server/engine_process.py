@@ -313,6 +313,7 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
             dtype=args.dtype,
             kv_cache_dtype=args.kv_cache_dtype,
             mem_fraction_static=args.mem_fraction_static,
+            record_trace=args.record_trace,
         )
     except (FerrolmError, OSError) as e:
         conn.send(("failed", str(e)))

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::detok::StopReason;
 use crate::sampling::Sampled;
+use crate::trace::OutputsOf;
 
 use super::core::{Engine, EngineError, InFlight};
 use super::plan::StepOutputs;
@@ -34,6 +35,7 @@ impl Engine {
             self.advance_with(f, row, &mut out, None, d);
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
+        self.trace_outputs(OutputsOf::Commit, &out);
         Ok(out)
     }
 
@@ -61,6 +63,7 @@ impl Engine {
             row[t as usize] = f32::NEG_INFINITY;
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
+        self.trace_outputs(OutputsOf::Commit, &out);
         Ok(out)
     }
 
@@ -90,6 +93,7 @@ impl Engine {
             tracing::warn!(requests = in_flight.len(), message, "step failed");
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
+        self.trace_outputs(OutputsOf::FailStep(message), &out);
         out
     }
 

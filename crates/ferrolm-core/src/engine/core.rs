@@ -17,6 +17,7 @@ use std::time::Instant;
 use crate::detok::{Detokenizer, TokenBytes};
 use crate::radix::{RadixTree, TreeConfig};
 use crate::sampling::{RequestRng, Sampler};
+use crate::trace::{OutputsOf, TraceRecorder};
 
 use super::config::EngineConfig;
 use super::constraint::{Constraint, TokenConstraint};
@@ -80,6 +81,8 @@ pub struct Engine {
     pub(super) scratch: Vec<f32>,
     pub(crate) stats: EngineStats,
     pub(super) latencies: LatencySamples,
+    /// Where every call is recorded, when asked (`record_trace`).
+    pub(super) trace: Option<TraceRecorder>,
 }
 
 impl Engine {
@@ -102,8 +105,27 @@ impl Engine {
             scratch: Vec::with_capacity(config.vocab_size),
             stats: EngineStats::default(),
             latencies: LatencySamples::default(),
+            trace: None,
             config,
         })
+    }
+
+    /// Records every call from now on as a trace (`crate::trace`) written to `out`, which
+    /// `ferrolm-replay` replays without a model. Refused once the engine has taken a
+    /// request: a trace starts from an empty engine.
+    pub fn record_trace(&mut self, out: Box<dyn std::io::Write + Send + Sync>) -> Result<(), String> {
+        if self.stats.steps > 0 || !self.requests.is_empty() || self.tree.sizes().total > 0 {
+            return Err("a trace starts from a fresh engine; this one has run already".into());
+        }
+        self.trace = Some(TraceRecorder::new(out, &self.config).map_err(|e| format!("writing the trace: {e}"))?);
+        Ok(())
+    }
+
+    /// Records a batch of outputs in the trace, if one is recorded.
+    pub(super) fn trace_outputs(&mut self, of: OutputsOf<'_>, out: &StepOutputs) {
+        if let Some(t) = &mut self.trace {
+            t.on_outputs(of, out, &*self.vocab);
+        }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -141,6 +163,9 @@ impl Engine {
         constraint: Option<Constraint>,
     ) -> Result<(), EngineError> {
         self.check_request(rids, prompt, &params, constraint.as_ref())?;
+        if let Some(t) = &mut self.trace {
+            t.on_submit(rids, prompt, &params, constraint.as_ref());
+        }
         let mut constraints: Vec<Option<Box<dyn TokenConstraint>>> = match constraint {
             None => rids.iter().map(|_| None).collect(),
             Some(Constraint::Custom(c)) => vec![Some(c)], // checked: one sample
@@ -194,6 +219,9 @@ impl Engine {
     /// `commit` or `take_outputs`. False if the engine does not know the rid.
     pub fn abort(&mut self, rid: u64) -> bool {
         let Some(r) = self.requests.get_mut(&rid) else { return false };
+        if let Some(t) = &mut self.trace {
+            t.on_abort(rid);
+        }
         if self.in_flight.iter().any(|f| f.rid == rid) {
             r.aborted = true; // the step's commit finishes it, after the runner wrote its KV
             return true;
@@ -211,7 +239,9 @@ impl Engine {
 
     /// Outputs produced outside a step (aborts, timeouts), for a loop with nothing to run.
     pub fn take_outputs(&mut self) -> StepOutputs {
-        std::mem::replace(&mut self.pending, StepOutputs::new())
+        let out = std::mem::replace(&mut self.pending, StepOutputs::new());
+        self.trace_outputs(OutputsOf::TakeOutputs, &out);
+        out
     }
 
     /// Hands a request's KV to the cache (or the pool) and drops its lock.
@@ -318,6 +348,27 @@ impl Engine {
         }
         let freed = self.tree.evict(usize::MAX);
         self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
+        tracing::debug!(freed = freed.len(), "prefix cache flushed");
+        if let Some(t) = &mut self.trace {
+            t.on_flush();
+        }
         true
+    }
+
+    /// The running requests, in the order their plan entries come.
+    pub fn running_rids(&self) -> &[u64] {
+        &self.running
+    }
+
+    /// The waiting requests, in queue order (samples waiting for their leader not included).
+    pub fn waiting_rids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.waiting.iter().copied()
+    }
+
+    /// Takes a free slot and forgets it: a leak, for the tests of the checks that find one.
+    #[cfg(test)]
+    pub(crate) fn leak_slot_for_test(&mut self) {
+        let mut taken = Vec::new();
+        assert!(self.pool.alloc_into(1, &mut taken), "a free slot to leak");
     }
 }

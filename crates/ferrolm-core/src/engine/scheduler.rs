@@ -16,6 +16,15 @@ impl Engine {
     /// (decode is never starved by prompts); waiting requests join in policy order while
     /// the step's prefill budget, `max_running_requests` and the KV pool allow.
     pub fn schedule(&mut self) -> Result<BatchPlan, EngineError> {
+        let _step = tracing::debug_span!("step", step = self.stats.steps).entered();
+        let plan = self.plan_step()?;
+        if let Some(t) = &mut self.trace {
+            t.on_schedule(&plan);
+        }
+        Ok(plan)
+    }
+
+    fn plan_step(&mut self) -> Result<BatchPlan, EngineError> {
         if !self.in_flight.is_empty() {
             return Err(EngineError::Protocol("schedule called twice without commit".into()));
         }
@@ -30,6 +39,9 @@ impl Engine {
             let is_decode = todo == 1 && r.kv_len >= r.prompt_len;
             // a decode's slot was made room for; prompt chunks share the prefill budget
             let n = if is_decode { 1 } else { todo.min(budget) };
+            if !is_decode && n > 0 && n < todo {
+                tracing::debug!(rid, start = r.kv_len, tokens = n, left = todo - n, "prefill chunk");
+            }
             if n == 0 || !self.reserve_slots(rid, n) {
                 continue;
             }
@@ -44,7 +56,7 @@ impl Engine {
             // each other forever: give one's KV back and try again.
             let victim = self.retraction_victim();
             self.retract(victim);
-            return self.schedule();
+            return self.plan_step();
         }
         self.stats.steps += 1;
         Ok(plan)
@@ -62,6 +74,7 @@ impl Engine {
         if self.pool.num_free() < n {
             let freed = self.tree.evict(n - self.pool.num_free());
             self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
+            tracing::debug!(wanted = n, freed = freed.len(), free = self.pool.num_free(), "evicted from the prefix cache");
         }
     }
 
@@ -105,6 +118,7 @@ impl Engine {
                     self.config.kv_capacity,
                     r.tokens.len()
                 );
+                tracing::warn!(rid = victim, "{msg}");
                 let text = self.requests.get_mut(&victim).unwrap().detok.flush();
                 self.finish_pending(victim, FinishReason::error(ErrorKind::KvCapacity, msg), text);
                 return;
@@ -136,7 +150,7 @@ impl Engine {
         r.queued_at = Instant::now();
         self.waiting.push_front(rid);
         self.stats.retractions += 1;
-        tracing::debug!(rid, "retracted under KV pressure");
+        tracing::debug!(rid, kept = r.tokens.len(), free = self.pool.num_free(), "retracted under KV pressure");
     }
 
     fn expire_waiting(&mut self, now: Instant) {
@@ -160,6 +174,7 @@ impl Engine {
             for rid in expired {
                 let t = self.requests[&rid].params.queue_timeout_s.unwrap();
                 let message = format!("waited in the queue longer than {t} s");
+                tracing::info!(rid, timeout_s = t, "queue timeout");
                 self.finish_pending(
                     rid,
                     FinishReason::error(ErrorKind::QueueTimeout, message),
@@ -237,6 +252,7 @@ impl Engine {
             let wanted = uncached + (r.remaining() as f64 * ratio).ceil() as usize;
             let available = self.pool.num_free() + self.tree.sizes().evictable;
             if wanted + reserved > available {
+                tracing::debug!(rid, wanted, reserved, available, "admission stops: KV budget");
                 if let Some(node) = node {
                     self.tree.unlock(node).expect("just locked");
                 }
@@ -258,6 +274,10 @@ impl Engine {
             self.waiting.retain(|&w| w != rid);
             self.running.push(rid);
             *budget -= chunk.min(*budget);
+            if matched > 0 {
+                tracing::debug!(rid, cached = matched, prompt = r.prompt_len, "prefix cache hit");
+            }
+            tracing::debug!(rid, cached = matched, tokens = chunk, left = uncached - chunk, fast_lane, "admitted");
             let is_prefill = !(chunk == 1 && matched >= self.requests[&rid].prompt_len);
             self.add_to_plan(plan, rid, chunk, is_prefill);
         }
