@@ -80,8 +80,12 @@ def _replay(args: argparse.Namespace) -> int:
     if args.disable_radix_cache:
         overrides["enable_prefix_cache"] = False
     timing = {"step_ms": args.step_ms, "token_ms": args.token_ms} if args.by_time else {}
-    summary = _core.replay_trace(args.trace, by_time=args.by_time, check_every=args.check_every,
-                                 verbose=not args.quiet, **timing, **overrides)
+    try:
+        summary = _core.replay_trace(args.trace, by_time=args.by_time, check_every=args.check_every,
+                                     verbose=not args.quiet, **timing, **overrides)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for line in summary["lines"] + summary["report"]:
         print(line)
     if not summary["ok"]:
