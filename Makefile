@@ -38,16 +38,31 @@ build: $(DEPS_STAMP)
 build-dev: $(DEPS_STAMP)
 	$(BIN)/maturin develop --quiet
 
-.PHONY: test  ## Rust tests, Python tests and the stub check: what CI runs
-test: build test-rust test-python test-torch stubtest
+.PHONY: test  ## Rust tests, Python tests, the stub check and the wheel: what CI runs
+test: build test-rust test-python test-torch stubtest test-wheel
 
 .PHONY: test-rust  ## cargo test of the core crates (no Python needed)
 test-rust:
 	cargo test -p ferrolm-core -p ferrolm-constraint
 
 .PHONY: test-python  ## pytest against the built module
-test-python: build $(TORCH_STAMP)
-	$(BIN)/python -m pytest
+test-python: build $(TORCH_STAMP) replay-bin
+	FERROLM_REPLAY_BIN=$(REPLAY_BIN) $(BIN)/python -m pytest
+
+REPLAY_BIN := $(abspath target/release/ferrolm-replay)
+
+.PHONY: replay-bin  ## the ferrolm-replay binary (engine traces without Python), target/release
+replay-bin:
+	cargo build --release --quiet -p ferrolm-core --bin ferrolm-replay
+
+.PHONY: wheel  ## the abi3 wheel (release) in target/wheels
+wheel: $(DEPS_STAMP)
+	rm -f target/wheels/ferrolm-*.whl
+	$(BIN)/maturin build --release --quiet --out target/wheels
+
+.PHONY: test-wheel  ## install the wheel in a fresh virtualenv without Rust on PATH, run ferrolm from it
+test-wheel: wheel
+	PYTHON=$(PYTHON) scripts/test_wheel.sh
 
 # the engine and server suites again, the engines of make_engine and the servers of
 # running_server on the torch runner (CPU): ~3 minutes on 2 cores
