@@ -174,7 +174,11 @@ impl GrammarCache {
         let started = std::time::Instant::now();
         let result = self.compile_with_timeout(Box::new(move || owned.compile_in_scope(vocab)));
         match &result {
-            Ok(_) => tracing::debug!(kind = source.kind(), ms = started.elapsed().as_secs_f64() * 1e3, "grammar compiled"),
+            Ok(_) => tracing::debug!(
+                kind = source.kind(),
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "grammar compiled"
+            ),
             Err(e) => tracing::info!(kind = source.kind(), error = %e, "grammar compile failed"),
         }
         if matches!(result, Err(ConstraintError::Internal { .. })) {

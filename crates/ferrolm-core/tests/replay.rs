@@ -29,7 +29,9 @@ fn the_recorded_trace_replays_as_recorded() {
     let options = ReplayOptions { verbose: true, ..Default::default() };
     let s = replay(&trace, &options, &mut |l| lines.push(l.to_string())).unwrap();
     let finishes: BTreeMap<String, usize> =
-        [("abort", 1), ("error:queue_timeout", 1), ("length", 9), ("stop", 2)].map(|(k, v)| (k.to_string(), v)).into();
+        [("abort", 1), ("error:queue_timeout", 1), ("length", 9), ("stop", 2)]
+            .map(|(k, v)| (k.to_string(), v))
+            .into();
     assert_eq!(s.violation_count, 0, "{:?}", s.violations);
     assert_eq!((s.requests, s.steps, s.recorded_steps), (13, 50, 50));
     assert_eq!((s.compared_steps, s.diverged_steps), (50, 0), "{:?}", s.first_divergence);
@@ -37,7 +39,10 @@ fn the_recorded_trace_replays_as_recorded() {
     assert_eq!(s.generated_tokens, 211);
     assert_eq!((s.admissions, s.prefill_chunks, s.retractions), (13, 2, 1));
     assert_eq!(s.finishes, finishes);
-    assert_eq!((s.enforced_ends, s.cut_off, s.refused, s.finish_mismatches, s.missing_tokens), (1, 0, 0, 0, 0));
+    assert_eq!(
+        (s.enforced_ends, s.cut_off, s.refused, s.finish_mismatches, s.missing_tokens),
+        (1, 0, 0, 0, 0)
+    );
     assert_eq!((s.kv_checks, s.peak_kv_used, s.kv_capacity), (51, 192, 192));
     assert_eq!(lines.len(), 50);
     assert!(lines[0].starts_with("step 0: "), "{}", lines[0]);
@@ -114,7 +119,13 @@ fn ferrolm_log_shows_the_schedulers_events() {
     let out = run_binary(&["-q", trace_path().to_str().unwrap()], Some("ferrolm_core=debug"));
     assert_eq!(out.status.code(), Some(0));
     let stderr = String::from_utf8(out.stderr).unwrap();
-    for event in ["admitted", "prefix cache hit", "prefill chunk", "evicted from the prefix cache", "retracted under KV pressure"] {
+    for event in [
+        "admitted",
+        "prefix cache hit",
+        "prefill chunk",
+        "evicted from the prefix cache",
+        "retracted under KV pressure",
+    ] {
         assert!(stderr.contains(event), "no {event:?} event in\n{stderr}");
     }
     assert!(stderr.contains("step{step="), "events carry their step's span");

@@ -47,7 +47,10 @@ fn replay_trace<'py>(
         kv_capacity,
         max_running_requests,
         max_prefill_tokens,
-        schedule_policy: schedule_policy.map(str::parse).transpose().map_err(|m| bad("schedule_policy", m))?,
+        schedule_policy: schedule_policy
+            .map(str::parse)
+            .transpose()
+            .map_err(|m| bad("schedule_policy", m))?,
         eviction_policy: eviction_policy
             .map(str::parse::<EvictionPolicy>)
             .transpose()
@@ -66,7 +69,8 @@ fn replay_trace<'py>(
     let (summary, lines) = contain(py, move || {
         let trace = Trace::read(std::io::BufReader::new(file)).map_err(|m| ("trace", m))?;
         let mut lines = Vec::new();
-        let summary = replay(&trace, &options, &mut |l| lines.push(l.to_string())).map_err(|m| ("settings", m))?;
+        let summary =
+            replay(&trace, &options, &mut |l| lines.push(l.to_string())).map_err(|m| ("settings", m))?;
         Ok::<_, (&'static str, String)>((summary, lines))
     })?
     .map_err(|(field, m)| bad(field, m))?;

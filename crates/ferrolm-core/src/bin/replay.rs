@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! ferrolm-replay TRACE [-q] [--by-time [--step-ms X] [--token-ms Y]] [--check-every N]
-//!                [--expect-same] [--kv-capacity N] [--max-running-requests N]
+//!                [--expect-same] [--timing] [--kv-capacity N] [--max-running-requests N]
 //!                [--max-prefill-tokens N] [--schedule-policy P] [--eviction-policy P]
 //!                [--disable-radix-cache] [--new-token-ratio R]
 //! ```
@@ -17,17 +17,20 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use ferrolm_core::trace::{replay, Arrivals, ReplayOptions, Trace};
 
 const USAGE: &str = "usage: ferrolm-replay TRACE [-q] [--by-time [--step-ms X] [--token-ms Y]] [--check-every N] \
-[--expect-same] [--kv-capacity N] [--max-running-requests N] [--max-prefill-tokens N] [--schedule-policy P] \
+[--expect-same] [--timing] [--kv-capacity N] [--max-running-requests N] [--max-prefill-tokens N] [--schedule-policy P] \
 [--eviction-policy P] [--disable-radix-cache] [--new-token-ratio R]";
 
 struct Args {
     path: PathBuf,
     options: ReplayOptions,
     expect_same: bool,
+    /// Print how long reading and replaying took (the core's own cost per step).
+    timing: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -35,7 +38,7 @@ fn parse_args() -> Result<Args, String> {
     let mut path = None;
     let mut options = ReplayOptions { verbose: true, ..ReplayOptions::default() };
     let (mut by_time, mut step_ms, mut token_ms) = (false, None, 0.0);
-    let mut expect_same = false;
+    let (mut expect_same, mut timing) = (false, false);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, String>
@@ -52,9 +55,11 @@ fn parse_args() -> Result<Args, String> {
             "--token-ms" => token_ms = num::<f64>("--token-ms", value("--token-ms")?)?,
             "--check-every" => options.check_every = num("--check-every", value("--check-every")?)?,
             "--expect-same" => expect_same = true,
+            "--timing" => timing = true,
             "--kv-capacity" => o.kv_capacity = Some(num("--kv-capacity", value("--kv-capacity")?)?),
             "--max-running-requests" => {
-                o.max_running_requests = Some(num("--max-running-requests", value("--max-running-requests")?)?)
+                o.max_running_requests =
+                    Some(num("--max-running-requests", value("--max-running-requests")?)?)
             }
             "--max-prefill-tokens" | "--chunked-prefill-size" => {
                 o.max_prefill_tokens = Some(num(&arg, value(&arg)?)?)
@@ -64,7 +69,9 @@ fn parse_args() -> Result<Args, String> {
                 o.eviction_policy = Some(value("--eviction-policy")?.parse().map_err(|e| format!("{e}"))?)
             }
             "--disable-radix-cache" => o.enable_prefix_cache = Some(false),
-            "--new-token-ratio" => o.new_token_ratio = Some(num("--new-token-ratio", value("--new-token-ratio")?)?),
+            "--new-token-ratio" => {
+                o.new_token_ratio = Some(num("--new-token-ratio", value("--new-token-ratio")?)?)
+            }
             "-h" | "--help" => return Err(String::new()),
             other if path.is_none() && !other.starts_with('-') => path = Some(PathBuf::from(other)),
             other => return Err(format!("unexpected argument {other:?}")),
@@ -76,7 +83,7 @@ fn parse_args() -> Result<Args, String> {
     } else if step_ms.is_some() || token_ms != 0.0 {
         return Err("--step-ms and --token-ms are for --by-time".into());
     }
-    Ok(Args { path: path.ok_or("missing the trace file")?, options, expect_same })
+    Ok(Args { path: path.ok_or("missing the trace file")?, options, expect_same, timing })
 }
 
 fn main() -> ExitCode {
@@ -91,16 +98,33 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let summary = Trace::open(&args.path).and_then(|trace| replay(&trace, &args.options, &mut |line| println!("{line}")));
-    let summary = match summary {
+    let started = Instant::now();
+    let trace = match Trace::open(&args.path) {
+        Ok(t) => t,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let read = started.elapsed();
+    let summary = match replay(&trace, &args.options, &mut |line| println!("{line}")) {
         Ok(s) => s,
         Err(msg) => {
             eprintln!("error: {msg}");
             return ExitCode::from(2);
         }
     };
+    let replayed = started.elapsed() - read;
     for line in summary.report() {
         println!("{line}");
+    }
+    if args.timing {
+        println!(
+            "time: read {:.1} ms, replay {:.1} ms ({:.2} us per step)",
+            read.as_secs_f64() * 1e3,
+            replayed.as_secs_f64() * 1e3,
+            replayed.as_secs_f64() * 1e6 / summary.steps.max(1) as f64
+        );
     }
     let code = summary.exit_code(args.expect_same);
     if code == 3 {

@@ -117,7 +117,8 @@ impl Engine {
         if self.stats.steps > 0 || !self.requests.is_empty() || self.tree.sizes().total > 0 {
             return Err("a trace starts from a fresh engine; this one has run already".into());
         }
-        self.trace = Some(TraceRecorder::new(out, &self.config).map_err(|e| format!("writing the trace: {e}"))?);
+        self.trace =
+            Some(TraceRecorder::new(out, &self.config).map_err(|e| format!("writing the trace: {e}"))?);
         Ok(())
     }
 

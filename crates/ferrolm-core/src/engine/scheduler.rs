@@ -74,7 +74,12 @@ impl Engine {
         if self.pool.num_free() < n {
             let freed = self.tree.evict(n - self.pool.num_free());
             self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
-            tracing::debug!(wanted = n, freed = freed.len(), free = self.pool.num_free(), "evicted from the prefix cache");
+            tracing::debug!(
+                wanted = n,
+                freed = freed.len(),
+                free = self.pool.num_free(),
+                "evicted from the prefix cache"
+            );
         }
     }
 
@@ -150,7 +155,12 @@ impl Engine {
         r.queued_at = Instant::now();
         self.waiting.push_front(rid);
         self.stats.retractions += 1;
-        tracing::debug!(rid, kept = r.tokens.len(), free = self.pool.num_free(), "retracted under KV pressure");
+        tracing::debug!(
+            rid,
+            kept = r.tokens.len(),
+            free = self.pool.num_free(),
+            "retracted under KV pressure"
+        );
     }
 
     fn expire_waiting(&mut self, now: Instant) {
@@ -277,7 +287,14 @@ impl Engine {
             if matched > 0 {
                 tracing::debug!(rid, cached = matched, prompt = r.prompt_len, "prefix cache hit");
             }
-            tracing::debug!(rid, cached = matched, tokens = chunk, left = uncached - chunk, fast_lane, "admitted");
+            tracing::debug!(
+                rid,
+                cached = matched,
+                tokens = chunk,
+                left = uncached - chunk,
+                fast_lane,
+                "admitted"
+            );
             let is_prefill = !(chunk == 1 && matched >= self.requests[&rid].prompt_len);
             self.add_to_plan(plan, rid, chunk, is_prefill);
         }

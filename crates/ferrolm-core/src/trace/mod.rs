@@ -30,11 +30,18 @@
 //! Grammars are not in a trace (they need the model's vocabulary): a replay runs such
 //! requests unconstrained on their recorded tokens and ends them where the recording did.
 
+mod file;
 mod format;
+mod options;
+mod parse;
 mod recorder;
 mod replay;
+mod summary;
 
+pub use file::Trace;
 pub use format::{At, Output, PlanEntry, Record, RecordedConstraint, RecordedFinish, FORMAT, VERSION};
+pub use options::{Arrivals, ConfigOverrides, ReplayOptions};
 pub(crate) use recorder::OutputsOf;
 pub use recorder::TraceRecorder;
-pub use replay::{replay, Arrivals, ConfigOverrides, ReplayOptions, ReplaySummary, Trace};
+pub use replay::replay;
+pub use summary::{ReplaySummary, MAX_LISTED};

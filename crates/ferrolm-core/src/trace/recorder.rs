@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::detok::TokenBytes;
 use crate::engine::{BatchPlan, Constraint, EngineConfig, RequestParams, StepOutputs};
 
-use super::format::{header, At, Output, PlanEntry, RecordedConstraint, RecordedFinish, Record};
+use super::format::{header, At, Output, PlanEntry, Record, RecordedConstraint, RecordedFinish};
 
 pub struct TraceRecorder {
     out: Box<dyn Write + Send + Sync>,
@@ -34,7 +34,13 @@ impl TraceRecorder {
     pub fn new(mut out: Box<dyn Write + Send + Sync>, config: &EngineConfig) -> std::io::Result<Self> {
         writeln!(out, "{}", header(config))?;
         out.flush()?;
-        Ok(TraceRecorder { out, started: Instant::now(), steps: 0, known_tokens: HashSet::new(), stopped: false })
+        Ok(TraceRecorder {
+            out,
+            started: Instant::now(),
+            steps: 0,
+            known_tokens: HashSet::new(),
+            stopped: false,
+        })
     }
 
     fn at(&self, step: u64) -> At {
@@ -66,7 +72,13 @@ impl TraceRecorder {
             Some(Constraint::Custom(_)) => RecordedConstraint::Custom,
         };
         let at = self.at(self.steps);
-        self.write(Record::Submit { at, rids: rids.to_vec(), prompt: prompt.to_vec(), params: params.clone(), constraint });
+        self.write(Record::Submit {
+            at,
+            rids: rids.to_vec(),
+            prompt: prompt.to_vec(),
+            params: Box::new(params.clone()),
+            constraint,
+        });
     }
 
     pub(crate) fn on_abort(&mut self, rid: u64) {
@@ -101,13 +113,15 @@ impl TraceRecorder {
         let new: Vec<u32> = out.token_ids.iter().copied().filter(|t| self.known_tokens.insert(*t)).collect();
         if !new.is_empty() {
             let special = new.iter().copied().filter(|&t| vocab.is_special(t)).collect();
-            let tokens = new.into_iter().map(|t| (t, vocab.token_bytes(t).unwrap_or_default().to_vec())).collect();
+            let tokens =
+                new.into_iter().map(|t| (t, vocab.token_bytes(t).unwrap_or_default().to_vec())).collect();
             self.write(Record::Tokens { tokens, special });
         }
         let outputs = (0..out.len())
             .map(|i| Output {
                 rid: out.rids[i],
-                tokens: out.token_ids[out.token_offsets[i] as usize..out.token_offsets[i + 1] as usize].to_vec(),
+                tokens: out.token_ids[out.token_offsets[i] as usize..out.token_offsets[i + 1] as usize]
+                    .to_vec(),
                 finish: out.finished[i]
                     .as_ref()
                     .map(|f| RecordedFinish { reason: f.reason.clone(), cached_tokens: f.cached_tokens }),
@@ -116,7 +130,9 @@ impl TraceRecorder {
         let at = self.at(self.steps.saturating_sub(1));
         self.write(match of {
             OutputsOf::Commit => Record::Commit { at, out: outputs },
-            OutputsOf::FailStep(message) => Record::FailStep { at, message: message.to_string(), out: outputs },
+            OutputsOf::FailStep(message) => {
+                Record::FailStep { at, message: message.to_string(), out: outputs }
+            }
             OutputsOf::TakeOutputs => Record::Outputs { at: self.at(self.steps), out: outputs },
         });
     }

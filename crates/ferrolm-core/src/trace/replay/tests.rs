@@ -8,6 +8,7 @@ use super::*;
 use crate::detok::{StopConditions, TokenTable};
 use crate::engine::{Engine, EngineConfig, RequestParams, StepOutputs};
 use crate::sampling::SamplingParams;
+use crate::trace::{ConfigOverrides, Record};
 
 const VOCAB: usize = 300;
 const EOS: u32 = 299;
@@ -118,12 +119,18 @@ fn record_run() -> Live {
         if step < 12 && step % 2 == 0 {
             let r = next_rid();
             let p = prompt(if r % 3 == 0 { 0 } else { 40 }, 5 + (r as usize * 7) % 30, r as u32);
-            engine.submit(r, &p, params(20 + (r as usize % 4) * 8, if r % 2 == 0 { 0.0 } else { 0.8 }), None).unwrap();
+            engine
+                .submit(r, &p, params(20 + (r as usize % 4) * 8, if r % 2 == 0 { 0.0 } else { 0.8 }), None)
+                .unwrap();
         }
         if step == 3 {
             let mut p = params(20, 0.0);
             // the text of two tokens this request draws ("<" then "T"): a stop across tokens
-            p.stops = StopConditions { stop_strings: vec!["<T".into()], skip_special_tokens: true, ..Default::default() };
+            p.stops = StopConditions {
+                stop_strings: vec!["<T".into()],
+                skip_special_tokens: true,
+                ..Default::default()
+            };
             engine.submit(next_rid(), &prompt(40, 9, 99), p, None).unwrap();
             let r = next_rid();
             let mut p = params(30, 1.0);
@@ -198,7 +205,11 @@ fn a_replay_by_steps_makes_the_recorded_decisions() {
 fn a_replay_under_other_settings_diverges_but_keeps_the_checks() {
     let trace = read(&record_run().trace);
     let options = ReplayOptions {
-        overrides: ConfigOverrides { max_prefill_tokens: Some(7), kv_capacity: Some(400), ..Default::default() },
+        overrides: ConfigOverrides {
+            max_prefill_tokens: Some(7),
+            kv_capacity: Some(400),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let s = replay(&trace, &options, &mut |_| {}).unwrap();
@@ -213,7 +224,8 @@ fn a_replay_under_other_settings_diverges_but_keeps_the_checks() {
 fn a_replay_by_time_ends_every_request() {
     let trace = read(&record_run().trace);
     for step_s in [None, Some(0.5)] {
-        let options = ReplayOptions { arrivals: Arrivals::Time { step_s, token_s: 1e-4 }, ..Default::default() };
+        let options =
+            ReplayOptions { arrivals: Arrivals::Time { step_s, token_s: 1e-4 }, ..Default::default() };
         let s = replay(&trace, &options, &mut |_| {}).unwrap();
         assert!(s.is_ok(), "{:?}", s.violations);
         assert_eq!(s.compared_steps, 0);
