@@ -261,7 +261,11 @@ impl Engine {
                 .sum();
             let wanted = uncached + (r.remaining() as f64 * ratio).ceil() as usize;
             let available = self.pool.num_free() + self.tree.sizes().evictable;
-            if wanted + reserved > available {
+            // Alone, a request may take the whole pool: keeping room for its future would
+            // leave one whose prompt fits but whose max_new_tokens does not waiting forever
+            // (found by replaying a trace; should it outgrow the pool, it ends with kv_capacity).
+            let alone = self.running.is_empty() && uncached <= available;
+            if wanted + reserved > available && !alone {
                 tracing::debug!(rid, wanted, reserved, available, "admission stops: KV budget");
                 if let Some(node) = node {
                     self.tree.unlock(node).expect("just locked");

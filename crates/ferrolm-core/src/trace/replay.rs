@@ -38,7 +38,7 @@ pub fn replay(
 ) -> Result<ReplaySummary, String> {
     let mut r = Replayer::start(trace, options, log)?;
     r.run(trace, options.arrivals);
-    Ok(r.finish(trace))
+    Ok(r.finish())
 }
 
 /// The token bytes a trace carries; other ids in the vocabulary have none (only output
@@ -96,6 +96,9 @@ pub(super) struct Replayer<'a> {
     /// happened: the replay's clock is not the recording's.
     expiries: Vec<(u64, At)>,
     in_flight: Option<BatchPlan>,
+    /// Empty steps in a row while requests wait, and the most steps the trace may take.
+    idle_steps: u64,
+    step_limit: u64,
     /// A token id no output or stop uses: the stand-in for a token the recording lacks.
     stand_in: u32,
     s: ReplaySummary,
@@ -135,8 +138,8 @@ impl<'a> Replayer<'a> {
     }
 
     /// Runs what is left, checks the end, and gives the summary.
-    pub(super) fn finish(mut self, trace: &Trace) -> ReplaySummary {
-        self.drain(trace.recorded_steps());
+    pub(super) fn finish(mut self) -> ReplaySummary {
+        self.drain();
         self.final_checks();
         let stats = self.engine.stats();
         self.s.prompt_tokens = stats.prompt_tokens;
@@ -195,6 +198,8 @@ impl<'a> Replayer<'a> {
             ending: HashMap::new(),
             expiries,
             in_flight: None,
+            idle_steps: 0,
+            step_limit: step_limit(trace),
             stand_in,
             s,
             notes: Vec::new(),
@@ -249,7 +254,6 @@ impl<'a> Replayer<'a> {
             .iter()
             .filter(|r| matches!(r, Record::Submit { .. } | Record::Abort { .. } | Record::Flush { .. }))
             .collect();
-        let limit = step_limit(trace.recorded_steps());
         let (mut clock, mut next) = (0.0f64, 0usize);
         loop {
             while let Some(rec) = arrivals.get(next).filter(|r| time_of(r) <= clock) {
@@ -266,8 +270,7 @@ impl<'a> Replayer<'a> {
             }
             self.expire(|at| at.t <= clock);
             if self.engine.has_work() {
-                if self.s.steps >= limit {
-                    self.violation(format!("no end after {limit} steps: the engine stalls"));
+                if self.stalled() {
                     return;
                 }
                 self.clock = Some(clock);
@@ -287,9 +290,8 @@ impl<'a> Replayer<'a> {
 
     /// Runs what is left until every request has ended; requests the recording left
     /// running end when their recorded tokens run out.
-    fn drain(&mut self, recorded_steps: u64) {
+    fn drain(&mut self) {
         self.commit(None);
-        let limit = self.s.steps + step_limit(recorded_steps);
         // requests the recording never saw end (no more arrive from here on)
         let mut open: Vec<u64> = self
             .live
@@ -313,12 +315,7 @@ impl<'a> Replayer<'a> {
             if !self.engine.has_work() {
                 return;
             }
-            if self.s.steps >= limit {
-                self.violation(format!(
-                    "{} requests never ended ({} steps after the recording's last): the engine stalls",
-                    self.engine.num_requests(),
-                    limit
-                ));
+            if self.stalled() {
                 return;
             }
             self.schedule(None);
@@ -351,8 +348,41 @@ impl<'a> Replayer<'a> {
     }
 }
 
-fn step_limit(recorded_steps: u64) -> u64 {
-    recorded_steps.saturating_mul(4).saturating_add(10_000)
+/// Steps in a row that schedule nothing while requests wait: the engine is stuck.
+const MAX_IDLE_STEPS: u64 = 1000;
+
+impl Replayer<'_> {
+    /// Whether the engine has stopped making progress (reported as a violation): a run of
+    /// empty steps while requests wait, or more steps than the trace's work can take
+    /// (every non-empty step runs at least one token; retractions may recompute some).
+    fn stalled(&mut self) -> bool {
+        let why = if self.idle_steps > MAX_IDLE_STEPS {
+            format!("{} steps in a row scheduled nothing", self.idle_steps)
+        } else if self.s.steps >= self.step_limit {
+            format!("{} steps, more than the trace's work needs", self.s.steps)
+        } else {
+            return false;
+        };
+        let n = self.engine.num_requests();
+        self.violation(format!("the engine stalls: {why}, with {n} requests left"));
+        true
+    }
+}
+
+/// The most steps a trace's work can take: each of its tokens (prompts and outputs, up to
+/// `max_new_tokens`) run once, four times over for recomputation after retractions.
+fn step_limit(trace: &Trace) -> u64 {
+    let work: u64 = trace
+        .records
+        .iter()
+        .map(|r| match r {
+            Record::Submit { rids, prompt, params, .. } => {
+                (rids.len() * (prompt.len() + params.max_new_tokens)) as u64
+            }
+            _ => 0,
+        })
+        .sum();
+    trace.recorded_steps().saturating_add(work).saturating_mul(4).saturating_add(10_000)
 }
 
 fn time_of(r: &Record) -> f64 {

@@ -129,6 +129,7 @@ impl Replayer<'_> {
         }
         self.s.peak_running = self.s.peak_running.max(after.len());
         let tokens = plan.num_tokens();
+        self.idle_steps = if plan.is_empty() { self.idle_steps + 1 } else { 0 };
         if plan.is_empty() {
             let out = self.engine.take_outputs();
             self.take(&out);

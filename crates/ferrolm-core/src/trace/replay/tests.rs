@@ -254,7 +254,7 @@ fn a_leaked_slot_is_a_violation() {
     let mut r = Replayer::start(&trace, &options, &mut log).unwrap();
     r.run(&trace, Arrivals::Steps);
     r.engine.leak_slot_for_test();
-    let s = r.finish(&trace);
+    let s = r.finish();
     assert!(!s.is_ok());
     assert_eq!(s.exit_code(false), 1);
     assert!(s.violations.iter().any(|v| v.contains("leaked")), "{:?}", s.violations);
@@ -323,4 +323,56 @@ fn records_round_trip_through_json() {
         let again = Record::from_json(&r.to_json()).unwrap();
         assert_eq!(format!("{again:?}"), format!("{r:?}"));
     }
+}
+
+/// A trace of one request whose prompt fits the pool but whose `max_new_tokens` does not.
+fn outgrowing_trace() -> Trace {
+    let lines = [
+        r#"{"kind":"header","format":"ferrolm-trace","version":1,"config":{"kv_capacity":100,"vocab_size":300,"eos_token_ids":[299],"max_context":4096}}"#.to_string(),
+        format!(
+            r#"{{"kind":"submit","step":0,"t":0,"rids":[1],"prompt":{:?},"params":{{"max_new_tokens":100,"temperature":0}}}}"#,
+            (0..90).collect::<Vec<u32>>()
+        ),
+        format!(
+            r#"{{"kind":"outputs","step":0,"t":0,"out":[[1,{:?},{{"reason":"length"}}]]}}"#,
+            (0..100).collect::<Vec<u32>>()
+        ),
+    ];
+    read(lines.join("\n").as_bytes())
+}
+
+#[test]
+fn a_request_alone_that_outgrows_the_pool_runs_instead_of_waiting_forever() {
+    // admission used to keep room for 30% of its max_new_tokens, which the pool never
+    // had: the request waited forever (a replay of this trace stalled)
+    let s = replay(&outgrowing_trace(), &ReplayOptions::default(), &mut |_| {}).unwrap();
+    assert!(s.is_ok(), "{:?}", s.violations);
+    assert_eq!(s.finishes.get("error:kv_capacity"), Some(&1), "{}", s.report().join("\n"));
+    assert_eq!(s.generated_tokens, 11, "it ran until the pool was full");
+    assert_eq!(s.finish_mismatches, 1, "the recording said length");
+}
+
+#[test]
+fn an_engine_that_schedules_nothing_is_a_stall() {
+    let trace = outgrowing_trace();
+    // checked at the end only: the leak itself is a violation at every check
+    let options = ReplayOptions { check_every: 0, ..Default::default() };
+    let mut log = |_: &str| {};
+    let mut r = Replayer::start(&trace, &options, &mut log).unwrap();
+    for _ in 0..100 {
+        r.engine.leak_slot_for_test(); // the whole pool: nothing can be admitted
+    }
+    r.run(&trace, Arrivals::Steps);
+    let s = r.finish();
+    assert!(!s.is_ok());
+    assert!(
+        s.violations.iter().any(|v| v.contains("the engine stalls: 1001 steps in a row scheduled nothing")),
+        "{:?}",
+        s.violations
+    );
+    assert!(
+        s.violations.iter().any(|v| v.contains("not held and not free")),
+        "the end's check: {:?}",
+        s.violations
+    );
 }
