@@ -27,6 +27,9 @@ from ferrolm.kv_wire import END_SEQ, MEDIUM_GPU, encode_batch, seq_frame, wire_e
 log = logging.getLogger("ferrolm.kv_events")
 
 STOP_TIMEOUT_S = 1.0  # what shutdown gives the thread to send what is queued
+# how long the idle thread sleeps on the queue before it looks at the replay socket again
+# (vLLM's figure): a replay waits at most this long, and an idle thread wakes 10 times a second
+IDLE_POLL_S = 0.1
 
 
 class KvEventPublisher:
@@ -41,6 +44,7 @@ class KvEventPublisher:
         self.data_parallel_rank = data_parallel_rank
         self.medium = medium
         self.queued = self.handled = self.sent = self.dropped = self.replays = 0
+        self.busy_s = 0.0  # the thread's CPU time on batches (turning, encoding, sending)
         self._queue: queue.Queue[tuple[float, list[Any]] | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=config.buffer_steps)
         self._handled = threading.Condition()
@@ -142,7 +146,7 @@ class KvEventPublisher:
             if deadline is not None and time.monotonic() > deadline:
                 return
             try:
-                item = self._queue.get(timeout=0.02)
+                item = self._queue.get(timeout=IDLE_POLL_S)
             except queue.Empty:
                 if self._stopping:
                     return
@@ -152,6 +156,7 @@ class KvEventPublisher:
                     return
                 continue
             ts, raw = item
+            started = time.thread_time()
             try:
                 payload = encode_batch(ts, [wire_event(r, self.medium) for r in raw], self.data_parallel_rank)
                 # a PUB socket never blocks: past the high-water mark ZMQ drops for that
@@ -162,6 +167,7 @@ class KvEventPublisher:
                 self.sent += 1
             except Exception:
                 log.exception("publishing a KV event batch failed")
+            self.busy_s += time.thread_time() - started
             with self._handled:
                 self.handled += 1
                 self._handled.notify_all()
