@@ -251,6 +251,8 @@ class Engine:
         fast_lane_tokens: int = 32,
         max_context: int = 32768,
         seed: int = 0,
+        enable_kv_events: bool = False,
+        kv_event_block_size: int = 16,
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
         and EOS ids, and the vocabulary size; request grammars must be compiled from this
@@ -259,8 +261,9 @@ class Engine:
         ``max_running_requests`` 64, ``max_prefill_tokens`` 2048. ``schedule_policy``:
         ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
         step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
-        is kept free when admitting others. Raises ``InvalidInputError`` naming a bad
-        setting."""
+        is kept free when admitting others. With ``enable_kv_events`` the prefix cache
+        queues KV events (vLLM's shape, over blocks of ``kv_event_block_size`` tokens) for
+        ``take_kv_events``. Raises ``InvalidInputError`` naming a bad setting."""
     def submit(
         self,
         rid: int | list[int],
@@ -328,7 +331,12 @@ class Engine:
         """Outputs produced outside a step (aborts, timeouts, refusals)."""
     def has_work(self) -> bool: ...
     def flush_cache(self) -> bool:
-        """Drops the prefix cache; refused (False) while requests run."""
+        """Drops the prefix cache; refused (False) while requests run. Queues one
+        ``cleared`` event when KV events are on."""
+    def take_kv_events(self) -> list[tuple[object, ...]]:
+        """The prefix cache's KV events since the last call, oldest first, as
+        ``RadixTree.take_raw_events`` gives them (``ferrolm.kv_events.event_from_raw``
+        makes objects of them); empty when events are off. Mutates: clears the queue."""
     def check_invariants(self) -> None:
         """KV conservation and the cache's invariants; raises ``InvariantViolation``."""
     def stats(self) -> dict[str, int]:
@@ -340,6 +348,10 @@ class Engine:
     def vocab_size(self) -> int: ...
     @property
     def kv_capacity(self) -> int: ...
+    @property
+    def kv_events_enabled(self) -> bool: ...
+    @property
+    def kv_event_block_size(self) -> int: ...
 
 @final
 class Vocabulary:

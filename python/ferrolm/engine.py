@@ -21,6 +21,7 @@ import numpy as np
 
 from ferrolm import _core
 from ferrolm.errors import CorePanicError, InvalidInputError
+from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
@@ -131,6 +132,8 @@ class Engine:
         kv_cache_dtype: str = "auto",
         device_greedy: bool = True,
         mem_fraction_static: float | None = None,
+        enable_kv_events: bool = False,
+        kv_event_block_size: int = 16,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
@@ -145,7 +148,9 @@ class Engine:
         its device in steps where every sampling request is plain greedy.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
         weights and pool take that fraction of the device's memory, instead of
-        ``kv_capacity``."""
+        ``kv_capacity``. ``enable_kv_events``: the prefix cache records vLLM-shaped KV
+        events over blocks of ``kv_event_block_size`` tokens (``take_kv_events``; the
+        server publishes them, see ``--kv-events-config``)."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -186,6 +191,8 @@ class Engine:
             eviction_policy=eviction_policy,
             max_context=self.config.max_position_embeddings,
             seed=seed,
+            enable_kv_events=enable_kv_events,
+            kv_event_block_size=kv_event_block_size,
         )
         # Greedy on the runner's device: a step whose sampling requests are all plain greedy
         # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)
@@ -319,6 +326,10 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.core.has_work() or bool(self._outbox)
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The prefix cache's KV events since the last call (``enable_kv_events``)."""
+        return [event_from_raw(raw) for raw in self.core.take_kv_events()]
 
     # ---- requests ----
 

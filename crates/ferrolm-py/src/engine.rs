@@ -13,7 +13,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMetho
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::convert::ids;
+use crate::convert::{ids, BlockSize};
 use crate::errors;
 use crate::guard::Poison;
 
@@ -153,8 +153,12 @@ impl PyEngine {
         vocabulary, *, kv_capacity = 32768,
         max_running_requests = 64, max_prefill_tokens = 2048, schedule_policy = "fcfs",
         enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
-        max_context = 32768, seed = 0,
-    ))]
+        max_context = 32768, seed = 0, enable_kv_events = false, kv_event_block_size = BlockSize(16),
+    ),
+    // the range-checked block size shows as its plain default
+    text_signature = "(vocabulary, *, kv_capacity=32768, max_running_requests=64, max_prefill_tokens=2048, \
+        schedule_policy='fcfs', enable_prefix_cache=True, eviction_policy='lru', new_token_ratio=0.3, \
+        fast_lane_tokens=32, max_context=32768, seed=0, enable_kv_events=False, kv_event_block_size=16)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -169,6 +173,8 @@ impl PyEngine {
         fast_lane_tokens: usize,
         max_context: usize,
         seed: u64,
+        enable_kv_events: bool,
+        kv_event_block_size: BlockSize,
     ) -> PyResult<Self> {
         let bad = |field: &'static str, m: String| errors::invalid_field(py, field, format!("{field}: {m}"));
         let schedule_policy = schedule_policy.parse().map_err(|m| bad("schedule_policy", m))?;
@@ -188,6 +194,8 @@ impl PyEngine {
             vocab_size: vocabulary.vocab().size(),
             eos_token_ids: vocabulary.vocab().eos_ids().to_vec(),
             seed,
+            kv_events: enable_kv_events,
+            kv_event_block_size: kv_event_block_size.0,
         };
         // the engine detokenizes with it; request grammars must be compiled from it
         let engine =
@@ -355,6 +363,11 @@ impl PyEngine {
         self.poison.run(py, &mut self.engine, |e| e.flush_cache())
     }
 
+    fn take_kv_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.poison.run(py, &mut self.engine, |e| e.take_kv_events())?;
+        crate::kv_events::raw_events(py, events)
+    }
+
     fn check_invariants(&mut self, py: Python<'_>) -> PyResult<()> {
         self.poison
             .run(py, &self.engine, |e| e.check_invariants())?
@@ -399,6 +412,16 @@ impl PyEngine {
     #[getter]
     fn kv_capacity(&self) -> usize {
         self.engine.config().kv_capacity
+    }
+
+    #[getter]
+    fn kv_events_enabled(&self) -> bool {
+        self.engine.config().kv_events
+    }
+
+    #[getter]
+    fn kv_event_block_size(&self) -> usize {
+        self.engine.config().kv_event_block_size
     }
 }
 

@@ -10,6 +10,7 @@ mod convert;
 mod engine;
 mod errors;
 mod guard;
+mod kv_events;
 mod radix;
 
 #[pymodule(gil_used = false)]

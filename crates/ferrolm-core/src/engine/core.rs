@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::detok::{Detokenizer, TokenBytes};
-use crate::radix::{RadixTree, TreeConfig};
+use crate::radix::{KvEvent, RadixTree, TreeConfig};
 use crate::sampling::{RequestRng, Sampler};
 
 use super::config::EngineConfig;
@@ -85,8 +85,14 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig, vocab: Arc<dyn TokenBytes + Send + Sync>) -> Result<Self, String> {
         config.validate()?;
-        let tree = RadixTree::new(TreeConfig { policy: config.eviction_policy, ..TreeConfig::default() })
-            .map_err(|e| e.to_string())?;
+        let tree = RadixTree::new(TreeConfig {
+            policy: config.eviction_policy,
+            kv_events: config.kv_events,
+            // the tree caches single tokens (page 1): any block size is a whole number of pages
+            event_block_size: config.kv_event_block_size,
+            ..TreeConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Engine {
             pool: SlotPool::new(config.kv_capacity),
             tree,
@@ -311,13 +317,27 @@ impl Engine {
     }
 
     /// Drops the prefix cache. Refused (false) while any request runs, since running
-    /// requests hold locks in it.
+    /// requests hold locks in it. With KV events on, a router sees one `AllBlocksCleared`
+    /// (as vLLM sends on a prefix-cache reset), not a removal per block.
     pub fn flush_cache(&mut self) -> bool {
         if !self.running.is_empty() || !self.in_flight.is_empty() {
             return false;
         }
-        let freed = self.tree.evict(usize::MAX);
-        self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
+        if self.tree.sizes().protected == 0 {
+            let freed = self.tree.all_kv_slots();
+            self.tree.reset();
+            self.pool.free(&freed).expect("the cache held a slot the pool holds as free");
+        } else {
+            // a lock outlived its request (a bug elsewhere): drop what can be dropped
+            let freed = self.tree.evict(usize::MAX);
+            self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
+        }
         true
+    }
+
+    /// The prefix cache's KV events since the last call, oldest first (empty unless
+    /// `kv_events` is on).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.tree.take_events()
     }
 }
