@@ -83,7 +83,7 @@ impl Frontend {
             next_rid: AtomicU64::new(0),
             named: Mutex::new(HashMap::new()),
             started_at,
-            histograms: Mutex::new(Default::default()),
+            histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
         });
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(&addr))

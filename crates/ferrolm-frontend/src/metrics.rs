@@ -28,7 +28,7 @@ impl Histogram {
         self.sum += v;
     }
 
-    fn write(&self, out: &mut String, name: &str, help: &str) {
+    fn write(&self, out: &mut String, name: &str, help: &str, created: f64) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (i, &b) in BUCKETS.iter().enumerate() {
             let _ = writeln!(
@@ -41,6 +41,12 @@ impl Histogram {
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", prom_float(self.count as f64));
         let _ = writeln!(out, "{name}_count {}", prom_float(self.count as f64));
         let _ = writeln!(out, "{name}_sum {}", prom_float(self.sum));
+        // as prometheus_client writes it for a histogram: when the series started
+        let _ = writeln!(
+            out,
+            "# HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created {}",
+            prom_float(created)
+        );
     }
 }
 
@@ -62,9 +68,16 @@ pub struct Histograms {
     grammar: Histogram,
     stats: EngineStats,
     load: Option<Load>,
+    /// Unix time the histograms started.
+    pub created: f64,
 }
 
 impl Histograms {
+    /// Empty histograms that started at `created` (Unix seconds).
+    pub fn new(created: f64) -> Self {
+        Histograms { created, ..Default::default() }
+    }
+
     pub fn update(&mut self, stats: EngineStats, load: Load, l: LatencySamples) {
         self.stats = stats;
         self.load = Some(load);
@@ -128,14 +141,35 @@ impl Histograms {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", prom_float(v));
         }
-        self.ttft.write(&mut out, "ferrolm:time_to_first_token_seconds", "Time to first token.");
-        self.itl.write(&mut out, "ferrolm:inter_token_latency_seconds", "Time between consecutive tokens.");
-        self.e2e.write(&mut out, "ferrolm:e2e_request_latency_seconds", "Time from arrival to finish.");
-        self.queue.write(&mut out, "ferrolm:queue_time_seconds", "Time waiting before the first prefill.");
+        self.ttft.write(
+            &mut out,
+            "ferrolm:time_to_first_token_seconds",
+            "Time to first token.",
+            self.created,
+        );
+        self.itl.write(
+            &mut out,
+            "ferrolm:inter_token_latency_seconds",
+            "Time between consecutive tokens.",
+            self.created,
+        );
+        self.e2e.write(
+            &mut out,
+            "ferrolm:e2e_request_latency_seconds",
+            "Time from arrival to finish.",
+            self.created,
+        );
+        self.queue.write(
+            &mut out,
+            "ferrolm:queue_time_seconds",
+            "Time waiting before the first prefill.",
+            self.created,
+        );
         self.grammar.write(
             &mut out,
             "ferrolm:grammar_compile_seconds",
             "Time a structured-output request waited for its grammar (a compile, or a cache hit).",
+            self.created,
         );
         out
     }
@@ -152,7 +186,7 @@ mod tests {
         h.observe(0.2);
         h.observe(500.0);
         let mut out = String::new();
-        h.write(&mut out, "x", "help");
+        h.write(&mut out, "x", "help", 0.0);
         assert!(out.contains("x_bucket{le=\"0.001\"} 0.0\n"));
         assert!(out.contains("x_bucket{le=\"0.005\"} 1.0\n"));
         assert!(out.contains("x_bucket{le=\"0.25\"} 2.0\n"));

@@ -362,6 +362,18 @@ pub struct AbortRequest {
 
 // ---- parsing ----
 
+/// Checks the fields of the objects nested in OpenAI's bodies (`stream_options`,
+/// `response_format`).
+fn check_nested(obj: &Map<String, Value>) -> ApiResult<()> {
+    if let Some(Value::Object(o)) = obj.get("stream_options") {
+        check_fields(o, &[&["include_usage"]], "stream_options.")?;
+    }
+    if let Some(Value::Object(o)) = obj.get("response_format") {
+        check_fields(o, &[&["type", "json_schema"]], "response_format.")?;
+    }
+    Ok(())
+}
+
 /// Refuses a field not in `known` (or the ignored list), naming it as sent.
 fn check_fields(obj: &Map<String, Value>, known: &[&[&str]], prefix: &str) -> ApiResult<()> {
     for name in obj.keys() {
@@ -444,6 +456,7 @@ pub fn parse_completion(body: &[u8]) -> ApiResult<CompletionRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
     check_fields(obj, &[SAMPLING_FIELDS, COMPLETION_FIELDS], "")?;
+    check_nested(obj)?;
     if !obj.contains_key("prompt") {
         return Err(ApiError::bad_request("prompt: Field required", "prompt"));
     }
@@ -465,6 +478,7 @@ pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
     check_fields(obj, &[SAMPLING_FIELDS, CHAT_FIELDS], "")?;
+    check_nested(obj)?;
     if !obj.contains_key("messages") {
         return Err(ApiError::bad_request("messages: Field required", "messages"));
     }

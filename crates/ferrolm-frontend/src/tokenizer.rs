@@ -5,8 +5,9 @@
 
 use std::path::Path;
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value as JinjaValue};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
@@ -29,13 +30,13 @@ impl Tokenizer {
 }
 
 /// One chat message as the template sees it.
-#[derive(Serialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Message {
     pub role: String,
     pub content: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
 }
 
@@ -57,9 +58,14 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |format: String| -> String { strftime_now(&format) });
         // transformers' tojson: no HTML escaping, non-ASCII kept, optional indent
-        env.add_filter("tojson", |value: JinjaValue, indent: Option<usize>| -> Result<String, Error> {
-            to_json(&value, indent)
-        });
+        env.add_filter(
+            "tojson",
+            |value: JinjaValue, indent: Option<usize>, kwargs: Kwargs| -> Result<String, Error> {
+                let named: Option<usize> = kwargs.get("indent")?;
+                kwargs.assert_all_used()?;
+                to_json(&value, named.or(indent))
+            },
+        );
         env.add_template_owned("chat".to_string(), source.to_string())
             .map_err(|e| format!("the chat template does not compile: {e}"))?;
         Ok(ChatTemplate {

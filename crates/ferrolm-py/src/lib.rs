@@ -9,6 +9,7 @@ mod constraint;
 mod convert;
 mod engine;
 mod errors;
+mod frontend;
 mod guard;
 mod radix;
 
@@ -20,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::init(m)?;
     constraint::init(m)?;
     attention::init(m)?;
+    frontend::init(m)?;
     Ok(())
 }
 

@@ -15,6 +15,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+FRONTENDS = ("python", "rust")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
 # up to 7 bytes each with the separator, are under 1 MiB; as text, ~4 bytes a token) many
@@ -47,6 +48,7 @@ class ServerArgs:
     mem_fraction_static: float | None = None  # torch on CUDA: KV pool from memory, not max_total_tokens
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
+    frontend: str = "python"  # the HTTP front end: FastAPI (python) or axum in the engine's process (rust)
 
     @property
     def model_name(self) -> str:
@@ -95,6 +97,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
     parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
                         help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)")
+    parser.add_argument("--frontend", choices=FRONTENDS, default=defaults.frontend,
+                        help="the HTTP front end: python (FastAPI, the engine in a child process; the reference) "
+                             "or rust (axum threads in the engine's process, no Python on the request path; "
+                             "no structured output yet)")
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:

@@ -98,27 +98,56 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
 }
 
 /// Structured output is not built into this front end yet: refused naming the field,
-/// never ignored (a client must not get unconstrained text by surprise).
+/// never ignored (a client must not get unconstrained text by surprise). The fields are
+/// checked first as the Python front end checks them (`structured_output.py`): at most
+/// one constraint, a `json_schema` response format with a schema.
 fn reject_structured(s: &protocol::OpenAISampling) -> ApiResult<()> {
-    let given = [
+    let mut asked: Vec<&str> = Vec::new();
+    for (field, set) in [
         ("regex", s.regex.is_some()),
         ("json_schema", s.json_schema.is_some()),
         ("ebnf", s.ebnf.is_some()),
         ("guided_json", s.guided_json.is_some()),
         ("guided_regex", s.guided_regex.is_some()),
         ("guided_choice", s.guided_choice.is_some()),
-        (
-            "response_format",
-            s.response_format.as_ref().is_some_and(|r| r.get("type").and_then(Value::as_str) != Some("text")),
-        ),
-    ];
-    for (field, set) in given {
+    ] {
         if set {
-            return Err(ApiError::bad_request(
-                format!("{field}: structured output is not supported by the Rust front end yet (serve with --frontend python)"),
-                field,
-            ));
+            asked.push(field);
         }
+    }
+    if let Some(rf) = &s.response_format {
+        match rf.get("type").and_then(Value::as_str) {
+            Some("json_object") => asked.push("response_format"),
+            Some("json_schema") => {
+                let spec = rf.get("json_schema");
+                if !spec.and_then(|j| j.get("schema")).is_some_and(Value::is_object) {
+                    return Err(ApiError::bad_request(
+                        "response_format.json_schema.schema: a JSON Schema object is required",
+                        "response_format.json_schema.schema",
+                    ));
+                }
+                if spec.and_then(|j| j.get("strict")).is_some_and(|v| !v.is_null() && !v.is_boolean()) {
+                    return Err(ApiError::bad_request(
+                        "response_format.json_schema.strict: must be a boolean",
+                        "response_format.json_schema.strict",
+                    ));
+                }
+                asked.push("response_format");
+            }
+            _ => {}
+        }
+    }
+    if asked.len() > 1 {
+        return Err(ApiError::bad_request(
+            format!("{}: only one of {} may be given", asked[1], asked.join(", ")),
+            asked[1],
+        ));
+    }
+    if let Some(field) = asked.first() {
+        return Err(ApiError::bad_request(
+            format!("{field}: structured output is not supported by the Rust front end yet (serve with --frontend python)"),
+            *field,
+        ));
     }
     Ok(())
 }
