@@ -30,6 +30,8 @@ __all__ = [
     "json_schema_normalized",
     "write_kv",
     "paged_attention",
+    "Frontend",
+    "render_chat_template",
 ]
 __version__: str
 
@@ -544,10 +546,10 @@ class Frontend:
     def wait(self, timeout: float) -> bool:
         """Blocks (GIL released) until a request, abort or call is queued, ``stop`` was
         called, or ``timeout`` seconds pass; True when something is queued."""
-    def drain(self, engine: Engine) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
+    def drain(self, engine: Engine) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]] | None:
         """Moves everything queued into ``engine`` (submissions, each answered to its
         HTTP request; aborts; control calls); returns the rids of the plain-greedy samples
-        it submitted and whether each ignores EOS."""
+        it submitted and whether each ignores EOS (``None`` when there are none)."""
     def commit(self, engine: Engine, logits: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
     def commit_tokens(self, engine: Engine, tokens: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
     def fail_step(self, engine: Engine, message: str) -> npt.NDArray[np.uint64]: ...

@@ -97,21 +97,17 @@ impl Histograms {
         let mut out = String::new();
         let s = &self.stats;
         let counters: [(&str, &str, u64); 7] = [
-            ("ferrolm:prompt_tokens", "Prompt tokens of admitted requests.", s.prompt_tokens as u64),
-            ("ferrolm:generation_tokens", "Generated tokens.", s.generation_tokens as u64),
-            (
-                "ferrolm:cache_hit_tokens",
-                "Prompt tokens found in the prefix cache.",
-                s.cache_hit_tokens as u64,
-            ),
+            ("ferrolm:prompt_tokens", "Prompt tokens of admitted requests.", s.prompt_tokens),
+            ("ferrolm:generation_tokens", "Generated tokens.", s.generation_tokens),
+            ("ferrolm:cache_hit_tokens", "Prompt tokens found in the prefix cache.", s.cache_hit_tokens),
             (
                 "ferrolm:num_retractions",
                 "Running requests retracted (preempted) under KV pressure.",
-                s.retractions as u64,
+                s.retractions,
             ),
-            ("ferrolm:num_requests_finished", "Requests finished, whatever the reason.", s.finished as u64),
-            ("ferrolm:num_request_errors", "Requests that finished with an error.", s.errors as u64),
-            ("ferrolm:num_steps", "Engine steps run.", s.steps as u64),
+            ("ferrolm:num_requests_finished", "Requests finished, whatever the reason.", s.finished),
+            ("ferrolm:num_request_errors", "Requests that finished with an error.", s.errors),
+            ("ferrolm:num_steps", "Engine steps run.", s.steps),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(
@@ -120,7 +116,7 @@ impl Histograms {
                 prom_float(v as f64)
             );
         }
-        let l = self.load.clone().unwrap_or_default();
+        let l = self.load.unwrap_or_default();
         let gauges: [(&str, &str, f64); 7] = [
             ("ferrolm:num_running_reqs", "Requests running.", l.running as f64),
             ("ferrolm:num_queue_reqs", "Requests waiting in the queue.", l.waiting as f64),

@@ -399,7 +399,7 @@ fn check_fields(obj: &Map<String, Value>, known: &[&[&str]], prefix: &str) -> Ap
     Ok(())
 }
 
-fn object<'a>(value: &'a Value) -> ApiResult<&'a Map<String, Value>> {
+fn object(value: &Value) -> ApiResult<&Map<String, Value>> {
     value.as_object().ok_or_else(|| ApiError::new(400, "the body must be a JSON object"))
 }
 

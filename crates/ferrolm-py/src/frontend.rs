@@ -147,16 +147,21 @@ impl PyFrontend {
         py.detach(|| ingress.wait(timeout))
     }
 
+    /// `None` when no plain-greedy sample was submitted (the common case: no arrays made).
+    #[allow(clippy::type_complexity)]
     fn drain<'py>(
         &self,
         py: Python<'py>,
         engine: &Bound<'py, PyEngine>,
-    ) -> PyResult<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>)> {
+    ) -> PyResult<Option<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>)>> {
         let mut e = engine.borrow_mut();
         let e = &mut *e;
         let ingress = &*self.ingress;
         let drained = e.poison.run(py, &mut e.engine, |core| ingress.drain(core))?;
-        Ok((drained.greedy_rids.into_pyarray(py), drained.greedy_ignore_eos.into_pyarray(py)))
+        if drained.greedy_rids.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((drained.greedy_rids.into_pyarray(py), drained.greedy_ignore_eos.into_pyarray(py))))
     }
 
     fn commit<'py>(

@@ -97,9 +97,9 @@ class StepLoop:
     def run(self) -> None:
         engine, frontend, core = self.engine, self.frontend, self.engine.core
         while not self.stopping.is_set():
-            greedy_rids, ignore_eos = frontend.drain(core)
-            if len(greedy_rids):
-                engine.note_greedy(greedy_rids, ignore_eos)
+            greedy = frontend.drain(core)
+            if greedy is not None:
+                engine.note_greedy(*greedy)
             if not core.has_work():
                 frontend.wait(IDLE_WAIT_S)
                 continue

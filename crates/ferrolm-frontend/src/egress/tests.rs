@@ -12,7 +12,7 @@ fn outputs(entries: &[(u64, &[u32], &str, bool)]) -> StepOutputs {
         }
         o.rids.push(rid);
         o.texts.push(text.to_string());
-        o.finished.push(finished.then(|| Finished {
+        o.finished.push(finished.then_some(Finished {
             reason: FinishReason::Length,
             prompt_tokens: 3,
             cached_tokens: 0,
