@@ -486,6 +486,13 @@ pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
         for (i, m) in messages.iter().enumerate() {
             if let Value::Object(m) = m {
                 check_fields(m, &[MESSAGE_FIELDS], &format!("messages.{i}."))?;
+                if let Some(Value::Array(parts)) = m.get("content") {
+                    for (j, part) in parts.iter().enumerate() {
+                        if let Value::Object(part) = part {
+                            check_fields(part, &[&["type", "text"]], &format!("messages.{i}.content.{j}."))?;
+                        }
+                    }
+                }
             }
         }
     }

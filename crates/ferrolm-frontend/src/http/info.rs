@@ -38,9 +38,9 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
 
 pub fn retrieve_model(state: &AppState, model_id: &str) -> ApiResult<Response> {
     if model_id != state.config.model_name {
-        return Err(
-            ApiError::new(404, format!("model {model_id:?} is not served here")).with_code("model_not_found")
-        );
+        return Err(ApiError::new(404, format!("model: {model_id:?} is not served here"))
+            .with_param(Some("model".into()))
+            .with_code("model_not_found"));
     }
     Ok(json_response(&model_card(state)))
 }

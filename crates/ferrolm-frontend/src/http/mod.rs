@@ -33,6 +33,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model_id}", get(retrieve_model))
+        .route(
+            "/v1/models/",
+            get(
+                |State(state): State<Arc<AppState>>| async move { respond(info::retrieve_model(&state, "")) },
+            ),
+        )
         .route("/generate", post(generate))
         .route("/abort_request", post(abort_request))
         .route("/health", get(info::health))

@@ -213,7 +213,7 @@ fn chat_field(max_tokens_field: &'static str) -> impl Fn(&str) -> Option<String>
 pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let ChatRequest { sampling, fields } = protocol::parse_chat(&body)?;
     state.check_model(sampling.model.as_deref())?;
-    if fields.tools.is_some() {
+    if fields.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::bad_request("tools: tool calling is not supported yet", "tools"));
     }
     if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
