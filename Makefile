@@ -41,9 +41,9 @@ build-dev: $(DEPS_STAMP)
 .PHONY: test  ## Rust tests, Python tests and the stub check: what CI runs
 test: build test-rust test-python test-torch stubtest
 
-.PHONY: test-rust  ## cargo test of the core crates (no Python needed)
+.PHONY: test-rust  ## cargo test of the core crates and the Rust front end (no Python needed)
 test-rust:
-	cargo test -p ferrolm-core -p ferrolm-constraint
+	cargo test -p ferrolm-core -p ferrolm-constraint -p ferrolm-frontend
 
 .PHONY: test-python  ## pytest against the built module
 test-python: build $(TORCH_STAMP)

@@ -30,6 +30,8 @@ __all__ = [
     "json_schema_normalized",
     "write_kv",
     "paged_attention",
+    "Frontend",
+    "render_chat_template",
 ]
 __version__: str
 
@@ -518,3 +520,76 @@ def paged_attention(
     ``out`` must not share memory with the inputs; a wrong type, shape, offset, slot or
     position raises ``InvalidInputError`` naming the argument.
     """
+
+@final
+class Frontend:
+    """The Rust HTTP front end (``ferrolm serve --frontend rust``): the OpenAI and native
+    routes on axum/tokio threads that never take the GIL, in the process that runs the
+    step loop. Starts serving on construction; ``port`` is where it listens (``port=0``:
+    one the system picks). Requests are validated, rendered and tokenized on those
+    threads and queued; the loop moves them into its engine core with ``drain`` and hands
+    each step's outputs straight to the request streams with ``commit`` (or
+    ``commit_tokens``, ``fail_step``, ``take_outputs``, which mirror ``Engine``'s and
+    return the rids that finished instead of ``StepOutputs``). Raises
+    ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
+    address cannot be bound."""
+
+    def __new__(
+        cls,
+        vocabulary: Vocabulary,
+        tokenizer_json: str,
+        *,
+        host: str,
+        port: int,
+        model_name: str,
+        model_path: str,
+        context_length: int,
+        kv_capacity: int,
+        max_running_requests: int,
+        max_request_bytes: int,
+        version: str,
+        model_info_json: str = "{}",
+        settings_json: str = "{}",
+        api_key: str | None = None,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        max_queued_requests: int | None = None,
+        queue_timeout: float | None = None,
+        chars_per_token: int | None = None,
+        http_threads: int = 2,
+        tokenizer_threads: int = 2,
+    ) -> Self: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def in_flight(self) -> int:
+        """Samples submitted and not finished."""
+    def wait(self, timeout: float) -> bool:
+        """Blocks (GIL released) until a request, abort or call is queued, ``stop`` was
+        called, or ``timeout`` seconds pass; True when something is queued."""
+    def drain(self, engine: Engine) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]] | None:
+        """Moves everything queued into ``engine`` (submissions, each answered to its
+        HTTP request; aborts; control calls); returns the rids of the plain-greedy samples
+        it submitted and whether each ignores EOS (``None`` when there are none)."""
+    def commit(self, engine: Engine, logits: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
+    def commit_tokens(self, engine: Engine, tokens: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
+    def fail_step(self, engine: Engine, message: str) -> npt.NDArray[np.uint64]: ...
+    def take_outputs(self, engine: Engine) -> npt.NDArray[np.uint64]: ...
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops serving: requests in flight end with 503, open connections get
+        ``timeout`` seconds to close."""
+
+def render_chat_template(
+    template: str,
+    messages_json: str,
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Chat messages (JSON: a list of ``{"role", "content"}``, optionally ``name`` and
+    ``tool_call_id``) rendered with ``template`` as the Rust front end renders them
+    (minijinja, with jinja2's trim_blocks and lstrip_blocks, ``raise_exception``,
+    ``tojson``, ``strftime_now`` and Python's string methods). Raises
+    ``InvalidInputError`` when the template does not compile or fails."""

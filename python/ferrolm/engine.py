@@ -283,6 +283,28 @@ class Engine:
             if params.ignore_eos:
                 self._greedy_ignore_eos[int(rid)] = True
 
+    def note_greedy(self, rids: Any, ignore_eos: Any) -> None:
+        """``note_submitted`` for requests a loop submitted to the core itself and found plain
+        greedy (the Rust front end's ``drain`` reports them), with whether each ignores EOS."""
+        if not self.device_greedy:
+            return
+        for rid, ignore in zip(np.asarray(rids).tolist(), np.asarray(ignore_eos).tolist()):
+            self._greedy_rids.add(rid)
+            if ignore:
+                self._greedy_ignore_eos[rid] = True
+
+    def forget_greedy(self, finished_rids: Any) -> None:
+        """Drops finished requests (their rids) from the device-greedy bookkeeping."""
+        if self._greedy_rids:
+            for rid in np.asarray(finished_rids).tolist():
+                self._greedy_rids.discard(rid)
+                self._greedy_ignore_eos.pop(rid, None)
+
+    def device_greedy_rows(self, plan: Any) -> np.ndarray | None:
+        """Whether the runner may pick this plan's tokens greedily: per entry, whether it
+        ignores EOS; None when it may not (see ``_device_greedy_rows``)."""
+        return self._device_greedy_rows(plan)
+
     def fail_step(self, message: str) -> list[Delta]:
         """Ends the requests of a step in flight with an error (for a loop whose step
         failed outside the forward); returns the deltas of ``submit``-ed requests, as

@@ -19,8 +19,9 @@ use crate::guard::Poison;
 
 #[pyclass(module = "ferrolm._core", name = "Engine")]
 pub struct PyEngine {
-    engine: Engine,
-    poison: Poison,
+    // the front end's binding (`frontend.rs`) steps the same core
+    pub(crate) engine: Engine,
+    pub(crate) poison: Poison,
 }
 
 /// One rid, or one per sample of the prompt.

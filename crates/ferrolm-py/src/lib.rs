@@ -9,6 +9,7 @@ mod constraint;
 mod convert;
 mod engine;
 mod errors;
+mod frontend;
 mod guard;
 mod kv_events;
 mod radix;
@@ -21,6 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::init(m)?;
     constraint::init(m)?;
     attention::init(m)?;
+    frontend::init(m)?;
     Ok(())
 }
 

@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+FRONTENDS = ("python", "rust")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
 # up to 7 bytes each with the separator, are under 1 MiB; as text, ~4 bytes a token) many
@@ -58,6 +59,7 @@ class ServerArgs:
     # KV cache events for cache-aware routers, vLLM's --kv-events-config (None: off)
     kv_events_config: KvEventsConfig | None = None
     page_size: int = 16  # tokens per KV event block: a router's block size must equal it
+    frontend: str = "python"  # the HTTP front end: FastAPI (python) or axum in the engine's process (rust)
 
     @property
     def model_name(self) -> str:
@@ -123,6 +125,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=defaults.page_size,
                         help="tokens per block in the KV events (a router's block size must be the same; "
                              f"default {defaults.page_size}, vLLM's)")
+    parser.add_argument("--frontend", choices=FRONTENDS, default=defaults.frontend,
+                        help="the HTTP front end: python (FastAPI, the engine in a child process; the reference) "
+                             "or rust (axum threads in the engine's process, no Python on the request path; "
+                             "no structured output yet)")
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
