@@ -111,6 +111,32 @@ def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(tiny: Loaded
     assert out[rids[3]] == again.token_ids  # the same seeded draws from the same logits
 
 
+def test_device_sampling_end_to_end_gives_what_the_cores_sampler_gives(tiny: LoadedModel) -> None:
+    """Every token drawn on the runner's device (penalties, bias, a JSON schema's masks,
+    seeds, logprobs): the same outputs as the numpy runner with the core's sampler, since
+    a seeded plain-temperature draw uses the same uniform in the same token order, and
+    the float32 logits of the two runners differ by far less than what would move a
+    draw across a boundary here."""
+    on_device = torch_engine(tiny, device_sampling=True)
+    assert on_device.device_sampling and not torch_engine(tiny).device_sampling, "off by default on the CPU"
+    numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy", kv_cache_dtype="float32")
+    params = [
+        SamplingParams(temperature=0.8, seed=11, max_new_tokens=12, ignore_eos=True, logprobs=True, top_logprobs=3),
+        SamplingParams(temperature=0.0, max_new_tokens=12, repetition_penalty=1.4, frequency_penalty=0.5,
+                       logit_bias={100: 5.0}, min_new_tokens=4),
+        SamplingParams(temperature=0.7, seed=5, max_new_tokens=40, json_schema={
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    ]
+    got = [on_device.generate(prompt, p)[0] for prompt, p in zip(PROMPTS, params)]
+    want = [numpy_engine.generate(prompt, p)[0] for prompt, p in zip(PROMPTS, params)]
+    assert on_device.device_sampling_steps > 0 and on_device.device_greedy_steps == 0
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids and g.text == w.text and g.finish_reason == w.finish_reason
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4, equal_nan=True)
+    assert len(got[0].top_logprobs[0]) == 3
+    assert '"n":' in got[2].text.replace(" ", "")
+
+
 def test_forward_greedy_is_the_argmax_of_forward_with_eos_masked_where_ignored() -> None:
     from ferrolm.model.random_weights import random_weights
     from ferrolm.model.runner import ForwardBatch

@@ -124,6 +124,7 @@ class Engine:
         kv_cache_dtype: str = "auto",
         device_greedy: bool = True,
         mem_fraction_static: float | None = None,
+        device_sampling: bool | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
@@ -138,7 +139,10 @@ class Engine:
         its device in steps where every sampling request is plain greedy.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
         weights and pool take that fraction of the device's memory, instead of
-        ``kv_capacity``."""
+        ``kv_capacity``. ``device_sampling``: let a runner that can (the torch runner) draw
+        every token on its device (penalties, bias, grammar masks, seeds and logprobs
+        included; only ids and logprobs reach the host); ``None``: where its device is not
+        the CPU (on the CPU the core's sampler reads the logits in place, at no copy)."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -185,6 +189,12 @@ class Engine:
         # and hands the ids to core.commit_tokens. Runners that can: forward_greedy.
         self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
         self.device_greedy_steps = 0
+        # Sampling on the runner's device: the step's sampling columns (core.sampling_batch)
+        # go to the runner's forward_sample, its ids to core.commit_tokens.
+        on_cpu = str(getattr(self.runner, "device", "cpu")) == "cpu"
+        wanted = (not on_cpu) if device_sampling is None else device_sampling
+        self.device_sampling = wanted and hasattr(self.runner, "forward_sample")
+        self.device_sampling_steps = 0
         self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
         self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
@@ -216,6 +226,12 @@ class Engine:
                 )
                 out = self.core.commit_tokens(ids)
                 self.device_greedy_steps += 1
+            elif self.device_sampling:
+                draws = self.runner.forward_sample(  # type: ignore[attr-defined]
+                    batch, self.core.sampling_batch(), vocab_size=self.core.vocab_size
+                )
+                out = self.core.commit_tokens(**draws.commit_args())
+                self.device_sampling_steps += 1
             else:
                 out = self.core.commit(self.runner.forward(batch))
         except CorePanicError:

@@ -25,6 +25,8 @@ import numpy as np
 
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
+from ferrolm.model.device_sampler import DeviceDraws
+from ferrolm.model.device_sampler import sample as sample_on_device
 from ferrolm.model.rope import inverse_frequencies, rotation
 from ferrolm.model.runner import ForwardBatch, ModelRunner, _AttentionPlan
 from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
@@ -369,6 +371,17 @@ class TorchRunner(ModelRunner):
                 eos = self._index(np.asarray(eos_token_ids))
                 logits[rows[:, None], eos[None, :]] = float("-inf")
             return logits.argmax(dim=-1).to(torch.int32).cpu().numpy()
+
+    def forward_sample(self, batch: ForwardBatch, sampling: Any, vocab_size: int | None = None) -> DeviceDraws:
+        """As ``forward``, then each request's token drawn on the device under
+        ``sampling`` (the step's ``SamplingBatch`` from the engine core; see
+        ``device_sampler``): only the ids, and the logprobs asked for, cross to the host.
+        Only the first ``vocab_size`` logits count (the core's vocabulary may be smaller
+        than the model's padded one)."""
+        self._check(batch)
+        with torch.inference_mode():
+            logits = self._forward(batch, all_logits=False)
+            return sample_on_device(logits, sampling, vocab_size or logits.shape[1])
 
     def _check(self, batch: ForwardBatch) -> None:
         if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:

@@ -834,3 +834,6 @@ fn samples_run_on_when_their_leader_ends_early_and_abort_one_by_one() {
         .values()
         .all(|v| matches!(v.2.reason, FinishReason::Error { kind: ErrorKind::QueueTimeout, .. })));
 }
+
+#[path = "sampling_batch_tests.rs"]
+mod sampling_batch_tests;
