@@ -25,6 +25,11 @@ from ferrolm.errors import ProtocolError
 torch: Any = pytest.importorskip("torch", reason="torch is not installed; the device sampler needs it")
 
 from ferrolm.model.device_sampler import sample  # noqa: E402  (needs torch)
+from small_models import TORCH_TEST_DEVICE  # noqa: E402
+
+def on_device(logits: np.ndarray) -> Any:
+    """The logits as a tensor on the test device (the CPU unless FERROLM_TEST_DEVICE says)."""
+    return torch.from_numpy(logits).to(TORCH_TEST_DEVICE)
 
 VOCAB = 48
 EOS = VOCAB - 1
@@ -52,7 +57,7 @@ class Twins:
         n = len(plan)
         logits = logits_of(plan) if logits_of else (self.rng.standard_normal((n, VOCAB)) * 2).astype(np.float32)
         cpu = deltas_of(self.cpu.commit(logits.copy()))
-        draws = sample(torch.from_numpy(logits.copy()), self.device.sampling_batch(), VOCAB)
+        draws = sample(on_device(logits.copy()), self.device.sampling_batch(), VOCAB)
         device = deltas_of(self.device.commit_tokens(**draws.commit_args()))
         return cpu, device
 
@@ -209,7 +214,7 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch() -> None:
             for i, rid in enumerate(plan.rids.tolist()):
                 if rid == rid_watched:
                     logits[i] = rows[len(tokens.get(rid, []))]
-            draws = sample(torch.from_numpy(logits), engine.sampling_batch(), VOCAB)
+            draws = sample(on_device(logits), engine.sampling_batch(), VOCAB)
             for d in deltas_of(engine.commit_tokens(**draws.commit_args())):
                 tokens.setdefault(d.rid, []).extend(d.token_ids)
         return tokens[rid_watched]
