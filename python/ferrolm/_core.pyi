@@ -31,6 +31,7 @@ __all__ = [
     "json_schema_normalized",
     "write_kv",
     "paged_attention",
+    "rms_norm",
 ]
 __version__: str
 
@@ -590,3 +591,17 @@ def paged_attention(
     ``out`` must not share memory with the inputs; a wrong type, shape, offset, slot or
     position raises ``InvalidInputError`` naming the argument.
     """
+
+def rms_norm(
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+    *,
+    eps: float,
+) -> None:
+    """RMSNorm of each row of ``x`` (along its last axis) into ``out``: ``x / sqrt(mean(x**2)
+    + eps) * weight``, in float32 (the mean of squares summed in float64), as the Llama
+    family normalizes. One call where array ops take five; large inputs are split by rows
+    over threads. ``x`` and ``out`` are C-contiguous float32 arrays of the same shape that
+    share no memory, ``weight`` float32 of the last axis' length; otherwise
+    ``InvalidInputError`` naming the argument."""

@@ -122,7 +122,7 @@ class Engine:
         device: str = "auto",
         dtype: str = "auto",
         kv_cache_dtype: str = "auto",
-        device_greedy: bool = True,
+        device_greedy: bool | None = None,
         mem_fraction_static: float | None = None,
         device_sampling: bool | None = None,
     ) -> None:
@@ -132,11 +132,12 @@ class Engine:
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
         ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``): the KV pool's
-        element type; ``auto`` is float16 on the numpy runner (its attention kernel reads
+        element type; ``auto`` is float16 on the CPU (the core's attention kernel reads
         half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
-        says otherwise, and the runner's ``dtype`` on the torch runner.
+        says otherwise, and the runner's ``dtype`` on CUDA.
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
-        its device in steps where every sampling request is plain greedy.
+        its device in steps where every sampling request is plain greedy; ``None``: where
+        its device is not the CPU.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
         weights and pool take that fraction of the device's memory, instead of
         ``kv_capacity``. ``device_sampling``: let a runner that can (the torch runner) draw
@@ -187,11 +188,14 @@ class Engine:
         # Greedy on the runner's device: a step whose sampling requests are all plain greedy
         # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)
         # and hands the ids to core.commit_tokens. Runners that can: forward_greedy.
-        self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
+        # None: where the runner's device is not the CPU (on the CPU the logits are on the
+        # host already and the core's vectorized argmax reads them in place)
+        on_cpu = str(getattr(self.runner, "device", "cpu")) == "cpu"
+        wanted_greedy = (not on_cpu) if device_greedy is None else device_greedy
+        self.device_greedy = wanted_greedy and hasattr(self.runner, "forward_greedy")
         self.device_greedy_steps = 0
         # Sampling on the runner's device: the step's sampling columns (core.sampling_batch)
         # go to the runner's forward_sample, its ids to core.commit_tokens.
-        on_cpu = str(getattr(self.runner, "device", "cpu")) == "cpu"
         wanted = (not on_cpu) if device_sampling is None else device_sampling
         self.device_sampling = wanted and hasattr(self.runner, "forward_sample")
         self.device_sampling_steps = 0

@@ -152,6 +152,16 @@ impl PySamplingBatch {
 fn drawn_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
     let py = obj.py();
     let bad = |m: String| errors::invalid_field(py, "tokens", m);
+    let read = |i: usize, t: i64| match t {
+        -1 => Ok(None),
+        t if (0..=u32::MAX as i64).contains(&t) => Ok(Some(t as u32)),
+        t => Err(bad(format!("tokens[{i}] is {t}; ids are >= 0 (-1: nothing could be drawn)"))),
+    };
+    if let Ok(a) = obj.cast::<PyArray1<i32>>() {
+        // what the runners hand over: read in place
+        let a = a.readonly();
+        return a.as_array().iter().enumerate().map(|(i, &t)| read(i, t as i64)).collect();
+    }
     let array = py.import("numpy")?.call_method1("asarray", (obj,))?;
     let array = array.cast::<PyUntypedArray>().map_err(|_| bad("tokens must be an integer array".into()))?;
     if array.ndim() != 1 {
@@ -166,15 +176,7 @@ fn drawn_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
     }
     let wide = array.call_method1("astype", ("int64",))?;
     let wide = wide.cast::<PyArray1<i64>>()?.readonly();
-    wide.as_array()
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| match t {
-            -1 => Ok(None),
-            t if (0..=u32::MAX as i64).contains(&t) => Ok(Some(t as u32)),
-            t => Err(bad(format!("tokens[{i}] is {t}; ids are >= 0 (-1: nothing could be drawn)"))),
-        })
-        .collect()
+    wide.as_array().iter().enumerate().map(|(i, &t)| read(i, t)).collect()
 }
 
 /// `obj` as a C-contiguous array of `T` (converted once where it is another type) with

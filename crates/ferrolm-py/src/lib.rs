@@ -10,6 +10,7 @@ mod convert;
 mod engine;
 mod errors;
 mod guard;
+mod norm;
 mod radix;
 
 #[pymodule(gil_used = false)]
@@ -20,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::init(m)?;
     constraint::init(m)?;
     attention::init(m)?;
+    norm::init(m)?;
     Ok(())
 }
 
