@@ -114,7 +114,7 @@ def tiny_end_to_end(batch: int, new_tokens: int = 32) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     print(f"{'vocab':>7}{'mode':>7}{'batch':>7}{'p50 us/step':>13}{'p99 us/step':>13}{'us/token':>10}")
     failed = ids_failed = False
-    ids_checked = False
+    greedy_checked = ids_checked = False
     p50s: dict[tuple[int, str, int], float] = {}
     for vocab in args.vocab:
         for mode in args.modes:
@@ -123,13 +123,15 @@ def run(args: argparse.Namespace) -> int:
                 p50, p99 = np.percentile(t, 50), np.percentile(t, 99)
                 p50s[vocab, mode, batch] = p50
                 print(f"{vocab:>7}{mode:>7}{batch:>7}{p50:>13.1f}{p99:>13.1f}{p50 / batch:>10.2f}")
-                if vocab == 32_000 and mode == "greedy" and batch == 64 and p50 / 1e3 > FLOOR_MS:
-                    failed = True
+                if vocab == 32_000 and mode == "greedy" and batch == 64:
+                    greedy_checked = True
+                    failed |= p50 / 1e3 > FLOOR_MS
                 if vocab >= 150_000 and mode in ON_DEVICE and batch == 64:
                     ids_checked = True
                     ids_failed |= p50 / 1e3 > IDS_FLOOR_MS
-    print(f"floor: schedule + commit <= {FLOOR_MS} ms per step at batch 64, greedy, 32k vocab: "
-          + ("MISSED" if failed else "met"))
+    if greedy_checked:
+        print(f"floor: schedule + commit <= {FLOOR_MS} ms per step at batch 64, greedy, 32k vocab: "
+              + ("MISSED" if failed else "met"))
     if ids_checked:
         print(f"floor: schedule + commit_tokens (ids from the device) <= {IDS_FLOOR_MS} ms per step at batch 64, "
               "vocab >= 150k: " + ("MISSED" if ids_failed else "met"))
