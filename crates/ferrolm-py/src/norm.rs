@@ -12,7 +12,11 @@ use crate::guard::contain;
 fn float32_array<'py>(obj: &Bound<'py, PyAny>, what: &'static str) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let py = obj.py();
     let array = obj.cast::<PyArrayDyn<f32>>().map_err(|_| {
-        errors::invalid_field(py, what, format!("{what} must be a float32 numpy array, got {}", type_name(obj)))
+        errors::invalid_field(
+            py,
+            what,
+            format!("{what} must be a float32 numpy array, got {}", type_name(obj)),
+        )
     })?;
     if !array.is_c_contiguous() {
         return Err(errors::invalid_field(py, what, format!("{what} must be C-contiguous")));
@@ -31,9 +35,9 @@ pub fn rms_norm(
     eps: f64,
 ) -> PyResult<()> {
     let (x, out) = (float32_array(x, "x")?, float32_array(out, "out")?);
-    let weight = weight
-        .cast::<PyArray1<f32>>()
-        .map_err(|_| errors::invalid_field(py, "weight", "weight must be a 1-D float32 numpy array".into()))?;
+    let weight = weight.cast::<PyArray1<f32>>().map_err(|_| {
+        errors::invalid_field(py, "weight", "weight must be a 1-D float32 numpy array".into())
+    })?;
     if x.ndim() == 0 || x.shape()[x.ndim() - 1] != weight.len() {
         return Err(errors::invalid_field(
             py,
@@ -50,9 +54,9 @@ pub fn rms_norm(
     }
     let (x, weight) = (x.readonly(), weight.readonly());
     // the borrow checker of rust-numpy refuses an `out` that shares memory with the inputs
-    let mut out = out
-        .try_readwrite()
-        .map_err(|_| errors::invalid_field(py, "out", "out must be writable and not share memory with x".into()))?;
+    let mut out = out.try_readwrite().map_err(|_| {
+        errors::invalid_field(py, "out", "out must be writable and not share memory with x".into())
+    })?;
     let (xs, ws) = (x.as_slice()?, weight.as_slice()?);
     let os = out.as_slice_mut()?;
     let done = contain(py, || norm::rms_norm(xs, ws, eps as f32, os))?;
