@@ -23,6 +23,7 @@ __all__ = [
     "Engine",
     "BatchPlan",
     "StepOutputs",
+    "SamplingBatch",
     "Vocabulary",
     "Grammar",
     "Matcher",
@@ -32,6 +33,7 @@ __all__ = [
     "paged_attention",
     "Frontend",
     "render_chat_template",
+    "rms_norm",
 ]
 __version__: str
 
@@ -197,6 +199,78 @@ class BatchPlan:
     def __len__(self) -> int: ...
 
 @final
+class SamplingBatch:
+    """The sampling side of the step in flight, in columns, for a runner that draws the
+    tokens on its own device (``Engine.sampling_batch``). Row ``b`` is plan entry ``b``;
+    an entry that does not sample this step has a neutral greedy row. A device sampler
+    applies, in this order: ``logit_bias``; the penalties (the repetition penalty to every
+    listed token: ``l / p`` where ``l > 0``, else ``l * p``; then ``l -= frequency * count
+    + presence`` where ``count > 0``); ``-inf`` at the banned ids; the grammar mask. Logprobs
+    are of that row. Then argmax (``greedy``) or: weights ``exp((l - max) / temperature)``,
+    kept where ``>= min_p`` (relative to the best), the ``top_k`` heaviest (lowest id on
+    ties), the fewest heaviest whose sum reaches ``top_p`` of what is left; the token is
+    the inverse CDF of the kept weights, in token order, at ``uniforms[b]``."""
+
+    @property
+    def greedy(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def temperature(self) -> npt.NDArray[np.float32]:
+        """1 on greedy rows."""
+    @property
+    def top_k(self) -> npt.NDArray[np.int32]:
+        """0: no limit."""
+    @property
+    def top_p(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def min_p(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def repetition_penalty(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def frequency_penalty(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def presence_penalty(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def uniforms(self) -> npt.NDArray[np.float64]:
+        """The row's uniform in [0, 1) from the request's own random stream (the one the
+        core's sampler would use; it advances when the token is committed): same seed,
+        same draws, whatever else is in the batch."""
+    @property
+    def logprobs(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def top_logprobs(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def bias_offsets(self) -> npt.NDArray[np.int32]:
+        """Row ``b``'s bias: ``bias_ids/bias_values[bias_offsets[b]:bias_offsets[b+1]]``."""
+    @property
+    def bias_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def bias_values(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def penalty_offsets(self) -> npt.NDArray[np.int32]:
+        """Row ``b``'s penalized tokens (distinct) ``penalty_ids[penalty_offsets[b]:...]``
+        and their counts in the output (0: only in the prompt, for the repetition penalty)."""
+    @property
+    def penalty_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def penalty_counts(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def banned_offsets(self) -> npt.NDArray[np.int32]:
+        """Row ``b``'s banned ids ``banned_ids[banned_offsets[b]:...]``: EOS and stop tokens
+        before ``min_new_tokens``, EOS under ``ignore_eos``."""
+    @property
+    def banned_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def mask_rows(self) -> npt.NDArray[np.int32]:
+        """The row of ``masks`` with row ``b``'s grammar mask, or -1."""
+    @property
+    def masks(self) -> npt.NDArray[np.int32]:
+        """``[num masks, ceil(vocab / 32)]`` packed masks: bit ``t % 32`` of word ``t // 32``
+        set where token ``t`` is allowed (the ``uint32`` words' bits as ``int32``)."""
+    @property
+    def num_rows(self) -> int: ...
+    def __len__(self) -> int: ...
+
+@final
 class StepOutputs:
     """What a step produced, in columns. Entry ``i`` is request ``rids[i]``: its new tokens
     ``token_ids[token_offsets[i]:token_offsets[i+1]]`` (with ``logprobs``, NaN where not
@@ -316,8 +390,29 @@ class Engine:
         (``float32[num_requests, >= vocab]``; a writable C-contiguous float32 array is
         modified in place, anything else is copied once). Raises ``ProtocolError`` for a
         wrong shape (nothing changes then)."""
-    def commit_tokens(self, tokens: object) -> StepOutputs:
-        """As ``commit``, with one already-sampled token per plan entry."""
+    def commit_tokens(
+        self,
+        tokens: object,
+        *,
+        logprobs: object | None = None,
+        top_ids: object | None = None,
+        top_logprobs: object | None = None,
+    ) -> StepOutputs:
+        """As ``commit``, with the tokens a runner drew itself: one per plan entry (ignored
+        for entries that do not sample), -1 where nothing could be drawn (the entry then
+        ends as the core's sampler would end it: error kind ``grammar`` under a grammar,
+        else ``sampling``). Each token is checked against the entry's grammar mask (those
+        of ``sampling_batch`` when it was called for this step); a masked one ends the
+        entry with error kind ``grammar``. Where a request samples (not greedy), its
+        random stream advances by one draw. ``logprobs`` (``float32[B]``) and ``top_ids`` /
+        ``top_logprobs`` (``[B, K]``, best first) are kept for requests that asked for them
+        (their first ``top_logprobs`` finite entries). Raises ``ProtocolError`` for wrong
+        lengths or shapes or an id outside the vocabulary (nothing changes then)."""
+    def sampling_batch(self) -> SamplingBatch:
+        """The step in flight's sampling columns, for a runner that draws on its device
+        and then calls ``commit_tokens``. Fills the constrained entries' grammar masks
+        (kept to check the drawn tokens). Changes no request. Raises ``ProtocolError``
+        without a step in flight."""
     def fail_step(self, message: str) -> StepOutputs:
         """Drops the last plan after its forward failed, instead of ``commit``: no KV
         advances (the step's own slots go back to the pool, nothing unwritten reaches
@@ -593,3 +688,16 @@ def render_chat_template(
     (minijinja, with jinja2's trim_blocks and lstrip_blocks, ``raise_exception``,
     ``tojson``, ``strftime_now`` and Python's string methods). Raises
     ``InvalidInputError`` when the template does not compile or fails."""
+def rms_norm(
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+    *,
+    eps: float,
+) -> None:
+    """RMSNorm of each row of ``x`` (along its last axis) into ``out``: ``x / sqrt(mean(x**2)
+    + eps) * weight``, in float32 (the mean of squares summed in float64), as the Llama
+    family normalizes. One call where array ops take five; large inputs are split by rows
+    over threads. ``x`` and ``out`` are C-contiguous float32 arrays of the same shape that
+    share no memory, ``weight`` float32 of the last axis' length; otherwise
+    ``InvalidInputError`` naming the argument."""

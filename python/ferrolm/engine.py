@@ -130,10 +130,11 @@ class Engine:
         device: str = "auto",
         dtype: str = "auto",
         kv_cache_dtype: str = "auto",
-        device_greedy: bool = True,
+        device_greedy: bool | None = None,
         mem_fraction_static: float | None = None,
         enable_kv_events: bool = False,
         kv_event_block_size: int = 16,
+        device_sampling: bool | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
@@ -141,16 +142,21 @@ class Engine:
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
         ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``): the KV pool's
-        element type; ``auto`` is float16 on the numpy runner (its attention kernel reads
+        element type; ``auto`` is float16 on the CPU (the core's attention kernel reads
         half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
-        says otherwise, and the runner's ``dtype`` on the torch runner.
+        says otherwise, and the runner's ``dtype`` on CUDA.
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
-        its device in steps where every sampling request is plain greedy.
+        its device in steps where every sampling request is plain greedy; ``None``: where
+        its device is not the CPU.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
         weights and pool take that fraction of the device's memory, instead of
         ``kv_capacity``. ``enable_kv_events``: the prefix cache records vLLM-shaped KV
         events over blocks of ``kv_event_block_size`` tokens (``take_kv_events``; the
-        server publishes them, see ``--kv-events-config``)."""
+        server publishes them, see ``--kv-events-config``). ``device_sampling``: let a
+        runner that can (the torch runner) draw every token on its device (penalties, bias,
+        grammar masks, seeds and logprobs included; only ids and logprobs reach the host);
+        ``None``: where its device is not the CPU (on the CPU the core's sampler reads the
+        logits in place, at no copy)."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
@@ -197,8 +203,17 @@ class Engine:
         # Greedy on the runner's device: a step whose sampling requests are all plain greedy
         # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)
         # and hands the ids to core.commit_tokens. Runners that can: forward_greedy.
-        self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
+        # None: where the runner's device is not the CPU (on the CPU the logits are on the
+        # host already and the core's vectorized argmax reads them in place)
+        on_cpu = str(getattr(self.runner, "device", "cpu")) == "cpu"
+        wanted_greedy = (not on_cpu) if device_greedy is None else device_greedy
+        self.device_greedy = wanted_greedy and hasattr(self.runner, "forward_greedy")
         self.device_greedy_steps = 0
+        # Sampling on the runner's device: the step's sampling columns (core.sampling_batch)
+        # go to the runner's forward_sample, its ids to core.commit_tokens.
+        wanted = (not on_cpu) if device_sampling is None else device_sampling
+        self.device_sampling = wanted and hasattr(self.runner, "forward_sample")
+        self.device_sampling_steps = 0
         self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
         self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
@@ -234,6 +249,12 @@ class Engine:
                 )
                 out = self.core.commit_tokens(ids)
                 self.device_greedy_steps += 1
+            elif self.device_sampling:
+                draws = self.runner.forward_sample(  # type: ignore[attr-defined]
+                    batch, self.core.sampling_batch(), vocab_size=self.core.vocab_size
+                )
+                out = self.core.commit_tokens(**draws.commit_args())
+                self.device_sampling_steps += 1
             else:
                 out = self.core.commit(self.runner.forward(batch))
         except CorePanicError:

@@ -30,5 +30,6 @@
 pub mod attention;
 pub mod detok;
 pub mod engine;
+pub mod norm;
 pub mod radix;
 pub mod sampling;

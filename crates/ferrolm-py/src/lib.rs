@@ -12,6 +12,7 @@ mod errors;
 mod frontend;
 mod guard;
 mod kv_events;
+mod norm;
 mod radix;
 
 #[pymodule(gil_used = false)]
@@ -23,6 +24,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     constraint::init(m)?;
     attention::init(m)?;
     frontend::init(m)?;
+    norm::init(m)?;
     Ok(())
 }
 

@@ -76,6 +76,9 @@ pub struct Engine {
     pub(super) pending: StepOutputs,
     pub(super) seeds: RequestRng,
     pub(super) mask: Vec<u32>,
+    /// The step's grammar masks as `sampling_batch` filled them (by plan entry), for
+    /// checking the tokens a runner drew; empty otherwise.
+    pub(super) step_masks: Vec<Option<Vec<u32>>>,
     /// One row of sampling weights, reused by every request's draw.
     pub(super) scratch: Vec<f32>,
     pub(crate) stats: EngineStats,
@@ -105,6 +108,7 @@ impl Engine {
             pending: StepOutputs::new(),
             seeds: RequestRng::new(config.seed),
             mask: vec![0; config.vocab_size.div_ceil(32)],
+            step_masks: Vec::new(),
             scratch: Vec::with_capacity(config.vocab_size),
             stats: EngineStats::default(),
             latencies: LatencySamples::default(),

@@ -908,3 +908,5 @@ fn kv_events_are_off_by_default() {
     drain(&mut engine, &mut model);
     assert!(engine.take_kv_events().is_empty());
 }
+#[path = "sampling_batch_tests.rs"]
+mod sampling_batch_tests;
