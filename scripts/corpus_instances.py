@@ -261,7 +261,7 @@ class Synthesizer:
         return "string"
 
     def object(self, schema: dict[str, Any], key: str | None, depth: int) -> dict[str, Any]:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        props: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
         required = [k for k in schema.get("required", []) if isinstance(k, str)]
         keys = list(required)
         optional = [k for k in props if k not in required]
@@ -348,7 +348,8 @@ class Synthesizer:
         return text
 
     def number(self, schema: dict[str, Any], key: str | None, kind: str) -> int | float:
-        lo, hi = -(1 << 31), 1 << 31
+        lo: float = -(1 << 31)
+        hi: float = 1 << 31
         mn, mx = schema.get("minimum"), schema.get("maximum")
         xmn, xmx = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
         if isinstance(mn, (int, float)) and not isinstance(mn, bool):
@@ -359,7 +360,7 @@ class Synthesizer:
             hi = mx - 1 if xmx is True else mx
         if isinstance(xmx, (int, float)) and not isinstance(xmx, bool):
             hi = min(hi, xmx - 1)
-        v = NAMED_NUMBERS.get(_norm(key), self.rng.randint(1, 100) if self.rich else 1)
+        v: float = NAMED_NUMBERS.get(_norm(key), self.rng.randint(1, 100) if self.rich else 1)
         v = min(max(v, lo), hi)
         step = schema.get("multipleOf")
         if isinstance(step, (int, float)) and step > 0:

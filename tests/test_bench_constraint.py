@@ -141,6 +141,12 @@ def test_a_peer_under_a_time_budget_stops_attempting(vocab: bc.BenchVocab) -> No
     full = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, budget_s=None)
     assert full.attempted == 4 and not full.note
     assert bc.summarize(full, cases)["by_source"]["hand"]["schemas"] == 4
+    # past the walk budget, schemas are compiled and timed but not walked
+    unwalked = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, walk_budget_s=0.0)
+    assert len(unwalked.compiled) == len(unwalked.compile_ms) == 4 and len(unwalked.mask_us) == 1
+    assert "the documents of 1 of the 4 schemas compiled walked" in unwalked.note
+    by_hand = bc.summarize(unwalked, cases)["by_source"]["hand"]
+    assert (by_hand["compiled"], by_hand["documents"]) == (4, len(cases[0].documents))
 
 
 def test_floors_compare_compiled_schemas_with_llguidance() -> None:

@@ -584,12 +584,16 @@ def walk_document(engine: Engine, grammar: Any, tokens: list[int], eos: int, row
 
 
 def run_engine(engine: Engine, cases: list[Case], tokenized: dict[str, list[list[int]]], vocab_size: int, eos: int,
-               timeout_s: float = 10.0, budget_s: float | None = None) -> EngineRun:
+               timeout_s: float = 10.0, budget_s: float | None = None, walk_budget_s: float | None = None) -> EngineRun:
+    """Compiles each case's schema and walks its documents. After ``budget_s`` of wall time
+    no further schema is attempted; after ``walk_budget_s`` spent walking, schemas are
+    still compiled (counted and timed) but their documents are not walked."""
     if engine.out_of_process:
         return run_engine_forked(engine, cases, tokenized, vocab_size, eos, timeout_s, budget_s)
     out = EngineRun()
     row = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
     start = time.perf_counter()
+    walking_s = 0.0
     for case in cases:
         if budget_s is not None and time.perf_counter() - start > budget_s:
             out.note = f"time budget of {budget_s:.0f} s spent: {out.attempted} of {len(cases)} schemas attempted"
@@ -603,6 +607,9 @@ def run_engine(engine: Engine, cases: list[Case], tokenized: dict[str, list[list
             continue
         out.compile_ms[case.name] = (time.perf_counter_ns() - t0) / 1e6
         out.compiled[case.name] = grammar
+        if walk_budget_s is not None and walking_s > walk_budget_s:
+            continue
+        t1 = time.perf_counter()
         times: list[float] = []
         for doc, tokens in zip(case.documents, tokenized[case.name]):
             out.documents += 1
@@ -611,6 +618,11 @@ def run_engine(engine: Engine, cases: list[Case], tokenized: dict[str, list[list
                 out.rejected.append({"case": case.name, "document": doc, "token_index": pos, "why": why})
         out.mask_us[case.name] = times
         out.warm_mask_us[case.name] = warm_walks(engine, grammar, case, tokenized[case.name], eos, row)
+        walking_s += time.perf_counter() - t1
+    if len(out.mask_us) < len(out.compiled):
+        out.note = "; ".join(filter(None, [out.note, (
+            f"walk budget of {walk_budget_s:.0f} s spent: the documents of {len(out.mask_us)} of the "
+            f"{len(out.compiled)} schemas compiled walked")]))
     return out
 
 
@@ -754,7 +766,7 @@ def summarize(run: EngineRun, cases: list[Case]) -> dict[str, Any]:
         fills = [t for n in compiled for t in run.mask_us.get(n, [])]
         by_source[source] = {
             "schemas": len(in_source), "compiled": len(compiled),
-            "documents": sum(len(c.documents) for c in in_source if c.name in run.compiled),
+            "documents": sum(len(c.documents) for c in in_source if c.name in run.mask_us),  # walked
             "rejected_valid": sum(r["case"] in set(compiled) for r in run.rejected),
             "compile_ms": {"p50": _pct(times, 50), "p95": _pct(times, 95)},
             "mask_us": {"p50": _pct(fills, 50), "p99": _pct(fills, 99)},
@@ -793,7 +805,8 @@ def head_to_head(ours: EngineRun, peer: EngineRun) -> dict[str, Any]:
 
 def bench(vocab: BenchVocab, cases: list[Case], engine_names: Sequence[str] = ("ferrolm", "llguidance", "xgrammar", "outlines-core"),
           seed: int = 0, batch: int = BATCH, batch_rounds: int = BATCH_ROUNDS, timeout_s: float = 10.0,
-          peer_budget_s: float | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+          peer_budget_s: float | None = None, peer_walk_budget_s: float | None = None,
+          log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Runs every engine on ``cases``; returns the report (JSON-serializable)."""
     t0 = time.perf_counter()
     tokenized = {c.name: [vocab.encode(d) for d in c.documents] for c in cases}
@@ -806,8 +819,9 @@ def bench(vocab: BenchVocab, cases: list[Case], engine_names: Sequence[str] = ("
     runs: dict[str, EngineRun] = {}
     for engine in engines:
         t1 = time.perf_counter()
+        peer = engine.name != "ferrolm"
         runs[engine.name] = run_engine(engine, cases, tokenized, vocab.size, vocab.eos, timeout_s,
-                                       None if engine.name == "ferrolm" else peer_budget_s)
+                                       peer_budget_s if peer else None, peer_walk_budget_s if peer else None)
         r = runs[engine.name]
         log(f"{engine.name}: {len(r.compiled)}/{r.attempted} compiled, walked in {time.perf_counter() - t1:.1f} s {r.note}")
     in_process = [e for e in engines if not e.out_of_process]
@@ -974,7 +988,8 @@ def run(args: argparse.Namespace) -> int:
             f"{suite_stats['valid_instances']} valid instances ({suite_stats['left_out']} left out: undeclared members or strings under format)")
         cases = select_cases(hand_cases() + suite, args.max_schemas, args.seed)
     report = bench(vocab, cases, args.engines, seed=args.seed, timeout_s=args.timeout_s,
-                   peer_budget_s=args.peer_budget_s if args.peer_budget_s > 0 else None, log=log)
+                   peer_budget_s=args.peer_budget_s if args.peer_budget_s > 0 else None,
+                   peer_walk_budget_s=args.peer_walk_budget_s if args.peer_walk_budget_s > 0 else None, log=log)
     report["suite"] = suite_stats
     report["corpus"] = args.corpus
     report["command"] = " ".join(["ferrolm", "bench", "constraint", *sys.argv[3:]]) if len(sys.argv) > 2 else "ferrolm bench constraint"
@@ -999,6 +1014,9 @@ def add_parser(sub: Any) -> None:
                    help="per-schema limit for engines run out of process (outlines-core: compile and walk)")
     p.add_argument("--peer-budget-s", type=float, default=120.0,
                    help="wall time each peer may spend in all (0: no limit); later schemas are not attempted")
+    p.add_argument("--peer-walk-budget-s", type=float, default=0.0,
+                   help="wall time each in-process peer may spend walking documents (0: no limit); later schemas "
+                        "are compiled and timed but not walked (xgrammar's masks are slow on large open schemas)")
     p.add_argument("--suite", default=str(SUITE_DIR), help="the JSON-Schema-Test-Suite draft2020-12 folder")
     p.add_argument("--corpus", default="suite", choices=["suite", *REAL_WORLD, "all"],
                    help="suite: the test suite and hand-written schemas; schemastore: the SchemaStore sample; "

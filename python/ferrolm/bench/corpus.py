@@ -159,7 +159,7 @@ class Orderer:
             branch = schema.get("then") if self._satisfies(value, schema["if"]) else schema.get("else")
             rest = self._parts(value, branch, depth + 1) if isinstance(branch, dict) else [[]]
             then([[schema["if"]] + r for r in rest] + rest)
-        all_of = schema.get("allOf") if isinstance(schema.get("allOf"), list) else []
+        all_of: list[Any] = schema["allOf"] if isinstance(schema.get("allOf"), list) else []
         if all_of:
             then(self._parts(value, all_of[0], depth + 1))
         then([[schema]])
