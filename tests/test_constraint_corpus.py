@@ -141,3 +141,27 @@ def test_orderer_follows_refs_branches_and_all_of() -> None:
     orderer = Orderer(json.loads(_core.json_schema_normalized(json.dumps(schema))))
     instance = {"x": 1.0, "tags": [{"v": 1, "k": 2}], "name": "n", "id": 3}
     assert documents(orderer, instance)[0] == '{"id":3,"tags":[{"k":2,"v":1}],"name":"n","x":1}'
+
+
+def test_a_verdict_that_depends_on_formats_is_undecided(tmp_path: Any) -> None:
+    """The engine asserts known formats, jsonschema reads them as annotations: an instance
+    the two readings disagree on is neither expected accepted nor expected refused."""
+    schema = {"type": "object", "properties": {
+        "when": {"type": "string", "format": "date-time"},
+        "url": {"oneOf": [{"enum": [""]}, {"type": "string", "format": "uri"}]}}}
+    root = tmp_path / "c"
+    (root / "schemas").mkdir(parents=True)
+    (root / "schemas" / "s.json").write_text(json.dumps(schema))
+    docs = {"test": {"ok": {"when": "2024-05-14T09:30:00Z", "url": "https://example.com"},
+                     "bad-date": {"when": "yesterday"}, "empty-url": {"url": ""}},
+            "negative_test": {"wrong": {"when": 3}}}
+    for kind, named in docs.items():
+        (root / kind / "s").mkdir(parents=True)
+        for name, doc in named.items():
+            (root / kind / "s" / f"{name}.json").write_text(json.dumps(doc))
+    (root / "test" / "s" / "broken.json").write_text("{")
+    [entry] = load_corpus(root)
+    assert entry.valid == [docs["test"]["ok"]] and entry.invalid == [docs["negative_test"]["wrong"]]
+    undecided = dict(entry.undecided)
+    assert set(undecided) == {"test/bad-date.json", "test/empty-url.json", "test/broken.json"}
+    assert "formats assert" in undecided["test/bad-date.json"] and "not JSON" in undecided["test/broken.json"]
