@@ -141,12 +141,17 @@ def test_a_peer_under_a_time_budget_stops_attempting(vocab: bc.BenchVocab) -> No
     full = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, budget_s=None)
     assert full.attempted == 4 and not full.note
     assert bc.summarize(full, cases)["by_source"]["hand"]["schemas"] == 4
-    # past the walk budget, schemas are compiled and timed but not walked
+    # past the walk budget, schemas are compiled and timed, documents accepted without masks
     unwalked = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, walk_budget_s=0.0)
     assert len(unwalked.compiled) == len(unwalked.compile_ms) == 4 and len(unwalked.mask_us) == 1
     assert "the documents of 1 of the 4 schemas compiled walked" in unwalked.note
+    assert len(unwalked.checked) == 3 and not unwalked.rejected  # the others accepted without masks
     by_hand = bc.summarize(unwalked, cases)["by_source"]["hand"]
-    assert (by_hand["compiled"], by_hand["documents"]) == (4, len(cases[0].documents))
+    assert (by_hand["compiled"], by_hand["documents"]) == (4, 4)
+    wrong = bc.Case("wrong", cases[0].schema, ['{"nope":'], "hand")
+    tokenized["wrong"] = [vocab.encode(d) for d in wrong.documents]
+    refused = bc.run_engine(engine, [cases[0], wrong], tokenized, vocab.size, vocab.eos, walk_budget_s=0.0)
+    assert refused.checked == {"wrong"} and [r["case"] for r in refused.rejected] == ["wrong"]
 
 
 def test_floors_compare_compiled_schemas_with_llguidance() -> None:
