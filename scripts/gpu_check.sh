@@ -15,5 +15,5 @@ if [[ "${1:-}" == "--smoke" ]]; then
     exec "$PY" -m ferrolm.cli bench gpu --device cpu --model tiny --batches 1,4 --context 32 --steps 4 "$@"
 fi
 FERROLM_TEST_DEVICE=cuda "$PY" -m pytest -q tests/test_model_torch_runner.py tests/test_model_transformers.py \
-    tests/test_engine_torch.py
+    tests/test_engine_torch.py tests/test_model_device_sampler.py
 "$PY" -m ferrolm.cli bench gpu --device cuda --model 1b --batches 1,16,64 "$@"

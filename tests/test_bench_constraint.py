@@ -54,11 +54,14 @@ def test_report_structure_and_documents_accepted(vocab: bc.BenchVocab) -> None:
     cases = hand + suite
     report = bc.bench(vocab, cases, ["ferrolm", "xgrammar"], seed=1, batch=4, batch_rounds=2)
     json.dumps(report)  # serializable
-    assert report["schemas"] == {"total": len(cases), "suite": len(suite), "hand": len(hand), "schemastore": 0}
+    assert report["schemas"] == {"total": len(cases), "suite": len(suite), "hand": len(hand), "schemastore": 0,
+                                 "kubernetes": 0, "github": 0}
     assert report["vocab_size"] == vocab.size == 256 + len(MERGES) + 1
     assert "xgrammar" in report["skipped"] or "xgrammar" in report["engines"]
     ours = report["engines"]["ferrolm"]
-    assert ours["by_source"]["hand"] == {"schemas": len(hand), "compiled": len(hand)}
+    by_hand = ours["by_source"]["hand"]
+    assert (by_hand["schemas"], by_hand["compiled"], by_hand["documents"], by_hand["rejected_valid"]) == (len(hand), len(hand), len(hand), 0)
+    assert 0 < by_hand["compile_ms"]["p50"] <= by_hand["compile_ms"]["p95"]
     assert ours["attempted"] == len(cases) and ours["compiled"] >= len(hand)
     assert ours["rejected_valid"] == 0, ours["rejections"]
     assert ours["documents"] >= len(hand) and ours["tokens"] > ours["documents"]
@@ -90,7 +93,10 @@ def test_add_parser_defaults() -> None:
     args = parser.parse_args(["constraint", "--max-schemas", "5", "--json", "out.json"])
     assert (args.vocab, args.max_schemas, args.seed, args.json) == ("o200k_base", 5, 0, "out.json")
     assert args.corpus == "suite"
-    assert parser.parse_args(["constraint", "--corpus", "schemastore"]).corpus == "schemastore"
+    for corpus in ("schemastore", "kubernetes", "github", "all"):
+        assert parser.parse_args(["constraint", "--corpus", corpus]).corpus == corpus
+    with pytest.raises(SystemExit):
+        parser.parse_args(["constraint", "--corpus", "nope"])
     assert args.func is bc.run
 
 
@@ -105,3 +111,57 @@ def test_schemastore_corpus_cases_are_benched(vocab: bc.BenchVocab) -> None:
     assert report["schemas"]["schemastore"] == 3 and ours["by_source"]["schemastore"]["schemas"] == 3
     assert ours["compiled"] >= 2 and ours["rejected_valid"] == 0, ours["rejections"]
     assert "schemastore" in bc.format_table(report)
+
+
+@pytest.mark.parametrize("corpus", ["kubernetes", "github"])
+def test_generated_corpora_cases_are_benched_per_source(vocab: bc.BenchVocab, corpus: str) -> None:
+    cases, stats = bc.corpus_cases(corpus)
+    assert stats["schemas"] == len(cases) >= 38 and stats["documents"] >= 100
+    assert stats["invalid_instances"] >= 100 and all(c.source == corpus for c in cases)
+    small = sorted((c for c in cases if c.documents), key=lambda c: len(c.schema))[:2]
+    other, _ = bc.schemastore_cases()
+    picked = small + [c for c in other if c.name == "prettierrc"]
+    report = bc.bench(vocab, picked, ["ferrolm"], batch=2, batch_rounds=1)
+    ours = report["engines"]["ferrolm"]
+    assert report["schemas"][corpus] == 2 and report["schemas"]["schemastore"] == 1
+    assert ours["by_source"][corpus]["compiled"] == 2 and ours["rejected_valid"] == 0, ours["rejections"]
+    assert ours["by_source"][corpus]["documents"] == sum(len(c.documents) for c in small)
+    table = bc.format_table(report)
+    assert "per corpus" in table and corpus in table
+
+
+def test_a_peer_under_a_time_budget_stops_attempting(vocab: bc.BenchVocab) -> None:
+    """Any peer (in process too) stops after its budget; compiled counts are of those attempted."""
+    cases = [c for c in bc.hand_cases()][:4]
+    engine = bc.FerrolmEngine(vocab)
+    tokenized = {c.name: [vocab.encode(d) for d in c.documents] for c in cases}
+    spent = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, budget_s=0.0)
+    assert spent.attempted == 0 and "time budget of 0 s spent: 0 of 4" in spent.note
+    assert bc.summarize(spent, cases)["by_source"]["hand"]["schemas"] == 0
+    full = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, budget_s=None)
+    assert full.attempted == 4 and not full.note
+    assert bc.summarize(full, cases)["by_source"]["hand"]["schemas"] == 4
+    # past the walk budget, schemas are compiled and timed, documents accepted without masks
+    unwalked = bc.run_engine(engine, cases, tokenized, vocab.size, vocab.eos, walk_budget_s=0.0)
+    assert len(unwalked.compiled) == len(unwalked.compile_ms) == 4 and len(unwalked.mask_us) == 1
+    assert "the documents of 1 of the 4 schemas compiled walked" in unwalked.note
+    assert len(unwalked.checked) == 3 and not unwalked.rejected  # the others accepted without masks
+    by_hand = bc.summarize(unwalked, cases)["by_source"]["hand"]
+    assert (by_hand["compiled"], by_hand["documents"]) == (4, 4)
+    wrong = bc.Case("wrong", cases[0].schema, ['{"nope":'], "hand")
+    tokenized["wrong"] = [vocab.encode(d) for d in wrong.documents]
+    refused = bc.run_engine(engine, [cases[0], wrong], tokenized, vocab.size, vocab.eos, walk_budget_s=0.0)
+    assert refused.checked == {"wrong"} and [r["case"] for r in refused.rejected] == ["wrong"]
+
+
+def test_floors_compare_compiled_schemas_with_llguidance() -> None:
+    def engine(names: list[str], errors: dict[str, str]) -> dict[str, object]:
+        return {"compiled": len(names), "per_schema": {n: {} for n in names}, "compile_errors": errors,
+                "rejected_valid": 0, "compile_ms": {"p50": 1.0, "p95": 2.0}, "mask_us": {"p50": 1.0, "p99": 2.0}}
+
+    report = {"engines": {"ferrolm": engine(["a", "b", "c"], {"d": "unsupported x"}),
+                          "llguidance": engine(["a", "d"], {"b": "y", "c": "z"})}}
+    assert bc.missed_by_ferrolm(report, "llguidance") == {"d": "unsupported x"}
+    floors = dict(bc.floor_checks(report))
+    assert floors["compiles more schemas than llguidance"] is True
+    assert floors["compiles at least 95% of the schemas llguidance compiles (50%)"] is False

@@ -26,11 +26,12 @@ def test_bench_gpu_reports_each_batch_against_the_bandwidth_limit(tmp_path: Path
     assert code == 0
     printed = capsys.readouterr().out
     assert "bandwidth 10 GB/s (given)" in printed
+    assert printed.count("device sampler (top-p, logprobs)") == 2
     assert [line.split(":")[0] for line in printed.splitlines() if line.startswith("batch")] == ["batch    1", "batch    3"]
     figures = json.loads(out.read_text())
     assert [r["batch"] for r in figures["results"]] == [1, 3]
     for row in figures["results"]:
-        assert row["tokens_per_s"] > 0 and 0 < row["fraction_of_limit"]
+        assert row["tokens_per_s"] > 0 and 0 < row["fraction_of_limit"] and row["sampler_ms"] > 0
         # bytes read per step: the weights, plus more KV for the larger batch
         assert row["bytes_per_step"] > figures["weight_bytes"]
     assert figures["results"][1]["bytes_per_step"] > figures["results"][0]["bytes_per_step"]

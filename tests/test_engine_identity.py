@@ -156,7 +156,12 @@ def test_seeded_sampling_is_unchanged_by_batching_chunking_and_retraction(tiny: 
 
     def run(engine: Engine) -> list[list[int]]:
         rids = [
-            engine.submit(p, SamplingParams(temperature=1.0, seed=50 + i, max_new_tokens=MAX_NEW, ignore_eos=True))
+            # top_k 3: the random weights' probabilities are nearly flat, and rounding that
+            # differs with the batch's shape and chunks (OpenBLAS kernels differ by CPU) moved
+            # a top-40 draw across a near-tie (2 of 128 draws with OPENBLAS_CORETYPE=Haswell);
+            # the draws still come from each request's own seeded stream
+            engine.submit(p, SamplingParams(temperature=1.0, top_k=3, seed=50 + i, max_new_tokens=MAX_NEW,
+                                            ignore_eos=True))
             for i, p in enumerate(PROMPTS)
         ]
         out: dict[int, list[int]] = {rid: [] for rid in rids}

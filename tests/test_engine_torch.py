@@ -23,6 +23,10 @@ from test_engine_identity import GREEDY, PROMPTS, reference, run_batch  # noqa: 
 
 
 def torch_engine(tiny: LoadedModel, kv_capacity: int = 4096, **kw: Any) -> Engine:
+    # a float32 pool: these compare with the numpy runner's float32 reference token for token
+    kw.setdefault("kv_cache_dtype", "float32")
+    # greedy tokens picked by the runner, as on a GPU (the default only off the CPU)
+    kw.setdefault("device_greedy", True)
     return Engine(tiny, kv_capacity=kv_capacity, runner="torch", device=TORCH_TEST_DEVICE, **kw)
 
 
@@ -61,14 +65,16 @@ def test_warm_cache_then_repeat_equals_the_reference(tiny: LoadedModel, referenc
 
 
 def test_model_by_name_is_read_straight_into_torch(reference: list[list[int]]) -> None:
-    engine = Engine("tiny", kv_capacity=512, runner="torch", device=TORCH_TEST_DEVICE, dtype="float32")
+    engine = Engine("tiny", kv_capacity=512, runner="torch", device=TORCH_TEST_DEVICE, dtype="float32",
+                    kv_cache_dtype="float32")
     assert isinstance(engine.runner, TorchRunner)
     [result] = engine.generate(PROMPTS[0], GREEDY)
     assert result.token_ids == reference[0]
 
 
 def test_bf16_runs_end_to_end_with_a_bf16_pool(tiny: LoadedModel) -> None:
-    engine = Engine("tiny", kv_capacity=512, device=TORCH_TEST_DEVICE, dtype="bfloat16")  # auto: bf16 needs torch
+    engine = Engine("tiny", kv_capacity=512, device=TORCH_TEST_DEVICE, dtype="bfloat16",  # auto: bf16 needs torch
+                    kv_cache_dtype="bfloat16")
     assert isinstance(engine.runner, TorchRunner) and engine.runner.k_pool[0].dtype == torch.bfloat16
     results = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert [len(r.token_ids) for r in results] == [8, 8, 8]
@@ -90,7 +96,7 @@ def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(tiny: Loaded
     """Logits to the host and the core's sampler, as with the numpy runner: with
     device_greedy off, and in every step where a request that samples runs beside the
     greedy ones (the step falls back as a whole); greedy outputs are the same either way."""
-    off = Engine(tiny, kv_capacity=4096, runner="torch", device=TORCH_TEST_DEVICE, device_greedy=False)
+    off = torch_engine(tiny, device_greedy=False)
     assert run_batch(off, PROMPTS, GREEDY) == reference
     assert off.device_greedy_steps == 0
 
@@ -109,6 +115,33 @@ def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(tiny: Loaded
     numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy", kv_cache_dtype="float32")
     [again] = numpy_engine.generate(PROMPTS[3], sampled)
     assert out[rids[3]] == again.token_ids  # the same seeded draws from the same logits
+
+
+def test_device_sampling_end_to_end_gives_what_the_cores_sampler_gives(tiny: LoadedModel) -> None:
+    """Every token drawn on the runner's device (penalties, bias, a JSON schema's masks,
+    seeds, logprobs): the same outputs as the numpy runner with the core's sampler, since
+    a seeded plain-temperature draw uses the same uniform in the same token order, and
+    the float32 logits of the two runners differ by far less than what would move a
+    draw across a boundary here."""
+    on_device = torch_engine(tiny, device_sampling=True)
+    by_default = Engine(tiny, kv_capacity=64, runner="torch", device="cpu")
+    assert not by_default.device_sampling and not by_default.device_greedy, "off by default on the CPU"
+    numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy", kv_cache_dtype="float32")
+    params = [
+        SamplingParams(temperature=0.8, seed=11, max_new_tokens=12, ignore_eos=True, logprobs=True, top_logprobs=3),
+        SamplingParams(temperature=0.0, max_new_tokens=12, repetition_penalty=1.4, frequency_penalty=0.5,
+                       logit_bias={100: 5.0}, min_new_tokens=4),
+        SamplingParams(temperature=0.7, seed=5, max_new_tokens=40, json_schema={
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    ]
+    got = [on_device.generate(prompt, p)[0] for prompt, p in zip(PROMPTS, params)]
+    want = [numpy_engine.generate(prompt, p)[0] for prompt, p in zip(PROMPTS, params)]
+    assert on_device.device_sampling_steps > 0 and on_device.device_greedy_steps == 0
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids and g.text == w.text and g.finish_reason == w.finish_reason
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-4, equal_nan=True)
+    assert len(got[0].top_logprobs[0]) == 3
+    assert '"n":' in got[2].text.replace(" ", "")
 
 
 def test_forward_greedy_is_the_argmax_of_forward_with_eos_masked_where_ignored() -> None:
@@ -141,7 +174,7 @@ def test_pool_sized_from_memory_becomes_the_engines_kv_capacity(monkeypatch: pyt
 
     total = 64 * 2**20  # a device reporting 64 MiB, 16 MiB of it in use (the CPU has no mem_get_info)
     monkeypatch.setattr(torch_runner_module, "device_memory", lambda device: (3 * total // 4, total))
-    engine = Engine("tiny", runner="torch", device="cpu", mem_fraction_static=0.5)
+    engine = Engine("tiny", runner="torch", device="cpu", mem_fraction_static=0.5, kv_cache_dtype="float32")
     per_slot = engine.config.kv_bytes_per_slot(itemsize=4)
     assert engine.runner.num_slots == engine.core.kv_capacity == (total // 2 - total // 4) // per_slot
     [result] = engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True))

@@ -1,5 +1,6 @@
-"""``TorchRunner`` on the CPU against ``NumpyRunner`` and the dense float64 reference, on
-the same batches (whole prefill, chunked prefill, a suffix over a cached prefix, batched
+"""``TorchRunner`` (its torch ops with SDPA, the CUDA path) on the CPU against
+``NumpyRunner`` and the dense float64 reference, and its CPU paths (the core's kernel) against
+that one, on the same batches (whole prefill, chunked prefill, a suffix over a cached prefix, batched
 decode, mixed batches), in float32 and bf16; its checkpoint reading (stored dtype kept,
 sharded, tied) and its errors. The CUDA path is the same code on another device."""
 
@@ -48,7 +49,10 @@ class Pair:
             # the reference then differs from the runner only by bf16 activations
             self.weights = bf16_rounded(self.weights)
         self.numpy = NumpyRunner(self.config, self.weights, NUM_SLOTS)
-        self.torch = TorchRunner(self.config, self.weights, NUM_SLOTS, device=TORCH_TEST_DEVICE, dtype=dtype)
+        # the torch ops with SDPA: what CUDA runs (the CPU's kernel paths are compared with
+        # it in test_the_cores_kernel_on_the_cpu_matches_the_sdpa_path)
+        self.torch = TorchRunner(self.config, self.weights, NUM_SLOTS, device=TORCH_TEST_DEVICE, dtype=dtype,
+                                 attention="reference")
         for pool in (*self.numpy.k_pool, *self.numpy.v_pool, *self.torch.k_pool, *self.torch.v_pool):
             pool.fill(np.nan) if isinstance(pool, np.ndarray) else pool.fill_(float("nan"))
         self.rng = np.random.default_rng(seed + 1)
@@ -161,8 +165,9 @@ def test_pool_and_weights_keep_the_compute_dtype() -> None:
     assert runner.k_pool[0].dtype == torch.bfloat16 and runner.k_pool[0].shape == (16, config.num_kv_heads, config.head_dim)
     assert runner.layers[0].qkv.dtype == torch.bfloat16
     assert runner.kv_pool_bytes() == 16 * config.kv_bytes_per_slot(itemsize=2)
-    # tied embeddings stay one tensor
-    assert runner.lm_head.data_ptr() == runner.embed.data_ptr()
+    # tied embeddings stay one tensor: on the CPU the head as [hidden, vocab] (for x @ w),
+    # whose columns are the embedding's rows
+    assert runner.embed is None and runner.lm_head.shape == (config.hidden_size, config.vocab_size)
     # auto on the CPU computes in float32
     assert TorchRunner(config, weights, 4, device="cpu").dtype == torch.float32
 
@@ -191,10 +196,11 @@ def test_from_folder_reads_bf16_straight_into_torch(tmp_path: Path, variant: str
     weights = bf16_rounded(random_weights(config, seed=4))
     write_checkpoint(tmp_path, config, weights, ml_dtypes.bfloat16, shards=3)
     runner = TorchRunner.from_folder(tmp_path, config, 32, device=TORCH_TEST_DEVICE, dtype="bfloat16")
-    assert runner.embed.dtype == torch.bfloat16
-    np.testing.assert_array_equal(runner.embed.float().cpu().numpy(), weights["model.embed_tokens.weight"])
+    embedding = runner.embedding_matrix()
+    assert embedding.dtype == torch.bfloat16
+    np.testing.assert_array_equal(embedding.float().cpu().numpy(), weights["model.embed_tokens.weight"])
     if config.tie_word_embeddings:
-        assert runner.lm_head.data_ptr() == runner.embed.data_ptr()
+        assert runner.lm_head.data_ptr() == embedding.data_ptr()
     # the same model given as float32 numpy weights gives the same logits
     direct = TorchRunner(config, weights, 32, device=TORCH_TEST_DEVICE, dtype="bfloat16")
     batch = ForwardBatch.from_requests([[3, 1, 4, 1, 5, 9]], [list(range(6))])
@@ -271,3 +277,59 @@ def test_mem_fraction_static_on_the_cpu_is_refused() -> None:
     config = small_config("llama3")
     with pytest.raises(InvalidInputError, match="CUDA device's memory; on the CPU give --max-total-tokens"):
         TorchRunner(config, random_weights(config, seed=0), None, device="cpu", mem_fraction_static=0.8)
+
+
+@pytest.mark.parametrize("variant", sorted(SMALL_MODEL_OVERRIDES))
+@pytest.mark.parametrize(("dtype", "kv_cache_dtype"), [("float32", "float32"), ("float32", "float16"),
+                                                       ("float32", "bfloat16"), ("bfloat16", "bfloat16")])
+def test_the_cores_kernel_on_the_cpu_matches_the_sdpa_path(variant: str, dtype: str, kv_cache_dtype: str) -> None:
+    """On the CPU the runner attends with the core's kernel over zero-copy views of its
+    pool tensors; SDPA over the gathered slots (the CUDA path) is its reference. Both
+    read the same pool values, so they differ only by summation order; through a narrow
+    pool, where the earlier layers' last-bit differences round a key or value to the
+    neighbouring half (an ulp of float16 is 1e-3 relative, of bfloat16 8e-3); and with
+    bf16 compute, by bf16 activations rounded after that."""
+    config = small_config(variant)
+    weights = random_weights(config, seed=3)
+    runners = {a: TorchRunner(config, weights, NUM_SLOTS, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                              attention=a) for a in ("kernel", "reference")}
+    for r in runners.values():
+        assert r.k_pool[0].dtype == getattr(torch, kv_cache_dtype)
+        for pool in (*r.k_pool, *r.v_pool):
+            pool.fill_(float("nan"))  # a slot never written must never be read
+    rng = np.random.default_rng(7)
+    tokens = [int(t) for t in rng.integers(0, config.vocab_size, 64)]
+    a, b, c = list(range(0, 20)), list(range(20, 30)), list(range(40, 64))
+    batches = [
+        ForwardBatch.from_requests([tokens[:12]], [a[:12]]),  # a prompt
+        ForwardBatch.from_requests([tokens[12:18], tokens[20:30]], [a[:18], b]),  # a chunk over a cached prefix
+        ForwardBatch.from_requests([tokens[18:19], tokens[30:31], tokens[40:47]], [a[:19], b + [30], c[:7]]),
+        ForwardBatch.from_requests([tokens[19:20], tokens[31:32]], [a, b + [30, 31]]),  # decodes
+    ]
+    tolerance = 3e-2 if dtype == "bfloat16" else {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.5e-2}[kv_cache_dtype]
+    for batch in batches:
+        kernel = runners["kernel"].forward(batch, all_logits=True)
+        reference = runners["reference"].forward(batch, all_logits=True)
+        assert np.isfinite(kernel).all()
+        np.testing.assert_allclose(kernel, reference, rtol=0, atol=tolerance * max(1.0, float(np.abs(reference).max())))
+    # the kernel paths wrote the runner's own pool tensors (views, not copies): the first
+    # layer's keys and values, which both paths compute from the same embeddings
+    written = np.unique(np.concatenate([batch.out_slots for batch in batches]))
+    for pools in ("k_pool", "v_pool"):
+        got, want = (getattr(runners[a], pools)[0][written].float().numpy() for a in ("kernel", "reference"))
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_attention_backend_and_kv_cache_dtype_are_checked() -> None:
+    config = small_config("llama3")
+    weights = random_weights(config, seed=1)
+    with pytest.raises(InvalidInputError, match="attention") as e:
+        TorchRunner(config, weights, 8, device="cpu", attention="flash")
+    assert e.value.field == "attention"
+    with pytest.raises(InvalidInputError, match="kv_cache_dtype") as e:
+        TorchRunner(config, weights, 8, device="cpu", kv_cache_dtype="int8")
+    assert e.value.field == "kv_cache_dtype"
+    # unset: the kernel on the CPU, in the compute dtype's pool; FERROLM_ATTENTION=reference picks SDPA
+    plain = TorchRunner(config, weights, 8, device="cpu")
+    assert (plain.attention, plain.k_pool[0].dtype) == ("kernel", torch.float32)

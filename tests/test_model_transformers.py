@@ -161,13 +161,21 @@ def runners(checkpoint: Checkpoint) -> list[tuple[str, ModelRunner, np.ndarray, 
     torch_runner = TorchRunner.from_folder(
         checkpoint.folder, loaded.config, 128, device=TORCH_TEST_DEVICE, dtype=stored
     )
-    assert torch_runner.embed.dtype == getattr(torch, stored)
-    return [
+    assert torch_runner.embedding_matrix().dtype == getattr(torch, stored)
+    found = [
         # the numpy runner widens the checkpoint to float32: compare with float32 transformers
         (f"{checkpoint.folder.name} numpy", NumpyRunner(loaded.config, loaded.weights, 128),
          checkpoint.logits_a_f32, checkpoint.logits_b_f32, TOLERANCE["float32"]),
         (f"{checkpoint.folder.name} torch-{stored}", torch_runner, checkpoint.logits_a, checkpoint.logits_b, TOLERANCE[stored]),
     ]
+    if TORCH_TEST_DEVICE == "cpu":
+        # the torch ops with SDPA, as on CUDA (on the CPU the default is the core's kernel,
+        # and in float32 the numpy runner's code over the torch tensors)
+        sdpa = TorchRunner.from_folder(checkpoint.folder, loaded.config, 128, device="cpu", dtype=stored,
+                                       attention="reference")
+        found.append((f"{checkpoint.folder.name} torch-{stored}-sdpa", sdpa, checkpoint.logits_a, checkpoint.logits_b,
+                      TOLERANCE[stored]))
+    return found
 
 
 def assert_close(name: str, actual: np.ndarray, expected: np.ndarray, tolerance: float) -> None:

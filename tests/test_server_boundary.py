@@ -14,16 +14,17 @@ import openai
 import pytest
 
 from ferrolm.server.protocol import IGNORED_FIELDS
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
 
 MAX_BODY = 1024 * 1024
 MSG = [{"role": "user", "content": "hi"}]
 C, CHAT, G = "/v1/completions", "/v1/chat/completions", "/generate"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--max-request-bytes", str(MAX_BODY), "--max-total-tokens", "8192") as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--max-request-bytes", str(MAX_BODY), "--max-total-tokens", "8192",
+                        frontend=request.param) as s:
         yield s
 
 
@@ -65,6 +66,9 @@ UNKNOWN = [
 @pytest.mark.parametrize(("path", "body", "param"), UNKNOWN)
 def test_unknown_and_unsupported_fields_are_a_400_naming_them(server: RunningServer, path: str,
                                                               body: dict[str, Any], param: str) -> None:
+    if server.frontend == "rust" and param.startswith("messages.0.tool_calls"):
+        # the Rust front end has no tool calling yet: it refuses a history with calls at the list
+        param = "messages.0.tool_calls"
     error = assert_error(post(server, path, body), 400, param)
     assert error["message"].startswith(f"{param}:")
 
@@ -107,6 +111,12 @@ def test_assistant_messages_sent_back_as_openai_returns_them(server: RunningServ
 
 # ---- vLLM's guided_* fields map onto structured output ----
 
+# structured output is not built into the Rust front end yet (it refuses the fields by
+# name): these run against the Python one only
+PYTHON_ONLY = pytest.mark.parametrize("server", ["python"], indirect=True)
+
+
+@PYTHON_ONLY
 def test_guided_regex_and_choice(server: RunningServer) -> None:
     pattern = "[a-z]{3}-[0-9]{2}"
     r = post(server, C, {"prompt": "code:", "guided_regex": pattern, "max_tokens": 24, "seed": 1}).json()
@@ -117,6 +127,7 @@ def test_guided_regex_and_choice(server: RunningServer) -> None:
         assert r["choices"][0]["message"]["content"] in choices, r
 
 
+@PYTHON_ONLY
 def test_guided_json(server: RunningServer) -> None:
     import jsonschema
 
@@ -136,6 +147,7 @@ GUIDED_BAD = [
 ]
 
 
+@PYTHON_ONLY
 @pytest.mark.parametrize(("body", "param"), GUIDED_BAD)
 def test_guided_fields_refused_naming_them(server: RunningServer, body: dict[str, Any], param: str) -> None:
     assert_error(post(server, C, body), 400, param)

@@ -10,15 +10,15 @@ import httpx
 import pytest
 
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
 
 CONTEXT = 4096  # the tiny model's context
 KV = 1024
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", str(KV)) as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", str(KV), frontend=request.param) as s:
         yield s
 
 
@@ -170,6 +170,8 @@ BAD += [
 
 @pytest.mark.parametrize(("path", "body", "param"), BAD)
 def test_bad_input_is_a_400_naming_the_field(server: RunningServer, path: str, body: dict[str, Any], param: str) -> None:
+    if server.frontend == "rust" and param.startswith("tools"):
+        param = "tools"  # the Rust front end has no tool calling yet: `tools` itself is refused
     assert_envelope(post(server, path, body), 400, param)
     if "stream" not in body:  # a streamed request is refused the same way, before any event
         assert_envelope(post(server, path, {**body, "stream": True}), 400, param)

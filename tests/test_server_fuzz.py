@@ -30,14 +30,15 @@ from ferrolm.server.protocol import (
     AbortRequest, ChatCompletionRequest, ChatMessage, CompletionRequest, FlushCacheRequest, GenerateRequest,
     NativeSamplingParams, ResponseFormat, StreamOptions, TextPart,
 )
-from ferrolm.server.testing import RunningServer, running_server, wait_until
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server, wait_until
 
 EXAMPLES = int(os.environ.get("FERROLM_FUZZ_EXAMPLES", "150"))
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", "4096", "--max-request-bytes", str(1 << 20)) as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", "4096", "--max-request-bytes", str(1 << 20),
+                        frontend=request.param) as s:
         yield s
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 
 import httpx
+import pytest
 
-from ferrolm.server.testing import engine_pid, free_port, running_server, wait_until
+from ferrolm.server.testing import FRONTENDS, engine_pid, free_port, running_server, wait_until
 
 
 def test_health_is_503_until_ready_then_200() -> None:
@@ -84,12 +85,13 @@ def test_an_engine_that_dies_fails_its_requests_and_ends_the_server() -> None:
         server.process.wait(timeout=30)
 
 
-def test_overload_is_429_when_full_and_503_after_waiting_too_long() -> None:
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_overload_is_429_when_full_and_503_after_waiting_too_long(frontend: str) -> None:
     # the queue timeout leaves a window wide enough to see the waiter queued on a busy machine,
     # and the hog (the model's whole context) outlasts it even on an idle one: with the
     # attention kernel the tiny model decodes 3000 tokens in about 3 s there
     flags = ("--max-running-requests", "1", "--max-queued-requests", "2", "--queue-timeout", "2")
-    with running_server(*flags) as server:
+    with running_server(*flags, frontend=frontend) as server:
         long = {"prompt": "hog", "max_tokens": 4000, "ignore_eos": True}
         hog = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", json=long, timeout=60))
         hog.start()

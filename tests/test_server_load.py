@@ -15,14 +15,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, running_server, wait_until
+from ferrolm.server.testing import FRONTENDS, RunningServer, engine_pid, rss_bytes, running_server, wait_until
 
 CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--max-running-requests", "64", "--max-total-tokens", "16384") as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--max-running-requests", "64", "--max-total-tokens", "16384", frontend=request.param) as s:
         yield s
 
 

@@ -13,14 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from ferrolm.server.testing import RunningServer, running_server, wait_until
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server, wait_until
 
 SECRET = "s3cret-key-never-shown"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", "8192", "--chunked-prefill-size", "512", api_key=SECRET) as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", "8192", "--chunked-prefill-size", "512", api_key=SECRET,
+                        frontend=request.param) as s:
         yield s
 
 

@@ -11,14 +11,14 @@ import httpx
 import openai
 import pytest
 
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
 
 MODEL = "tiny-served"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--served-model-name", MODEL, "--max-total-tokens", "8192") as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--served-model-name", MODEL, "--max-total-tokens", "8192", frontend=request.param) as s:
         yield s
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "Engine",
     "BatchPlan",
     "StepOutputs",
+    "SamplingBatch",
     "Vocabulary",
     "Grammar",
     "Matcher",
@@ -32,6 +33,9 @@ __all__ = [
     "replay_trace",
     "write_kv",
     "paged_attention",
+    "Frontend",
+    "render_chat_template",
+    "rms_norm",
 ]
 __version__: str
 
@@ -197,6 +201,78 @@ class BatchPlan:
     def __len__(self) -> int: ...
 
 @final
+class SamplingBatch:
+    """The sampling side of the step in flight, in columns, for a runner that draws the
+    tokens on its own device (``Engine.sampling_batch``). Row ``b`` is plan entry ``b``;
+    an entry that does not sample this step has a neutral greedy row. A device sampler
+    applies, in this order: ``logit_bias``; the penalties (the repetition penalty to every
+    listed token: ``l / p`` where ``l > 0``, else ``l * p``; then ``l -= frequency * count
+    + presence`` where ``count > 0``); ``-inf`` at the banned ids; the grammar mask. Logprobs
+    are of that row. Then argmax (``greedy``) or: weights ``exp((l - max) / temperature)``,
+    kept where ``>= min_p`` (relative to the best), the ``top_k`` heaviest (lowest id on
+    ties), the fewest heaviest whose sum reaches ``top_p`` of what is left; the token is
+    the inverse CDF of the kept weights, in token order, at ``uniforms[b]``."""
+
+    @property
+    def greedy(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def temperature(self) -> npt.NDArray[np.float32]:
+        """1 on greedy rows."""
+    @property
+    def top_k(self) -> npt.NDArray[np.int32]:
+        """0: no limit."""
+    @property
+    def top_p(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def min_p(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def repetition_penalty(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def frequency_penalty(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def presence_penalty(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def uniforms(self) -> npt.NDArray[np.float64]:
+        """The row's uniform in [0, 1) from the request's own random stream (the one the
+        core's sampler would use; it advances when the token is committed): same seed,
+        same draws, whatever else is in the batch."""
+    @property
+    def logprobs(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def top_logprobs(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def bias_offsets(self) -> npt.NDArray[np.int32]:
+        """Row ``b``'s bias: ``bias_ids/bias_values[bias_offsets[b]:bias_offsets[b+1]]``."""
+    @property
+    def bias_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def bias_values(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def penalty_offsets(self) -> npt.NDArray[np.int32]:
+        """Row ``b``'s penalized tokens (distinct) ``penalty_ids[penalty_offsets[b]:...]``
+        and their counts in the output (0: only in the prompt, for the repetition penalty)."""
+    @property
+    def penalty_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def penalty_counts(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def banned_offsets(self) -> npt.NDArray[np.int32]:
+        """Row ``b``'s banned ids ``banned_ids[banned_offsets[b]:...]``: EOS and stop tokens
+        before ``min_new_tokens``, EOS under ``ignore_eos``."""
+    @property
+    def banned_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def mask_rows(self) -> npt.NDArray[np.int32]:
+        """The row of ``masks`` with row ``b``'s grammar mask, or -1."""
+    @property
+    def masks(self) -> npt.NDArray[np.int32]:
+        """``[num masks, ceil(vocab / 32)]`` packed masks: bit ``t % 32`` of word ``t // 32``
+        set where token ``t`` is allowed (the ``uint32`` words' bits as ``int32``)."""
+    @property
+    def num_rows(self) -> int: ...
+    def __len__(self) -> int: ...
+
+@final
 class StepOutputs:
     """What a step produced, in columns. Entry ``i`` is request ``rids[i]``: its new tokens
     ``token_ids[token_offsets[i]:token_offsets[i+1]]`` (with ``logprobs``, NaN where not
@@ -253,6 +329,8 @@ class Engine:
         fast_lane_tokens: int = 32,
         max_context: int = 32768,
         seed: int = 0,
+        enable_kv_events: bool = False,
+        kv_event_block_size: int = 16,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
@@ -262,11 +340,13 @@ class Engine:
         ``max_running_requests`` 64, ``max_prefill_tokens`` 2048. ``schedule_policy``:
         ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
         step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
-        is kept free when admitting others. ``record_trace``: a file (created, or
-        truncated) in which every call is recorded as JSON lines for ``replay_trace`` (the
-        format is documented in the core's ``trace`` module); a write that fails stops the
-        recording, never the engine. Raises ``InvalidInputError`` naming a bad setting,
-        ``OSError`` when the trace file cannot be created."""
+        is kept free when admitting others. With ``enable_kv_events`` the prefix cache
+        queues KV events (vLLM's shape, over blocks of ``kv_event_block_size`` tokens) for
+        ``take_kv_events``. ``record_trace``: a file (created, or truncated) in which every
+        call is recorded as JSON lines for ``replay_trace`` (the format is documented in
+        the core's ``trace`` module); a write that fails stops the recording, never the
+        engine. Raises ``InvalidInputError`` naming a bad setting, ``OSError`` when the
+        trace file cannot be created."""
     def submit(
         self,
         rid: int | list[int],
@@ -317,8 +397,29 @@ class Engine:
         (``float32[num_requests, >= vocab]``; a writable C-contiguous float32 array is
         modified in place, anything else is copied once). Raises ``ProtocolError`` for a
         wrong shape (nothing changes then)."""
-    def commit_tokens(self, tokens: object) -> StepOutputs:
-        """As ``commit``, with one already-sampled token per plan entry."""
+    def commit_tokens(
+        self,
+        tokens: object,
+        *,
+        logprobs: object | None = None,
+        top_ids: object | None = None,
+        top_logprobs: object | None = None,
+    ) -> StepOutputs:
+        """As ``commit``, with the tokens a runner drew itself: one per plan entry (ignored
+        for entries that do not sample), -1 where nothing could be drawn (the entry then
+        ends as the core's sampler would end it: error kind ``grammar`` under a grammar,
+        else ``sampling``). Each token is checked against the entry's grammar mask (those
+        of ``sampling_batch`` when it was called for this step); a masked one ends the
+        entry with error kind ``grammar``. Where a request samples (not greedy), its
+        random stream advances by one draw. ``logprobs`` (``float32[B]``) and ``top_ids`` /
+        ``top_logprobs`` (``[B, K]``, best first) are kept for requests that asked for them
+        (their first ``top_logprobs`` finite entries). Raises ``ProtocolError`` for wrong
+        lengths or shapes or an id outside the vocabulary (nothing changes then)."""
+    def sampling_batch(self) -> SamplingBatch:
+        """The step in flight's sampling columns, for a runner that draws on its device
+        and then calls ``commit_tokens``. Fills the constrained entries' grammar masks
+        (kept to check the drawn tokens). Changes no request. Raises ``ProtocolError``
+        without a step in flight."""
     def fail_step(self, message: str) -> StepOutputs:
         """Drops the last plan after its forward failed, instead of ``commit``: no KV
         advances (the step's own slots go back to the pool, nothing unwritten reaches
@@ -334,7 +435,12 @@ class Engine:
         """Outputs produced outside a step (aborts, timeouts, refusals)."""
     def has_work(self) -> bool: ...
     def flush_cache(self) -> bool:
-        """Drops the prefix cache; refused (False) while requests run."""
+        """Drops the prefix cache; refused (False) while requests run. Queues one
+        ``cleared`` event when KV events are on."""
+    def take_kv_events(self) -> list[tuple[object, ...]]:
+        """The prefix cache's KV events since the last call, oldest first, as
+        ``RadixTree.take_raw_events`` gives them (``ferrolm.kv_events.event_from_raw``
+        makes objects of them); empty when events are off. Mutates: clears the queue."""
     def check_invariants(self) -> None:
         """KV conservation and the cache's invariants; raises ``InvariantViolation``."""
     def stats(self) -> dict[str, int]:
@@ -346,6 +452,10 @@ class Engine:
     def vocab_size(self) -> int: ...
     @property
     def kv_capacity(self) -> int: ...
+    @property
+    def kv_events_enabled(self) -> bool: ...
+    @property
+    def kv_event_block_size(self) -> int: ...
 
 @final
 class Vocabulary:
@@ -549,3 +659,89 @@ def paged_attention(
     ``out`` must not share memory with the inputs; a wrong type, shape, offset, slot or
     position raises ``InvalidInputError`` naming the argument.
     """
+
+@final
+class Frontend:
+    """The Rust HTTP front end (``ferrolm serve --frontend rust``): the OpenAI and native
+    routes on axum/tokio threads that never take the GIL, in the process that runs the
+    step loop. Starts serving on construction; ``port`` is where it listens (``port=0``:
+    one the system picks). Requests are validated, rendered and tokenized on those
+    threads and queued; the loop moves them into its engine core with ``drain`` and hands
+    each step's outputs straight to the request streams with ``commit`` (or
+    ``commit_tokens``, ``fail_step``, ``take_outputs``, which mirror ``Engine``'s and
+    return the rids that finished instead of ``StepOutputs``). Raises
+    ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
+    address cannot be bound."""
+
+    def __new__(
+        cls,
+        vocabulary: Vocabulary,
+        tokenizer_json: str,
+        *,
+        host: str,
+        port: int,
+        model_name: str,
+        model_path: str,
+        context_length: int,
+        kv_capacity: int,
+        max_running_requests: int,
+        max_request_bytes: int,
+        version: str,
+        model_info_json: str = "{}",
+        settings_json: str = "{}",
+        api_key: str | None = None,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        max_queued_requests: int | None = None,
+        queue_timeout: float | None = None,
+        chars_per_token: int | None = None,
+        http_threads: int = 2,
+        tokenizer_threads: int = 2,
+    ) -> Self: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def in_flight(self) -> int:
+        """Samples submitted and not finished."""
+    def wait(self, timeout: float) -> bool:
+        """Blocks (GIL released) until a request, abort or call is queued, ``stop`` was
+        called, or ``timeout`` seconds pass; True when something is queued."""
+    def drain(self, engine: Engine) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]] | None:
+        """Moves everything queued into ``engine`` (submissions, each answered to its
+        HTTP request; aborts; control calls); returns the rids of the plain-greedy samples
+        it submitted and whether each ignores EOS (``None`` when there are none)."""
+    def commit(self, engine: Engine, logits: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
+    def commit_tokens(self, engine: Engine, tokens: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
+    def fail_step(self, engine: Engine, message: str) -> npt.NDArray[np.uint64]: ...
+    def take_outputs(self, engine: Engine) -> npt.NDArray[np.uint64]: ...
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops serving: requests in flight end with 503, open connections get
+        ``timeout`` seconds to close."""
+
+def render_chat_template(
+    template: str,
+    messages_json: str,
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Chat messages (JSON: a list of ``{"role", "content"}``, optionally ``name`` and
+    ``tool_call_id``) rendered with ``template`` as the Rust front end renders them
+    (minijinja, with jinja2's trim_blocks and lstrip_blocks, ``raise_exception``,
+    ``tojson``, ``strftime_now`` and Python's string methods). Raises
+    ``InvalidInputError`` when the template does not compile or fails."""
+def rms_norm(
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+    *,
+    eps: float,
+) -> None:
+    """RMSNorm of each row of ``x`` (along its last axis) into ``out``: ``x / sqrt(mean(x**2)
+    + eps) * weight``, in float32 (the mean of squares summed in float64), as the Llama
+    family normalizes. One call where array ops take five; large inputs are split by rows
+    over threads. ``x`` and ``out`` are C-contiguous float32 arrays of the same shape that
+    share no memory, ``weight`` float32 of the last axis' length; otherwise
+    ``InvalidInputError`` naming the argument."""

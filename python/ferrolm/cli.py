@@ -9,6 +9,8 @@ from ferrolm.bench import attention as bench_attention
 from ferrolm.bench import constraint as bench_constraint
 from ferrolm.bench import engine as bench_engine
 from ferrolm.bench import gpu as bench_gpu
+from ferrolm.bench import kv_events as bench_kv_events
+from ferrolm.bench import route as bench_route
 from ferrolm.bench import serve as bench_serve
 from ferrolm.bench import tools as bench_tools
 from ferrolm.errors import FerrolmError
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_gpu.add_parser(bench_sub)
     bench_attention.add_parser(bench_sub)
     bench_tools.add_parser(bench_sub)
+    bench_route.add_parser(bench_sub)
+    bench_kv_events.add_parser(bench_sub)
     _add_generate(sub)
     _add_serve(sub)
     _add_replay(sub)

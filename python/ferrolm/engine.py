@@ -21,6 +21,7 @@ import numpy as np
 
 from ferrolm import _core
 from ferrolm.errors import CorePanicError, InvalidInputError
+from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
@@ -129,8 +130,11 @@ class Engine:
         device: str = "auto",
         dtype: str = "auto",
         kv_cache_dtype: str = "auto",
-        device_greedy: bool = True,
+        device_greedy: bool | None = None,
         mem_fraction_static: float | None = None,
+        enable_kv_events: bool = False,
+        kv_event_block_size: int = 16,
+        device_sampling: bool | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
@@ -139,14 +143,21 @@ class Engine:
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
         ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``): the KV pool's
-        element type; ``auto`` is float16 on the numpy runner (its attention kernel reads
+        element type; ``auto`` is float16 on the CPU (the core's attention kernel reads
         half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
-        says otherwise, and the runner's ``dtype`` on the torch runner.
+        says otherwise, and the runner's ``dtype`` on CUDA.
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
-        its device in steps where every sampling request is plain greedy.
+        its device in steps where every sampling request is plain greedy; ``None``: where
+        its device is not the CPU.
         ``mem_fraction_static`` (the torch runner on CUDA): size the KV pool so that
         weights and pool take that fraction of the device's memory, instead of
-        ``kv_capacity``.
+        ``kv_capacity``. ``enable_kv_events``: the prefix cache records vLLM-shaped KV
+        events over blocks of ``kv_event_block_size`` tokens (``take_kv_events``; the
+        server publishes them, see ``--kv-events-config``). ``device_sampling``: let a
+        runner that can (the torch runner) draw every token on its device (penalties, bias,
+        grammar masks, seeds and logprobs included; only ids and logprobs reach the host);
+        ``None``: where its device is not the CPU (on the CPU the core's sampler reads the
+        logits in place, at no copy).
         ``record_trace``: a file to record every call to the core in (submits, aborts,
         each step's plan and tokens), replayable without the model: ``ferrolm replay``,
         the ``ferrolm-replay`` binary (README, "Replaying the engine")."""
@@ -190,13 +201,24 @@ class Engine:
             eviction_policy=eviction_policy,
             max_context=self.config.max_position_embeddings,
             seed=seed,
+            enable_kv_events=enable_kv_events,
+            kv_event_block_size=kv_event_block_size,
             record_trace=None if record_trace is None else os.fspath(record_trace),
         )
         # Greedy on the runner's device: a step whose sampling requests are all plain greedy
         # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)
         # and hands the ids to core.commit_tokens. Runners that can: forward_greedy.
-        self.device_greedy = device_greedy and hasattr(self.runner, "forward_greedy")
+        # None: where the runner's device is not the CPU (on the CPU the logits are on the
+        # host already and the core's vectorized argmax reads them in place)
+        on_cpu = str(getattr(self.runner, "device", "cpu")) == "cpu"
+        wanted_greedy = (not on_cpu) if device_greedy is None else device_greedy
+        self.device_greedy = wanted_greedy and hasattr(self.runner, "forward_greedy")
         self.device_greedy_steps = 0
+        # Sampling on the runner's device: the step's sampling columns (core.sampling_batch)
+        # go to the runner's forward_sample, its ids to core.commit_tokens.
+        wanted = (not on_cpu) if device_sampling is None else device_sampling
+        self.device_sampling = wanted and hasattr(self.runner, "forward_sample")
+        self.device_sampling_steps = 0
         self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
         self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
@@ -232,6 +254,12 @@ class Engine:
                 )
                 out = self.core.commit_tokens(ids)
                 self.device_greedy_steps += 1
+            elif self.device_sampling:
+                draws = self.runner.forward_sample(  # type: ignore[attr-defined]
+                    batch, self.core.sampling_batch(), vocab_size=self.core.vocab_size
+                )
+                out = self.core.commit_tokens(**draws.commit_args())
+                self.device_sampling_steps += 1
             else:
                 out = self.core.commit(self.runner.forward(batch))
         except CorePanicError:
@@ -281,6 +309,28 @@ class Engine:
             if params.ignore_eos:
                 self._greedy_ignore_eos[int(rid)] = True
 
+    def note_greedy(self, rids: Any, ignore_eos: Any) -> None:
+        """``note_submitted`` for requests a loop submitted to the core itself and found plain
+        greedy (the Rust front end's ``drain`` reports them), with whether each ignores EOS."""
+        if not self.device_greedy:
+            return
+        for rid, ignore in zip(np.asarray(rids).tolist(), np.asarray(ignore_eos).tolist()):
+            self._greedy_rids.add(rid)
+            if ignore:
+                self._greedy_ignore_eos[rid] = True
+
+    def forget_greedy(self, finished_rids: Any) -> None:
+        """Drops finished requests (their rids) from the device-greedy bookkeeping."""
+        if self._greedy_rids:
+            for rid in np.asarray(finished_rids).tolist():
+                self._greedy_rids.discard(rid)
+                self._greedy_ignore_eos.pop(rid, None)
+
+    def device_greedy_rows(self, plan: Any) -> np.ndarray | None:
+        """Whether the runner may pick this plan's tokens greedily: per entry, whether it
+        ignores EOS; None when it may not (see ``_device_greedy_rows``)."""
+        return self._device_greedy_rows(plan)
+
     def fail_step(self, message: str) -> list[Delta]:
         """Ends the requests of a step in flight with an error (for a loop whose step
         failed outside the forward); returns the deltas of ``submit``-ed requests, as
@@ -324,6 +374,10 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.core.has_work() or bool(self._outbox)
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The prefix cache's KV events since the last call (``enable_kv_events``)."""
+        return [event_from_raw(raw) for raw in self.core.take_kv_events()]
 
     # ---- requests ----
 

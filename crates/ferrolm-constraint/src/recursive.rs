@@ -222,11 +222,6 @@ impl Rules {
         &self.dfas[0]
     }
 
-    /// Number of rules.
-    pub(crate) fn len(&self) -> usize {
-        self.dfas.len()
-    }
-
     pub(crate) fn rule(&self, rule: u32) -> &ByteDfa {
         &self.dfas[rule as usize]
     }

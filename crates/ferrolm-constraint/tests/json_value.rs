@@ -272,10 +272,9 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
 
-    /// Many documents through one grammar: its mask cache, keyed by classes of states
-    /// with the same future, is filled by earlier documents and read by later ones at
-    /// other states of those classes (extra members after any declared one, free-form
-    /// objects at any depth); every mask must still equal trying every token.
+    /// Many documents through one grammar: its mask cache is filled by earlier
+    /// documents and read by later ones (extra members after any declared one,
+    /// free-form objects at any depth); every mask must still equal trying every token.
     #[test]
     fn masks_shared_between_states_of_one_grammar_stay_exact(
         values in proptest::collection::vec(json_strategy(), 12),

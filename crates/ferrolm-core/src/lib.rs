@@ -31,6 +31,7 @@ pub mod attention;
 pub mod detok;
 pub mod engine;
 pub mod logging;
+pub mod norm;
 pub mod radix;
 pub mod sampling;
 pub mod trace;

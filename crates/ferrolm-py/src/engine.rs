@@ -5,22 +5,27 @@ use std::collections::HashMap;
 
 use ferrolm_core::detok::{StopConditions, StopReason};
 use ferrolm_core::engine::{
-    BatchPlan, Constraint, Engine, EngineConfig, FinishReason, RequestParams, StepOutputs,
+    BatchPlan, Constraint, DeviceDraws, Engine, EngineConfig, FinishReason, RequestParams, SamplingBatch,
+    StepOutputs,
 };
 use ferrolm_core::radix::EvictionPolicy;
 use ferrolm_core::sampling::SamplingParams;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::convert::ids;
+use crate::convert::{ids, BlockSize};
 use crate::errors;
 use crate::guard::Poison;
 
 #[pyclass(module = "ferrolm._core", name = "Engine")]
 pub struct PyEngine {
-    engine: Engine,
-    poison: Poison,
+    // the front end's binding (`frontend.rs`) steps the same core
+    pub(crate) engine: Engine,
+    pub(crate) poison: Poison,
 }
 
 /// One rid, or one per sample of the prompt.
@@ -75,6 +80,128 @@ impl PyBatchPlan {
     fn __repr__(&self) -> String {
         format!("BatchPlan(num_requests={}, num_tokens={})", self.num_requests, self.num_tokens)
     }
+}
+
+#[pyclass(module = "ferrolm._core", name = "SamplingBatch", frozen, get_all)]
+pub struct PySamplingBatch {
+    greedy: Py<PyArray1<bool>>,
+    temperature: Py<PyArray1<f32>>,
+    top_k: Py<PyArray1<i32>>,
+    top_p: Py<PyArray1<f32>>,
+    min_p: Py<PyArray1<f32>>,
+    repetition_penalty: Py<PyArray1<f32>>,
+    frequency_penalty: Py<PyArray1<f32>>,
+    presence_penalty: Py<PyArray1<f32>>,
+    uniforms: Py<PyArray1<f64>>,
+    logprobs: Py<PyArray1<bool>>,
+    top_logprobs: Py<PyArray1<i32>>,
+    bias_offsets: Py<PyArray1<i32>>,
+    bias_ids: Py<PyArray1<i32>>,
+    bias_values: Py<PyArray1<f32>>,
+    penalty_offsets: Py<PyArray1<i32>>,
+    penalty_ids: Py<PyArray1<i32>>,
+    penalty_counts: Py<PyArray1<i32>>,
+    banned_offsets: Py<PyArray1<i32>>,
+    banned_ids: Py<PyArray1<i32>>,
+    mask_rows: Py<PyArray1<i32>>,
+    masks: Py<PyArray2<i32>>,
+    num_rows: usize,
+}
+
+impl PySamplingBatch {
+    fn new(py: Python<'_>, b: SamplingBatch) -> PyResult<Self> {
+        let words = b.mask_words;
+        let num_masks = b.masks.len() / words.max(1);
+        // the packed words as int32 (the same bits): what torch and numpy shift and test
+        let masks: Vec<i32> = b.masks.into_iter().map(|w| w as i32).collect();
+        let masks = masks.into_pyarray(py).reshape([num_masks, words])?.unbind();
+        Ok(PySamplingBatch {
+            num_rows: b.greedy.len(),
+            greedy: b.greedy.into_pyarray(py).unbind(),
+            temperature: b.temperature.into_pyarray(py).unbind(),
+            top_k: u32_array(py, b.top_k),
+            top_p: b.top_p.into_pyarray(py).unbind(),
+            min_p: b.min_p.into_pyarray(py).unbind(),
+            repetition_penalty: b.repetition_penalty.into_pyarray(py).unbind(),
+            frequency_penalty: b.frequency_penalty.into_pyarray(py).unbind(),
+            presence_penalty: b.presence_penalty.into_pyarray(py).unbind(),
+            uniforms: b.uniforms.into_pyarray(py).unbind(),
+            logprobs: b.logprobs.into_pyarray(py).unbind(),
+            top_logprobs: u32_array(py, b.top_logprobs),
+            bias_offsets: u32_array(py, b.bias_offsets),
+            bias_ids: u32_array(py, b.bias_ids),
+            bias_values: b.bias_values.into_pyarray(py).unbind(),
+            penalty_offsets: u32_array(py, b.penalty_offsets),
+            penalty_ids: u32_array(py, b.penalty_ids),
+            penalty_counts: u32_array(py, b.penalty_counts),
+            banned_offsets: u32_array(py, b.banned_offsets),
+            banned_ids: u32_array(py, b.banned_ids),
+            mask_rows: b.mask_rows.into_pyarray(py).unbind(),
+            masks,
+        })
+    }
+}
+
+#[pymethods]
+impl PySamplingBatch {
+    fn __len__(&self) -> usize {
+        self.num_rows
+    }
+}
+
+/// The drawn tokens as given to `commit_tokens`: ids, or -1 where nothing could be drawn.
+fn drawn_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Option<u32>>> {
+    let py = obj.py();
+    let bad = |m: String| errors::invalid_field(py, "tokens", m);
+    let read = |i: usize, t: i64| match t {
+        -1 => Ok(None),
+        t if (0..=u32::MAX as i64).contains(&t) => Ok(Some(t as u32)),
+        t => Err(bad(format!("tokens[{i}] is {t}; ids are >= 0 (-1: nothing could be drawn)"))),
+    };
+    if let Ok(a) = obj.cast::<PyArray1<i32>>() {
+        // what the runners hand over: read in place
+        let a = a.readonly();
+        return a.as_array().iter().enumerate().map(|(i, &t)| read(i, t as i64)).collect();
+    }
+    let array = py.import("numpy")?.call_method1("asarray", (obj,))?;
+    let array = array.cast::<PyUntypedArray>().map_err(|_| bad("tokens must be an integer array".into()))?;
+    if array.ndim() != 1 {
+        return Err(bad(format!("tokens must be a 1-D array, got shape {:?}", array.shape())));
+    }
+    if array.len() == 0 {
+        return Ok(Vec::new());
+    }
+    let kind = array.dtype().kind();
+    if kind != b'i' && kind != b'u' {
+        return Err(bad(format!("tokens must be an integer array, got dtype {}", array.dtype())));
+    }
+    let wide = array.call_method1("astype", ("int64",))?;
+    let wide = wide.cast::<PyArray1<i64>>()?.readonly();
+    wide.as_array().iter().enumerate().map(|(i, &t)| read(i, t)).collect()
+}
+
+/// `obj` as a C-contiguous array of `T` (converted once where it is another type) with
+/// `ndim` dimensions: its values and shape.
+fn values<T: numpy::Element + Copy>(
+    obj: &Bound<'_, PyAny>,
+    what: &'static str,
+    dtype: &str,
+    ndim: usize,
+) -> PyResult<(Vec<T>, Vec<usize>)> {
+    let py = obj.py();
+    let array = py
+        .import("numpy")?
+        .call_method1("ascontiguousarray", (obj, dtype))
+        .map_err(|_| errors::invalid_field(py, what, format!("{what} must be an array of {dtype}")))?;
+    let array = array.cast::<PyArrayDyn<T>>()?.readonly();
+    if array.ndim() != ndim {
+        return Err(errors::invalid_field(
+            py,
+            what,
+            format!("{what} must have {ndim} dimensions, got shape {:?}", array.shape()),
+        ));
+    }
+    Ok((array.as_slice()?.to_vec(), array.shape().to_vec()))
 }
 
 #[pyclass(module = "ferrolm._core", name = "StepOutputs", frozen, get_all)]
@@ -153,8 +280,14 @@ impl PyEngine {
         vocabulary, *, kv_capacity = 32768,
         max_running_requests = 64, max_prefill_tokens = 2048, schedule_policy = "fcfs",
         enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
-        max_context = 32768, seed = 0, record_trace = None,
-    ))]
+        max_context = 32768, seed = 0, enable_kv_events = false, kv_event_block_size = BlockSize(16),
+        record_trace = None,
+    ),
+    // the range-checked block size shows as its plain default
+    text_signature = "(vocabulary, *, kv_capacity=32768, max_running_requests=64, max_prefill_tokens=2048, \
+        schedule_policy='fcfs', enable_prefix_cache=True, eviction_policy='lru', new_token_ratio=0.3, \
+        fast_lane_tokens=32, max_context=32768, seed=0, enable_kv_events=False, kv_event_block_size=16, \
+        record_trace=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -169,6 +302,8 @@ impl PyEngine {
         fast_lane_tokens: usize,
         max_context: usize,
         seed: u64,
+        enable_kv_events: bool,
+        kv_event_block_size: BlockSize,
         record_trace: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let bad = |field: &'static str, m: String| errors::invalid_field(py, field, format!("{field}: {m}"));
@@ -189,6 +324,8 @@ impl PyEngine {
             vocab_size: vocabulary.vocab().size(),
             eos_token_ids: vocabulary.vocab().eos_ids().to_vec(),
             seed,
+            kv_events: enable_kv_events,
+            kv_event_block_size: kv_event_block_size.0,
         };
         // the engine detokenizes with it; request grammars must be compiled from it
         let mut engine =
@@ -326,14 +463,64 @@ impl PyEngine {
         PyStepOutputs::new(py, out)
     }
 
-    fn commit_tokens(&mut self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<PyStepOutputs> {
-        let tokens = ids(tokens, "tokens", u32::MAX)?;
-        let tokens = tokens.as_slice();
+    #[pyo3(signature = (tokens, *, logprobs = None, top_ids = None, top_logprobs = None))]
+    fn commit_tokens(
+        &mut self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        logprobs: Option<&Bound<'_, PyAny>>,
+        top_ids: Option<&Bound<'_, PyAny>>,
+        top_logprobs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyStepOutputs> {
+        let tokens = drawn_tokens(tokens)?;
+        let logprobs = logprobs.map(|l| values::<f32>(l, "logprobs", "float32", 1)).transpose()?;
+        let (top_ids, top_logprobs, top_width) = match (top_ids, top_logprobs) {
+            (None, None) => (Vec::new(), Vec::new(), 0),
+            (Some(ids), Some(lps)) => {
+                let (ids, shape) = values::<i64>(ids, "top_ids", "int64", 2)?;
+                let (lps, lps_shape) = values::<f32>(lps, "top_logprobs", "float32", 2)?;
+                if lps_shape != shape {
+                    return Err(errors::invalid_field(
+                        py,
+                        "top_logprobs",
+                        format!("top_logprobs has shape {lps_shape:?}; want top_ids' {shape:?}"),
+                    ));
+                }
+                let ids = ids
+                    .into_iter()
+                    .map(|t| u32::try_from(t).ok())
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| errors::invalid_field(py, "top_ids", "top_ids must be >= 0".into()))?;
+                (ids, lps, shape[1])
+            }
+            _ => {
+                return Err(errors::invalid_field(
+                    py,
+                    "top_ids",
+                    "give top_ids and top_logprobs together".into(),
+                ))
+            }
+        };
+        let draws = DeviceDraws {
+            tokens: &tokens,
+            logprobs: logprobs.as_ref().map(|(l, _)| l.as_slice()),
+            top_ids: &top_ids,
+            top_logprobs: &top_logprobs,
+            top_width,
+        };
         let out = self
             .poison
-            .run(py, &mut self.engine, |e| e.commit_tokens(tokens))?
+            .run(py, &mut self.engine, |e| e.commit_drawn(&draws))?
             .map_err(|e| errors::engine(py, e))?;
         PyStepOutputs::new(py, out)
+    }
+
+    fn sampling_batch(&mut self, py: Python<'_>) -> PyResult<PySamplingBatch> {
+        let b = self
+            .poison
+            .run(py, &mut self.engine, |e| e.sampling_batch())?
+            .map_err(|e| errors::engine(py, e))?;
+        PySamplingBatch::new(py, b)
     }
 
     fn fail_step(&mut self, py: Python<'_>, message: &str) -> PyResult<PyStepOutputs> {
@@ -360,6 +547,11 @@ impl PyEngine {
 
     fn flush_cache(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.poison.run(py, &mut self.engine, |e| e.flush_cache())
+    }
+
+    fn take_kv_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.poison.run(py, &mut self.engine, |e| e.take_kv_events())?;
+        crate::kv_events::raw_events(py, events)
     }
 
     fn check_invariants(&mut self, py: Python<'_>) -> PyResult<()> {
@@ -407,11 +599,22 @@ impl PyEngine {
     fn kv_capacity(&self) -> usize {
         self.engine.config().kv_capacity
     }
+
+    #[getter]
+    fn kv_events_enabled(&self) -> bool {
+        self.engine.config().kv_events
+    }
+
+    #[getter]
+    fn kv_event_block_size(&self) -> usize {
+        self.engine.config().kv_event_block_size
+    }
 }
 
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyBatchPlan>()?;
     m.add_class::<PyStepOutputs>()?;
+    m.add_class::<PySamplingBatch>()?;
     Ok(())
 }

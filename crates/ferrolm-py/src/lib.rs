@@ -9,7 +9,10 @@ mod constraint;
 mod convert;
 mod engine;
 mod errors;
+mod frontend;
 mod guard;
+mod kv_events;
+mod norm;
 mod radix;
 mod trace;
 
@@ -21,6 +24,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::init(m)?;
     constraint::init(m)?;
     attention::init(m)?;
+    frontend::init(m)?;
+    norm::init(m)?;
     trace::init(m)?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `RadixTree` and `MatchResult`: the radix prefix cache. Behaviour and errors are
 //! documented in `python/ferrolm/_core.pyi`.
 
-use ferrolm_core::radix::{EvictionPolicy, KvEvent, NodeHandle, RadixTree, TreeConfig};
+use ferrolm_core::radix::{EvictionPolicy, NodeHandle, RadixTree, TreeConfig};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -187,26 +187,7 @@ impl PyRadixTree {
     /// Events as plain tuples; `ferrolm.radix_cache` turns them into event objects.
     fn take_raw_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.poison.run(py, &mut self.tree, |t| t.take_events())?;
-        let list = PyList::empty(py);
-        for event in events {
-            let item = match event {
-                KvEvent::BlockStored {
-                    block_hashes,
-                    parent_block_hash,
-                    token_ids,
-                    block_size,
-                    namespace,
-                } => ("stored", block_hashes, parent_block_hash, token_ids, block_size, namespace)
-                    .into_pyobject(py)?
-                    .into_any(),
-                KvEvent::BlockRemoved { block_hashes } => {
-                    ("removed", block_hashes).into_pyobject(py)?.into_any()
-                }
-                KvEvent::AllBlocksCleared => ("cleared",).into_pyobject(py)?.into_any(),
-            };
-            list.append(item)?;
-        }
-        Ok(list)
+        crate::kv_events::raw_events(py, events)
     }
 
     #[getter]

@@ -7,7 +7,10 @@ prefills ``--context`` tokens per request, times ``--steps`` decode steps (each 
 returns its logits on the host, so every step is complete when it is timed), and prints
 tokens/s beside the bandwidth limit: bytes read per step (weights + KV) / bandwidth.
 The bandwidth is measured (a large device-to-device copy) unless ``--bandwidth-gbs``
-gives it (an H100 SXM's HBM3 is 3,350 GB/s, an H200's 4,800).
+gives it (an H100 SXM's HBM3 is 3,350 GB/s, an H200's 4,800). Beside each row, the device
+sampler's own time per step at that batch: top-p 0.9 at temperature 0.8 with logprobs
+over random logits of the model's vocabulary (the sampling columns from a real engine
+core), ids and logprobs back on the host.
 
 ``--model 1b`` is a Llama-3.2-1B-shaped config (16 layers, 2048 wide, GQA 32/8, 128k
 vocabulary, tied embeddings) in bf16 on CUDA; ``--model tiny`` a 2-layer one that runs in
@@ -144,17 +147,44 @@ def run(args: argparse.Namespace) -> int:
         context = args.context + args.steps / 2 + 2
         bytes_per_step = weight_bytes + batch_size * context * config.kv_bytes_per_slot(itemsize)
         limit = bytes_per_step / bandwidth
+        sampler_s = float(np.median(sampler_times(batch_size, config.vocab_size, device, args.steps)))
         row = {"batch": batch_size, "step_ms": step_s * 1e3, "tokens_per_s": batch_size / step_s,
-               "bytes_per_step": bytes_per_step, "limit_ms": limit * 1e3, "fraction_of_limit": limit / step_s}
+               "bytes_per_step": bytes_per_step, "limit_ms": limit * 1e3, "fraction_of_limit": limit / step_s,
+               "sampler_ms": sampler_s * 1e3}
         results.append(row)
         print(f"batch {batch_size:4d}: decode step p50 {step_s * 1e3:8.3f} ms, {batch_size / step_s:10.1f} tok/s; "
               f"bandwidth limit {limit * 1e3:.3f} ms/step: {limit / step_s:.2f} of the limit "
-              f"(floor on a GPU at batch 64: >= 0.5)")
+              f"(floor on a GPU at batch 64: >= 0.5); device sampler (top-p, logprobs) {sampler_s * 1e3:.3f} ms/step")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"device": str(device), "dtype": str(dtype), "model": args.model, "bandwidth": bandwidth,
                        "weight_bytes": weight_bytes, "results": results}, f, indent=1)
     return 0
+
+
+def sampler_times(batch_size: int, vocab: int, device: Any, steps: int) -> list[float]:
+    """Seconds per step of the device sampler on ``batch_size`` rows of random logits."""
+    import torch
+
+    from ferrolm._core import Engine, Vocabulary
+    from ferrolm.model.device_sampler import sample
+
+    vocabulary = Vocabulary([b"t%d " % i for i in range(vocab - 1)] + [b"</s>"], eos_token_ids=[vocab - 1])
+    core = Engine(vocabulary, kv_capacity=batch_size * 8, max_running_requests=batch_size, max_context=64)
+    for rid in range(batch_size):
+        core.submit(rid, [1, 2], temperature=0.8, top_p=0.9, logprobs=True, max_new_tokens=8, seed=rid)
+    core.schedule()
+    columns = core.sampling_batch()
+    gen = torch.Generator(device=device).manual_seed(0)
+    times = []
+    for step in range(steps + 2):
+        logits = torch.randn((batch_size, vocab), generator=gen, device=device) * 3
+        _sync(device)
+        t0 = time.perf_counter()
+        sample(logits, columns, vocab)  # ends with the ids on the host
+        if step >= 2:
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 def vars_of(layer: Any) -> list[Any]:

@@ -44,7 +44,9 @@ from typing import Any
 # ---- forward timing inside the launched server ------------------------------------------
 
 _FORWARD_STATS_ENV = "FERROLM_BENCH_FORWARD_STATS"
-_FORWARD_FMT = "<ddq"  # forward CPU seconds, forward wall seconds, forward calls
+# forward CPU seconds (the process's), forward wall seconds, forward calls, and the CPU of
+# the thread that called the forward during it (the step loop's own share of the forward)
+_FORWARD_FMT = "<ddqd"
 
 
 def _install_forward_timer(path: str) -> None:
@@ -57,18 +59,19 @@ def _install_forward_timer(path: str) -> None:
 
     f = open(path, "r+b")  # noqa: SIM115 - lives as long as the process
     shared = mmap.mmap(f.fileno(), struct.calcsize(_FORWARD_FMT))
-    totals = [0.0, 0.0, 0]
+    totals = [0.0, 0.0, 0, 0.0]
 
     def timed(original: Any) -> Any:
         def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            c0, w0 = time.process_time(), time.perf_counter()
+            c0, w0, t0 = time.process_time(), time.perf_counter(), time.thread_time()
             try:
                 return original(self, *args, **kwargs)
             finally:
                 totals[0] += time.process_time() - c0
                 totals[1] += time.perf_counter() - w0
                 totals[2] += 1
-                struct.pack_into(_FORWARD_FMT, shared, 0, totals[0], totals[1], totals[2])
+                totals[3] += time.thread_time() - t0
+                struct.pack_into(_FORWARD_FMT, shared, 0, *totals)
 
         return timed_forward
 
@@ -83,16 +86,16 @@ if os.environ.get(_FORWARD_STATS_ENV) and __name__ in ("__main__", "__mp_main__"
     _install_forward_timer(os.environ[_FORWARD_STATS_ENV])
 
 
-def _read_forward_stats(path: str | None) -> tuple[float, float, int] | None:
+def _read_forward_stats(path: str | None) -> tuple[float, float, int, float] | None:
     if not path:
         return None
     try:
         with open(path, "rb") as f:
             data = f.read(struct.calcsize(_FORWARD_FMT))
-        cpu, wall, calls = struct.unpack(_FORWARD_FMT, data)
+        cpu, wall, calls, caller_cpu = struct.unpack(_FORWARD_FMT, data)
     except (OSError, struct.error):
         return None
-    return cpu, wall, calls
+    return cpu, wall, calls, caller_cpu
 
 
 # ---- the workload ------------------------------------------------------------------------
@@ -373,6 +376,30 @@ def _proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads: ``main`` (the step loop of a Rust-front-end
+    server), ``http`` (its ``ferrolm-http`` threads: HTTP workers and the tokenizer pool)
+    and ``other`` (BLAS and attention workers: part of the forward)."""
+    out = {"main": 0.0, "http": 0.0, "other": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        key = "main" if tid == str(pid) else "http" if name.startswith("ferrolm-http") else "other"
+        out[key] += cpu
+    return out
+
+
 def _engine_pid(api_pid: int) -> int | None:
     """The engine process: the API process's child that multiprocessing spawned (not its
     resource tracker)."""
@@ -396,7 +423,7 @@ class LaunchedServer:
     """``ferrolm serve --model MODEL`` on a free loopback port, run through this module so
     that its forward is timed (see the module docstring); stopped on ``close``."""
 
-    def __init__(self, model: str, extra_flags: list[str], api_key: str | None) -> None:
+    def __init__(self, model: str, extra_flags: list[str], api_key: str | None, frontend: str = "python") -> None:
         from ferrolm.server.testing import RunningServer, _wait_healthy, free_port
 
         fd, self.forward_path = tempfile.mkstemp(prefix="ferrolm-bench-forward-")
@@ -405,7 +432,7 @@ class LaunchedServer:
         log_fd, self.log_path = tempfile.mkstemp(prefix="ferrolm-bench-server-", suffix=".log")
         port = free_port()
         cmd = [sys.executable, "-m", "ferrolm.bench.serve", "--model", model, "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning", *extra_flags]
+               "--port", str(port), "--log-level", "warning", "--frontend", frontend, *extra_flags]
         if api_key:
             cmd += ["--api-key", api_key]
         env = {**os.environ, _FORWARD_STATS_ENV: self.forward_path}
@@ -419,15 +446,26 @@ class LaunchedServer:
         except BaseException:
             self.close()
             raise
-        self.engine_pid = _engine_pid(self.process.pid)
+        self.frontend = frontend
+        # the Rust front end runs the step loop in the server's own process
+        self.engine_pid = _engine_pid(self.process.pid) if frontend == "python" else None
 
     def cpu(self) -> dict[str, Any]:
         forward = _read_forward_stats(self.forward_path)
-        return {"api_cpu_s": _proc_cpu_s(self.process.pid),
-                "engine_cpu_s": _proc_cpu_s(self.engine_pid) if self.engine_pid else None,
-                "forward_cpu_s": forward[0] if forward and forward[2] else None,
-                "forward_wall_s": forward[1] if forward and forward[2] else None,
-                "forward_calls": forward[2] if forward else None}
+        out = {"api_cpu_s": _proc_cpu_s(self.process.pid),
+               "engine_cpu_s": _proc_cpu_s(self.engine_pid) if self.engine_pid else None,
+               "forward_cpu_s": forward[0] if forward and forward[2] else None,
+               "forward_wall_s": forward[1] if forward and forward[2] else None,
+               "forward_calls": forward[2] if forward else None}
+        if self.frontend == "rust":
+            # one process: outside the forward is the HTTP threads' CPU plus the step
+            # loop thread's CPU outside its forward calls (BLAS and attention workers count
+            # as the forward)
+            threads = _thread_cpu_s(self.process.pid)
+            out["http_cpu_s"] = threads["http"]
+            out["loop_cpu_s"] = threads["main"]
+            out["loop_forward_cpu_s"] = forward[3] if forward else None
+        return out
 
     def log_tail(self, chars: int = 2000) -> str:
         try:
@@ -454,6 +492,12 @@ def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) ->
         return None if a is None or b is None else b - a
 
     out: dict[str, Any] = {"generated_tokens": tokens}
+    if "http_cpu_s" in after:  # the Rust front end: one process
+        http, loop, loop_forward = delta("http_cpu_s"), delta("loop_cpu_s"), delta("loop_forward_cpu_s")
+        if http is not None and loop is not None and loop_forward is not None and tokens:
+            out["frontend_cpu_us_per_token"] = http / tokens * 1e6
+            out["loop_outside_forward_us_per_token"] = (loop - loop_forward) / tokens * 1e6
+            out["split_overhead_us_per_token"] = (http + loop - loop_forward) / tokens * 1e6
     for key in ("api_cpu_s", "engine_cpu_s", "forward_cpu_s", "forward_wall_s"):
         d = delta(key)
         out[key] = d
@@ -461,7 +505,10 @@ def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) ->
     calls = delta("forward_calls")
     out["forward_calls"] = calls
     api, engine, forward = out["api_cpu_us_per_token"], out["engine_cpu_us_per_token"], out["forward_cpu_us_per_token"]
-    if api is not None and engine is not None and forward is not None:
+    if "split_overhead_us_per_token" in out:
+        out["overhead_us_per_token"] = out["split_overhead_us_per_token"]
+        out["floor_met"] = forward is not None and out["overhead_us_per_token"] < forward
+    elif api is not None and engine is not None and forward is not None:
         out["overhead_us_per_token"] = api + engine - forward
         out["floor_met"] = out["overhead_us_per_token"] < forward
     else:
@@ -602,13 +649,53 @@ def run(args: argparse.Namespace) -> int:
         return 2
     requests = make_requests(args.num_requests, seed=args.seed, system_prompts=args.system_prompts,
                              output_lens=output_lens, output_weights=output_weights)
+    frontends = [f.strip() for f in args.frontend.split(",") if f.strip()]
+    if not frontends or any(f not in ("python", "rust") for f in frontends):
+        print("error: --frontend takes python, rust or both (python,rust)", file=sys.stderr)
+        return 2
+    if args.base_url is not None and frontends != ["python"]:
+        print("error: --frontend is for --launch (a server started here)", file=sys.stderr)
+        return 2
+    all_points: list[dict[str, Any]] = []
+    for frontend in frontends if args.launch else ["python"]:
+        points = _run_on(args, frontend, loads, sweep_by, requests, output_lens, output_weights)
+        all_points += points
+    if len(frontends) > 1 and args.launch:
+        _print_frontend_table(all_points)
+    failed = any(p["summary"]["errors"] for p in all_points)
+    return 1 if failed and args.strict else 0
+
+
+IDLE_MEASURE_S = 2.0  # how long the launched server's idle CPU is measured
+
+
+def _idle_cpu_percent(server: LaunchedServer) -> float | None:
+    """The server's CPU (every process of it) over a quiet moment, in % of one core."""
+    def total() -> float | None:
+        c = server.cpu()
+        if c["api_cpu_s"] is None:
+            return None
+        return c["api_cpu_s"] + (c["engine_cpu_s"] or 0.0)
+
+    time.sleep(0.5)  # let the warmup's last writes settle
+    a, t0 = total(), time.perf_counter()
+    time.sleep(IDLE_MEASURE_S)
+    b, t1 = total(), time.perf_counter()
+    return None if a is None or b is None else (b - a) / (t1 - t0) * 100
+
+
+def _run_on(args: argparse.Namespace, frontend: str, loads: list[Any], sweep_by: str,
+            requests: list[BenchRequest], output_lens: tuple[int, ...],
+            output_weights: tuple[float, ...]) -> list[dict[str, Any]]:
     server: LaunchedServer | None = None
+    points: list[dict[str, Any]] = []
     if args.launch:
         extra = shlex.split(args.server_args or "")
         if sweep_by == "concurrency" and not any(f.startswith("--max-running-requests") for f in extra):
             extra += ["--max-running-requests", str(max(64, int(max(loads))))]
-        print(f"launching ferrolm serve --model {args.launch} {' '.join(extra)}", file=sys.stderr)
-        server = LaunchedServer(args.launch, extra, args.api_key)
+        print(f"launching ferrolm serve --model {args.launch} --frontend {frontend} {' '.join(extra)}",
+              file=sys.stderr)
+        server = LaunchedServer(args.launch, extra, args.api_key, frontend)
         base_url = server.url
     else:
         base_url = args.base_url.rstrip("/")
@@ -629,15 +716,19 @@ def run(args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001 - optional
             pass
         forward_exposed = bool(metrics_text and "forward" in metrics_text) or "forward" in json.dumps(info or {})
-        print(f"ferrolm bench serve: {len(requests)} requests to {base_url} (model {model!r}); "
+        which = f" ({frontend} front end)" if server else ""
+        print(f"ferrolm bench serve: {len(requests)} requests to {base_url}{which} (model {model!r}); "
               f"outputs {'/'.join(map(str, output_lens))} tokens; seed {args.seed}")
-        points: list[dict[str, Any]] = []
+        idle = None
         for load in loads:
             if args.warmup:
                 warm = make_requests(args.warmup, seed=args.seed + 10_000, output_lens=(8,), output_weights=(1.0,))
                 asyncio.run(run_load(base_url, model, warm, request_rate=math.inf, concurrency=None,
                                      api_key=args.api_key, seed=args.seed, ignore_eos=not args.no_ignore_eos,
                                      temperature=args.temperature, timeout=args.timeout, progress=False))
+            if server is not None and idle is None:
+                idle = _idle_cpu_percent(server)
+                print(f"  idle server CPU: {_fmt(idle, 2)}% of a core (over {IDLE_MEASURE_S:g} s)")
             flushed = _flush_cache(base_url, args.api_key) if not args.no_flush else False
             if sweep_by == "rate":
                 rate, conc = load, args.concurrency
@@ -663,28 +754,33 @@ def run(args: argparse.Namespace) -> int:
                 summary["mean_batch"] = generated / steps if steps else None
             if server is not None and cpu_before and cpu_after:
                 summary["server_cpu"] = cpu_per_token(cpu_before, cpu_after, generated)
-            points.append({"sweep_by": sweep_by, "load": load, "summary": summary,
+                summary["idle_cpu_percent"] = idle
+            points.append({"sweep_by": sweep_by, "load": load, "frontend": frontend if server else None,
+                           "summary": summary,
                            "requests": [asdict(r) | {"tpot": r.tpot} for r in results] if args.json else None})
             _print_point(label, summary)
         if len(points) > 1:
             _print_sweep_table(points, sweep_by)
         if args.sweep:
-            problem = _plot(points, sweep_by, args.plot)
-            print(problem or f"plot: {args.plot}")
+            plot = args.plot if frontend == "python" or not server else args.plot.replace(".png", f"_{frontend}.png")
+            problem = _plot(points, sweep_by, plot)
+            print(problem or f"plot: {plot}")
         if not forward_exposed:
             print("note: the server exposes no forward time (/metrics, /server_info)"
                   + ("; the forward was timed inside the launched engine process by this bench" if server else
                      "; CPU figures need --launch"))
         if args.json:
-            with open(args.json, "w") as f:
+            path = args.json if frontend == "python" or not server else args.json.replace(".json", f"_{frontend}.json")
+            with open(path, "w") as f:
                 json.dump({"base_url": base_url, "model": model, "launched": args.launch, "seed": args.seed,
+                           "frontend": frontend if server else None,
                            "num_requests": len(requests), "output_lens": output_lens,
                            "output_weights": output_weights, "sweep_by": sweep_by,
                            "forward_exposed_by_server": forward_exposed,
                            "server_info": info,
                            "points": [p | {"load": p["load"] if math.isfinite(p["load"]) else "inf"} for p in points]},
                           f, indent=1, default=str)
-            print(f"json: {args.json}")
+            print(f"json: {path}")
     except BaseException:
         if server is not None:
             tail = server.log_tail()
@@ -694,8 +790,33 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
-    failed = any(p["summary"]["errors"] for p in points)
-    return 1 if failed and args.strict else 0
+    return points
+
+
+def _print_frontend_table(points: list[dict[str, Any]]) -> None:
+    """The front ends side by side, load by load, with the Rust one's ratios to Python's."""
+    print()
+    print(f"{'front end':<10}{'load':>7}{'tok/s':>9}{'TTFT50':>9}{'ovh us':>9}{'fwd us':>9}{'idle %':>8}")
+    by_load: dict[Any, dict[str, dict[str, Any]]] = {}
+    for p in points:
+        by_load.setdefault(p["load"], {})[p["frontend"]] = p["summary"]
+    for load, fronts in by_load.items():
+        for name, s in fronts.items():
+            cpu = s.get("server_cpu") or {}
+            print(f"{name:<10}{load:>7g}{s['output_throughput']:>9.0f}{_fmt(s['ttft_ms']['p50']):>9}"
+                  f"{_fmt(cpu.get('overhead_us_per_token')):>9}{_fmt(cpu.get('forward_cpu_us_per_token')):>9}"
+                  f"{_fmt(s.get('idle_cpu_percent'), 2):>8}")
+        py, rs = fronts.get("python"), fronts.get("rust")
+        if py and rs:
+            def ratio(a: float | None, b: float | None) -> str:
+                return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+            po = (py.get("server_cpu") or {}).get("overhead_us_per_token")
+            ro = (rs.get("server_cpu") or {}).get("overhead_us_per_token")
+            print(f"{'rust/py':<10}{load:>7g}{ratio(rs['output_throughput'], py['output_throughput']):>9}"
+                  f"{ratio(rs['ttft_ms']['p50'], py['ttft_ms']['p50']):>9}{ratio(ro, po):>9}")
+    print("(ovh: server CPU per generated token outside the forward, us; rust/py: the Rust front end's figure "
+          "over the Python one's)")
 
 
 def _print_sweep_table(points: list[dict[str, Any]], by: str) -> None:
@@ -723,6 +844,9 @@ def add_parser(sub: Any) -> None:
                         "port, measure its CPU time, stop it after")
     target.add_argument("--server-args", help="extra flags for the launched server, as one string")
     target.add_argument("--api-key")
+    target.add_argument("--frontend", default="python",
+                        help="with --launch: the server's front end(s), python, rust or python,rust (both, one "
+                             "after the other, compared in one table)")
     target.add_argument("--model", help="the model id to send (default: the first of /v1/models)")
     load = p.add_argument_group("load")
     load.add_argument("--request-rate", type=_parse_rate, help="Poisson arrivals, requests/s (inf: all at once)")

@@ -14,7 +14,15 @@ import os
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import LoadedModel
 from ferrolm.model.runner import ModelRunner, NumpyRunner
-from ferrolm.model.torch_runner import DEVICES, DTYPES, TORCH_MISSING, TorchRunner, cuda_available, torch_available
+from ferrolm.model.torch_runner import (
+    DEVICES,
+    DTYPES,
+    TORCH_MISSING,
+    TorchRunner,
+    cuda_available,
+    resolve_device,
+    torch_available,
+)
 
 RUNNERS = ("auto", "numpy", "torch")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -85,17 +93,14 @@ def build_runner(
         if not model.weights:
             raise InvalidInputError("the numpy runner needs the model loaded with its weights", "model")
         return NumpyRunner(model.config, model.weights, num_slots, kv_cache_dtype=numpy_kv_cache_dtype(kv_cache_dtype))
-    if kv_cache_dtype != "auto" and kv_cache_dtype != dtype:
-        raise InvalidInputError(
-            f"the torch runner keeps its KV cache in its --dtype ({dtype}); kv_cache_dtype {kv_cache_dtype} "
-            "is for the numpy runner", "kv_cache_dtype")
     slots = None if mem_fraction_static is not None else num_slots
+    # auto: on the CPU as the numpy runner (the core's kernel reads the pool there), else
+    # the runner's compute dtype
+    on_cpu = resolve_device(device).type == "cpu"
+    kv = numpy_kv_cache_dtype(kv_cache_dtype) if on_cpu else (None if kv_cache_dtype == "auto" else kv_cache_dtype)
+    options = {"device": device, "dtype": dtype, "mem_fraction_static": mem_fraction_static, "kv_cache_dtype": kv}
     if model.weights:
-        return TorchRunner(
-            model.config, model.weights, slots, device=device, dtype=dtype, mem_fraction_static=mem_fraction_static
-        )
+        return TorchRunner(model.config, model.weights, slots, **options)
     if model.folder is None:
         raise InvalidInputError("the model has neither weights nor a folder to read them from", "model")
-    return TorchRunner.from_folder(
-        model.folder, model.config, slots, device=device, dtype=dtype, mem_fraction_static=mem_fraction_static
-    )
+    return TorchRunner.from_folder(model.folder, model.config, slots, **options)

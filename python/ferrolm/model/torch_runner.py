@@ -4,7 +4,22 @@ checkpoint's dtype (or one asked for).
 The same ``ForwardBatch`` columns as ``NumpyRunner``, the same architectures (Llama 2/3
 with llama3 RoPE scaling, Qwen2 biases, Qwen3 q/k norm, Mistral sliding window) and one
 code path for every device: plain torch ops and ``scaled_dot_product_attention`` over
-the slots of a paged KV pool held as torch tensors on the runner's device. Numerics follow
+the slots of a paged KV pool held as torch tensors on the runner's device. On the CPU,
+attention runs in the Rust core's paged-attention kernel instead (``attention="kernel"``,
+reading the pool's tensors in place through zero-copy numpy views; the SDPA path stays as
+its reference) and the weight matrices are kept as ``[in, out]`` for ``x @ w`` (MKL's
+one-row product over the ``[out, in]`` layout ``F.linear`` takes is several times slower
+there: 1.4 ms against 0.34 ms for a 32k-vocabulary head).
+
+In float32 on the CPU the forward is ``NumpyRunner``'s code run over numpy views of this
+runner's own tensors (weights and pool: nothing is copied), so the torch runner is never
+the slower choice there. Profiled on this project's 2-core EPYC (py-spy, decode at one
+request), the same forward in torch ops took 1.5x as long: about 20 ops a layer at 1-2 µs
+of dispatch each where numpy's cost 0.3-1 µs (``F.rms_norm`` alone 7 µs a call), and
+torch's MKL runs these products 1.5-1.8x slower than OpenBLAS on AMD processors. bf16 and
+float16 on the CPU (which numpy cannot compute in) run the torch ops with the kernel; the
+torch-ops path with SDPA (``attention="reference"``) is what CUDA runs and what the CPU
+tests check against the numpy runner and transformers. Numerics follow
 transformers' modeling code (RMSNorm in float32, cast back before the weight; RoPE's
 cos/sin cast to the activations' dtype), so a bf16 model gives what transformers gives.
 
@@ -16,6 +31,7 @@ this module still imports, and building a runner raises ``InvalidInputError`` sa
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +39,13 @@ from typing import Any
 
 import numpy as np
 
+from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
+from ferrolm.model.device_sampler import DeviceDraws
+from ferrolm.model.device_sampler import sample as sample_on_device
 from ferrolm.model.rope import inverse_frequencies, rotation
-from ferrolm.model.runner import ForwardBatch, ModelRunner, _AttentionPlan
+from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner, _AttentionPlan, _Layer
 from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
 
 # torch and torch.nn.functional once loaded (see _load_torch)
@@ -178,6 +197,18 @@ def _as_tensor(value: Any) -> Any:
 
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+ATTENTION_BACKENDS = ("kernel", "reference")
+KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _numpy_view(tensor: Any) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array, no copy (bf16 through ml_dtypes, whose bits
+    are torch's)."""
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,10 +254,16 @@ class TorchRunner(ModelRunner):
         device: Any = "auto",
         dtype: Any = "auto",
         mem_fraction_static: float | None = None,
+        kv_cache_dtype: str | None = None,
+        attention: str | None = None,
         _consume: bool = False,
     ) -> None:
         """``num_slots=None`` with ``mem_fraction_static`` (CUDA): as many slots as fit in
-        that fraction of the device's memory once the weights are in (see ``pool_slots_for``)."""
+        that fraction of the device's memory once the weights are in (see ``pool_slots_for``).
+        ``kv_cache_dtype``: the pool's element type (``float32``/``float16``/``bfloat16``;
+        None: the compute ``dtype``). ``attention``: ``kernel`` (the core's kernel, CPU
+        only) or ``reference`` (SDPA over the gathered slots); None: the kernel on the
+        CPU unless ``FERROLM_ATTENTION=reference``, SDPA elsewhere."""
         _require_torch()
         if num_slots is None:
             if mem_fraction_static is None:
@@ -239,6 +276,22 @@ class TorchRunner(ModelRunner):
         self.device = resolve_device(device)
         stored = _as_tensor(weights["model.embed_tokens.weight"]).dtype
         self.dtype = resolve_dtype(dtype, self.device, stored)
+        on_cpu = self.device.type == "cpu"
+        if attention is None:
+            attention = "reference" if os.environ.get("FERROLM_ATTENTION") == "reference" or not on_cpu else "kernel"
+        if attention not in ATTENTION_BACKENDS:
+            raise InvalidInputError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}", "attention")
+        if attention == "kernel" and not on_cpu:
+            raise InvalidInputError("the core's attention kernel runs on the CPU; on CUDA use attention='reference'",
+                                    "attention")
+        self.attention = attention
+        if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidInputError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}",
+                                    "kv_cache_dtype")
+        self.kv_dtype = getattr(torch, kv_cache_dtype) if kv_cache_dtype else self.dtype
+        # [in, out] matrices for x @ w on the CPU (see the module's doc); [out, in] for F.linear elsewhere
+        self.rows_in = on_cpu
+
         c = config
         converted: dict[int, Any] = {}  # id of a source array -> its tensor (tied weights stay one)
 
@@ -261,8 +314,13 @@ class TorchRunner(ModelRunner):
                 return None
             return torch.cat([t(n) for n in names]).contiguous()
 
-        self.embed = t("model.embed_tokens.weight")
-        self.lm_head = t("lm_head.weight")
+        def matrix(tensor: Any) -> Any:
+            return tensor.t().contiguous() if self.rows_in and tensor is not None else tensor
+
+        self.lm_head = matrix(t("lm_head.weight"))
+        tied = weights["model.embed_tokens.weight"] is weights["lm_head.weight"]
+        # tied on the CPU: the embedding rows are read as columns of the [hidden, vocab] head
+        self.embed = None if tied and self.rows_in else t("model.embed_tokens.weight")
         self.final_norm = t("model.norm.weight")
         self.layers = []
         for i in range(c.num_layers):
@@ -271,16 +329,16 @@ class TorchRunner(ModelRunner):
             self.layers.append(
                 _TorchLayer(
                     input_norm=t(p + "input_layernorm.weight"),
-                    qkv=cat([attn + f"{x}_proj.weight" for x in "qkv"]),
+                    qkv=matrix(cat([attn + f"{x}_proj.weight" for x in "qkv"])),
                     qkv_bias=cat([attn + f"{x}_proj.bias" for x in "qkv"]),
                     q_norm=opt(attn + "q_norm.weight"),
                     k_norm=opt(attn + "k_norm.weight"),
-                    o=t(attn + "o_proj.weight"),
+                    o=matrix(t(attn + "o_proj.weight")),
                     o_bias=opt(attn + "o_proj.bias"),
                     post_norm=t(p + "post_attention_layernorm.weight"),
-                    gate_up=cat([mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+                    gate_up=matrix(cat([mlp + "gate_proj.weight", mlp + "up_proj.weight"])),
                     gate_up_bias=cat([mlp + "gate_proj.bias", mlp + "up_proj.bias"]),
-                    down=t(mlp + "down_proj.weight"),
+                    down=matrix(t(mlp + "down_proj.weight")),
                     down_bias=opt(mlp + "down_proj.bias"),
                 )
             )
@@ -297,22 +355,39 @@ class TorchRunner(ModelRunner):
             weights.clear()  # type: ignore[attr-defined]  # from_folder's tensors: only the runner holds them now
         converted.clear()
         if num_slots is None:
-            num_slots = pool_slots_for(c, self.device, self.dtype, float(mem_fraction_static or 0))
+            num_slots = pool_slots_for(c, self.device, self.kv_dtype, float(mem_fraction_static or 0))
             self.num_slots = num_slots
         pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
         # the paged KV pool: slot s of layer l holds the key/value of one token
         try:
-            self.k_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
-            self.v_pool = [torch.zeros(pool_shape, dtype=self.dtype, device=self.device) for _ in range(c.num_layers)]
+            self.k_pool = [torch.zeros(pool_shape, dtype=self.kv_dtype, device=self.device) for _ in range(c.num_layers)]
+            self.v_pool = [torch.zeros(pool_shape, dtype=self.kv_dtype, device=self.device) for _ in range(c.num_layers)]
         except (torch.OutOfMemoryError, RuntimeError) as e:  # CUDA OOM; the CPU allocator's RuntimeError
             self.k_pool = self.v_pool = []
-            size = num_slots * c.kv_bytes_per_slot(torch.empty((), dtype=self.dtype).element_size())
+            size = num_slots * c.kv_bytes_per_slot(torch.empty((), dtype=self.kv_dtype).element_size())
             raise InvalidInputError(
-                f"a KV pool of {num_slots} slots ({size / 2**30:.2f} GiB in {str(self.dtype).removeprefix('torch.')}) "
+                f"a KV pool of {num_slots} slots ({size / 2**30:.2f} GiB in {str(self.kv_dtype).removeprefix('torch.')}) "
                 f"does not fit on {self.device} beside the weights; ask for fewer slots "
                 f"(--max-total-tokens): {str(e).splitlines()[0]}",
                 "kv_capacity",
             ) from None
+        # the kernel reads and writes the pool in place through these views (same memory)
+        self._k_views = [_numpy_view(p) for p in self.k_pool] if attention == "kernel" else []
+        self._v_views = [_numpy_view(p) for p in self.v_pool] if attention == "kernel" else []
+        # float32 with the kernel on the CPU: NumpyRunner's forward over views of these
+        # tensors (see the module's doc)
+        self._numpy: NumpyRunner | None = None
+        if attention == "kernel" and self.dtype == torch.float32:
+            self._numpy = NumpyRunner.over(
+                c,
+                [_Layer(**{f: None if getattr(layer, f) is None else getattr(layer, f).numpy()
+                           for f in _Layer.__slots__}) for layer in self.layers],
+                head=self.lm_head.numpy(),
+                embed=None if self.embed is None else self.embed.numpy(),
+                final_norm=self.final_norm.numpy(),
+                k_pool=self._k_views,
+                v_pool=self._v_views,
+            )
 
     @classmethod
     def from_folder(
@@ -324,6 +399,8 @@ class TorchRunner(ModelRunner):
         device: Any = "auto",
         dtype: Any = "auto",
         mem_fraction_static: float | None = None,
+        kv_cache_dtype: str | None = None,
+        attention: str | None = None,
     ) -> TorchRunner:
         """Reads the safetensors checkpoint in ``folder`` (sharded or not) straight into
         torch tensors on the device, in their stored dtype, then converts to ``dtype``."""
@@ -335,17 +412,31 @@ class TorchRunner(ModelRunner):
         # consumed as the fused tensors are built: peak memory is the checkpoint plus one layer
         return cls(
             config, tensors, num_slots, device=place, dtype=dtype, mem_fraction_static=mem_fraction_static,
-            _consume=True,
+            kv_cache_dtype=kv_cache_dtype, attention=attention, _consume=True,
         )
+
+    def embedding_matrix(self) -> Any:
+        """The token embedding ``[vocab, hidden]``: a view of the head where the two are
+        tied and the head is kept as ``[hidden, vocab]`` (the CPU)."""
+        return self.lm_head.t() if self.embed is None else self.embed
 
     def kv_pool_bytes(self) -> int:
         return sum(int(p.numel() * p.element_size()) for p in (*self.k_pool, *self.v_pool))
 
     def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
         self._check(batch)
+        if self._numpy is not None:
+            return self._numpy.logits(batch, all_logits=all_logits)
         with torch.inference_mode():
             logits = self._forward(batch, all_logits)
             return logits.float().cpu().numpy()
+
+    def _logits(self, batch: ForwardBatch) -> Any:
+        """Each request's logits as a tensor on the device (a view of the numpy result on
+        the CPU in float32)."""
+        if self._numpy is not None:
+            return torch.from_numpy(self._numpy.logits(batch))
+        return self._forward(batch, all_logits=False)
 
     def forward_greedy(
         self,
@@ -360,15 +451,32 @@ class TorchRunner(ModelRunner):
         ``vocab_size`` logits count (the engine core's vocabulary may be smaller than the
         model's padded one). Ties go to the lowest id, as in the core's sampler."""
         self._check(batch)
+        masked = ignore_eos is not None and len(eos_token_ids) > 0 and bool(ignore_eos.any())
         with torch.inference_mode():
-            logits = self._forward(batch, all_logits=False)
-            if vocab_size is not None:
-                logits = logits[:, :vocab_size]
-            if ignore_eos is not None and eos_token_ids and bool(ignore_eos.any()):
+            logits = self._logits(batch)
+            if self.device.type == "cpu":
+                # numpy's argmax (first of equals too) is ~10x torch's here, and its fancy
+                # assignment ~20x torch's on a column slice
+                host = logits.float().numpy()
+                if masked:
+                    host[np.ix_(np.flatnonzero(ignore_eos), np.asarray(eos_token_ids))] = -np.inf
+                return np.argmax(host[:, :vocab_size], axis=-1).astype(np.int32)
+            if masked:
                 rows = self._index(np.flatnonzero(ignore_eos))
                 eos = self._index(np.asarray(eos_token_ids))
                 logits[rows[:, None], eos[None, :]] = float("-inf")
-            return logits.argmax(dim=-1).to(torch.int32).cpu().numpy()
+            return logits[:, :vocab_size].argmax(dim=-1).to(torch.int32).cpu().numpy()
+
+    def forward_sample(self, batch: ForwardBatch, sampling: Any, vocab_size: int | None = None) -> DeviceDraws:
+        """As ``forward``, then each request's token drawn on the device under
+        ``sampling`` (the step's ``SamplingBatch`` from the engine core; see
+        ``device_sampler``): only the ids, and the logprobs asked for, cross to the host.
+        Only the first ``vocab_size`` logits count (the core's vocabulary may be smaller
+        than the model's padded one)."""
+        self._check(batch)
+        with torch.inference_mode():
+            logits = self._logits(batch)
+            return sample_on_device(logits, sampling, vocab_size or logits.shape[1])
 
     def _check(self, batch: ForwardBatch) -> None:
         if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:
@@ -379,7 +487,17 @@ class TorchRunner(ModelRunner):
     def _index(self, array: np.ndarray) -> Any:
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device)
 
-    def _plan(self, batch: ForwardBatch) -> _TorchPlan:
+    def _norm(self, x: Any, weight: Any) -> Any:
+        return _rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def _linear(self, x: Any, weight: Any, bias: Any) -> Any:
+        if not self.rows_in:
+            return F.linear(x, weight, bias)
+        return torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
+
+    def _plan(self, batch: ForwardBatch) -> _TorchPlan | None:
+        if self.attention == "kernel":
+            return None  # the kernel reads the batch's columns as they are
         plan = _AttentionPlan.of(batch, self.config.sliding_window)
         window = self.config.sliding_window
         rows = slots = mask = None
@@ -410,48 +528,88 @@ class TorchRunner(ModelRunner):
     def _forward(self, batch: ForwardBatch, all_logits: bool) -> Any:
         c = self.config
         cos_np, sin_np = rotation(self.inv_freq, batch.positions)  # float32 [T, 1, d/2], angles in float64
-        cos = torch.from_numpy(cos_np).to(device=self.device, dtype=self.dtype)
-        sin = torch.from_numpy(sin_np).to(device=self.device, dtype=self.dtype)
+        cos = torch.from_numpy(np.concatenate([cos_np, cos_np], axis=-1)).to(device=self.device, dtype=self.dtype)
+        sin = torch.from_numpy(np.concatenate([-sin_np, sin_np], axis=-1)).to(device=self.device, dtype=self.dtype)
         plan = self._plan(batch)
         out_slots = self._index(batch.out_slots)
-        x = self.embed.index_select(0, self._index(batch.input_ids))
-        for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
-            h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            x = x + self._attention(layer, h, plan, cos, sin, out_slots, k_pool, v_pool)
-            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
+        ids = self._index(batch.input_ids)
+        if self.embed is None:  # tied, on the CPU: rows of the embedding are columns of the head
+            x = self.lm_head.index_select(1, ids).t().contiguous()
+        else:
+            x = self.embed.index_select(0, ids)
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.input_norm)
+            x = x + self._attention(layer, h, batch, plan, cos, sin, out_slots, i)
+            x = x + self._mlp(layer, self._norm(x, layer.post_norm))
         if not all_logits:
             x = x.index_select(0, self._index(batch.qo_offsets[1:] - 1))  # each request's last new token
-        return F.linear(_rms_norm(x, self.final_norm, c.rms_norm_eps), self.lm_head)
+        return self._linear(self._norm(x, self.final_norm), self.lm_head, None)
 
     def _attention(
-        self, layer: _TorchLayer, h: Any, plan: _TorchPlan, cos: Any, sin: Any, out_slots: Any, k_pool: Any, v_pool: Any
+        self,
+        layer: _TorchLayer,
+        h: Any,
+        batch: ForwardBatch,
+        plan: _TorchPlan | None,
+        cos: Any,
+        sin: Any,
+        out_slots: Any,
+        index: int,
     ) -> Any:
         c = self.config
         num_new = h.shape[0]
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        k_pool, v_pool = self.k_pool[index], self.v_pool[index]
+        qkv = self._linear(h, layer.qkv, layer.qkv_bias)
         q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         v = qkv[:, q_width + kv_width :].reshape(num_new, c.num_kv_heads, c.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: each head normalized first
             q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
             k = qkv[:, q_width : q_width + kv_width].reshape(num_new, c.num_kv_heads, c.head_dim)
-            q = _rotate(_rms_norm(q, layer.q_norm, c.rms_norm_eps), cos, sin)
-            k = _rotate(_rms_norm(k, layer.k_norm, c.rms_norm_eps), cos, sin)
+            q = _rotate(self._norm(q, layer.q_norm), cos, sin)
+            k = _rotate(self._norm(k, layer.k_norm), cos, sin)
         else:  # q and k side by side in qkv: rotated in one go
             qk = _rotate(qkv[:, : q_width + kv_width].reshape(num_new, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
         # index_copy_/index_select move whole slots: far faster on the CPU than
         # advanced indexing, which walks element by element
-        k_pool.index_copy_(0, out_slots, k)
-        v_pool.index_copy_(0, out_slots, v)
+        k_pool.index_copy_(0, out_slots, k.to(self.kv_dtype))
+        v_pool.index_copy_(0, out_slots, v.to(self.kv_dtype))
+        if plan is None:
+            out = self._attend_kernel(q, batch, index)
+        else:
+            out = self._attend_reference(q, plan, k_pool, v_pool)
+        return self._linear(out.reshape(num_new, q_width), layer.o, layer.o_bias)
 
-        out = torch.empty((num_new, c.num_heads, c.head_dim), dtype=h.dtype, device=h.device)
+    def _attend_kernel(self, q: Any, batch: ForwardBatch, index: int) -> Any:
+        """The core's paged-attention kernel over the pool's memory, in place (float32
+        queries and output; the pool in its own dtype)."""
+        c = self.config
+        out = torch.empty((q.shape[0], c.num_heads, c.head_dim), dtype=torch.float32)
+        _core.paged_attention(
+            q.to(torch.float32).contiguous().numpy(),
+            self._k_views[index],
+            self._v_views[index],
+            batch.positions,
+            batch.qo_offsets,
+            batch.kv_slots,
+            batch.kv_offsets,
+            out.numpy(),
+            scale=c.head_dim**-0.5,
+            sliding_window=c.sliding_window,
+        )
+        return out.to(q.dtype)
+
+    def _attend_reference(self, q: Any, plan: _TorchPlan, k_pool: Any, v_pool: Any) -> Any:
+        """SDPA over the slots gathered out of the pool (decodes padded to the longest)."""
+        c = self.config
+        out = torch.empty((q.shape[0], c.num_heads, c.head_dim), dtype=q.dtype, device=q.device)
         grouped = c.num_kv_heads != c.num_heads
         if plan.decode_rows is not None:
             # [S, heads, 1, d] over [S, kv_heads, L, d]
             shape = (*plan.decode_slots.shape, c.num_kv_heads, c.head_dim)
             flat = plan.decode_slots.view(-1)
-            keys = k_pool.index_select(0, flat).view(shape).transpose(1, 2)
-            values = v_pool.index_select(0, flat).view(shape).transpose(1, 2)
+            keys = k_pool.index_select(0, flat).to(q.dtype).view(shape).transpose(1, 2)
+            values = v_pool.index_select(0, flat).to(q.dtype).view(shape).transpose(1, 2)
             attended = F.scaled_dot_product_attention(
                 q.index_select(0, plan.decode_rows).unsqueeze(2), keys, values, attn_mask=plan.decode_mask,
                 enable_gqa=grouped,
@@ -462,19 +620,18 @@ class TorchRunner(ModelRunner):
             # [1, heads, n, d] over [1, kv_heads, m, d]
             attended = F.scaled_dot_product_attention(
                 q[q0:q1].transpose(0, 1).unsqueeze(0),
-                k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0),
-                v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0),
+                k_pool.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0),
+                v_pool.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0),
                 attn_mask=None if causal else mask,
                 is_causal=causal,
                 enable_gqa=grouped,
             )
             out[q0:q1] = attended[0].transpose(0, 1)
-        return F.linear(out.reshape(num_new, q_width), layer.o, layer.o_bias)
+        return out
 
-    @staticmethod
-    def _mlp(layer: _TorchLayer, h: Any) -> Any:
-        gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+    def _mlp(self, layer: _TorchLayer, h: Any) -> Any:
+        gate, up = self._linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * up, layer.down, layer.down_bias)
 
 
 def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
@@ -489,6 +646,8 @@ def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
 
 
 def _rotate(x: Any, cos: Any, sin: Any) -> Any:
-    """RoPE, rotate-half style: dimension i pairs with i + head_dim / 2."""
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    """RoPE, rotate-half style: dimension i pairs with i + head_dim / 2. ``cos`` is the
+    half-width cosines twice, ``sin`` the sines negated then as they are, so that with the
+    halves swapped (a roll by half the width) it is four ops, each value the same as
+    transformers' ``q * cos + rotate_half(q) * sin``."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin

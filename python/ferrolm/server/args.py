@@ -10,6 +10,8 @@ from typing import Any
 
 from ferrolm.tools.formats import PARSER_CHOICES
 from ferrolm.tools.reasoning import REASONING_CHOICES
+from ferrolm.errors import InvalidInputError
+from ferrolm.kv_events_config import KvEventsConfig, parse_kv_events_config
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
 # as ferrolm.model.runner_choice has them (not imported: that would load the model package here)
@@ -18,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+FRONTENDS = ("python", "rust")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
 # up to 7 bytes each with the separator, are under 1 MiB; as text, ~4 bytes a token) many
@@ -53,6 +56,10 @@ class ServerArgs:
     tool_call_parser: str = "auto"  # a format of ferrolm.tools.formats; auto: from the chat template
     reasoning_parser: str = "none"  # qwen3 | deepseek_r1: reasoning_content apart from content
     disable_tool_call_constraint: bool = False  # parse calls only: no grammar from the tools
+    # KV cache events for cache-aware routers, vLLM's --kv-events-config (None: off)
+    kv_events_config: KvEventsConfig | None = None
+    page_size: int = 16  # tokens per KV event block: a router's block size must equal it
+    frontend: str = "python"  # the HTTP front end: FastAPI (python) or axum in the engine's process (rust)
     record_trace: str | None = None  # a file recording the engine's calls, for ferrolm replay
 
     @property
@@ -115,6 +122,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-tool-call-constraint", action="store_true",
                         help="generate tool calls freely and only parse them (by default the calls are generated "
                              "under a grammar built from the functions' schemas, so they always parse)")
+    parser.add_argument("--kv-events-config", default=None, metavar="JSON",
+                        help="publish KV cache events for cache-aware routers (Dynamo, llm-d), as vLLM does: "
+                             "a JSON object with vLLM's fields, e.g. '{\"enable_kv_cache_events\": true, "
+                             "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", "
+                             "\"topic\": \"kv-events\"}'")
+    parser.add_argument("--page-size", type=int, default=defaults.page_size,
+                        help="tokens per block in the KV events (a router's block size must be the same; "
+                             f"default {defaults.page_size}, vLLM's)")
+    parser.add_argument("--frontend", choices=FRONTENDS, default=defaults.frontend,
+                        help="the HTTP front end: python (FastAPI, the engine in a child process; the reference) "
+                             "or rust (axum threads in the engine's process, no Python on the request path; "
+                             "no structured output yet)")
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,4 +178,11 @@ def server_args_from(ns: argparse.Namespace, environ: dict[str, str] | None = No
         raise SystemExit("ferrolm serve: give --max-total-tokens or --mem-fraction-static, not both")
     if settings["max_request_bytes"] < 1:
         raise SystemExit("ferrolm serve: --max-request-bytes must be positive")
+    if not 1 <= settings["page_size"] <= 1 << 20:
+        raise SystemExit("ferrolm serve: --page-size must be in 1..1048576")
+    if settings["kv_events_config"] is not None:
+        try:
+            settings["kv_events_config"] = parse_kv_events_config(settings["kv_events_config"])
+        except InvalidInputError as e:
+            raise SystemExit(f"ferrolm serve: --kv-events-config: {e}") from None
     return ServerArgs(**settings)

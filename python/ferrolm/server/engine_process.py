@@ -23,6 +23,12 @@ is submitted to the core, and answered, when its compile ends. Requests without 
 grammar are answered at once, so answers may come in another order than the submits.
 An abort of a request still compiling answers "submitted" and then an abort delta for
 each of its samples.
+
+With ``--kv-events-config`` the loop hands each step's KV cache events to the publisher
+thread (``ferrolm.kv_publisher``) before it sends the step's deltas, and sends a step's
+deltas only once the earlier steps' events are on the socket (the thread normally has
+them out while the step computes), so a router following the events never lags the
+outputs by more than the step in flight.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any
 
 from ferrolm.engine import Delta, Engine, default_blas_threads
 from ferrolm.errors import CorePanicError, FerrolmError, InvalidInputError
+from ferrolm.kv_publisher import KvEventPublisher
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.args import ServerArgs
 
@@ -47,6 +54,9 @@ log = logging.getLogger("ferrolm.engine_process")
 
 HEARTBEAT_INTERVAL_S = 0.5  # the API side counts the engine frozen after --engine-heartbeat-timeout
 GRAMMAR_WORKERS = 2  # threads compiling grammars (each compile is bounded by the vocabulary's timeout)
+# the longest a step's deltas wait for the earlier steps' KV events to be sent (the
+# publisher thread is normally done long before); past it they go anyway, counted
+KV_EVENTS_WAIT_S = 0.5
 
 
 @dataclasses.dataclass(slots=True)
@@ -66,8 +76,10 @@ class EngineLoop:
     CALLS = ("stats", "metrics", "flush_cache", "abort_all", "info")
 
     def __init__(self, engine: Engine, conn: Connection, *, grammar_workers: int = GRAMMAR_WORKERS,
-                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S) -> None:
+                 heartbeat_interval: float = HEARTBEAT_INTERVAL_S, kv_publisher: KvEventPublisher | None = None) -> None:
         self.engine = engine
+        self.kv_publisher = kv_publisher
+        self.kv_events_late = 0  # steps whose deltas went before the earlier steps' events were sent
         self.conn = conn
         self.running = True
         self.synthetic: list[Delta] = []  # aborts of requests that never reached the core (compiling)
@@ -96,6 +108,7 @@ class EngineLoop:
                 self._submit_compiled()
                 if self.running and self._busy():
                     self._step()
+                self._publish_kv_events()  # those of aborts and flushes, outside a step
                 if time.monotonic() - self.last_sent >= self.heartbeat_interval:
                     self._send(("alive",))
         finally:
@@ -131,8 +144,20 @@ class EngineLoop:
                 d.error = "the engine step failed (see the server log)"
         deltas += self.synthetic
         self.synthetic = []
+        if self.kv_publisher is not None:
+            earlier = self.kv_publisher.queued
+            self._publish_kv_events()
+            if deltas and not self.kv_publisher.wait_handled(earlier, KV_EVENTS_WAIT_S):
+                self.kv_events_late += 1
         if deltas:
             self._send(("deltas", deltas))
+
+    def _publish_kv_events(self) -> None:
+        """The cache's events since the last call, as one batch (none when empty)."""
+        if self.kv_publisher is not None:
+            events = self.engine.core.take_kv_events()
+            if events:
+                self.kv_publisher.publish(events)
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -254,16 +279,17 @@ class EngineLoop:
         core = self.engine.core
         try:
             if name == "stats":
-                value: Any = core.stats()
+                value: Any = self._stats()
             elif name == "metrics":
                 latencies = {k: v.tolist() for k, v in core.take_latencies().items()}
                 # the loop measures each structured request's wait (queue for a worker
                 # and compile); the engine's own record is dropped, it would count twice
                 self.engine.take_grammar_seconds()
                 latencies["grammar_s"], self.grammar_seconds = self.grammar_seconds, []
-                value = {"stats": core.stats(), "latencies": latencies}
+                value = {"stats": self._stats(), "latencies": latencies}
             elif name == "flush_cache":
                 value = core.flush_cache()
+                self._publish_kv_events()  # the clear is queued before the caller hears back
             elif name == "abort_all":
                 value = core.abort_all()
                 for first in list(self.compiling):
@@ -277,6 +303,12 @@ class EngineLoop:
             self._send(("reply", call_id, False, f"{type(e).__name__}: {e}"))
             return
         self._send(("reply", call_id, True, value))
+
+    def _stats(self) -> dict[str, int]:
+        stats = self.engine.core.stats()
+        if self.kv_publisher is not None:
+            stats |= self.kv_publisher.stats() | {"kv_events_late": self.kv_events_late}
+        return stats
 
 
 def model_info(engine: Engine) -> dict[str, Any]:
@@ -298,6 +330,7 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=args.log_level.upper() if args.log_level != "trace" else "DEBUG",
                         format="%(asctime)s engine %(levelname)s %(message)s")
+    kv_config = args.kv_events_config if args.kv_events_config and args.kv_events_config.publishes else None
     try:
         engine = Engine(
             args.model,
@@ -313,13 +346,16 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
             dtype=args.dtype,
             kv_cache_dtype=args.kv_cache_dtype,
             mem_fraction_static=args.mem_fraction_static,
+            enable_kv_events=kv_config is not None,
+            kv_event_block_size=args.page_size,
             record_trace=args.record_trace,
         )
+        kv_publisher = KvEventPublisher(kv_config) if kv_config is not None else None
     except (FerrolmError, OSError) as e:
         conn.send(("failed", str(e)))
         return
     conn.send(("ready", model_info(engine)))
-    loop = EngineLoop(engine, conn)
+    loop = EngineLoop(engine, conn, kv_publisher=kv_publisher)
     try:
         loop.run()
     except (EOFError, BrokenPipeError):
@@ -327,3 +363,6 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
     except BaseException:
         log.error("engine loop failed:\n%s", traceback.format_exc())
         raise
+    finally:
+        if kv_publisher is not None:
+            kv_publisher.shutdown()

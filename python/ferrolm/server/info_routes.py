@@ -64,7 +64,29 @@ async def server_info(request: Request) -> Response:
         except EngineUnavailable:
             load = None
     return JSONResponse({"version": ferrolm.__version__, "settings": state.args.public_dict(),
-                         "ready": state.client.ready, "load": load, "model": state.client.info})
+                         "ready": state.client.ready, "load": load, "model": state.client.info,
+                         "kv_events": kv_events_info(state.args, load)})
+
+
+def kv_events_info(args: Any, load: dict[str, Any] | None) -> dict[str, Any]:
+    """How a router follows this replica's KV events (vLLM's stream; ``enabled`` false
+    when off): where to subscribe and ask for replays, the topic, the block size its
+    index must use, and the publisher's counters (``queued`` batches so far: a subscriber
+    that has the sequence numbers below it has everything up to the last step)."""
+    config = args.kv_events_config
+    if config is None or not config.publishes:
+        return {"enabled": False, "block_size": args.page_size}
+    info: dict[str, Any] = {
+        "enabled": True, "format": "vllm", "publisher": config.resolved_publisher, "endpoint": config.endpoint,
+        "replay_endpoint": config.replay_endpoint, "topic": config.topic, "block_size": args.page_size,
+        "medium": "GPU", "data_parallel_rank": 0,
+        "bind": config.binds, "buffer_steps": config.buffer_steps, "hwm": config.hwm,
+        "max_queue_size": config.max_queue_size,
+    }
+    if load is not None:
+        info |= {"queued_batches": load.get("kv_events_queued"), "published_batches": load.get("kv_events_sent"),
+                 "dropped_batches": load.get("kv_events_dropped"), "late_steps": load.get("kv_events_late")}
+    return info
 
 
 async def flush_cache(request: Request) -> Response:

@@ -12,6 +12,10 @@ from ferrolm.server.args import ServerArgs
 
 
 def run_server(args: ServerArgs) -> int:
+    if args.frontend == "rust":
+        from ferrolm.server.rust_frontend import run_rust_server
+
+        return run_rust_server(args)
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(args, exit_on_engine_failure=True)

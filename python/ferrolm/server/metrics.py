@@ -1,7 +1,12 @@
 """``GET /metrics``: Prometheus text, names in the ``ferrolm:`` namespace after SGLang's
 and vLLM's. The engine core keeps the counters and latency samples; each scrape asks the
 engine process for them once, feeds the new latency samples into histograms here and
-reports the counters and gauges as the core has them (so they never drift)."""
+reports the counters and gauges as the core has them (so they never drift).
+
+Beside them, the load and prefix-cache figures under the ``vllm:`` names (and labels,
+``model_name`` and ``engine``) that cache-aware routers scrape from vLLM replicas (Dynamo,
+llm-d's scorers, the Gateway API inference extension), so a ferrolm replica drops into
+such a fleet unchanged."""
 
 from __future__ import annotations
 
@@ -39,11 +44,21 @@ _GAUGES = {
 }
 
 
+# KV event publisher counter -> (metric name without _total, help); only with --kv-events-config
+_KV_EVENT_COUNTERS = {
+    "kv_events_sent": ("ferrolm:kv_event_batches_published", "KV event batches sent on the PUB socket."),
+    "kv_events_dropped": ("ferrolm:kv_event_batches_dropped",
+                          "KV event batches dropped because the publisher's queue was full."),
+    "kv_events_replays": ("ferrolm:kv_event_replays", "Replay requests answered."),
+}
+
+
 class _EngineStats(Collector):
     """The last snapshot of the core's counters and load."""
 
     def __init__(self) -> None:
         self.stats: dict[str, int] = {}
+        self.model_name = ""
 
     def collect(self) -> Iterator[Metric]:
         for key, (name, doc) in _COUNTERS.items():
@@ -57,6 +72,38 @@ class _EngineStats(Collector):
         hit_rate = self.stats.get("cache_hit_tokens", 0) / prompt if prompt else 0.0
         yield GaugeMetricFamily("ferrolm:cache_hit_rate", "Cache hit tokens over prompt tokens, since start.",
                                 value=hit_rate)
+        for key, (name, doc) in _KV_EVENT_COUNTERS.items():
+            if key in self.stats:
+                yield CounterMetricFamily(name, doc, value=self.stats[key])
+        yield from self._vllm_metrics()
+
+    def _vllm_metrics(self) -> Iterator[Metric]:
+        """vLLM's names for the same figures (its v1 engine's)."""
+        labels = ["model_name", "engine"]
+        values = [self.model_name, "0"]
+
+        def gauge(name: str, doc: str, value: float) -> Metric:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> Metric:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        s = self.stats
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.get("running", 0))
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.get("waiting", 0))
+        # as vLLM counts it: cached blocks no request uses are free (evictable on demand)
+        capacity = s.get("kv_capacity", 0)
+        busy = s.get("kv_used", 0) - s.get("evictable_tokens", 0)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    busy / capacity if capacity else 0.0)
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                      s.get("prompt_tokens", 0))
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      s.get("cache_hit_tokens", 0))
 
 
 class ServerMetrics:
@@ -92,6 +139,7 @@ class ServerMetrics:
 async def metrics(request: Request) -> Response:
     state = state_of(request)
     server_metrics: ServerMetrics = request.app.state.metrics
+    server_metrics.engine_stats.model_name = state.args.model_name
     if state.client.ready:
         try:
             server_metrics.update(await state.client.call("metrics"))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# the HTTP front ends (``--frontend``): suites whose routes both serve run against each
+FRONTENDS = ("python", "rust")
 STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
 
 
@@ -23,6 +25,7 @@ class RunningServer:
     url: str  # http://127.0.0.1:PORT
     process: subprocess.Popen[bytes]
     api_key: str | None = None
+    frontend: str = "python"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -41,7 +44,10 @@ def wait_until(check: Any, timeout: float = 20.0) -> Any:
 
 
 def engine_pid(server: RunningServer) -> int:
-    """The server's engine process (its other child is multiprocessing's resource tracker)."""
+    """The server's engine process (its other child is multiprocessing's resource tracker);
+    with the Rust front end, the server's own process, which runs the step loop."""
+    if server.frontend == "rust":
+        return server.process.pid
     found = []
     for task in Path(f"/proc/{server.process.pid}/task").iterdir():
         for child in (task / "children").read_text().split():
@@ -68,16 +74,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(*flags: str, api_key: str | None = None, log_path: str | None = None,
-                   env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+                   env: dict[str, str] | None = None, frontend: str = "python") -> Iterator[RunningServer]:
     """Starts the server with ``flags`` (and ``env`` added to the environment) and waits
     until /health says ready; stops it (SIGTERM, then SIGKILL) however the block ends.
-    ``api_key`` goes in through ``FERROLM_API_KEY``, as it should in production."""
+    ``api_key`` goes in through ``FERROLM_API_KEY``, as it should in production;
+    ``frontend`` is ``--frontend`` (python or rust)."""
     port = free_port()
     # FERROLM_TEST_RUNNER=torch runs a suite's servers on the torch runner (flags still win)
     runner = os.environ.get("FERROLM_TEST_RUNNER")
     runner_flags = ["--runner", runner, "--device", "cpu"] if runner and "--runner" not in flags else []
     cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", *runner_flags, *flags]
+           "--log-level", "warning", "--frontend", frontend, *runner_flags, *flags]
     environ = {k: v for k, v in os.environ.items() if k != "FERROLM_API_KEY"}
     environ.update(env or {})
     if api_key:
@@ -85,7 +92,7 @@ def running_server(*flags: str, api_key: str | None = None, log_path: str | None
     log = open(log_path or os.devnull, "wb")
     # its own process group: stopping it stops the engine process too
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environ)
-    server = RunningServer(f"http://127.0.0.1:{port}", process, api_key)
+    server = RunningServer(f"http://127.0.0.1:{port}", process, api_key, frontend)
     try:
         _wait_healthy(server)
         yield server

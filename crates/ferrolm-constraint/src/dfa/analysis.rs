@@ -63,46 +63,11 @@ impl ByteDfa {
     /// at those alone. (A counted repetition `x{0,200}` splits one state per round; a
     /// full pass per round would cost 200 passes.)
     pub fn equivalence_up_to(&self, depth: usize) -> Vec<u32> {
-        let alive: Vec<u32> = (0..self.num_states()).map(|s| u32::from(s != DEAD as usize)).collect();
-        self.refine(alive, 2, depth)
-    }
-
-    /// Classes of states with the same future: the same byte strings (call spellings
-    /// included) lead both to acceptance. A rule of a recursive grammar behaves the
-    /// same from two such states under any stack (same text, same calls with
-    /// equivalent return states, same returns), so their masks are equal. [`DEAD`] is
-    /// class 0.
-    pub fn exact_equivalence(&self) -> Vec<u32> {
-        // Dead, alive and not accepting, accepting: numbered in that order, skipping
-        // a kind no state has.
-        let kind = |s: usize| match (s == DEAD as usize, self.accepting[s]) {
-            (true, _) => 0,
-            (false, false) => 1,
-            (false, true) => 2,
-        };
-        let mut id_of_kind = [u32::MAX; 3];
-        let mut num_classes = 0;
-        for k in 0..3 {
-            if (0..self.num_states()).any(|s| kind(s) == k) {
-                id_of_kind[k] = num_classes as u32;
-                num_classes += 1;
-            }
-        }
-        let initial = (0..self.num_states()).map(|s| id_of_kind[kind(s)]).collect();
-        self.refine(initial, num_classes, usize::MAX)
-    }
-
-    /// Moore's refinement of the partition `class` (ids below `num_classes`, every id
-    /// used, [`DEAD`] alone in class 0) for at most `depth` rounds.
-    fn refine(&self, mut class: Vec<u32>, num_classes: usize, depth: usize) -> Vec<u32> {
         let n = self.num_states();
         let nc = self.num_classes;
         let predecessors = Predecessors::new(n, nc, &self.transitions);
-        let mut members: Vec<Vec<u32>> = vec![Vec::new(); num_classes];
-        for (s, &c) in class.iter().enumerate() {
-            members[c as usize].push(s as u32);
-        }
-        debug_assert!(members.iter().all(|m| !m.is_empty()), "every initial class has a state");
+        let mut class: Vec<u32> = (0..n).map(|s| u32::from(s != DEAD as usize)).collect();
+        let mut members: Vec<Vec<u32>> = vec![vec![DEAD], (1..n as u32).collect()];
         let mut changed: Vec<u32> = (0..n as u32).collect();
         let mut touched_mark = vec![false; n];
         let signature = |class: &[u32], s: u32| -> Vec<u32> {
@@ -253,39 +218,6 @@ mod tests {
 
     fn same_partition(a: &[u32], b: &[u32]) -> bool {
         (0..a.len()).all(|i| (0..a.len()).all(|j| (a[i] == a[j]) == (b[i] == b[j])))
-    }
-
-    /// Exact equivalence against Moore's refinement of {dead, alive, accepting} over
-    /// every byte, every state every round, until stable.
-    #[test]
-    fn exact_equivalence_groups_states_with_the_same_future() {
-        for pattern in
-            ["a{0,12}b", "(ab|ac)+d?", "x(yz)*|x(yz)*q", "[0-9]{1,4}(\\.[0-9]+)?", "a*", "(a|b)*c(a|b)*"]
-        {
-            let dfa = ByteDfa::from_regex(pattern, &RegexOptions::default()).unwrap();
-            let n = dfa.num_states();
-            let mut class: Vec<u32> =
-                (0..n).map(|s| if s == 0 { 0 } else { 1 + u32::from(dfa.is_accepting(s as u32)) }).collect();
-            loop {
-                let mut ids: HashMap<Vec<u32>, u32> = HashMap::new();
-                let next: Vec<u32> = (0..n)
-                    .map(|s| {
-                        let mut sig = vec![class[s]];
-                        sig.extend((0..=255u8).map(|b| class[dfa.next(s as u32, b) as usize]));
-                        let fresh = ids.len() as u32;
-                        *ids.entry(sig).or_insert(fresh)
-                    })
-                    .collect();
-                let stable = same_partition(&next, &class);
-                class = next;
-                if stable {
-                    break;
-                }
-            }
-            let fast = dfa.exact_equivalence();
-            assert!(same_partition(&fast, &class), "{pattern}");
-            assert_eq!(fast[0], 0);
-        }
     }
 
     #[test]

@@ -6,8 +6,7 @@
 //! string up to the longest token's length) can tell apart share one entry, which makes
 //! the states of a counted repetition such as `[^"]{0,200}` share a mask until the count
 //! nears its end. EOS is not in cached masks: it is added per state, where the state may
-//! end. Recursive grammars cache by configuration (rule, state, whole stack), states
-//! with the same future (in their rule) sharing one entry. A cache
+//! end. Recursive grammars cache by configuration (rule, state, whole stack). A cache
 //! miss walks the trie, or starts from a loop index (`region.rs`).
 
 use std::collections::HashMap;
@@ -27,7 +26,7 @@ impl Grammar {
         let Some(rules) = &self.rules else {
             return self.fill_mask(config.state, out);
         };
-        let key = self.stack_key(rules, config, frames);
+        let key = stack_key(config, frames);
         let cached = key.as_ref().and_then(|k| self.lock_stack_masks().get(k).cloned());
         match cached {
             Some(mask) => out.copy_from_slice(&mask),
@@ -301,28 +300,20 @@ impl Grammar {
     }
 }
 
-impl Grammar {
-    /// The class of `state` in `rule` (see [`crate::ByteDfa::exact_equivalence`]).
-    fn state_class(&self, rules: &Rules, rule: u32, state: u32) -> u32 {
-        self.rule_classes[rule as usize].get_or_init(|| rules.rule(rule).exact_equivalence())[state as usize]
-    }
-
-    /// The cache key of a configuration: rule, class of the state and of every return
-    /// point of the stack (a token may return through many of them); `None` when the
-    /// stack is too deep to cache.
-    fn stack_key(&self, rules: &Rules, config: Config, frames: &[Frame]) -> Option<Vec<u32>> {
-        let mut key = vec![config.rule, self.state_class(rules, config.rule, config.state)];
-        let mut index = config.stack;
-        while index != NO_FRAME {
-            if key.len() > 2 * MAX_CACHED_STACK {
-                return None;
-            }
-            let frame = frames[index as usize];
-            key.extend([frame.rule, self.state_class(rules, frame.rule, frame.state)]);
-            index = frame.below;
+/// The cache key of a configuration: rule, state and every frame of the stack (a token
+/// may return through many of them); `None` when the stack is too deep to cache.
+fn stack_key(config: Config, frames: &[Frame]) -> Option<Vec<u32>> {
+    let mut key = vec![config.rule, config.state];
+    let mut index = config.stack;
+    while index != NO_FRAME {
+        if key.len() > 2 * MAX_CACHED_STACK {
+            return None;
         }
-        Some(key)
+        let frame = frames[index as usize];
+        key.extend([frame.rule, frame.state]);
+        index = frame.below;
     }
+    Some(key)
 }
 
 #[inline(always)]

@@ -34,9 +34,6 @@ pub struct Grammar {
     /// configuration (rule, state and the whole stack).
     rules: Option<Rules>,
     stack_masks: Mutex<HashMap<Vec<u32>, Arc<[u32]>>>,
-    /// Per rule, states with the same future share a class (computed when a mask of
-    /// the rule is first needed): the mask cache keys by class, not by state.
-    rule_classes: Vec<OnceLock<Vec<u32>>>,
 }
 
 impl Grammar {
@@ -192,15 +189,12 @@ impl Grammar {
             cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
             rules: None,
             stack_masks: Mutex::new(HashMap::new()),
-            rule_classes: Vec::new(),
         }
     }
 
     /// A grammar whose rules call each other (rule 0 is the main one).
     pub(crate) fn from_rules(vocab: Arc<Vocabulary>, rules: Rules) -> Grammar {
-        let rule_classes = (0..rules.len()).map(|_| OnceLock::new()).collect();
         Grammar {
-            rule_classes,
             vocab,
             dfa: rules.main().clone(),
             mask_class: Vec::new(),

@@ -75,14 +75,16 @@ pub fn name_except(names: &[&str]) -> String {
     let leaving = if has_written_out_char(&root) {
         format!("(?:{}){CANONICAL_CHAR}*", leaves(&root))
     } else {
-        // Names of plain ASCII only: a name with a character outside ASCII, or an
-        // escape, is none of them, whatever comes before or after; it is written
-        // once rather than as a way of leaving the trie at every node. (Copied at
-        // every node, the UTF-8 sequences of each copy made DFA states of their own:
-        // about 14 per node.)
+        // Names of plain ASCII only: a character outside ASCII, or an escape, leaves
+        // the trie wherever it comes, so it is written once, after "any path along the
+        // trie", rather than at every node (each copy of its UTF-8 sequences made DFA
+        // states of its own: about 14 per node). Every way out then goes on in the one
+        // loop of canonical characters: the loop every string shares, whose masks
+        // come from an index (`region.rs`).
         format!(
-            r#"(?:{})[\x20-\x7f--"\\]*|[\x20-\x7f--"\\]*(?:[^\x00-\x7f]|{CANONICAL_ESCAPE}){CANONICAL_CHAR}*"#,
-            ascii_leaves(&root)
+            "(?:{}|{}(?:[^\\x00-\\x7f]|{CANONICAL_ESCAPE})){CANONICAL_CHAR}*",
+            ascii_leaves(&root),
+            any_path(&root)
         )
     };
     match ending_inside {
@@ -112,6 +114,19 @@ fn ascii_leaves(node: &Node) -> String {
     let next: String = node.children.keys().map(|c| regex_syntax::escape(&c.to_string())).collect();
     alternatives.push(format!(r#"[\x20-\x7f--["\\{next}]]"#));
     alternatives.join("|")
+}
+
+/// Any path from `node` along the trie, the empty one included.
+fn any_path(node: &Node) -> String {
+    if node.children.is_empty() {
+        return String::new();
+    }
+    let alternatives: Vec<String> = node
+        .children
+        .iter()
+        .map(|(&c, child)| format!("{}{}", regex_syntax::escape(&c.to_string()), any_path(child)))
+        .collect();
+    format!("(?:{})?", alternatives.join("|"))
 }
 
 /// A path along the trie, then a character that leaves it.

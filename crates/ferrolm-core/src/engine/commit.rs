@@ -27,6 +27,7 @@ impl Engine {
             )));
         }
         let in_flight = std::mem::take(&mut self.in_flight);
+        self.step_masks.clear();
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
         let vocab = self.config.vocab_size;
         let drawn = self.draw_all(&in_flight, logits, width);
@@ -42,25 +43,58 @@ impl Engine {
     /// Same as `commit` for a runner that sampled on its own (e.g. on a GPU): one token
     /// per plan entry that samples, in plan order (ignored for entries that do not).
     pub fn commit_tokens(&mut self, tokens: &[u32]) -> Result<StepOutputs, EngineError> {
-        if tokens.len() != self.in_flight.len() {
+        let tokens: Vec<Option<u32>> = tokens.iter().map(|&t| Some(t)).collect();
+        self.commit_drawn(&DeviceDraws { tokens: &tokens, ..DeviceDraws::default() })
+    }
+
+    /// Same as `commit` for a runner that drew the tokens itself with the step's
+    /// `sampling_batch` (or greedily): each token is checked against the entry's grammar
+    /// mask, then the request advances as after the core's own draw (its random stream by
+    /// one draw where it samples, its matcher, detokenizer, stops). An entry whose token
+    /// is `None` (nothing could be drawn) ends with the error the core's sampler gives.
+    /// Checks every length and id first; an error changes nothing.
+    pub fn commit_drawn(&mut self, draws: &DeviceDraws<'_>) -> Result<StepOutputs, EngineError> {
+        let n = self.in_flight.len();
+        if draws.tokens.len() != n {
             return Err(EngineError::Protocol(format!(
-                "expected {} tokens (one per plan entry), got {}",
-                self.in_flight.len(),
-                tokens.len()
+                "expected {n} tokens (one per plan entry), got {}",
+                draws.tokens.len()
             )));
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+        if let Some(t) = draws.tokens.iter().flatten().find(|&&t| t as usize >= self.config.vocab_size) {
             return Err(EngineError::Protocol(format!("token {t} is outside the vocabulary")));
         }
-        // A one-hot row turns the given token into the argmax of a greedy pick.
-        let vocab = self.config.vocab_size;
-        let mut row = vec![f32::NEG_INFINITY; vocab];
+        if let Some(l) = draws.logprobs.filter(|l| l.len() != n) {
+            return Err(EngineError::Protocol(format!(
+                "expected {n} logprobs (one per plan entry), got {}",
+                l.len()
+            )));
+        }
+        let w = draws.top_width;
+        if draws.top_ids.len() != n * w || draws.top_logprobs.len() != n * w {
+            return Err(EngineError::Protocol(format!(
+                "top ids and logprobs must have shape [{n}, {w}], got {} and {} values",
+                draws.top_ids.len(),
+                draws.top_logprobs.len()
+            )));
+        }
         let in_flight = std::mem::take(&mut self.in_flight);
+        let masks = std::mem::take(&mut self.step_masks);
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
-        for (f, &t) in in_flight.iter().zip(tokens) {
-            row[t as usize] = 0.0;
-            self.advance_with(f, &mut row, &mut out, Some(t), None);
-            row[t as usize] = f32::NEG_INFINITY;
+        for (i, f) in in_flight.iter().enumerate() {
+            let given = match draws.tokens[i] {
+                None => Given::Nothing,
+                Some(token) => {
+                    let top = (i * w..(i + 1) * w).map(|j| (draws.top_ids[j], draws.top_logprobs[j]));
+                    Given::Token(Sampled {
+                        token,
+                        logprob: draws.logprobs.map(|l| l[i]),
+                        top_logprobs: top.collect(),
+                    })
+                }
+            };
+            let mask = masks.get(i).and_then(|m| m.as_deref());
+            self.advance_with(f, &mut [], &mut out, Some((given, mask)), None);
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
         self.trace_outputs(OutputsOf::Commit, &out);
@@ -75,6 +109,7 @@ impl Engine {
     /// their outputs after any pending ones; with no step in flight, only those.
     pub fn fail_step(&mut self, message: &str) -> StepOutputs {
         let in_flight = std::mem::take(&mut self.in_flight);
+        self.step_masks.clear();
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
         for f in &in_flight {
             // the step's slots are those past kv_len, which did not move: finishing frees them
@@ -148,13 +183,14 @@ impl Engine {
     }
 
     /// Advances one plan entry: `drawn` is its token when it was sampled ahead (in
-    /// parallel), else it is sampled here (or `forced`).
+    /// parallel), else it is sampled here from `row`, or `given` by the runner (checked
+    /// against the entry's mask, when the step's `sampling_batch` filled it).
     fn advance_with(
         &mut self,
         f: &InFlight,
         row: &mut [f32],
         out: &mut StepOutputs,
-        forced: Option<u32>,
+        given: Option<(Given, Option<&[u32]>)>,
         drawn: Option<Result<Sampled, FinishReason>>,
     ) {
         let Some(r) = self.requests.get_mut(&f.rid) else { return };
@@ -175,9 +211,10 @@ impl Engine {
         self.release_followers(f.rid);
         let Some(r) = self.requests.get_mut(&f.rid) else { return };
         let stops_active = r.generated() >= r.params.min_new_tokens;
+        let from_runner = given.is_some();
         let sampled = match drawn {
             Some(d) => d,
-            None => draw(r, row, &self.config.eos_token_ids, forced, &mut self.mask, &mut self.scratch),
+            None => draw(r, row, &self.config.eos_token_ids, given, &mut self.mask, &mut self.scratch),
         };
         let sampled = match sampled {
             Ok(s) => s,
@@ -188,6 +225,9 @@ impl Engine {
                 return;
             }
         };
+        if from_runner && !r.sampler.params().is_greedy() {
+            r.sampler.skip_uniform(); // the runner drew with it (SamplingBatch::uniforms)
+        }
         let token = sampled.token;
         // a complete document ends the request whatever ignore_eos and min_new_tokens say:
         // the grammar allows nothing after it
@@ -254,14 +294,35 @@ impl Engine {
     }
 }
 
+/// A token the runner drew (its logprobs as it computed them), or its word that nothing
+/// could be drawn.
+pub(super) enum Given {
+    Token(Sampled),
+    Nothing,
+}
+
+/// What a runner that samples on its own hands back for a step: one entry per plan entry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceDraws<'a> {
+    /// `None` where nothing could be drawn (every logit masked out).
+    pub tokens: &'a [Option<u32>],
+    /// The drawn token's logprob per entry (kept where the request asked for logprobs).
+    pub logprobs: Option<&'a [f32]>,
+    /// `[entries, top_width]`, row-major: each entry's most likely tokens, best first, with
+    /// their logprobs; the first `top_logprobs` finite ones are kept.
+    pub top_ids: &'a [u32],
+    pub top_logprobs: &'a [f32],
+    pub top_width: usize,
+}
+
 /// One request's next token from its row: EOS and stop tokens suppressed where they may
-/// not come yet, the grammar's mask applied, then its sampler (or the `forced` token,
-/// checked against the mask).
+/// not come yet, the grammar's mask applied, then its sampler. Or the token `given` by the
+/// runner, checked against the mask (the one given with it, else the grammar's now).
 fn draw(
     r: &mut Request,
     row: &mut [f32],
     eos_ids: &[u32],
-    forced: Option<u32>,
+    given: Option<(Given, Option<&[u32]>)>,
     mask: &mut Vec<u32>,
     scratch: &mut Vec<f32>,
 ) -> Result<Sampled, FinishReason> {
@@ -269,35 +330,47 @@ fn draw(
     // EOS and stop tokens are off the table before min_new_tokens (and EOS with ignore_eos),
     // unless the grammar's document is complete: then EOS is all that may come
     let document_done = r.constraint.as_ref().is_some_and(|c| c.must_end());
-    if (r.params.ignore_eos || !stops_active) && !document_done {
-        for &e in eos_ids {
-            row[e as usize] = f32::NEG_INFINITY;
+    if given.is_none() {
+        if (r.params.ignore_eos || !stops_active) && !document_done {
+            for &e in eos_ids {
+                row[e as usize] = f32::NEG_INFINITY;
+            }
+        }
+        if !stops_active {
+            for &t in &r.params.stops.stop_token_ids {
+                row[t as usize] = f32::NEG_INFINITY;
+            }
         }
     }
-    if !stops_active {
-        for &t in &r.params.stops.stop_token_ids {
-            row[t as usize] = f32::NEG_INFINITY;
-        }
-    }
-    let mask = match &mut r.constraint {
-        Some(c) => {
+    let (given, known_mask) = match given {
+        Some((g, m)) => (Some(g), m),
+        None => (None, None),
+    };
+    let mask = match (&mut r.constraint, known_mask) {
+        (Some(_), Some(m)) => Some(m),
+        (Some(c), None) => {
             c.fill_mask(mask);
             Some(mask.as_slice())
         }
-        None => None,
+        (None, _) => None,
     };
-    match forced {
-        Some(t) if mask.is_none_or(|m| crate::sampling::mask_allows(m, t as usize)) => {
-            Ok(Sampled { token: t, logprob: None, top_logprobs: Vec::new() })
+    // nothing left to draw: the grammar's doing when there is one
+    let none_left = |mask: Option<&[u32]>, message: String| {
+        let kind = if mask.is_some() { ErrorKind::Grammar } else { ErrorKind::Sampling };
+        FinishReason::error(kind, message)
+    };
+    let p = r.sampler.params();
+    match given {
+        Some(Given::Token(s)) if mask.is_none_or(|m| crate::sampling::mask_allows(m, s.token as usize)) => {
+            let wanted = p.top_logprobs as usize;
+            let top = s.top_logprobs.into_iter().filter(|t| t.1.is_finite()).take(wanted).collect();
+            Ok(Sampled { token: s.token, logprob: s.logprob.filter(|_| p.logprobs), top_logprobs: top })
         }
-        Some(t) => Err(FinishReason::error(
+        Some(Given::Token(s)) => Err(FinishReason::error(
             ErrorKind::Grammar,
-            format!("token {t} is not allowed by the request's grammar"),
+            format!("token {} is not allowed by the request's grammar", s.token),
         )),
-        None => r.sampler.sample_with(row, mask, scratch).map_err(|e| {
-            // nothing left to draw: the grammar's doing when there is one
-            let kind = if mask.is_some() { ErrorKind::Grammar } else { ErrorKind::Sampling };
-            FinishReason::error(kind, e.to_string())
-        }),
+        Some(Given::Nothing) => Err(none_left(mask, crate::sampling::NoAllowedToken.to_string())),
+        None => r.sampler.sample_with(row, mask, scratch).map_err(|e| none_left(mask, e.to_string())),
     }
 }

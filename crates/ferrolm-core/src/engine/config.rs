@@ -55,6 +55,10 @@ pub struct EngineConfig {
     pub eos_token_ids: Vec<u32>,
     /// Seeds the per-request random streams of requests that carry no seed.
     pub seed: u64,
+    /// Queue the prefix cache's KV events (vLLM's shape) for `Engine::take_kv_events`.
+    pub kv_events: bool,
+    /// Tokens per KV event block (the page size a router's index must use).
+    pub kv_event_block_size: usize,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +76,8 @@ impl Default for EngineConfig {
             vocab_size: 32_000,
             eos_token_ids: Vec::new(),
             seed: 0,
+            kv_events: false,
+            kv_event_block_size: Self::DEFAULT_KV_EVENT_BLOCK_SIZE,
         }
     }
 }
@@ -80,6 +86,8 @@ impl EngineConfig {
     pub const DEFAULT_KV_CAPACITY: usize = 32_768;
     pub const DEFAULT_MAX_RUNNING_REQUESTS: usize = 64;
     pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 2048;
+    /// vLLM's default block size, which routers (Dynamo, llm-d) are usually set up with.
+    pub const DEFAULT_KV_EVENT_BLOCK_SIZE: usize = 16;
 
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
@@ -88,6 +96,7 @@ impl EngineConfig {
             ("max_prefill_tokens", self.max_prefill_tokens),
             ("max_context", self.max_context),
             ("vocab_size", self.vocab_size),
+            ("kv_event_block_size", self.kv_event_block_size),
         ];
         for (name, v) in positive {
             if v == 0 {

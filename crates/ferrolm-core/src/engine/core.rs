@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::detok::{Detokenizer, TokenBytes};
-use crate::radix::{RadixTree, TreeConfig};
+use crate::radix::{KvEvent, RadixTree, TreeConfig};
 use crate::sampling::{RequestRng, Sampler};
 use crate::trace::{OutputsOf, TraceRecorder};
 
@@ -77,6 +77,9 @@ pub struct Engine {
     pub(super) pending: StepOutputs,
     pub(super) seeds: RequestRng,
     pub(super) mask: Vec<u32>,
+    /// The step's grammar masks as `sampling_batch` filled them (by plan entry), for
+    /// checking the tokens a runner drew; empty otherwise.
+    pub(super) step_masks: Vec<Option<Vec<u32>>>,
     /// One row of sampling weights, reused by every request's draw.
     pub(super) scratch: Vec<f32>,
     pub(crate) stats: EngineStats,
@@ -88,8 +91,14 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig, vocab: Arc<dyn TokenBytes + Send + Sync>) -> Result<Self, String> {
         config.validate()?;
-        let tree = RadixTree::new(TreeConfig { policy: config.eviction_policy, ..TreeConfig::default() })
-            .map_err(|e| e.to_string())?;
+        let tree = RadixTree::new(TreeConfig {
+            policy: config.eviction_policy,
+            kv_events: config.kv_events,
+            // the tree caches single tokens (page 1): any block size is a whole number of pages
+            event_block_size: config.kv_event_block_size,
+            ..TreeConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
         Ok(Engine {
             pool: SlotPool::new(config.kv_capacity),
             tree,
@@ -102,6 +111,7 @@ impl Engine {
             pending: StepOutputs::new(),
             seeds: RequestRng::new(config.seed),
             mask: vec![0; config.vocab_size.div_ceil(32)],
+            step_masks: Vec::new(),
             scratch: Vec::with_capacity(config.vocab_size),
             stats: EngineStats::default(),
             latencies: LatencySamples::default(),
@@ -342,18 +352,32 @@ impl Engine {
     }
 
     /// Drops the prefix cache. Refused (false) while any request runs, since running
-    /// requests hold locks in it.
+    /// requests hold locks in it. With KV events on, a router sees one `AllBlocksCleared`
+    /// (as vLLM sends on a prefix-cache reset), not a removal per block.
     pub fn flush_cache(&mut self) -> bool {
         if !self.running.is_empty() || !self.in_flight.is_empty() {
             return false;
         }
-        let freed = self.tree.evict(usize::MAX);
-        self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
-        tracing::debug!(freed = freed.len(), "prefix cache flushed");
+        if self.tree.sizes().protected == 0 {
+            let freed = self.tree.all_kv_slots();
+            self.tree.reset();
+            self.pool.free(&freed).expect("the cache held a slot the pool holds as free");
+        } else {
+            // a lock outlived its request (a bug elsewhere): drop what can be dropped
+            let freed = self.tree.evict(usize::MAX);
+            self.pool.free(&freed).expect("the cache returned a slot the pool holds as free");
+        }
+        tracing::debug!("prefix cache flushed");
         if let Some(t) = &mut self.trace {
             t.on_flush();
         }
         true
+    }
+
+    /// The prefix cache's KV events since the last call, oldest first (empty unless
+    /// `kv_events` is on).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.tree.take_events()
     }
 
     /// The running requests, in the order their plan entries come.

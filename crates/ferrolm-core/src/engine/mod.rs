@@ -12,8 +12,13 @@
 //! }
 //! ```
 //!
+//! A runner that samples on its own device (the logits never reach the host) asks for the
+//! step's `sampling_batch()` (sampling knobs, penalties, grammar masks as columns), draws,
+//! and hands the tokens back through `commit_drawn` instead of `commit`.
+//!
 //! Files by job: `core.rs` (state, submit, abort, finishing), `scheduler.rs`,
-//! `commit.rs`, `checks.rs` (request checks, invariants).
+//! `commit.rs`, `sampling_batch.rs` (the device sampler's columns), `checks.rs` (request
+//! checks, invariants).
 
 mod checks;
 mod commit;
@@ -23,15 +28,18 @@ mod core;
 mod kv_slots;
 mod plan;
 mod request;
+mod sampling_batch;
 mod scheduler;
 mod stats;
 
 pub use self::core::{Engine, EngineError};
+pub use commit::DeviceDraws;
 pub use config::{EngineConfig, SchedulePolicy};
 pub use constraint::{AllowList, Constraint, TokenConstraint};
 pub use kv_slots::{BadFree, SlotPool};
 pub use plan::{BatchPlan, Finished, StepOutputs};
 pub use request::{ErrorKind, FinishReason, RequestParams};
+pub use sampling_batch::SamplingBatch;
 pub use stats::{EngineStats, LatencySamples, Load};
 
 #[cfg(test)]

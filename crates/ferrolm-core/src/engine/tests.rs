@@ -834,3 +834,79 @@ fn samples_run_on_when_their_leader_ends_early_and_abort_one_by_one() {
         .values()
         .all(|v| matches!(v.2.reason, FinishReason::Error { kind: ErrorKind::QueueTimeout, .. })));
 }
+
+/// The blocks a router holds after following the engine's KV events: a hash is live from
+/// its `BlockStored` until its `BlockRemoved` (or `AllBlocksCleared`). Returns how many
+/// blocks were removed.
+fn follow(live: &mut std::collections::HashSet<u64>, events: Vec<crate::radix::KvEvent>) -> usize {
+    use crate::radix::KvEvent;
+    let mut removed = 0;
+    for e in events {
+        match e {
+            KvEvent::BlockStored { block_hashes, token_ids, block_size, .. } => {
+                assert_eq!(token_ids.len(), block_hashes.len() * block_size as usize, "full blocks only");
+                for h in block_hashes {
+                    assert!(live.insert(h), "block {h} stored twice");
+                }
+            }
+            KvEvent::BlockRemoved { block_hashes } => {
+                for h in block_hashes {
+                    assert!(live.remove(&h), "block {h} removed but never stored");
+                    removed += 1;
+                }
+            }
+            KvEvent::AllBlocksCleared => live.clear(),
+        }
+    }
+    removed
+}
+
+#[test]
+fn kv_events_predict_every_cache_hit_with_eviction_running() {
+    use crate::radix::events::{chain_hashes, namespace_seed};
+    const BLOCK: usize = 8;
+    // a pool of 160 slots for prompts of up to ~150 tokens: every request evicts
+    let cfg = config(|c| {
+        c.kv_capacity = 160;
+        c.kv_events = true;
+        c.kv_event_block_size = BLOCK;
+    });
+    let mut engine = Engine::new(cfg, vocab()).unwrap();
+    let mut model = FakeModel::new(160);
+    let mut live = std::collections::HashSet::new();
+    let mut history: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let (mut hits, mut removed) = (0, 0);
+    for turn in 0..24u32 {
+        let (conv, ns) = ((turn % 3) as usize, if turn % 3 == 2 { Some("tenant-b") } else { None });
+        let p = &mut history[conv];
+        p.extend((0..11).map(|j| (turn * 17 + j * 5) % 250));
+        // the router's prediction from the events alone: leading blocks of the prompt
+        // (less its last token, which always runs) that are live
+        let hashes = chain_hashes(namespace_seed(ns), &p[..p.len() - 1], BLOCK);
+        let predicted = hashes.iter().take_while(|&&h| live.contains(&h)).count() * BLOCK;
+        let params = RequestParams { namespace: ns.map(str::to_string), ..greedy(6) };
+        engine.submit(turn as u64, p, params, None).unwrap();
+        let out = drain(&mut engine, &mut model);
+        removed += follow(&mut live, engine.take_kv_events());
+        let (tokens, _, fin) = &out[&(turn as u64)];
+        assert_eq!(fin.cached_tokens / BLOCK * BLOCK, predicted, "turn {turn}");
+        hits += predicted;
+        p.extend_from_slice(tokens);
+    }
+    assert!(hits > 0 && removed > 0, "the workload should hit the cache and evict ({hits}, {removed})");
+    assert!(engine.flush_cache());
+    let events = engine.take_kv_events();
+    assert_eq!(events, vec![crate::radix::KvEvent::AllBlocksCleared], "a flush is one clear");
+    assert_eq!(engine.load().kv_used, 0, "the flush gave every slot back");
+}
+
+#[test]
+fn kv_events_are_off_by_default() {
+    let mut engine = Engine::new(config(|_| {}), vocab()).unwrap();
+    let mut model = FakeModel::new(4096);
+    engine.submit(1, &prompts()[1], greedy(4), None).unwrap();
+    drain(&mut engine, &mut model);
+    assert!(engine.take_kv_events().is_empty());
+}
+#[path = "sampling_batch_tests.rs"]
+mod sampling_batch_tests;

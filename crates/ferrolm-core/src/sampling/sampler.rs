@@ -76,6 +76,35 @@ impl Sampler {
         }
     }
 
+    /// The uniform the next non-greedy draw will use, without using it up: a runner that
+    /// samples on its own device draws with it, then `skip_uniform` advances the stream,
+    /// so the request's random stream is the same whichever sampler drew.
+    pub fn peek_uniform(&self) -> f64 {
+        self.rng.clone().next_f64()
+    }
+
+    /// Uses up the uniform of one draw (see `peek_uniform`).
+    pub fn skip_uniform(&mut self) {
+        self.rng.next_f64();
+    }
+
+    /// Every token a penalty touches, with how often it was generated: the output's
+    /// tokens (frequency and presence penalties) and, when the repetition penalty is on,
+    /// the prompt's too (count 0 where only the prompt has it). Appended to `ids` and
+    /// `counts`; nothing when no penalty is on.
+    pub fn penalized_tokens(&self, ids: &mut Vec<u32>, counts: &mut Vec<u32>) {
+        for (&t, &c) in &self.output_counts {
+            ids.push(t);
+            counts.push(c);
+        }
+        for &t in &self.seen {
+            if !self.output_counts.contains_key(&t) {
+                ids.push(t);
+                counts.push(0);
+            }
+        }
+    }
+
     /// Samples from `logits` (modified in place) under an optional packed mask.
     pub fn sample(&mut self, logits: &mut [f32], mask: Option<&[u32]>) -> Result<Sampled, NoAllowedToken> {
         self.sample_with(logits, mask, &mut Vec::new())

@@ -117,6 +117,8 @@ pub fn parse_header(line: &Value) -> Result<EngineConfig, String> {
         vocab_size: c.usize_or("vocab_size", d.vocab_size)?,
         eos_token_ids: c.ids_or_empty("eos_token_ids")?,
         seed: c.opt("seed").map_or(Some(d.seed), Value::as_u64).ok_or("seed: expected an integer")?,
+        // settings that do not change a schedule (KV events): the defaults
+        ..d
     };
     config.validate().map_err(|e| format!("config: {e}"))?;
     Ok(config)

@@ -1,0 +1,476 @@
+//! `POST /v1/completions` and `POST /v1/chat/completions`: OpenAI's shapes, streamed over
+//! SSE or answered at the end, as the Python front end answers them
+//! (`openai_completions.py`, `openai_chat.py`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use crate::errors::{ApiError, ApiResult};
+use crate::generation::{error_of, finish_reason, Generation, Sample};
+use crate::http::sse::{self, json_str, DONE};
+use crate::http::{json_response, public_id, unix_now, Tracked};
+use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Prompt};
+use crate::state::AppState;
+use crate::tokenizer::Message;
+
+const DEFAULT_MAX_TOKENS: u64 = 16; // OpenAI's default for completions
+
+fn completion_field(core: &str) -> Option<String> {
+    Some(
+        match core {
+            "input_ids" => "prompt",
+            "max_new_tokens" => "max_tokens",
+            "min_new_tokens" => "min_tokens",
+            "top_logprobs" => "logprobs",
+            _ => return None,
+        }
+        .to_string(),
+    )
+}
+
+pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
+    let CompletionRequest { sampling, fields } = protocol::parse_completion(&body)?;
+    state.check_model(sampling.model.as_deref())?;
+    if fields.echo {
+        return Err(ApiError::bad_request("echo: not supported yet", "echo"));
+    }
+    if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_request("suffix: not supported yet", "suffix"));
+    }
+    if fields.best_of.is_some_and(|b| b != sampling.n) {
+        return Err(ApiError::bad_request("best_of: not supported yet (other than equal to n)", "best_of"));
+    }
+    reject_structured(&sampling)?;
+    let with_logprobs = fields.logprobs.is_some();
+    let max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let params = protocol::openai_params(&sampling, max_tokens, with_logprobs, fields.logprobs.unwrap_or(0))?;
+    state.check_max_tokens(max_tokens, "max_tokens")?;
+    let prompts = prompts_of(&state, fields.prompt).await?;
+    let n = sampling.n as usize;
+    let mut gen = Generation::new(state.clone(), prompts.len() * n, !sampling.stream);
+    for ids in &prompts {
+        gen.add(ids, params.clone(), n, None, &completion_field).await?;
+    }
+    let id = public_id("cmpl");
+    let created = unix_now();
+    let tracked = Tracked::new(&state, id.clone(), gen);
+    if sampling.stream {
+        let include_usage = sampling.stream_options.is_some_and(|o| o.include_usage);
+        let mut prefix = Vec::new();
+        prefix.extend_from_slice(b"{\"id\":");
+        json_str(&mut prefix, &id);
+        prefix.extend_from_slice(b",\"object\":\"text_completion\",\"created\":");
+        prefix.extend_from_slice(created.to_string().as_bytes());
+        prefix.extend_from_slice(b",\"model\":");
+        json_str(&mut prefix, &state.config.model_name);
+        let stream = ChunkStream {
+            tracked,
+            prefix,
+            include_usage,
+            with_logprobs,
+            chat: false,
+            offsets: vec![0; prompts.len() * n],
+            done: false,
+        };
+        return Ok(sse::response(stream, ChunkStream::next));
+    }
+    let mut tracked = tracked;
+    tracked.gen.run_to_end().await?;
+    let choices: Vec<Value> = tracked
+        .gen
+        .samples
+        .iter()
+        .map(|s| {
+            let logprobs = if with_logprobs {
+                completion_logprobs(&state, &s.token_ids, &s.logprobs, &s.top_logprobs, 0).0
+            } else {
+                Value::Null
+            };
+            json!({"index": s.index, "text": s.text, "logprobs": logprobs, "finish_reason": s.finished.as_ref().map(finish_reason)})
+        })
+        .collect();
+    let usage = tracked.gen.usage();
+    Ok(json_response(&json!({"id": id, "object": "text_completion", "created": created,
+        "model": state.config.model_name, "choices": choices, "usage": usage})))
+}
+
+/// Structured output is not built into this front end yet: refused naming the field,
+/// never ignored (a client must not get unconstrained text by surprise). The fields are
+/// checked first as the Python front end checks them (`structured_output.py`): at most
+/// one constraint, a `json_schema` response format with a schema.
+fn reject_structured(s: &protocol::OpenAISampling) -> ApiResult<()> {
+    let mut asked: Vec<&str> = Vec::new();
+    for (field, set) in [
+        ("regex", s.regex.is_some()),
+        ("json_schema", s.json_schema.is_some()),
+        ("ebnf", s.ebnf.is_some()),
+        ("guided_json", s.guided_json.is_some()),
+        ("guided_regex", s.guided_regex.is_some()),
+        ("guided_choice", s.guided_choice.is_some()),
+    ] {
+        if set {
+            asked.push(field);
+        }
+    }
+    if let Some(rf) = &s.response_format {
+        match rf.get("type").and_then(Value::as_str) {
+            Some("json_object") => asked.push("response_format"),
+            Some("json_schema") => {
+                let spec = rf.get("json_schema");
+                if !spec.and_then(|j| j.get("schema")).is_some_and(Value::is_object) {
+                    return Err(ApiError::bad_request(
+                        "response_format.json_schema.schema: a JSON Schema object is required",
+                        "response_format.json_schema.schema",
+                    ));
+                }
+                if spec.and_then(|j| j.get("strict")).is_some_and(|v| !v.is_null() && !v.is_boolean()) {
+                    return Err(ApiError::bad_request(
+                        "response_format.json_schema.strict: must be a boolean",
+                        "response_format.json_schema.strict",
+                    ));
+                }
+                asked.push("response_format");
+            }
+            _ => {}
+        }
+    }
+    if asked.len() > 1 {
+        return Err(ApiError::bad_request(
+            format!("{}: only one of {} may be given", asked[1], asked.join(", ")),
+            asked[1],
+        ));
+    }
+    if let Some(field) = asked.first() {
+        return Err(ApiError::bad_request(
+            format!("{field}: structured output is not supported by the Rust front end yet (serve with --frontend python)"),
+            *field,
+        ));
+    }
+    Ok(())
+}
+
+async fn prompts_of(state: &Arc<AppState>, prompt: Prompt) -> ApiResult<Vec<Vec<u32>>> {
+    let empty = || ApiError::bad_request("prompt: the prompt is empty", "prompt");
+    match prompt {
+        Prompt::Text(t) => {
+            if t.is_empty() {
+                return Err(empty());
+            }
+            Ok(vec![state.encode(t, "prompt", true).await?])
+        }
+        Prompt::Ids(ids) => {
+            if ids.is_empty() {
+                return Err(ApiError::bad_request("prompt: no prompt given", "prompt"));
+            }
+            Ok(vec![ids])
+        }
+        Prompt::IdLists(lists) => {
+            if lists.is_empty() {
+                return Err(ApiError::bad_request("prompt: no prompt given", "prompt"));
+            }
+            if lists.iter().any(Vec::is_empty) {
+                return Err(empty());
+            }
+            Ok(lists)
+        }
+        Prompt::Texts(texts) => {
+            if texts.is_empty() {
+                return Err(ApiError::bad_request("prompt: no prompt given", "prompt"));
+            }
+            // every text checked for length before any is tokenized
+            for t in &texts {
+                if t.is_empty() {
+                    return Err(empty());
+                }
+                state.check_text_length(t, "prompt")?;
+            }
+            let mut out = Vec::with_capacity(texts.len());
+            for t in texts {
+                out.push(state.encode(t, "prompt", true).await?);
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn chat_field(max_tokens_field: &'static str) -> impl Fn(&str) -> Option<String> + Sync {
+    move |core: &str| {
+        Some(
+            match core {
+                "input_ids" => "messages",
+                "max_new_tokens" => max_tokens_field,
+                "min_new_tokens" => "min_tokens",
+                _ => return None,
+            }
+            .to_string(),
+        )
+    }
+}
+
+pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
+    let ChatRequest { sampling, fields } = protocol::parse_chat(&body)?;
+    state.check_model(sampling.model.as_deref())?;
+    if fields.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::bad_request("tools: tool calling is not supported yet", "tools"));
+    }
+    if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
+        return Err(ApiError::bad_request("top_logprobs: requires logprobs to be true", "top_logprobs"));
+    }
+    reject_structured(&sampling)?;
+    let (max_tokens_field, max_tokens) = match (fields.max_completion_tokens, sampling.max_tokens) {
+        (Some(m), _) => ("max_completion_tokens", Some(m)),
+        (None, m) => ("max_tokens", m),
+    };
+    if let Some(m) = max_tokens {
+        state.check_max_tokens(m, max_tokens_field)?;
+    }
+    let messages: Vec<Message> = fields
+        .messages
+        .into_iter()
+        .map(|m| Message {
+            role: m.role.as_str().to_string(),
+            content: match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => parts.into_iter().map(|p| p.text).collect(),
+            },
+            name: m.name,
+            tool_call_id: m.tool_call_id,
+        })
+        .collect();
+    let ids = state.chat_prompt(messages).await?;
+    let context = state.config.context_length as u64;
+    let max_tokens = match max_tokens {
+        Some(m) => m,
+        None => {
+            // as OpenAI: up to the end of the context
+            if ids.len() as u64 >= context {
+                return Err(ApiError::bad_request(
+                    format!("messages: the prompt has {} tokens; the context holds {context}", ids.len()),
+                    "messages",
+                ));
+            }
+            context - ids.len() as u64
+        }
+    };
+    let params =
+        protocol::openai_params(&sampling, max_tokens, fields.logprobs, fields.top_logprobs.unwrap_or(0))?;
+    let n = sampling.n as usize;
+    let mut gen = Generation::new(state.clone(), n, !sampling.stream);
+    gen.add(&ids, params, n, None, &chat_field(max_tokens_field)).await?;
+    let id = public_id("chatcmpl");
+    let created = unix_now();
+    let tracked = Tracked::new(&state, id.clone(), gen);
+    if sampling.stream {
+        let include_usage = sampling.stream_options.is_some_and(|o| o.include_usage);
+        let mut prefix = Vec::new();
+        prefix.extend_from_slice(b"{\"id\":");
+        json_str(&mut prefix, &id);
+        prefix.extend_from_slice(b",\"created\":");
+        prefix.extend_from_slice(created.to_string().as_bytes());
+        prefix.extend_from_slice(b",\"model\":");
+        json_str(&mut prefix, &state.config.model_name);
+        prefix.extend_from_slice(b",\"object\":\"chat.completion.chunk\"");
+        let stream = ChunkStream {
+            tracked,
+            prefix,
+            include_usage,
+            with_logprobs: fields.logprobs,
+            chat: true,
+            offsets: vec![0; n],
+            done: false,
+        };
+        let mut first = Vec::new();
+        for index in 0..n {
+            stream.chunk(&mut first, index, r#"{"role":"assistant","content":""}"#.as_bytes(), None, None);
+        }
+        return Ok(sse::response((Some(Bytes::from(first)), stream), |(first, s)| async move {
+            match first {
+                Some(b) => Some((b, (None, s))),
+                None => ChunkStream::next(s).await.map(|(b, s)| (b, (None, s))),
+            }
+        }));
+    }
+    let mut tracked = tracked;
+    tracked.gen.run_to_end().await?;
+    let choices: Vec<Value> = tracked
+        .gen
+        .samples
+        .iter()
+        .map(|s: &Sample| {
+            let logprobs = if fields.logprobs {
+                chat_logprobs(&state, &s.token_ids, &s.logprobs, &s.top_logprobs)
+            } else {
+                Value::Null
+            };
+            json!({"index": s.index, "message": {"role": "assistant", "content": s.text}, "logprobs": logprobs,
+                   "finish_reason": s.finished.as_ref().map(finish_reason)})
+        })
+        .collect();
+    let usage = tracked.gen.usage();
+    Ok(json_response(&json!({"id": id, "created": created, "model": state.config.model_name,
+        "object": "chat.completion", "choices": choices, "usage": usage})))
+}
+
+/// The state of a streamed completion or chat completion.
+struct ChunkStream {
+    tracked: Tracked,
+    /// `{"id":...,"object":...,"created":...,"model":...` of every chunk.
+    prefix: Vec<u8>,
+    include_usage: bool,
+    with_logprobs: bool,
+    chat: bool,
+    /// Per choice: where its next token's text starts (completion logprobs' text_offset).
+    offsets: Vec<usize>,
+    done: bool,
+}
+
+impl ChunkStream {
+    fn chunk(
+        &self,
+        out: &mut Vec<u8>,
+        index: usize,
+        delta: &[u8],
+        logprobs: Option<&Value>,
+        finish: Option<&str>,
+    ) {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(b",\"choices\":[{\"index\":");
+        out.extend_from_slice(index.to_string().as_bytes());
+        out.extend_from_slice(if self.chat { b",\"delta\":" } else { b",\"text\":" });
+        out.extend_from_slice(delta);
+        out.extend_from_slice(b",\"logprobs\":");
+        match logprobs {
+            Some(v) => serde_json::to_writer(&mut *out, v).expect("JSON"),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"finish_reason\":");
+        match finish {
+            Some(f) => json_str(out, f),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b"}]");
+        if self.include_usage {
+            out.extend_from_slice(b",\"usage\":null");
+        }
+        out.extend_from_slice(b"}\n\n");
+    }
+
+    async fn next(mut self) -> Option<(Bytes, Self)> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        match self.tracked.gen.next().await {
+            Err(e) => {
+                sse::event(&mut out, &e.envelope());
+                out.extend_from_slice(DONE);
+                self.done = true;
+            }
+            Ok(batch) if batch.is_empty() => {
+                if self.include_usage {
+                    let mut usage = Vec::new();
+                    usage.extend_from_slice(b"data: ");
+                    usage.extend_from_slice(&self.prefix);
+                    usage.extend_from_slice(b",\"choices\":[],\"usage\":");
+                    serde_json::to_writer(&mut usage, &self.tracked.gen.usage()).expect("JSON");
+                    usage.extend_from_slice(b"}\n\n");
+                    out.extend_from_slice(&usage);
+                }
+                out.extend_from_slice(DONE);
+                self.done = true;
+            }
+            Ok(batch) => {
+                let state = self.tracked.state.clone();
+                for (index, u) in &batch {
+                    if !u.token_ids.is_empty() || !u.text.is_empty() {
+                        let mut delta = Vec::with_capacity(u.text.len() + 16);
+                        if self.chat {
+                            delta.extend_from_slice(b"{\"content\":");
+                            json_str(&mut delta, &u.text);
+                            delta.push(b'}');
+                        } else {
+                            json_str(&mut delta, &u.text);
+                        }
+                        let logprobs = self.with_logprobs.then(|| {
+                            if self.chat {
+                                chat_logprobs(&state, &u.token_ids, &u.logprobs, &u.top_logprobs)
+                            } else {
+                                let (v, end) = completion_logprobs(
+                                    &state,
+                                    &u.token_ids,
+                                    &u.logprobs,
+                                    &u.top_logprobs,
+                                    self.offsets[*index],
+                                );
+                                self.offsets[*index] = end;
+                                v
+                            }
+                        });
+                        self.chunk(&mut out, *index, &delta, logprobs.as_ref(), None);
+                    }
+                    if let Some(f) = &u.finished {
+                        if finish_reason(f) == "error" {
+                            sse::event(&mut out, &error_of(f).envelope());
+                        }
+                        let empty: &[u8] = if self.chat { b"{}" } else { b"\"\"" };
+                        self.chunk(&mut out, *index, empty, None, Some(finish_reason(f)));
+                    }
+                }
+            }
+        }
+        Some((Bytes::from(out), self))
+    }
+}
+
+/// The legacy completions shape: parallel lists, `top_logprobs` as {token: logprob};
+/// returns it and the text offset after the last token.
+fn completion_logprobs(
+    state: &AppState,
+    ids: &[u32],
+    logprobs: &[f32],
+    top: &[Vec<(u32, f32)>],
+    mut offset: usize,
+) -> (Value, usize) {
+    let tokens: Vec<String> = ids.iter().map(|&t| state.token_text(t)).collect();
+    let mut offsets = Vec::with_capacity(tokens.len());
+    for t in &tokens {
+        offsets.push(offset);
+        offset += t.chars().count();
+    }
+    let tops: Vec<Value> = top
+        .iter()
+        .map(|alts| {
+            let mut m = serde_json::Map::new();
+            for &(t, lp) in alts {
+                m.insert(state.token_text(t), Value::from(lp as f64));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    let lps: Vec<Value> = logprobs.iter().map(|&x| Value::from(x as f64)).collect();
+    (json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}), offset)
+}
+
+/// The chat shape: one entry per token with its bytes and its alternatives.
+fn chat_logprobs(state: &AppState, ids: &[u32], logprobs: &[f32], top: &[Vec<(u32, f32)>]) -> Value {
+    let entry = |t: u32, lp: f32| {
+        let raw = state.token_bytes(t);
+        json!({"token": String::from_utf8_lossy(raw), "logprob": lp as f64, "bytes": raw})
+    };
+    let content: Vec<Value> = ids
+        .iter()
+        .zip(logprobs)
+        .zip(top)
+        .map(|((&t, &lp), alts)| {
+            let mut e = entry(t, lp);
+            e["top_logprobs"] = Value::Array(alts.iter().map(|&(a, y)| entry(a, y)).collect());
+            e
+        })
+        .collect();
+    json!({ "content": content })
+}

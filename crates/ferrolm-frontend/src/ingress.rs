@@ -1,0 +1,192 @@
+//! Ingress: requests, aborts and control calls from the HTTP threads, queued for the step
+//! loop, which drains them into the engine core at the start of each step.
+//!
+//! The queue is columnar: every prompt's token ids go into one flat buffer (a
+//! submission keeps its range), so queueing a request is an append, not an allocation
+//! per request. The step loop swaps the whole inbox out under the lock and works on it
+//! outside the lock, so an HTTP thread never waits for a step.
+//!
+//! While there is no work the step loop blocks in [`Ingress::wait`] on a condition
+//! variable (no busy spin); a push wakes it at once.
+
+use std::ops::Range;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use ferrolm_core::engine::{
+    Constraint, Engine, EngineError, EngineStats, LatencySamples, Load, RequestParams,
+};
+use tokio::sync::oneshot;
+
+pub struct Submission {
+    /// One per sample of the prompt.
+    pub rids: Vec<u64>,
+    /// Where the prompt sits in the inbox's flat id buffer.
+    pub prompt: Range<usize>,
+    pub params: RequestParams,
+    pub constraint: Option<Constraint>,
+    /// The core would pick its tokens as the bare argmax of the logits (see
+    /// `ferrolm.engine.plain_greedy`): the step loop may let the runner pick them.
+    pub plain_greedy: bool,
+    pub reply: oneshot::Sender<Result<(), EngineError>>,
+}
+
+/// Questions for the engine, answered between steps.
+pub enum Call {
+    Stats(oneshot::Sender<(EngineStats, Load)>),
+    Metrics(oneshot::Sender<(EngineStats, Load, LatencySamples)>),
+    FlushCache(oneshot::Sender<bool>),
+    AbortAll(oneshot::Sender<usize>),
+}
+
+#[derive(Default)]
+struct Inbox {
+    ids: Vec<u32>,
+    submits: Vec<Submission>,
+    aborts: Vec<u64>,
+    calls: Vec<Call>,
+    stopped: bool,
+}
+
+impl Inbox {
+    fn is_empty(&self) -> bool {
+        self.submits.is_empty() && self.aborts.is_empty() && self.calls.is_empty()
+    }
+}
+
+/// What a drain did, for the step loop's own bookkeeping.
+#[derive(Debug, Default, PartialEq)]
+pub struct Drained {
+    pub submitted: usize,
+    pub rejected: usize,
+    /// Rids of plain-greedy samples now in the core, and whether each ignores EOS.
+    pub greedy_rids: Vec<u64>,
+    pub greedy_ignore_eos: Vec<bool>,
+}
+
+#[derive(Default)]
+pub struct Ingress {
+    inbox: Mutex<Inbox>,
+    ready: Condvar,
+    /// The inbox the step loop swapped out last, kept for its buffers' capacity.
+    spare: Mutex<Inbox>,
+}
+
+impl Ingress {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues a prompt's samples; `reply` is answered by the drain that submits them.
+    pub fn submit(
+        &self,
+        rids: Vec<u64>,
+        prompt: &[u32],
+        params: RequestParams,
+        constraint: Option<Constraint>,
+        plain_greedy: bool,
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    ) {
+        let mut inbox = self.inbox.lock().unwrap();
+        let start = inbox.ids.len();
+        inbox.ids.extend_from_slice(prompt);
+        let prompt = start..inbox.ids.len();
+        inbox.submits.push(Submission { rids, prompt, params, constraint, plain_greedy, reply });
+        drop(inbox);
+        self.ready.notify_one();
+    }
+
+    pub fn abort(&self, rids: &[u64]) {
+        if rids.is_empty() {
+            return;
+        }
+        self.inbox.lock().unwrap().aborts.extend_from_slice(rids);
+        self.ready.notify_one();
+    }
+
+    pub fn call(&self, call: Call) {
+        self.inbox.lock().unwrap().calls.push(call);
+        self.ready.notify_one();
+    }
+
+    /// Wakes a waiting step loop for good: [`Ingress::wait`] returns at once from now on.
+    pub fn stop(&self) {
+        self.inbox.lock().unwrap().stopped = true;
+        self.ready.notify_all();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.inbox.lock().unwrap().stopped
+    }
+
+    /// Blocks until something is queued, the ingress is stopped, or `timeout` passes;
+    /// true when something is queued.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut inbox = self.inbox.lock().unwrap();
+        while inbox.is_empty() && !inbox.stopped {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            inbox = self.ready.wait_timeout(inbox, deadline - now).unwrap().0;
+        }
+        !inbox.is_empty()
+    }
+
+    /// Moves everything queued into `engine`: submissions first (each answered), then
+    /// aborts (so an abort of a request queued in the same drain finds it), then calls.
+    pub fn drain(&self, engine: &mut Engine) -> Drained {
+        let mut spare = std::mem::take(&mut *self.spare.lock().unwrap());
+        {
+            let mut inbox = self.inbox.lock().unwrap();
+            if inbox.is_empty() {
+                return Drained::default();
+            }
+            spare.stopped = inbox.stopped;
+            std::mem::swap(&mut *inbox, &mut spare);
+        }
+        let mut batch = spare;
+        let mut drained = Drained::default();
+        for s in batch.submits.drain(..) {
+            let ignore_eos = s.params.ignore_eos;
+            let result = engine.submit_samples(&s.rids, &batch.ids[s.prompt.clone()], s.params, s.constraint);
+            if result.is_ok() {
+                drained.submitted += 1;
+                if s.plain_greedy {
+                    drained.greedy_ignore_eos.extend(s.rids.iter().map(|_| ignore_eos));
+                    drained.greedy_rids.extend_from_slice(&s.rids);
+                }
+            } else {
+                drained.rejected += 1;
+            }
+            let _ = s.reply.send(result); // a handler that went away: its request is aborted below
+        }
+        for rid in batch.aborts.drain(..) {
+            engine.abort(rid);
+        }
+        for call in batch.calls.drain(..) {
+            answer(engine, call);
+        }
+        batch.ids.clear();
+        *self.spare.lock().unwrap() = batch;
+        drained
+    }
+}
+
+fn answer(engine: &mut Engine, call: Call) {
+    match call {
+        Call::Stats(reply) => {
+            let _ = reply.send((engine.stats(), engine.load()));
+        }
+        Call::Metrics(reply) => {
+            let _ = reply.send((engine.stats(), engine.load(), engine.take_latencies()));
+        }
+        Call::FlushCache(reply) => {
+            let _ = reply.send(engine.flush_cache());
+        }
+        Call::AbortAll(reply) => {
+            let _ = reply.send(engine.abort_all());
+        }
+    }
+}

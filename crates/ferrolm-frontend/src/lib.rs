@@ -1,0 +1,127 @@
+//! ferrolm's HTTP front end in Rust: the OpenAI and native routes on axum/tokio, in the
+//! process that runs the step loop, with no Python on the request path.
+//!
+//! ```text
+//! HTTP threads (tokio)                       step loop (the caller's thread)
+//!   parse, validate, auth, chat template,
+//!   tokenize (tokenizer pool)
+//!   Ingress::submit ───── columnar inbox ───► Ingress::drain(&mut Engine)   (start of a step)
+//!                                             schedule → forward → commit
+//!   RequestStream::next ◄── merged updates ── Egress::publish(&StepOutputs)
+//!   SSE frames / JSON
+//! ```
+//!
+//! The step loop blocks in [`Ingress::wait`] while there is no work. [`Frontend`] owns
+//! the runtime; the PyO3 crate wraps it so that Python's loop runs schedule → forward →
+//! commit and hands the core's outputs to [`Egress::publish`] without a Python object
+//! per request.
+
+pub mod egress;
+pub mod errors;
+pub mod generation;
+pub mod http;
+pub mod ingress;
+pub mod json_body;
+pub mod metrics;
+pub mod protocol;
+pub mod state;
+pub mod tokenizer;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferrolm_constraint::Vocabulary;
+use tokio::sync::oneshot;
+
+pub use egress::{Egress, RequestStream, SampleUpdate};
+pub use ingress::{Drained, Ingress};
+pub use state::FrontendConfig;
+pub use tokenizer::{ChatTemplate, Tokenizer};
+
+use crate::state::AppState;
+
+/// The HTTP server, running on its own threads until [`Frontend::stop`] (or drop).
+pub struct Frontend {
+    pub ingress: Arc<Ingress>,
+    pub egress: Arc<Egress>,
+    local_addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl Frontend {
+    /// Binds `config.host:config.port` and starts serving.
+    pub fn start(
+        config: FrontendConfig,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        vocab: Arc<Vocabulary>,
+    ) -> Result<Self, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.http_threads.max(1))
+            // the tokenizer pool: tokenizing and template rendering run here
+            .max_blocking_threads(config.tokenizer_threads.max(1))
+            .thread_name("ferrolm-http")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("the HTTP runtime could not start: {e}"))?;
+        let ingress = Arc::new(Ingress::new());
+        let egress = Arc::new(Egress::new());
+        let started_at = http::unix_now();
+        let addr = format!("{}:{}", config.host, config.port);
+        let state = Arc::new(AppState {
+            config,
+            ingress: ingress.clone(),
+            egress: egress.clone(),
+            tokenizer: Arc::new(tokenizer),
+            template: template.map(Arc::new),
+            vocab,
+            next_rid: AtomicU64::new(0),
+            named: Mutex::new(HashMap::new()),
+            started_at,
+            histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
+        });
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(&addr))
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let app = http::router(state);
+        runtime.spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async {
+                let _ = rx.await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!("the HTTP server stopped: {e}");
+            }
+        });
+        Ok(Frontend { ingress, egress, local_addr, runtime: Some(runtime), shutdown: Some(tx) })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, fails the requests in flight, and ends the HTTP threads (waiting
+    /// at most `timeout` for open connections).
+    pub fn stop(&mut self, timeout: Duration) {
+        self.ingress.stop();
+        self.egress.fail_all("the engine is unavailable: the server is shutting down");
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(timeout);
+        }
+    }
+}
+
+impl Drop for Frontend {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,192 @@
+//! `GET /metrics`: Prometheus text with the Python front end's `ferrolm:` names. The core
+//! keeps the counters and latency samples; each scrape takes them once (between steps),
+//! feeds the new samples into the histograms here and reports counters and gauges as the
+//! core has them.
+
+use std::fmt::Write;
+
+use ferrolm_core::engine::{EngineStats, LatencySamples, Load};
+
+const BUCKETS: [f64; 16] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+#[derive(Clone, Debug, Default)]
+pub struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        for (i, &b) in BUCKETS.iter().enumerate() {
+            if v <= b {
+                self.counts[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str, created: f64) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, &b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{}\"}} {}",
+                prom_float(b),
+                prom_float(self.counts[i] as f64)
+            );
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", prom_float(self.count as f64));
+        let _ = writeln!(out, "{name}_count {}", prom_float(self.count as f64));
+        let _ = writeln!(out, "{name}_sum {}", prom_float(self.sum));
+        // as prometheus_client writes it for a histogram: when the series started
+        let _ = writeln!(
+            out,
+            "# HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created {}",
+            prom_float(created)
+        );
+    }
+}
+
+fn prom_float(x: f64) -> String {
+    let s = format!("{x}");
+    if s.contains(['.', 'e', 'E']) {
+        s
+    } else {
+        format!("{s}.0")
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Histograms {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    grammar: Histogram,
+    stats: EngineStats,
+    load: Option<Load>,
+    /// Unix time the histograms started.
+    pub created: f64,
+}
+
+impl Histograms {
+    /// Empty histograms that started at `created` (Unix seconds).
+    pub fn new(created: f64) -> Self {
+        Histograms { created, ..Default::default() }
+    }
+
+    pub fn update(&mut self, stats: EngineStats, load: Load, l: LatencySamples) {
+        self.stats = stats;
+        self.load = Some(load);
+        for (h, samples) in [
+            (&mut self.ttft, &l.ttft_s),
+            (&mut self.itl, &l.itl_s),
+            (&mut self.e2e, &l.e2e_s),
+            (&mut self.queue, &l.queue_s),
+        ] {
+            for &v in samples {
+                h.observe(v);
+            }
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let s = &self.stats;
+        let counters: [(&str, &str, u64); 7] = [
+            ("ferrolm:prompt_tokens", "Prompt tokens of admitted requests.", s.prompt_tokens),
+            ("ferrolm:generation_tokens", "Generated tokens.", s.generation_tokens),
+            ("ferrolm:cache_hit_tokens", "Prompt tokens found in the prefix cache.", s.cache_hit_tokens),
+            (
+                "ferrolm:num_retractions",
+                "Running requests retracted (preempted) under KV pressure.",
+                s.retractions,
+            ),
+            ("ferrolm:num_requests_finished", "Requests finished, whatever the reason.", s.finished),
+            ("ferrolm:num_request_errors", "Requests that finished with an error.", s.errors),
+            ("ferrolm:num_steps", "Engine steps run.", s.steps),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total {}",
+                prom_float(v as f64)
+            );
+        }
+        let l = self.load.unwrap_or_default();
+        let gauges: [(&str, &str, f64); 7] = [
+            ("ferrolm:num_running_reqs", "Requests running.", l.running as f64),
+            ("ferrolm:num_queue_reqs", "Requests waiting in the queue.", l.waiting as f64),
+            ("ferrolm:kv_used_tokens", "KV slots in use by requests and the cache.", l.kv_used as f64),
+            ("ferrolm:kv_capacity_tokens", "KV slots in all.", l.kv_capacity as f64),
+            ("ferrolm:cached_tokens", "Tokens held by the prefix cache.", l.cached_tokens as f64),
+            (
+                "ferrolm:kv_cache_usage",
+                "Fraction of the KV cache in use (0..1).",
+                if l.kv_capacity > 0 { l.kv_used as f64 / l.kv_capacity as f64 } else { 0.0 },
+            ),
+            (
+                "ferrolm:cache_hit_rate",
+                "Cache hit tokens over prompt tokens, since start.",
+                if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 },
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", prom_float(v));
+        }
+        self.ttft.write(
+            &mut out,
+            "ferrolm:time_to_first_token_seconds",
+            "Time to first token.",
+            self.created,
+        );
+        self.itl.write(
+            &mut out,
+            "ferrolm:inter_token_latency_seconds",
+            "Time between consecutive tokens.",
+            self.created,
+        );
+        self.e2e.write(
+            &mut out,
+            "ferrolm:e2e_request_latency_seconds",
+            "Time from arrival to finish.",
+            self.created,
+        );
+        self.queue.write(
+            &mut out,
+            "ferrolm:queue_time_seconds",
+            "Time waiting before the first prefill.",
+            self.created,
+        );
+        self.grammar.write(
+            &mut out,
+            "ferrolm:grammar_compile_seconds",
+            "Time a structured-output request waited for its grammar (a compile, or a cache hit).",
+            self.created,
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::default();
+        h.observe(0.003);
+        h.observe(0.2);
+        h.observe(500.0);
+        let mut out = String::new();
+        h.write(&mut out, "x", "help", 0.0);
+        assert!(out.contains("x_bucket{le=\"0.001\"} 0.0\n"));
+        assert!(out.contains("x_bucket{le=\"0.005\"} 1.0\n"));
+        assert!(out.contains("x_bucket{le=\"0.25\"} 2.0\n"));
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3.0\n"));
+        assert!(out.contains("x_count 3.0\n"));
+    }
+}

@@ -1,0 +1,771 @@
+//! Request bodies, parsed strictly with field-level errors, as the Python front end's
+//! pydantic models (`ferrolm/server/protocol.py`) do: a string is not a number, a bool
+//! not an int; integers are range-checked in the width the core takes them (token ids u32,
+//! counts u64, priority i64); unknown fields are refused naming the field (the few
+//! OpenAI fields that change nothing are accepted and ignored). Ranges the core checks
+//! itself (temperature, top_p, penalties...) are left to it: its refusal names its
+//! field, which [`core_field_error`] renames to the body's.
+
+use std::collections::BTreeMap;
+
+use ferrolm_core::detok::StopConditions;
+use ferrolm_core::engine::{EngineError, RequestParams};
+use ferrolm_core::sampling::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::errors::{ApiError, ApiResult};
+use crate::json_body;
+
+/// Fields accepted so that OpenAI's clients keep working, and ignored.
+pub const IGNORED_FIELDS: &[&str] = &[
+    "user",
+    "safety_identifier",
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "cache_prompt",
+];
+
+/// Fields other servers accept that this one does not: refused with a reason.
+fn unsupported_reason(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "lora_path" | "lora_request" => "LoRA adapters are not supported",
+        "guided_grammar" => {
+            "grammars (EBNF/Lark) are not supported; use guided_json, guided_regex or guided_choice"
+        }
+        "guided_decoding_backend" => "there is one structured-output engine; the backend cannot be chosen",
+        "guided_whitespace_pattern" => "the whitespace of structured output cannot be set",
+        "structured_outputs" => {
+            "use guided_json, guided_regex, guided_choice, json_schema, regex or response_format"
+        }
+        "functions" | "function_call" => "function calling is not supported",
+        "tool_choice" => "tool calling is not supported",
+        "image_data" => "images are not supported",
+        "audio" => "audio is not supported",
+        "modalities" => "only text output is supported",
+        _ => return None,
+    })
+}
+
+const SAMPLING_FIELDS: &[&str] = &[
+    "model",
+    "n",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "priority",
+    "cache_salt",
+    "response_format",
+    "regex",
+    "json_schema",
+    "ebnf",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "user",
+    "cache_prompt",
+];
+const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix", "best_of"];
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "safety_identifier",
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+];
+const MESSAGE_FIELDS: &[&str] =
+    &["role", "content", "name", "tool_call_id", "refusal", "tool_calls", "annotations"];
+const NATIVE_SAMPLING_FIELDS: &[&str] = &[
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "seed",
+    "n",
+    "logit_bias",
+    "regex",
+    "json_schema",
+    "ebnf",
+];
+const GENERATE_FIELDS: &[&str] = &[
+    "text",
+    "input_ids",
+    "sampling_params",
+    "stream",
+    "rid",
+    "return_logprob",
+    "top_logprobs_num",
+    "priority",
+    "cache_salt",
+];
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// What completions and chat completions share (`OpenAISampling`).
+#[derive(Deserialize, Debug)]
+pub struct OpenAISampling {
+    pub model: Option<String>,
+    #[serde(default = "one")]
+    pub n: u64,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stop: Option<OneOrMany>,
+    pub seed: Option<u64>,
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    #[serde(default)]
+    pub frequency_penalty: f64,
+    #[serde(default)]
+    pub presence_penalty: f64,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<u64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    #[serde(default)]
+    pub min_tokens: u64,
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default = "yes")]
+    pub skip_special_tokens: bool,
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    pub priority: Option<i64>,
+    pub cache_salt: Option<String>,
+    pub response_format: Option<Value>,
+    pub regex: Option<String>,
+    pub json_schema: Option<Value>,
+    pub ebnf: Option<String>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub user: Option<String>,
+    pub cache_prompt: Option<bool>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
+    Texts(Vec<String>),
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionFields {
+    pub prompt: Prompt,
+    pub logprobs: Option<u32>,
+    #[serde(default)]
+    pub echo: bool,
+    pub suffix: Option<String>,
+    pub best_of: Option<u64>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct TextPart {
+    #[serde(rename = "type")]
+    pub kind: TextKind,
+    pub text: String,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum TextKind {
+    Text,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<TextPart>),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: Option<Content>,
+    pub name: Option<String>,
+    pub tool_call_id: Option<String>,
+    pub refusal: Option<String>,
+    pub tool_calls: Option<Vec<Value>>,
+    pub annotations: Option<Vec<Value>>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatFields {
+    pub messages: Vec<ChatMessage>,
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
+    pub tools: Option<Vec<Value>>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct NativeSampling {
+    #[serde(default = "native_max_new_tokens")]
+    pub max_new_tokens: u64,
+    #[serde(default)]
+    pub min_new_tokens: u64,
+    #[serde(default = "one_f")]
+    pub temperature: f64,
+    #[serde(default = "one_f")]
+    pub top_p: f64,
+    #[serde(default = "minus_one")]
+    pub top_k: i64,
+    #[serde(default)]
+    pub min_p: f64,
+    #[serde(default = "one_f")]
+    pub repetition_penalty: f64,
+    #[serde(default)]
+    pub frequency_penalty: f64,
+    #[serde(default)]
+    pub presence_penalty: f64,
+    pub stop: Option<OneOrMany>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    #[serde(default = "yes")]
+    pub skip_special_tokens: bool,
+    #[serde(default)]
+    pub no_stop_trim: bool,
+    pub seed: Option<u64>,
+    #[serde(default = "one")]
+    pub n: u64,
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    pub regex: Option<String>,
+    pub json_schema: Option<Value>,
+    pub ebnf: Option<String>,
+}
+
+fn native_max_new_tokens() -> u64 {
+    128
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn minus_one() -> i64 {
+    -1
+}
+
+#[derive(Deserialize, Debug)]
+pub struct GenerateRequest {
+    pub text: Option<String>,
+    pub input_ids: Option<Vec<u32>>,
+    pub sampling_params: Option<Value>,
+    #[serde(default)]
+    pub stream: bool,
+    pub rid: Option<String>,
+    #[serde(default)]
+    pub return_logprob: bool,
+    #[serde(default)]
+    pub top_logprobs_num: u32,
+    pub priority: Option<i64>,
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct AbortRequest {
+    pub rid: Option<String>,
+    #[serde(default)]
+    pub abort_all: bool,
+}
+
+// ---- parsing ----
+
+/// Checks the fields of the objects nested in OpenAI's bodies (`stream_options`,
+/// `response_format`).
+fn check_nested(obj: &Map<String, Value>) -> ApiResult<()> {
+    if let Some(Value::Object(o)) = obj.get("stream_options") {
+        check_fields(o, &[&["include_usage"]], "stream_options.")?;
+    }
+    if let Some(Value::Object(o)) = obj.get("response_format") {
+        check_fields(o, &[&["type", "json_schema"]], "response_format.")?;
+    }
+    Ok(())
+}
+
+/// Refuses a field not in `known` (or the ignored list), naming it as sent.
+fn check_fields(obj: &Map<String, Value>, known: &[&[&str]], prefix: &str) -> ApiResult<()> {
+    for name in obj.keys() {
+        if known.iter().any(|k| k.contains(&name.as_str())) {
+            continue;
+        }
+        let path = format!("{prefix}{name}");
+        let reason = match unsupported_reason(name) {
+            Some(r) => r.to_string(),
+            None => {
+                let mut fields: Vec<&str> = known
+                    .iter()
+                    .flat_map(|k| k.iter().copied())
+                    .filter(|f| !IGNORED_FIELDS.contains(f))
+                    .collect();
+                fields.sort_unstable();
+                fields.dedup();
+                format!("unknown field (the fields here: {})", fields.join(", "))
+            }
+        };
+        return Err(ApiError::bad_request(format!("{path}: {reason}"), path));
+    }
+    Ok(())
+}
+
+fn object(value: &Value) -> ApiResult<&Map<String, Value>> {
+    value.as_object().ok_or_else(|| ApiError::new(400, "the body must be a JSON object"))
+}
+
+/// Deserializes `value` as `T`; a fault is a 400 whose `param` is the field's dotted path
+/// (`messages.0.role`), a trailing list index dropped (`stop_token_ids`, not `.3`), and
+/// nothing below a free-form map's key (`logit_bias`).
+pub fn typed<T: DeserializeOwned>(value: &Value, prefix: &str) -> ApiResult<T> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let parts: Vec<String> = e
+            .path()
+            .iter()
+            .filter_map(|seg| match seg {
+                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        let path = json_body::field_path(&parts);
+        let inner = plain(&e.into_inner().to_string());
+        match (prefix, path.as_str()) {
+            ("", "") => ApiError::new(400, inner),
+            (_, "") => {
+                let param = prefix.trim_end_matches('.').to_string();
+                ApiError::bad_request(format!("{param}: {inner}"), param)
+            }
+            _ => {
+                let param = format!("{prefix}{path}");
+                ApiError::bad_request(format!("{param}: {inner}"), param)
+            }
+        }
+    })
+}
+
+/// serde's message without its "did not match any variant of untagged enum X" jargon.
+fn plain(message: &str) -> String {
+    if message.starts_with("data did not match any variant") {
+        "not a value of an accepted type".to_string()
+    } else {
+        message.to_string()
+    }
+}
+
+pub struct CompletionRequest {
+    pub sampling: OpenAISampling,
+    pub fields: CompletionFields,
+}
+
+pub struct ChatRequest {
+    pub sampling: OpenAISampling,
+    pub fields: ChatFields,
+}
+
+pub fn parse_completion(body: &[u8]) -> ApiResult<CompletionRequest> {
+    let value = json_body::parse(body)?;
+    let obj = object(&value)?;
+    check_fields(obj, &[SAMPLING_FIELDS, COMPLETION_FIELDS], "")?;
+    check_nested(obj)?;
+    if !obj.contains_key("prompt") {
+        return Err(ApiError::bad_request("prompt: Field required", "prompt"));
+    }
+    let fields: CompletionFields = typed(&value, "")?;
+    let sampling: OpenAISampling = typed(&value, "")?;
+    check_sampling(&sampling)?;
+    if let Some(lp) = fields.logprobs {
+        if lp > 20 {
+            return Err(ApiError::bad_request("logprobs: must be at most 20", "logprobs"));
+        }
+    }
+    if fields.best_of == Some(0) {
+        return Err(ApiError::bad_request("best_of: must be at least 1", "best_of"));
+    }
+    Ok(CompletionRequest { sampling, fields })
+}
+
+pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
+    let value = json_body::parse(body)?;
+    let obj = object(&value)?;
+    check_fields(obj, &[SAMPLING_FIELDS, CHAT_FIELDS], "")?;
+    check_nested(obj)?;
+    if !obj.contains_key("messages") {
+        return Err(ApiError::bad_request("messages: Field required", "messages"));
+    }
+    if let Some(Value::Array(messages)) = obj.get("messages") {
+        for (i, m) in messages.iter().enumerate() {
+            if let Value::Object(m) = m {
+                check_fields(m, &[MESSAGE_FIELDS], &format!("messages.{i}."))?;
+                if let Some(Value::Array(parts)) = m.get("content") {
+                    for (j, part) in parts.iter().enumerate() {
+                        if let Value::Object(part) = part {
+                            check_fields(part, &[&["type", "text"]], &format!("messages.{i}.content.{j}."))?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let fields: ChatFields = typed(&value, "")?;
+    let sampling: OpenAISampling = typed(&value, "")?;
+    check_sampling(&sampling)?;
+    if fields.messages.is_empty() {
+        return Err(ApiError::bad_request("messages: at least one message is required", "messages"));
+    }
+    for (i, m) in fields.messages.iter().enumerate() {
+        if m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+            let param = format!("messages.{i}.tool_calls");
+            return Err(ApiError::bad_request(format!("{param}: must be empty"), param));
+        }
+    }
+    if fields.max_completion_tokens == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_completion_tokens: must be at least 1",
+            "max_completion_tokens",
+        ));
+    }
+    if fields.top_logprobs.is_some_and(|t| t > 20) {
+        return Err(ApiError::bad_request("top_logprobs: must be at most 20", "top_logprobs"));
+    }
+    Ok(ChatRequest { sampling, fields })
+}
+
+pub struct Generate {
+    pub req: GenerateRequest,
+    pub sampling: NativeSampling,
+}
+
+pub fn parse_generate(body: &[u8]) -> ApiResult<Generate> {
+    let value = json_body::parse(body)?;
+    let obj = object(&value)?;
+    check_fields(obj, &[GENERATE_FIELDS], "")?;
+    let req: GenerateRequest = typed(&value, "")?;
+    let sp = req.sampling_params.clone().unwrap_or_else(|| Value::Object(Map::new()));
+    let Value::Object(sp_obj) = &sp else {
+        return Err(ApiError::bad_request("sampling_params: must be an object", "sampling_params"));
+    };
+    check_fields(sp_obj, &[NATIVE_SAMPLING_FIELDS], "sampling_params.")?;
+    let sampling: NativeSampling = typed(&sp, "sampling_params.")?;
+    let bad = |f: &str, m: &str| {
+        let p = format!("sampling_params.{f}");
+        Err(ApiError::bad_request(format!("{p}: {m}"), p))
+    };
+    if sampling.max_new_tokens == 0 {
+        return bad("max_new_tokens", "must be at least 1");
+    }
+    if !(1..=128).contains(&sampling.n) {
+        return bad("n", "must be in [1, 128]");
+    }
+    if sampling.top_k < -1 || sampling.top_k > u32::MAX as i64 {
+        return bad("top_k", "must be -1 (off) or in [0, 2**32)");
+    }
+    if sampling.temperature < 0.0 {
+        return bad("temperature", "must be at least 0");
+    }
+    if req.top_logprobs_num > 20 {
+        return Err(ApiError::bad_request("top_logprobs_num: must be at most 20", "top_logprobs_num"));
+    }
+    check_salt(req.cache_salt.as_deref())?;
+    Ok(Generate { req, sampling })
+}
+
+pub fn parse_abort(body: &[u8]) -> ApiResult<AbortRequest> {
+    let value = json_body::parse(body)?;
+    let obj = object(&value)?;
+    check_fields(obj, &[&["rid", "abort_all"]], "")?;
+    typed(&value, "")
+}
+
+fn check_salt(salt: Option<&str>) -> ApiResult<()> {
+    if let Some(s) = salt {
+        let chars = s.chars().count();
+        if !(1..=512).contains(&chars) {
+            return Err(ApiError::bad_request("cache_salt: must have 1 to 512 characters", "cache_salt"));
+        }
+    }
+    Ok(())
+}
+
+/// The ranges pydantic checks and the core does not (or checks in other words).
+fn check_sampling(s: &OpenAISampling) -> ApiResult<()> {
+    let bad = |f: &str, m: &str| Err(ApiError::bad_request(format!("{f}: {m}"), f));
+    if !(1..=128).contains(&s.n) {
+        return bad("n", "must be in [1, 128]");
+    }
+    if s.temperature.is_some_and(|t| t < 0.0) {
+        return bad("temperature", "must be at least 0");
+    }
+    if s.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+        return bad("top_p", "must be in (0, 1]");
+    }
+    if s.max_tokens == Some(0) {
+        return bad("max_tokens", "must be at least 1");
+    }
+    if s.top_k.is_some_and(|k| k < -1 || k > u32::MAX as i64) {
+        return bad("top_k", "must be -1 (off) or in [0, 2**32)");
+    }
+    if s.min_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+        return bad("min_p", "must be in [0, 1]");
+    }
+    if s.repetition_penalty.is_some_and(|p| p <= 0.0) {
+        return bad("repetition_penalty", "must be above 0");
+    }
+    for (f, v) in [("frequency_penalty", s.frequency_penalty), ("presence_penalty", s.presence_penalty)] {
+        if !(-2.0..=2.0).contains(&v) {
+            return bad(f, "must be in [-2, 2]");
+        }
+    }
+    if s.guided_choice.as_ref().is_some_and(|c| c.is_empty()) {
+        return bad("guided_choice", "at least one choice is required");
+    }
+    if let Some(rf) = &s.response_format {
+        let kind = rf.get("type").and_then(Value::as_str);
+        if !matches!(kind, Some("text" | "json_object" | "json_schema")) {
+            return bad("response_format.type", "must be one of 'text', 'json_object', 'json_schema'");
+        }
+    }
+    check_salt(s.cache_salt.as_deref())
+}
+
+// ---- to the core's parameters ----
+
+/// OpenAI sends token ids as JSON object keys: plain ASCII decimals in u32 range.
+pub fn parse_logit_bias(bias: &BTreeMap<String, f64>, param: &str) -> ApiResult<Vec<(u32, f32)>> {
+    let mut out = Vec::with_capacity(bias.len());
+    for (key, &value) in bias {
+        let digits = key.trim_start_matches('0');
+        let ok = !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) && digits.len() <= 10;
+        let token = if ok { digits.parse::<u64>().unwrap_or(0) } else { u64::MAX };
+        if !ok || token > u32::MAX as u64 {
+            let shown: String = key.chars().take(40).collect();
+            return Err(ApiError::bad_request(
+                format!("{param}: key {shown:?} is not a token id (a decimal number below 2**32)"),
+                param,
+            ));
+        }
+        if !(-100.0..=100.0).contains(&value) {
+            return Err(ApiError::bad_request(
+                format!("{param}: bias {value} of token {token} is outside [-100, 100]"),
+                param,
+            ));
+        }
+        out.push((token as u32, value as f32));
+    }
+    out.sort_by_key(|b| b.0);
+    Ok(out)
+}
+
+/// The core's request parameters from OpenAI's fields.
+pub fn openai_params(
+    s: &OpenAISampling,
+    max_tokens: u64,
+    logprobs: bool,
+    top_logprobs: u32,
+) -> ApiResult<RequestParams> {
+    let stop = s.stop.as_ref().map(|o| match o {
+        OneOrMany::One(x) => vec![x.clone()],
+        OneOrMany::Many(v) => v.clone(),
+    });
+    let stop = stop.unwrap_or_default();
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request("stop: a stop string may not be empty", "stop"));
+    }
+    let logit_bias = match &s.logit_bias {
+        Some(b) => parse_logit_bias(b, "logit_bias")?,
+        None => Vec::new(),
+    };
+    Ok(RequestParams {
+        sampling: SamplingParams {
+            temperature: s.temperature.unwrap_or(1.0) as f32,
+            top_k: match s.top_k {
+                None | Some(-1) => 0,
+                Some(k) => k as u32,
+            },
+            top_p: s.top_p.unwrap_or(1.0) as f32,
+            min_p: s.min_p.unwrap_or(0.0) as f32,
+            repetition_penalty: s.repetition_penalty.unwrap_or(1.0) as f32,
+            frequency_penalty: s.frequency_penalty as f32,
+            presence_penalty: s.presence_penalty as f32,
+            logit_bias,
+            seed: s.seed,
+            logprobs,
+            top_logprobs,
+        },
+        stops: StopConditions {
+            stop_strings: stop,
+            stop_token_ids: s.stop_token_ids.clone().unwrap_or_default(),
+            include_stop_str: s.include_stop_str_in_output,
+            skip_special_tokens: s.skip_special_tokens,
+        },
+        max_new_tokens: usize::try_from(max_tokens).unwrap_or(usize::MAX),
+        min_new_tokens: usize::try_from(s.min_tokens).unwrap_or(usize::MAX),
+        ignore_eos: s.ignore_eos,
+        priority: s.priority.unwrap_or(0),
+        namespace: s.cache_salt.clone(),
+        queue_timeout_s: None,
+    })
+}
+
+/// The core's request parameters from `/generate`'s `sampling_params`.
+pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
+    let sp = &g.sampling;
+    let stop = sp.stop.as_ref().map(|o| match o {
+        OneOrMany::One(x) => vec![x.clone()],
+        OneOrMany::Many(v) => v.clone(),
+    });
+    let stop = stop.unwrap_or_default();
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request(
+            "sampling_params.stop: a stop string may not be empty",
+            "sampling_params.stop",
+        ));
+    }
+    let logit_bias = match &sp.logit_bias {
+        Some(b) => parse_logit_bias(b, "sampling_params.logit_bias")?,
+        None => Vec::new(),
+    };
+    Ok(RequestParams {
+        sampling: SamplingParams {
+            temperature: sp.temperature as f32,
+            top_k: if sp.top_k == -1 { 0 } else { sp.top_k as u32 },
+            top_p: sp.top_p as f32,
+            min_p: sp.min_p as f32,
+            repetition_penalty: sp.repetition_penalty as f32,
+            frequency_penalty: sp.frequency_penalty as f32,
+            presence_penalty: sp.presence_penalty as f32,
+            logit_bias,
+            seed: sp.seed,
+            logprobs: g.req.return_logprob,
+            top_logprobs: if g.req.return_logprob { g.req.top_logprobs_num } else { 0 },
+        },
+        stops: StopConditions {
+            stop_strings: stop,
+            stop_token_ids: sp.stop_token_ids.clone().unwrap_or_default(),
+            include_stop_str: sp.no_stop_trim,
+            skip_special_tokens: sp.skip_special_tokens,
+        },
+        max_new_tokens: usize::try_from(sp.max_new_tokens).unwrap_or(usize::MAX),
+        min_new_tokens: usize::try_from(sp.min_new_tokens).unwrap_or(usize::MAX),
+        ignore_eos: sp.ignore_eos,
+        priority: g.req.priority.unwrap_or(0),
+        namespace: g.req.cache_salt.clone(),
+        queue_timeout_s: None,
+    })
+}
+
+/// Whether the core picks this request's tokens as the bare argmax (as
+/// `ferrolm.engine.plain_greedy`): the step loop may then let the runner pick them.
+pub fn plain_greedy(p: &RequestParams, constrained: bool) -> bool {
+    let s = &p.sampling;
+    (s.temperature == 0.0 || s.top_k == 1)
+        && s.logit_bias.is_empty()
+        && s.repetition_penalty == 1.0
+        && s.frequency_penalty == 0.0
+        && s.presence_penalty == 0.0
+        && p.min_new_tokens == 0
+        && !s.logprobs
+        && s.top_logprobs == 0
+        && !constrained
+}
+
+/// The core's refusal as a 400, its field renamed to the body's (`max_new_tokens` is
+/// `max_tokens` in OpenAI's API, `input_ids` the prompt...).
+pub fn core_field_error(e: EngineError, names: &dyn Fn(&str) -> Option<String>) -> ApiError {
+    match e {
+        EngineError::InvalidRequest { field, message } => {
+            let param = names(field).unwrap_or_else(|| field.to_string());
+            ApiError::bad_request(format!("{param}: {message}"), param)
+        }
+        other => ApiError::new(500, format!("the engine could not take the request: {other}")),
+    }
+}

@@ -1,0 +1,158 @@
+//! What every route handler shares: the settings, the ingress and egress, the tokenizer
+//! and chat template, the vocabulary (token bytes for logprobs).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use ferrolm_constraint::Vocabulary;
+use serde_json::Value;
+
+use crate::egress::{Egress, RequestStream};
+use crate::errors::{ApiError, ApiResult};
+use crate::ingress::Ingress;
+use crate::metrics::Histograms;
+use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
+
+/// The settings the front end needs (the rest of the server's settings are shown on
+/// `/server_info` from `settings`).
+#[derive(Clone, Debug)]
+pub struct FrontendConfig {
+    pub host: String,
+    pub port: u16,
+    /// The id clients send as `model`.
+    pub model_name: String,
+    /// `--model` as given (the model card's `root`).
+    pub model_path: String,
+    pub api_key: Option<String>,
+    pub max_request_bytes: usize,
+    pub max_running_requests: usize,
+    pub max_queued_requests: Option<usize>,
+    pub queue_timeout_s: Option<f64>,
+    pub context_length: usize,
+    pub kv_capacity: usize,
+    /// The most input characters one token can stand for (a cheap bound that refuses a
+    /// prompt that cannot fit before it is tokenized); `None`: no bound known.
+    pub chars_per_token: Option<usize>,
+    /// The engine's model facts (`/get_model_info`, `/server_info`).
+    pub model_info: Value,
+    /// The server's settings as `/server_info` shows them (the API key only as "set").
+    pub settings: Value,
+    pub version: String,
+    /// Threads of the HTTP runtime, and of the tokenizer pool.
+    pub http_threads: usize,
+    pub tokenizer_threads: usize,
+}
+
+/// A request in flight by its public id (`/generate`'s rid, the OpenAI response id), for
+/// `/abort_request`.
+pub struct Named {
+    pub stream: Arc<RequestStream>,
+    pub rids: Vec<u64>,
+}
+
+pub struct AppState {
+    pub config: FrontendConfig,
+    pub ingress: Arc<Ingress>,
+    pub egress: Arc<Egress>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub vocab: Arc<Vocabulary>,
+    pub next_rid: AtomicU64,
+    pub named: Mutex<HashMap<String, Named>>,
+    pub started_at: u64,
+    pub histograms: Mutex<Histograms>,
+}
+
+impl AppState {
+    /// The longest prompt the core can take: shorter than the context, and room in the
+    /// KV pool for it and one more token.
+    pub fn max_prompt_tokens(&self) -> usize {
+        self.config.context_length.min(self.config.kv_capacity).saturating_sub(1)
+    }
+
+    /// `model` may be omitted; if given it must be the served one.
+    pub fn check_model(&self, requested: Option<&str>) -> ApiResult<()> {
+        match requested {
+            Some(m) if m != self.config.model_name => Err(ApiError::bad_request(
+                format!("model: {m:?} is not served here; the model is {:?}", self.config.model_name),
+                "model",
+            )
+            .with_code("model_not_found")),
+            _ => Ok(()),
+        }
+    }
+
+    /// A text too long for the context even at the fewest tokens it could have is
+    /// refused without tokenizing it.
+    pub fn check_text_length(&self, text: &str, param: &str) -> ApiResult<()> {
+        let Some(per_token) = self.config.chars_per_token else { return Ok(()) };
+        let chars = text.chars().count();
+        let at_least = chars.div_ceil(per_token.max(1));
+        if at_least > self.max_prompt_tokens() {
+            return Err(ApiError::bad_request(
+                format!(
+                    "{param}: the prompt has at least {at_least} tokens ({chars} characters); at most {} fit the context and the KV pool",
+                    self.max_prompt_tokens()
+                ),
+                param,
+            ));
+        }
+        Ok(())
+    }
+
+    /// A budget beyond the context can never be met.
+    pub fn check_max_tokens(&self, max_tokens: u64, param: &str) -> ApiResult<()> {
+        if max_tokens > self.config.context_length as u64 {
+            return Err(ApiError::bad_request(
+                format!(
+                    "{param}: {max_tokens} is more than the context length ({})",
+                    self.config.context_length
+                ),
+                param,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Token ids of a text, on the tokenizer pool (never on an HTTP thread: a megabyte
+    /// prompt delays no other request).
+    pub async fn encode(
+        self: &Arc<Self>,
+        text: String,
+        param: &str,
+        add_special_tokens: bool,
+    ) -> ApiResult<Vec<u32>> {
+        self.check_text_length(&text, param)?;
+        let state = self.clone();
+        let ids = tokio::task::spawn_blocking(move || state.tokenizer.encode(&text, add_special_tokens))
+            .await
+            .map_err(|e| ApiError::new(500, format!("tokenizing failed: {e}")))?;
+        ids.map_err(|m| ApiError::bad_request(format!("{param}: {m}"), param))
+    }
+
+    /// Chat messages rendered with the template and tokenized, on the tokenizer pool.
+    pub async fn chat_prompt(self: &Arc<Self>, messages: Vec<Message>) -> ApiResult<Vec<u32>> {
+        let Some(template) = self.template.clone() else {
+            return Err(ApiError::bad_request(
+                "messages: this model has no chat template (tokenizer_config.json 'chat_template')",
+                "messages",
+            ));
+        };
+        let text = tokio::task::spawn_blocking(move || template.render(&messages, true))
+            .await
+            .map_err(|e| ApiError::new(500, format!("rendering the chat template failed: {e}")))?
+            .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))?;
+        // the template writes its own BOS and markers
+        self.encode(text, "messages", false).await
+    }
+
+    /// A token's text for logprobs (invalid UTF-8 as U+FFFD).
+    pub fn token_text(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.vocab.token_bytes(id).unwrap_or(b"")).into_owned()
+    }
+
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.vocab.token_bytes(id).unwrap_or(b"")
+    }
+}

@@ -1,0 +1,227 @@
+//! Text to token ids (the `tokenizers` crate on the model's `tokenizer.json`) and chat
+//! messages to a prompt (the model's chat template, rendered by minijinja as
+//! transformers renders it with jinja2: trim_blocks, lstrip_blocks, `raise_exception`,
+//! `tojson`, `strftime_now`, and Python's string methods).
+
+use std::path::Path;
+
+use minijinja::value::Kwargs;
+use minijinja::{Environment, Error, ErrorKind, Value as JinjaValue};
+use serde::{Deserialize, Serialize};
+
+pub struct Tokenizer {
+    hf: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        let hf = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| format!("tokenizer.json could not be read: {e}"))?;
+        Ok(Tokenizer { hf })
+    }
+
+    /// Token ids; `add_special_tokens` applies the tokenizer's template (e.g. a leading
+    /// BOS); text rendered from a chat template already has its own.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        let enc =
+            self.hf.encode_fast(text, add_special_tokens).map_err(|e| format!("tokenizing failed: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+}
+
+/// One chat message as the template sees it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self, String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        // Python's str methods (.strip(), .startswith()...) as jinja2 has them
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<JinjaValue, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, format!("chat template: {message}")))
+        });
+        env.add_function("strftime_now", |format: String| -> String { strftime_now(&format) });
+        // transformers' tojson: no HTML escaping, non-ASCII kept, optional indent
+        env.add_filter(
+            "tojson",
+            |value: JinjaValue, indent: Option<usize>, kwargs: Kwargs| -> Result<String, Error> {
+                let named: Option<usize> = kwargs.get("indent")?;
+                kwargs.assert_all_used()?;
+                to_json(&value, named.or(indent))
+            },
+        );
+        env.add_template_owned("chat".to_string(), source.to_string())
+            .map_err(|e| format!("the chat template does not compile: {e}"))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.unwrap_or("").to_string(),
+            eos_token: eos_token.unwrap_or("").to_string(),
+        })
+    }
+
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, String> {
+        let template = self.env.get_template("chat").expect("added at construction");
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        template.render(ctx).map_err(|e| match e.kind() {
+            ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with("chat template:")) => {
+                e.detail().unwrap_or_default().to_string()
+            }
+            _ => format!("chat template failed: {e}"),
+        })
+    }
+}
+
+fn to_json(value: &JinjaValue, indent: Option<usize>) -> Result<String, Error> {
+    let v: serde_json::Value = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    Ok(match indent {
+        None => python_json(&v),
+        Some(n) => {
+            let mut out = Vec::new();
+            let indent = " ".repeat(n);
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(indent.as_bytes());
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+            v.serialize(&mut ser).expect("a JSON value serializes");
+            String::from_utf8(out).expect("JSON is UTF-8")
+        }
+    })
+}
+
+/// `json.dumps(value, ensure_ascii=False)`: ", " and ": " separators, as Python writes.
+fn python_json(v: &serde_json::Value) -> String {
+    use serde_json::Value as V;
+    match v {
+        V::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
+        V::Object(map) => format!(
+            "{{{}}}",
+            map.iter()
+                .map(|(k, v)| format!("{}: {}", serde_json::to_string(k).expect("a key"), python_json(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        other => serde_json::to_string(other).expect("a scalar"),
+    }
+}
+
+/// The local date by a strftime format, for templates that print today's date. Only the
+/// directives such templates use (`%d %b %Y`, `%Y-%m-%d`, `%B`...), in UTC.
+fn strftime_now(format: &str) -> String {
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let (y, m, d) = civil_from_days(days);
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('B') => out.push_str(MONTHS[(m - 1) as usize]),
+            Some('b') => out.push_str(&MONTHS[(m - 1) as usize][..3]),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// (year, month, day) of days since 1970-01-01 (Howard Hinnant's civil calendar).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message { role: role.into(), content: content.into(), name: None, tool_call_id: None }
+    }
+
+    #[test]
+    fn renders_the_tiny_template() {
+        let t = ChatTemplate::new(TINY, Some("<s>"), Some("</s>")).unwrap();
+        let out = t.render(&[msg("user", "Hi")], true).unwrap();
+        assert_eq!(out, "<s><|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error_naming_the_template() {
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", None, None).unwrap();
+        assert_eq!(t.render(&[], true).unwrap_err(), "chat template: no system role");
+    }
+
+    #[test]
+    fn python_string_methods_and_tojson() {
+        let t = ChatTemplate::new(
+            "{{ messages[0].content.strip() }}|{{ messages[0] | tojson }}|{{ ' x '.startswith(' ') }}",
+            None,
+            None,
+        )
+        .unwrap();
+        let out = t.render(&[msg("user", "  é ")], false).unwrap();
+        // Python's spelling of a boolean, as jinja2 prints it
+        assert_eq!(out, "é|{\"role\": \"user\", \"content\": \"  é \"}|True");
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

@@ -1,0 +1,250 @@
+//! `Frontend`: the Rust HTTP front end (`ferrolm-frontend`) in the process that runs the
+//! step loop. Behaviour is documented in `python/ferrolm/_core.pyi`.
+//!
+//! The HTTP threads never take the GIL. The loop's calls take the core engine from
+//! `Engine` and release the GIL: `drain` moves queued requests into the core, and
+//! `commit`/`commit_tokens`/`fail_step`/`take_outputs` hand the step's outputs straight to
+//! the request streams, so no Python object is made per request; they return only the
+//! rids that finished (for the loop's own bookkeeping).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferrolm_core::engine::StepOutputs;
+use ferrolm_frontend::tokenizer::Message;
+use ferrolm_frontend::{ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, Tokenizer};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use crate::constraint::PyVocabulary;
+use crate::convert::ids;
+use crate::engine::PyEngine;
+use crate::errors;
+
+#[pyclass(module = "ferrolm._core", name = "Frontend", frozen)]
+pub struct PyFrontend {
+    ingress: Arc<Ingress>,
+    egress: Arc<Egress>,
+    port: u16,
+    server: Mutex<Option<Frontend>>,
+}
+
+type Finished<'py> = Bound<'py, PyArray1<u64>>;
+
+impl PyFrontend {
+    /// Runs `step` on the core engine with the GIL released (a panic poisons the engine,
+    /// as its own calls do), publishes the outputs, returns the finished rids.
+    fn publish<'py>(
+        &self,
+        py: Python<'py>,
+        engine: &Bound<'py, PyEngine>,
+        step: impl FnOnce(
+                &mut ferrolm_core::engine::Engine,
+            ) -> Result<StepOutputs, ferrolm_core::engine::EngineError>
+            + Send,
+    ) -> PyResult<Finished<'py>> {
+        let mut e = engine.borrow_mut();
+        let e = &mut *e;
+        let egress = &*self.egress;
+        let finished = e
+            .poison
+            .run(py, &mut e.engine, |core| step(core).map(|out| egress.publish(&out)))?
+            .map_err(|err| errors::engine(py, err))?;
+        Ok(finished.into_pyarray(py))
+    }
+}
+
+#[pymethods]
+impl PyFrontend {
+    #[new]
+    #[pyo3(signature = (
+        vocabulary, tokenizer_json, *, host, port, model_name, model_path, context_length, kv_capacity,
+        max_running_requests, max_request_bytes, version, model_info_json = "{}", settings_json = "{}",
+        api_key = None, chat_template = None, bos_token = None, eos_token = None, max_queued_requests = None,
+        queue_timeout = None, chars_per_token = None, http_threads = 2, tokenizer_threads = 2,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        vocabulary: PyRef<'_, PyVocabulary>,
+        tokenizer_json: PathBuf,
+        host: String,
+        port: u16,
+        model_name: String,
+        model_path: String,
+        context_length: usize,
+        kv_capacity: usize,
+        max_running_requests: usize,
+        max_request_bytes: usize,
+        version: String,
+        model_info_json: &str,
+        settings_json: &str,
+        api_key: Option<String>,
+        chat_template: Option<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+        max_queued_requests: Option<usize>,
+        queue_timeout: Option<f64>,
+        chars_per_token: Option<usize>,
+        http_threads: usize,
+        tokenizer_threads: usize,
+    ) -> PyResult<Self> {
+        let json = |field: &str, text: &str| {
+            serde_json::from_str(text).map_err(|e| errors::invalid_field(py, field, format!("{field}: {e}")))
+        };
+        let config = FrontendConfig {
+            host,
+            port,
+            model_name,
+            model_path,
+            api_key,
+            max_request_bytes,
+            max_running_requests,
+            max_queued_requests,
+            queue_timeout_s: queue_timeout,
+            context_length,
+            kv_capacity,
+            chars_per_token,
+            model_info: json("model_info_json", model_info_json)?,
+            settings: json("settings_json", settings_json)?,
+            version,
+            http_threads,
+            tokenizer_threads,
+        };
+        let vocab = vocabulary.vocab().clone();
+        let started = py.detach(move || -> Result<Frontend, String> {
+            let tokenizer = Tokenizer::from_file(&tokenizer_json)?;
+            let template = chat_template
+                .map(|t| ChatTemplate::new(&t, bos_token.as_deref(), eos_token.as_deref()))
+                .transpose()?;
+            Frontend::start(config, tokenizer, template, vocab)
+        });
+        let server = started.map_err(|m| errors::invalid_input(py, m))?;
+        Ok(PyFrontend {
+            ingress: server.ingress.clone(),
+            egress: server.egress.clone(),
+            port: server.local_addr().port(),
+            server: Mutex::new(Some(server)),
+        })
+    }
+
+    /// The port it listens on (the one asked for, or the one the system gave for 0).
+    #[getter]
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Samples submitted and not finished.
+    #[getter]
+    fn in_flight(&self) -> usize {
+        self.egress.len()
+    }
+
+    fn wait(&self, py: Python<'_>, timeout: f64) -> bool {
+        let timeout = Duration::from_secs_f64(timeout.clamp(0.0, 3600.0));
+        let ingress = &*self.ingress;
+        py.detach(|| ingress.wait(timeout))
+    }
+
+    /// `None` when no plain-greedy sample was submitted (the common case: no arrays made).
+    #[allow(clippy::type_complexity)]
+    fn drain<'py>(
+        &self,
+        py: Python<'py>,
+        engine: &Bound<'py, PyEngine>,
+    ) -> PyResult<Option<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>)>> {
+        let mut e = engine.borrow_mut();
+        let e = &mut *e;
+        let ingress = &*self.ingress;
+        let drained = e.poison.run(py, &mut e.engine, |core| ingress.drain(core))?;
+        if drained.greedy_rids.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((drained.greedy_rids.into_pyarray(py), drained.greedy_ignore_eos.into_pyarray(py))))
+    }
+
+    fn commit<'py>(
+        &self,
+        py: Python<'py>,
+        engine: &Bound<'py, PyEngine>,
+        logits: &Bound<'py, PyAny>,
+    ) -> PyResult<Finished<'py>> {
+        let array = match logits.cast::<PyArray2<f32>>() {
+            Ok(a) if a.is_c_contiguous() && a.try_readwrite().is_ok() => a.clone(),
+            _ => {
+                let np = py.import("numpy")?;
+                let copy = np.call_method1("array", (logits, "float32"))?;
+                copy.cast_into::<PyArray2<f32>>().map_err(|_| {
+                    errors::invalid_field(
+                        py,
+                        "logits",
+                        "logits must be a 2-D array [num_requests, vocab]".into(),
+                    )
+                })?
+            }
+        };
+        let width = array.shape()[1];
+        let mut rw = array.readwrite();
+        let slice = rw
+            .as_slice_mut()
+            .map_err(|_| errors::invalid_field(py, "logits", "logits must be contiguous".into()))?;
+        self.publish(py, engine, move |core| core.commit(slice, width))
+    }
+
+    fn commit_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        engine: &Bound<'py, PyEngine>,
+        tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Finished<'py>> {
+        let tokens = ids(tokens, "tokens", u32::MAX)?;
+        let tokens = tokens.as_slice();
+        self.publish(py, engine, move |core| core.commit_tokens(tokens))
+    }
+
+    fn fail_step<'py>(
+        &self,
+        py: Python<'py>,
+        engine: &Bound<'py, PyEngine>,
+        message: &str,
+    ) -> PyResult<Finished<'py>> {
+        let message = message.to_string();
+        self.publish(py, engine, move |core| Ok(core.fail_step(&message)))
+    }
+
+    fn take_outputs<'py>(&self, py: Python<'py>, engine: &Bound<'py, PyEngine>) -> PyResult<Finished<'py>> {
+        self.publish(py, engine, |core| Ok(core.take_outputs()))
+    }
+
+    #[pyo3(signature = (timeout = 5.0))]
+    fn stop(&self, py: Python<'_>, timeout: f64) {
+        let server = self.server.lock().unwrap().take();
+        if let Some(mut server) = server {
+            py.detach(move || server.stop(Duration::from_secs_f64(timeout.clamp(0.0, 60.0))));
+        }
+    }
+}
+
+/// Renders chat messages (a JSON list of `{"role", "content"}`) with a chat template as
+/// the Rust front end does (minijinja), for comparing with jinja2.
+#[pyfunction]
+#[pyo3(signature = (template, messages_json, *, bos_token = None, eos_token = None, add_generation_prompt = true))]
+fn render_chat_template(
+    py: Python<'_>,
+    template: &str,
+    messages_json: &str,
+    bos_token: Option<&str>,
+    eos_token: Option<&str>,
+    add_generation_prompt: bool,
+) -> PyResult<String> {
+    let messages: Vec<Message> = serde_json::from_str(messages_json)
+        .map_err(|e| errors::invalid_field(py, "messages_json", format!("messages_json: {e}")))?;
+    let t = ChatTemplate::new(template, bos_token, eos_token).map_err(|m| errors::invalid_input(py, m))?;
+    py.detach(|| t.render(&messages, add_generation_prompt)).map_err(|m| errors::invalid_input(py, m))
+}
+
+pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyFrontend>()?;
+    m.add_function(wrap_pyfunction!(render_chat_template, m)?)
+}

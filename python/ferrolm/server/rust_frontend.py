@@ -1,0 +1,154 @@
+"""``ferrolm serve --frontend rust``: the Rust HTTP front end (``_core.Frontend``, axum and
+tokio threads that never take the GIL) in the process that runs the step loop.
+
+Requests go from the HTTP threads into the core's queue and the core's step outputs go
+straight to each request's stream, all in Rust: this loop only runs schedule -> forward ->
+commit. ``frontend.drain`` moves what arrived into the core at the start of a step;
+``frontend.commit`` (and its siblings) commits and hands the outputs to the streams,
+returning only the rids that finished. While there is no work the loop blocks in
+``frontend.wait`` (no busy spin; a request wakes it at once).
+
+Not built yet in this front end (refused with a 400 naming the field, never ignored):
+structured output (``response_format`` other than text, ``regex``, ``json_schema``, ``ebnf``,
+``guided_*``); the engine-heartbeat watch (``--engine-heartbeat-timeout``) has nothing to
+watch here, since the loop and the server share one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from typing import Any
+
+import ferrolm
+from ferrolm import _core
+from ferrolm.engine import Engine, default_blas_threads
+from ferrolm.errors import CorePanicError
+from ferrolm.model import ForwardBatch
+from ferrolm.model.loader import resolve_model_folder
+from ferrolm.server.args import ServerArgs
+from ferrolm.server.engine_process import model_info
+from ferrolm.server.prompt_bounds import max_input_chars_per_token
+
+log = logging.getLogger("ferrolm.server")
+
+IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop flag again
+HTTP_THREADS = 2  # the HTTP runtime's workers; tokenizing runs on as many pool threads
+
+
+def build_engine(args: ServerArgs) -> Engine:
+    return Engine(
+        args.model,
+        kv_capacity=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.chunked_prefill_size,
+        schedule_policy=args.schedule_policy,
+        enable_prefix_cache=not args.disable_radix_cache,
+        seed=args.seed,
+        blas_threads=args.blas_threads or default_blas_threads(),
+        runner=args.runner,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        mem_fraction_static=args.mem_fraction_static,
+        record_trace=args.record_trace,
+    )
+
+
+def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
+    """Binds the port and starts the HTTP threads over ``engine``'s vocabulary and tokenizer."""
+    tokenizer = engine.tokenizer
+    info = model_info(engine)
+    return _core.Frontend(
+        engine.vocabulary,
+        str(resolve_model_folder(args.model) / "tokenizer.json"),
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        model_path=args.model,
+        context_length=int(info["max_context_length"]),
+        kv_capacity=int(info["kv_capacity"]),
+        max_running_requests=args.max_running_requests,
+        max_request_bytes=args.max_request_bytes,
+        version=ferrolm.__version__,
+        model_info_json=json.dumps(info),
+        settings_json=json.dumps(args.public_dict()),
+        api_key=args.api_key,
+        chat_template=tokenizer.chat_template,
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+        max_queued_requests=args.max_queued_requests,
+        queue_timeout=args.queue_timeout,
+        chars_per_token=max_input_chars_per_token(tokenizer, tokenizer.token_bytes()),
+        http_threads=HTTP_THREADS,
+        tokenizer_threads=HTTP_THREADS,
+    )
+
+
+class StepLoop:
+    """schedule -> forward -> commit, fed and drained by the Rust front end."""
+
+    def __init__(self, engine: Engine, frontend: _core.Frontend) -> None:
+        self.engine = engine
+        self.frontend = frontend
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        engine, frontend, core = self.engine, self.frontend, self.engine.core
+        while not self.stopping.is_set():
+            greedy = frontend.drain(core)
+            if greedy is not None:
+                engine.note_greedy(*greedy)
+            if not core.has_work():
+                frontend.wait(IDLE_WAIT_S)
+                continue
+            self.step()
+
+    def step(self) -> None:
+        engine, frontend, core = self.engine, self.frontend, self.engine.core
+        plan = core.schedule()
+        if len(plan) == 0:
+            finished = frontend.take_outputs(core)  # aborts and timeouts of waiting requests
+        else:
+            try:
+                batch = ForwardBatch.from_plan(plan)
+                ignore_eos = engine.device_greedy_rows(plan)
+                if ignore_eos is not None:
+                    ids = engine.runner.forward_greedy(  # type: ignore[attr-defined]
+                        batch, engine.config.eos_token_ids, ignore_eos, vocab_size=core.vocab_size)
+                    finished = frontend.commit_tokens(core, ids)
+                    engine.device_greedy_steps += 1
+                else:
+                    finished = frontend.commit(core, engine.runner.forward(batch))
+            except CorePanicError:
+                raise  # the core refuses further use: the server ends
+            except Exception as e:
+                # the step's requests end with an error (error_kind "step_failed"; clients
+                # get no internals), the loop keeps serving
+                log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
+                finished = frontend.fail_step(core, f"the model forward failed: {type(e).__name__}: {e}")
+        if len(finished):
+            engine.forget_greedy(finished)
+
+
+def run_rust_server(args: ServerArgs) -> int:
+    level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = build_engine(args)
+    frontend = start_frontend(engine, args)
+    loop = StepLoop(engine, frontend)
+
+    def stop(signum: int, _frame: Any) -> None:
+        loop.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    url = f"http://{args.host}:{frontend.port}"
+    print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1; Rust front end)", flush=True)
+    try:
+        loop.run()
+    finally:
+        frontend.stop(5.0)
+    return 0

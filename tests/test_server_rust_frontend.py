@@ -1,0 +1,331 @@
+"""The Rust front end (``ferrolm serve --frontend rust``) beside the Python one: the same
+outputs at temperature 0 and with seeds, the same metric names, disconnects that abort
+and free the KV, the API key, an idle server that does not spin; and its chat templates
+(minijinja) rendered as jinja2 renders them. The shared suites (test_server_openai.py,
+test_server_errors.py) run against both front ends too."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import tokenizers
+
+from ferrolm import _core
+from ferrolm.errors import InvalidInputError
+from ferrolm.model.tokenizer import Tokenizer
+from ferrolm.server.testing import RunningServer, running_server, wait_until
+
+SECRET = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[RunningServer, RunningServer]]:
+    flags = ("--max-total-tokens", "8192")
+    with running_server(*flags, frontend="python") as py, running_server(*flags, frontend="rust") as rs:
+        yield py, rs
+
+
+@pytest.fixture(scope="module")
+def rust(servers: tuple[RunningServer, RunningServer]) -> RunningServer:
+    return servers[1]
+
+
+def post(server: RunningServer, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=server.headers, timeout=120)
+
+
+def comparable(path: str, answer: Any) -> Any:
+    """What must agree between the front ends (not ids or timestamps)."""
+    if path == "/generate":
+        items = answer if isinstance(answer, list) else [answer]
+        return [{"text": a["text"], "output_ids": a["output_ids"],
+                 "meta": {k: v for k, v in a["meta_info"].items() if k != "id"}} for a in items]
+    return {"choices": answer["choices"], "usage": answer["usage"], "object": answer["object"]}
+
+
+SAME = [
+    pytest.param("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0}, id="greedy"),
+    pytest.param("/v1/completions", {"prompt": ["one", "two"], "max_tokens": 6, "temperature": 0.9, "seed": 7, "n": 2},
+                 id="seeded-n2-two-prompts"),
+    pytest.param("/v1/completions", {"prompt": [1, 2, 3, 4], "max_tokens": 5, "temperature": 0, "logprobs": 2},
+                 id="ids-logprobs"),
+    pytest.param("/v1/completions", {"prompt": "Counting:", "max_tokens": 16, "temperature": 0, "stop": [" the", "ing"],
+                                     "include_stop_str_in_output": True}, id="stop"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
+                                                       {"role": "user", "content": "Tell me a story"}],
+                                          "max_tokens": 12, "temperature": 0}, id="chat-greedy"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                                          "max_completion_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 3,
+                                          "logprobs": True, "top_logprobs": 2}, id="chat-seeded-logprobs"),
+    pytest.param("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 10, "temperature": 0}},
+                 id="generate"),
+    pytest.param("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 1,
+                               "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "seed": 1, "n": 2}},
+                 id="generate-seeded-n2"),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), SAME)
+def test_same_outputs_as_the_python_front_end(servers: tuple[RunningServer, RunningServer], path: str,
+                                              body: dict[str, Any]) -> None:
+    py, rs = servers
+    a, b = post(py, path, body), post(rs, path, body)
+    assert a.status_code == b.status_code == 200, (a.text, b.text)
+    assert_same(comparable(path, b.json()), comparable(path, a.json()))
+
+
+def assert_same(got: Any, expected: Any, where: str = "") -> None:
+    """Equal structures; floats (logprobs) within a tolerance."""
+    if isinstance(expected, float) or isinstance(got, float):
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), where
+    elif isinstance(expected, dict):
+        assert isinstance(got, dict) and set(got) == set(expected), where
+        for k in expected:
+            assert_same(got[k], expected[k], f"{where}.{k}")
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected), where
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_same(g, e, f"{where}[{i}]")
+    else:
+        assert got == expected, where
+
+
+TRICKY_TEXTS = ["Hello, world!", "  leading and trailing  ", "tabs\tand\nnew\n\n\nlines\r\n", "123456789 3.14159",
+                "é ü ñ 中文 日本語 한국어", "emoji \U0001F600\U0001F44D\U0001F3FD", "<|im_start|>user\nhi<|im_end|>",
+                "don't you're we'll I'm", "a" * 300, "x = f(y) -> {z: [1, 2]};", "\u200b zero\u00a0width"]
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_tokenization_agrees_with_the_python_tokenizer(servers: tuple[RunningServer, RunningServer], tiny: Any,
+                                                       text: str) -> None:
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    py, rs = (post(s, "/generate", body).json() for s in servers)
+    assert rs["meta_info"]["prompt_tokens"] == len(tiny.tokenizer.encode(text))
+    assert (rs["meta_info"]["prompt_tokens"], rs["output_ids"]) == (py["meta_info"]["prompt_tokens"], py["output_ids"])
+
+
+@pytest.mark.parametrize(("path", "body"), SAME[:1] + SAME[4:5])
+def test_streams_agree_with_the_python_front_end(servers: tuple[RunningServer, RunningServer], path: str,
+                                                 body: dict[str, Any]) -> None:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    texts = []
+    for server in servers:
+        r = post(server, path, body)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [e.removeprefix("data: ") for e in r.text.split("\n\n") if e.strip()]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        text = "".join((c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "")
+                       for c in chunks if c["choices"])
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        texts.append((text, finishes, chunks[-1]["usage"]))
+    assert texts[0] == texts[1]
+
+
+def test_the_same_metric_names(servers: tuple[RunningServer, RunningServer]) -> None:
+    def types(server: RunningServer) -> dict[str, str]:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        return {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ferrolm:")}
+
+    py, rs = servers
+    assert types(rs) == types(py)
+    assert types(rs)["ferrolm:time_to_first_token_seconds"] == "histogram"
+
+
+def load(server: RunningServer) -> dict[str, int]:
+    info: dict[str, int] = httpx.get(f"{server.url}/server_info", headers=server.headers, timeout=30).json()["load"]
+    return info
+
+
+def idle_and_freed(server: RunningServer) -> bool:
+    info = load(server)
+    return info["running"] == 0 and info["waiting"] == 0 and info["kv_used"] == info["cached_tokens"]
+
+
+def test_a_stream_whose_client_goes_away_is_aborted_and_its_kv_freed(rust: RunningServer) -> None:
+    body = {"prompt": "A story that never ends", "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{rust.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for _ in r.iter_raw():
+            break  # one chunk, then hang up
+    wait_until(lambda: idle_and_freed(rust), timeout=60)
+    after = load(rust)
+    assert after["finished"] >= 1
+
+
+def test_a_waiting_client_that_goes_away_is_aborted_and_its_kv_freed(rust: RunningServer) -> None:
+    body = json.dumps({"prompt": "Another long one", "max_tokens": 3000, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    host, port = rust.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: load(rust)["running"] == 1, timeout=60)
+    wait_until(lambda: idle_and_freed(rust), timeout=60)
+
+
+def test_abort_request_by_id_ends_a_generation(rust: RunningServer) -> None:
+    body = {"text": "x", "rid": "to-abort", "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}}
+    with httpx.stream("POST", f"{rust.url}/generate", json=body, timeout=60) as r:
+        it = r.iter_lines()
+        next(it)
+        aborted = post(rust, "/abort_request", {"rid": "to-abort"}).json()
+        assert aborted == {"aborted": 1}
+        events = [json.loads(line[6:]) for line in it if line.startswith("data: {")]
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    wait_until(lambda: idle_and_freed(rust), timeout=60)
+
+
+def test_an_idle_server_does_not_spin(rust: RunningServer) -> None:
+    wait_until(lambda: idle_and_freed(rust), timeout=60)
+    pid = rust.process.pid
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    before, t0 = cpu_s(), time.monotonic()
+    time.sleep(2.0)
+    used, elapsed = cpu_s() - before, time.monotonic() - t0
+    # a loop that polled would use a whole core; blocking leaves (almost) nothing
+    assert used / elapsed < 0.05, f"{used:.3f} s of CPU in {elapsed:.1f} s idle"
+
+
+def test_the_api_key_guards_all_but_health_and_metrics() -> None:
+    with running_server("--max-total-tokens", "2048", api_key=SECRET, frontend="rust") as s:
+        body = {"prompt": "x", "max_tokens": 1}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {SECRET}"},
+                        {"Authorization": f"Bearer {SECRET}x"}):
+            r = httpx.post(f"{s.url}/v1/completions", json=body, headers=headers, timeout=30)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", headers
+            assert r.headers["www-authenticate"] == "Bearer"
+        ok = httpx.post(f"{s.url}/v1/completions", json=body, headers={"Authorization": f"bearer {SECRET}"}, timeout=30)
+        assert ok.status_code == 200
+        assert httpx.get(f"{s.url}/health").status_code == 200
+        assert httpx.get(f"{s.url}/metrics").status_code == 200
+        assert httpx.get(f"{s.url}/v1/models").status_code == 401
+        info = httpx.get(f"{s.url}/server_info", headers=s.headers).json()
+        assert info["settings"]["api_key"] == "set" and SECRET not in json.dumps(info)
+
+
+def test_posts_must_be_json_and_within_the_size_limit(rust: RunningServer) -> None:
+    r = httpx.post(f"{rust.url}/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    r = httpx.post(f"{rust.url}/flush_cache")  # no body and no type: refused too
+    assert r.status_code == 415
+    big = b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+    r = httpx.post(f"{rust.url}/v1/completions", content=big, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+# ---- chat templates: minijinja (the Rust front end) against jinja2 (the Python one) ----
+
+TINY = ("{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+        " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# the families' shapes, written for this test: header ids (Llama 3), [INST] turns with a
+# folded system prompt and alternation checks (Llama 2 / Mistral), ChatML with a default
+# system prompt (Qwen), <start_of_turn> with a renamed role and no system role (Gemma)
+LLAMA3_STYLE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+INST_STYLE = """{% if messages[0]['role'] == 'system' %}
+    {% set system = messages[0]['content'] %}
+    {% set loop_messages = messages[1:] %}
+{% else %}
+    {% set system = false %}
+    {% set loop_messages = messages %}
+{% endif %}
+{{ bos_token }}
+{% for message in loop_messages %}
+    {% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {% endif %}
+    {% if message['role'] == 'user' %}
+        {% if loop.first and system %}
+{{ '[INST] ' + system + '\\n\\n' + message['content'].strip() + ' [/INST]' }}
+        {% else %}
+{{ '[INST] ' + message['content'].strip() + ' [/INST]' }}
+        {% endif %}
+    {% else %}
+{{ ' ' + message['content'].strip() + eos_token }}
+    {% endif %}
+{% endfor %}"""
+CHATML_DEFAULT_SYSTEM = """{% for message in messages %}
+{% if loop.first and message['role'] != 'system' %}
+{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
+{% endif %}
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}
+{% endfor %}
+{% if add_generation_prompt %}
+{{ '<|im_start|>assistant\\n' }}
+{% endif %}"""
+TURN_STYLE = """{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}
+{% for message in messages %}
+{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}
+{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}
+{% endfor %}
+{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}"""
+NAMESPACE_AND_JSON = """{% set ns = namespace(count=0, last='') %}
+{% for m in messages %}{% set ns.count = ns.count + 1 %}{% set ns.last = m.role %}{% endfor %}
+{{ ns.count }} {{ ns.last }} {{ messages | tojson }} {{ messages[0] | tojson(indent=2) }}
+{{ messages[-1].content | upper }} {{ messages | length }} {{ messages[0].content.split(' ') | join('|') }}"""
+
+CHATS = [
+    [{"role": "user", "content": "Hi!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  Hello there  "},
+     {"role": "assistant", "content": "Hi. "}, {"role": "user", "content": "é ü \u4e2d \U0001F600 \"q\" <b>&"}],
+]
+
+
+def jinja2_render(template: str, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    hf = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2}, unk_token="<unk>"))
+    tok = Tokenizer(hf, bos_token="<s>", eos_token="</s>", chat_template=template)
+    return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+
+@pytest.mark.parametrize("template", [TINY, LLAMA3_STYLE, INST_STYLE, CHATML_DEFAULT_SYSTEM, TURN_STYLE,
+                                      NAMESPACE_AND_JSON],
+                         ids=["tiny", "llama3-style", "inst-style", "chatml-default-system", "turn-style",
+                              "namespace-json-filters"])
+@pytest.mark.parametrize("chat", range(len(CHATS)))
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_templates_render_as_jinja2(template: str, chat: int, add_generation_prompt: bool) -> None:
+    messages = CHATS[chat]
+    try:
+        expected = jinja2_render(template, messages, add_generation_prompt)
+    except InvalidInputError as e:
+        # the template refuses this chat (raise_exception): so must minijinja, with its message
+        with pytest.raises(InvalidInputError) as info:
+            _core.render_chat_template(template, json.dumps(messages), bos_token="<s>", eos_token="</s>",
+                                       add_generation_prompt=add_generation_prompt)
+        assert str(e).removeprefix("chat template: ") in str(info.value)
+        return
+    got = _core.render_chat_template(template, json.dumps(messages), bos_token="<s>", eos_token="</s>",
+                                     add_generation_prompt=add_generation_prompt)
+    assert got == expected
+
+
+def test_the_tiny_models_template_matches(tiny: Any) -> None:
+    tok = tiny.tokenizer
+    messages = CHATS[1]
+    got = _core.render_chat_template(tok.chat_template, json.dumps(messages), bos_token=tok.bos_token,
+                                     eos_token=tok.eos_token)
+    assert got == tok.apply_chat_template(messages)
+
+
+def test_a_template_that_does_not_compile_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="does not compile"):
+        _core.render_chat_template("{% for x in %}", "[]")
