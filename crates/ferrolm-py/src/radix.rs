@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolm_core::radix::{
-    EvictionPolicy, KvEvent, ManualClock, NodeHandle, RadixTree, TimeSource, TreeConfig,
+    EvictionPolicy, KvEvent, ManualClock, MatchedPath, NodeHandle, RadixTree, TimeSource, TreeConfig,
 };
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -22,9 +22,8 @@ const MAX_SLOT: u32 = i32::MAX as u32;
 pub struct PyRadixTree {
     tree: RadixTree,
     poison: Poison,
-    /// `match_prefix` collects the matched slots here, then copies them into the result
-    /// array: no allocation per call but numpy's own.
-    matched: Vec<u32>,
+    /// The nodes of the last match, reused between calls.
+    path: MatchedPath,
 }
 
 /// A clock for the `tlru` policy that moves only when told to, so that tests of
@@ -210,7 +209,7 @@ impl PyRadixTree {
             ttl,
         };
         let tree = RadixTree::with_clock(config, time).map_err(|e| errors::tree(py, e))?;
-        Ok(PyRadixTree { tree, poison: Poison::default(), matched: Vec::new() })
+        Ok(PyRadixTree { tree, poison: Poison::default(), path: MatchedPath::default() })
     }
 
     #[pyo3(signature = (tokens, namespace = None))]
@@ -223,15 +222,19 @@ impl PyRadixTree {
         let tokens = ids(tokens, "tokens", u32::MAX)?;
         let tokens = tokens.as_slice();
         let namespace = namespace.as_ref().map(|n| n.0.as_str());
-        let matched = &mut self.matched;
-        matched.clear();
-        let (length, node) = self
-            .poison
-            .run(py, (&mut self.tree, &mut *matched), |(t, m)| t.match_prefix_into(tokens, namespace, m))?;
-        let kv_slots = slots_array(py, matched).unbind();
-        if matched.capacity() > 1 << 16 {
-            *matched = Vec::new(); // one huge match does not pin its buffer
-        }
+        let (length, node) = self.poison.run(py, (&mut self.tree, &mut self.path), |(t, path)| {
+            t.match_prefix_path(tokens, namespace, path)
+        })?;
+        // The slots go straight from the tree into the result array (no buffer between):
+        // copying them is the result's conversion, done as the array is made.
+        // SAFETY: uninitialized, but every element is written below before Python sees it
+        let kv_slots = unsafe { PyArray1::<i32>::new(py, [length], false) };
+        // SAFETY: the array was made just now and nothing else refers to it yet
+        let out = unsafe { kv_slots.as_slice_mut() }.expect("a new array is contiguous");
+        // SAFETY: i32 and u32 have the same size and alignment (slots are below 2^31)
+        let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u32>(), out.len()) };
+        self.tree.copy_matched_slots(&self.path, out);
+        let kv_slots = kv_slots.unbind();
         Ok(MatchResult { length, kv_slots, node: node.0 })
     }
 

@@ -16,4 +16,4 @@ pub use arena::NodeHandle;
 pub use clock::{ManualClock, MonotonicClock, TimeSource};
 pub use events::KvEvent;
 pub use policy::EvictionPolicy;
-pub use tree::{MatchResult, RadixTree, TreeConfig, TreeError, TreeSizes};
+pub use tree::{MatchResult, MatchedPath, RadixTree, TreeConfig, TreeError, TreeSizes};

@@ -222,19 +222,25 @@ impl RadixTree {
     /// matched nodes used (for LRU/LFU), and splits the last one if the match ends inside
     /// it, so that the returned node covers exactly the matched prefix.
     pub fn match_prefix(&mut self, tokens: &[u32], namespace: Option<&str>) -> MatchResult {
-        let mut kv_slots = Vec::new();
-        let (length, node) = self.match_prefix_into(tokens, namespace, &mut kv_slots);
+        let mut path = MatchedPath::default();
+        let (length, node) = self.match_prefix_path(tokens, namespace, &mut path);
+        let mut kv_slots = vec![0; length];
+        self.copy_matched_slots(&path, &mut kv_slots);
         MatchResult { length, kv_slots, node }
     }
 
-    /// [`match_prefix`](Self::match_prefix) appending the matched slots to `kv_slots`
-    /// (a buffer the caller reuses); returns the matched length and node.
-    pub fn match_prefix_into(
+    /// [`match_prefix`](Self::match_prefix) without gathering the slots: it records the
+    /// matched nodes in `path` (a buffer the caller reuses) and returns the matched length
+    /// and node. [`copy_matched_slots`](Self::copy_matched_slots) then writes the slots
+    /// straight to where the caller wants them (the binding: a fresh numpy array), one
+    /// copy fewer of the slots, which is what a walk on a cold cache pays for.
+    pub fn match_prefix_path(
         &mut self,
         tokens: &[u32],
         namespace: Option<&str>,
-        kv_slots: &mut Vec<u32>,
+        path: &mut MatchedPath,
     ) -> (usize, NodeHandle) {
+        path.nodes.clear();
         self.clock += 1;
         let clock = self.clock;
         let now = self.now();
@@ -250,7 +256,9 @@ impl RadixTree {
         let mut pos = 0;
         while pos < aligned {
             let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
-            let common = self.common_pages(&self.arena[child].key, &tokens[pos..aligned]);
+            let key = &self.arena[child].key;
+            prefetch(&key[..key.len().min(aligned - pos)]);
+            let common = self.common_pages(key, &tokens[pos..aligned]);
             self.touch(child, |s| {
                 s.last_access = clock;
                 s.hits += 1;
@@ -263,7 +271,7 @@ impl RadixTree {
             }
             let reached =
                 if common < self.arena[child].key.len() { self.split(child, common) } else { child };
-            kv_slots.extend_from_slice(&self.arena[reached].value);
+            path.nodes.push(reached);
             node = reached;
             pos += common;
             if reached != child {
@@ -273,8 +281,25 @@ impl RadixTree {
         if policy == EvictionPolicy::Slru {
             self.demote_overflow(clock);
         }
+        // The slots are copied next: ask for them now, so that their cache lines arrive
+        // while the caller gets ready (the binding takes the GIL back and makes an array).
+        for &idx in &path.nodes {
+            prefetch(&self.arena[idx].value);
+        }
         let node = if pos == 0 { self.root_handle() } else { self.arena.handle(node) };
         (pos, node)
+    }
+
+    /// Writes the slots of the prefix `path` matched (by the last call that filled it, on
+    /// this tree, unchanged since) into `out`, whose length must be the matched length.
+    pub fn copy_matched_slots(&self, path: &MatchedPath, out: &mut [u32]) {
+        let mut at = 0;
+        for &idx in &path.nodes {
+            let value = &self.arena[idx].value;
+            out[at..at + value.len()].copy_from_slice(value);
+            at += value.len();
+        }
+        assert_eq!(at, out.len(), "out must be as long as the match");
     }
 
     /// How many leading tokens of `tokens` `match_prefix` would match, without its side
@@ -440,7 +465,7 @@ impl RadixTree {
             let Some(idx) = self.next_victim(now) else { break };
             self.leave_evict_set(idx);
             if self.arena[idx].stats.slru_protected {
-                self.slru_hot.remove(&self.hot_key(idx));
+                self.leave_hot_set(idx);
                 self.slru_hot_tokens -= self.arena[idx].key.len();
             }
             let parent = self.arena[idx].parent;
@@ -695,7 +720,7 @@ impl RadixTree {
         self.num_nodes += 1;
         // both parts stay in the segment the node was in (no tokens move between segments)
         if self.arena[upper].stats.slru_protected {
-            self.slru_hot.insert(self.hot_key(upper));
+            self.enter_hot_set(upper);
         }
         upper
     }
@@ -770,65 +795,106 @@ impl RadixTree {
         hashes
     }
 
-    // ---- the evictable set ----
+    // ---- the ordered sets ----
+    //
+    // Using a node only makes its keys grow (later access, more hits, higher priority,
+    // promotion, later deadline), except under `mru`, whose key falls with use. So a walk
+    // updates statistics only, and a node may sit in a set under an older, smaller key
+    // than its own; whoever takes a set's front first re-files a front entry that lags
+    // (`next_victim`, `demote_overflow`). What comes out is the same as with eager
+    // updates, and a match or insert touches no set: on a cold cache each set update is
+    // several misses.
 
-    fn evict_key(&self, idx: u32) -> (EvictionKey, u32) {
-        (self.config.policy.key(&self.arena[idx].stats), idx)
-    }
-
-    fn expiry_key(&self, idx: u32) -> (u64, u64, u32) {
-        let s = &self.arena[idx].stats;
-        (s.deadline_ns, s.seq, idx)
-    }
-
-    fn hot_key(&self, idx: u32) -> (u64, u64, u32) {
-        let s = &self.arena[idx].stats;
-        (s.last_access, s.seq, idx)
+    /// Whether a node's keys only grow with use, so that sets may lag (see above).
+    fn lazy_keys(&self) -> bool {
+        self.config.policy != EvictionPolicy::Mru
     }
 
     fn enter_evict_set(&mut self, idx: u32) {
-        let key = self.evict_key(idx);
-        self.evictable.insert(key);
+        let key = self.config.policy.key(&self.arena[idx].stats);
+        self.evictable.insert((key, idx));
+        let n = &mut self.arena[idx];
+        n.filed_key = key;
+        n.in_evict_set = true;
         if self.config.policy == EvictionPolicy::Tlru {
-            self.expiry.insert(self.expiry_key(idx));
+            let (deadline, seq) = (n.stats.deadline_ns, n.stats.seq);
+            n.filed_deadline = deadline;
+            self.expiry.insert((deadline, seq, idx));
         }
-        self.arena[idx].in_evict_set = true;
     }
 
     fn leave_evict_set(&mut self, idx: u32) {
-        let key = self.evict_key(idx);
-        self.evictable.remove(&key);
+        let n = &mut self.arena[idx];
+        n.in_evict_set = false;
+        let (key, deadline, seq) = (n.filed_key, n.filed_deadline, n.stats.seq);
+        self.evictable.remove(&(key, idx));
         if self.config.policy == EvictionPolicy::Tlru {
-            self.expiry.remove(&self.expiry_key(idx));
+            self.expiry.remove(&(deadline, seq, idx));
         }
-        self.arena[idx].in_evict_set = false;
     }
 
-    /// The leaf `evict` takes next: under `tlru` an expired one if any, else the policy's
-    /// first.
-    fn next_victim(&self, now: u64) -> Option<u32> {
-        if let Some(&(deadline, _, idx)) = self.expiry.first() {
+    fn enter_hot_set(&mut self, idx: u32) {
+        let n = &mut self.arena[idx];
+        n.filed_access = n.stats.last_access;
+        self.slru_hot.insert((n.filed_access, n.stats.seq, idx));
+    }
+
+    fn leave_hot_set(&mut self, idx: u32) {
+        let n = &self.arena[idx];
+        self.slru_hot.remove(&(n.filed_access, n.stats.seq, idx));
+    }
+
+    /// The leaf `evict` takes next: under `tlru` an expired one if any (the earliest),
+    /// else the policy's first. Re-files front entries that lag their node's keys.
+    fn next_victim(&mut self, now: u64) -> Option<u32> {
+        while let Some(&(filed, seq, idx)) = self.expiry.first() {
+            let deadline = self.arena[idx].stats.deadline_ns;
+            if filed != deadline {
+                self.expiry.pop_first();
+                self.expiry.insert((deadline, seq, idx));
+                self.arena[idx].filed_deadline = deadline;
+                continue;
+            }
             if deadline <= now {
                 return Some(idx);
             }
+            break;
         }
-        self.evictable.first().map(|&(_, idx)| idx)
+        while let Some(&(filed, idx)) = self.evictable.first() {
+            let key = self.config.policy.key(&self.arena[idx].stats);
+            if filed == key {
+                return Some(idx);
+            }
+            self.evictable.pop_first();
+            self.evictable.insert((key, idx));
+            self.arena[idx].filed_key = key;
+        }
+        None
     }
 
-    /// Updates a node's statistics, keeping its place in the evictable set and the `slru`
-    /// protected segment right.
+    /// Updates a node's statistics through use (see the section's comment: the sets are
+    /// left lagging, except under `mru`).
     fn touch(&mut self, idx: u32, update: impl FnOnce(&mut EvictionStats)) {
+        if self.lazy_keys() {
+            update(&mut self.arena[idx].stats);
+        } else {
+            self.restat(idx, update);
+        }
+    }
+
+    /// Updates a node's statistics in any direction, re-filing it in every set it is in.
+    fn restat(&mut self, idx: u32, update: impl FnOnce(&mut EvictionStats)) {
         let member = self.arena[idx].in_evict_set;
         if member {
             self.leave_evict_set(idx);
         }
         let hot = self.arena[idx].stats.slru_protected;
         if hot {
-            self.slru_hot.remove(&self.hot_key(idx));
+            self.leave_hot_set(idx);
         }
         update(&mut self.arena[idx].stats);
         if self.arena[idx].stats.slru_protected {
-            self.slru_hot.insert(self.hot_key(idx));
+            self.enter_hot_set(idx);
         }
         if member {
             self.enter_evict_set(idx);
@@ -837,13 +903,15 @@ impl RadixTree {
 
     // ---- slru segments ----
 
-    /// A hit made this probationary node's second: it joins the protected segment.
+    /// A hit made this probationary node's second: it joins the protected segment (its
+    /// eviction key grows, so the evictable set may lag).
     fn promote_on_second_hit(&mut self, idx: u32) {
-        let s = &self.arena[idx].stats;
+        let s = &mut self.arena[idx].stats;
         if s.slru_protected || s.hits < 2 {
             return;
         }
-        self.touch(idx, |s| s.slru_protected = true);
+        s.slru_protected = true;
+        self.enter_hot_set(idx);
         self.slru_hot_tokens += self.arena[idx].key.len();
     }
 
@@ -853,8 +921,16 @@ impl RadixTree {
         let total = (self.evictable_tokens + self.protected_tokens) as f64;
         let limit = self.config.slru_protected_share * total;
         while self.slru_hot_tokens as f64 > limit {
-            let &(_, _, idx) = self.slru_hot.first().expect("protected tokens are in protected nodes");
-            self.touch(idx, |s| {
+            let &(filed, seq, idx) = self.slru_hot.first().expect("protected tokens are in protected nodes");
+            let last_access = self.arena[idx].stats.last_access;
+            if filed != last_access {
+                self.slru_hot.pop_first();
+                self.slru_hot.insert((last_access, seq, idx));
+                self.arena[idx].filed_access = last_access;
+                continue;
+            }
+            // the eviction key falls (protected to probationary): re-filed at once
+            self.restat(idx, |s| {
                 s.slru_protected = false;
                 s.last_access = clock;
             });
@@ -928,20 +1004,29 @@ impl RadixTree {
                         }
                     }
                     let should = n.is_leaf() && n.lock_ref == 0;
-                    if should != n.in_evict_set || (should && !self.evictable.contains(&self.evict_key(idx)))
+                    // filed keys may lag the node's own, never lead (or differ, under mru)
+                    let key = policy.key(&n.stats);
+                    let filed_ok = if self.lazy_keys() { n.filed_key <= key } else { n.filed_key == key };
+                    if should != n.in_evict_set
+                        || (should && (!filed_ok || !self.evictable.contains(&(n.filed_key, idx))))
                     {
                         return Err(format!("node {idx}: evictable-set membership is wrong"));
                     }
                     leaves += should as usize;
                     if n.stats.slru_protected {
-                        if policy != EvictionPolicy::Slru || !self.slru_hot.contains(&self.hot_key(idx)) {
+                        let filed = (n.filed_access, n.stats.seq, idx);
+                        if policy != EvictionPolicy::Slru
+                            || n.filed_access > n.stats.last_access
+                            || !self.slru_hot.contains(&filed)
+                        {
                             return Err(format!("node {idx}: protected-segment membership is wrong"));
                         }
                         hot_nodes += 1;
                         hot_tokens += n.key.len();
                     }
                     let expires = policy == EvictionPolicy::Tlru && should;
-                    if expires != self.expiry.contains(&self.expiry_key(idx)) {
+                    let filed = (n.filed_deadline, n.stats.seq, idx);
+                    if expires && (n.filed_deadline > n.stats.deadline_ns || !self.expiry.contains(&filed)) {
                         return Err(format!("node {idx}: expiry-set membership is wrong"));
                     }
                     path.extend_from_slice(&n.key);
@@ -998,6 +1083,31 @@ impl RadixTree {
         }
         Ok(())
     }
+}
+
+/// Asks the CPU to bring `data` into the cache: a match reads long runs of tokens and
+/// slots that are cold more often than not, and asking for all their lines at once
+/// overlaps the misses that a plain sequential read would wait out one by one.
+#[inline]
+fn prefetch(data: &[u32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        const LINE: usize = 64 / std::mem::size_of::<u32>();
+        for i in (0..data.len()).step_by(LINE) {
+            // SAFETY: a prefetch never faults, and the address is inside `data`
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(i).cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
+/// The nodes a match walked, for [`RadixTree::copy_matched_slots`]; reuse one between
+/// calls to save its allocation.
+#[derive(Debug, Default)]
+pub struct MatchedPath {
+    nodes: Vec<u32>,
 }
 
 /// What `insert` hands `add_leaf` about the leaf it makes.
