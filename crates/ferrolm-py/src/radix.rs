@@ -233,7 +233,8 @@ impl PyRadixTree {
         let out = unsafe { kv_slots.as_slice_mut() }.expect("a new array is contiguous");
         // SAFETY: i32 and u32 have the same size and alignment (slots are below 2^31)
         let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u32>(), out.len()) };
-        self.tree.copy_matched_slots(&self.path, out);
+        self.poison
+            .run_attached(py, (&self.tree, &self.path), |(t, path)| t.copy_matched_slots(path, out))?;
         let kv_slots = kv_slots.unbind();
         Ok(MatchResult { length, kv_slots, node: node.0 })
     }
