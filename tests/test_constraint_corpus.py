@@ -102,14 +102,14 @@ def test_corpus_valid_documents_are_accepted_and_invalid_ones_refused(corpus_nam
         for instance in entry.valid:
             counts["valid"] += 1
             texts = documents(orderer, instance)
-            why = []
+            whys = []
             for text in texts:  # accepted in one of the orders the engine may write
-                why.append(walk(vocab, grammar, text, row))
-                if why[-1] is None:
+                whys.append(walk(vocab, grammar, text, row))
+                if whys[-1] is None:
                     counts["valid_accepted"] += 1
                     break
             else:
-                mistakes.append(f"{entry.name}: valid {texts[0][:300]} refused: {why[0]}")
+                mistakes.append(f"{entry.name}: valid {texts[0][:300]} refused: {whys[0]}")
         for instance in entry.invalid:
             counts["invalid"] += 1
             texts = documents(orderer, instance)
@@ -152,7 +152,7 @@ def test_a_verdict_that_depends_on_formats_is_undecided(tmp_path: Any) -> None:
     root = tmp_path / "c"
     (root / "schemas").mkdir(parents=True)
     (root / "schemas" / "s.json").write_text(json.dumps(schema))
-    docs = {"test": {"ok": {"when": "2024-05-14T09:30:00Z", "url": "https://example.com"},
+    docs: dict[str, dict[str, Any]] = {"test": {"ok": {"when": "2024-05-14T09:30:00Z", "url": "https://example.com"},
                      "bad-date": {"when": "yesterday"}, "empty-url": {"url": ""}},
             "negative_test": {"wrong": {"when": 3}}}
     for kind, named in docs.items():

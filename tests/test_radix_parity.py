@@ -24,12 +24,15 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from ferrolm._core import ManualClock
 from ferrolm.errors import FerrolmError, InvalidInputError, NotLockedError, StaleHandleError
 from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 from conftest import make_tree
 
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
+SHARES = (0.0, 0.3, 0.8, 1.0)  # slru: the protected segment's share
+TTL = 4.0  # tlru: seconds; the clock rule moves time by 0 to 6 s
 NAMESPACES = (None, "a", "b")
 FORMS = ("list", "int32", "uint32", "int64")
 MAX_LEN = 16
@@ -71,14 +74,21 @@ class TreeParity(RuleBasedStateMachine):
         page=st.sampled_from([1, 2, 4]),
         policy=st.sampled_from(POLICIES),
         block_choice=st.sampled_from(["page", "double"]),
+        share=st.sampled_from(SHARES),
     )
-    def setup(self, page: int, policy: str, block_choice: str) -> None:
+    def setup(self, page: int, policy: str, block_choice: str, share: float = 0.8) -> None:
         # event blocks of whole pages; a block size that is not a multiple of the page
         # size breaks the events (test_radix_unit.py::test_events_block_not_a_multiple_of_the_page)
         block = {"page": None, "double": 2 * page}[block_choice]
-        kw = dict(page_size=page, eviction_policy=policy, enable_kv_events=True, kv_event_block_size=block)
+        # one clock drives both trees, so that time-to-live expires alike in both
+        self.clock = ManualClock()
+        kw = dict(
+            page_size=page, eviction_policy=policy, enable_kv_events=True, kv_event_block_size=block,
+            slru_protected_share=share, ttl_seconds=TTL, clock=self.clock,
+        )
         self.rust = make_tree("rust", **kw)
         self.py = make_tree("python", **kw)
+        self.policy = policy
         self.page = page
         self.block = block or page
         self.free: list[int] = list(range(CAPACITY))
@@ -262,8 +272,9 @@ class TreeParity(RuleBasedStateMachine):
         priority=st.integers(-2, 2),
         form=st.sampled_from(FORMS),
         cycle=st.sampled_from(["plain", "match", "match_lock"]),
+        ttl=st.sampled_from([None, None, 1.5, 9.0]),
     )
-    def insert(self, base, cut, suffix, ns, priority, form, cycle):
+    def insert(self, base, cut, suffix, ns, priority, form, cycle, ttl):
         """``plain``: the caller has fresh slots for every token. ``match``: the request
         cycle, whose matched prefix's slots come from the tree; ``match_lock`` also locks
         the matched node around the insert."""
@@ -286,7 +297,11 @@ class TreeParity(RuleBasedStateMachine):
         expected, _ = self.expected_match(ns, seq)
 
         nodes_before = self.rust.num_nodes()
-        err, rr, rp = self.both(lambda t: t.insert(conv(seq, form), conv(kv, form), namespace=ns, priority=priority))
+        # a time-to-live of its own only under tlru (elsewhere it is refused: bad_call)
+        extra = {"ttl_seconds": ttl} if ttl is not None and self.policy == "tlru" else {}
+        err, rr, rp = self.both(
+            lambda t: t.insert(conv(seq, form), conv(kv, form), namespace=ns, priority=priority, **extra)
+        )
         assert err is None, err
         grew = self.rust.num_nodes() - nodes_before
         event(f"insert: {'nothing new' if grew == 0 else 'new leaf' if grew == 1 else 'split and new leaf'}")
@@ -319,6 +334,11 @@ class TreeParity(RuleBasedStateMachine):
     def evict(self, n):
         self.do_evict(n)
 
+    @rule(seconds=st.sampled_from([0, 0.5, 1, 3, 4, 6]))
+    def advance_clock(self, seconds):
+        """Time passes for both trees (only tlru reads it)."""
+        self.clock.advance(seconds)
+
     @rule(dice=st.integers(0, 3))
     def reset(self, dice):
         if dice:  # resets are rarer than the other operations
@@ -334,7 +354,10 @@ class TreeParity(RuleBasedStateMachine):
 
     @rule(
         kind=st.sampled_from(
-            ["mismatched_lengths", "negative_token", "big_slot", "float_tokens", "negative_evict", "unknown_handle"]
+            [
+                "mismatched_lengths", "negative_token", "big_slot", "float_tokens", "negative_evict",
+                "unknown_handle", "bad_ttl",
+            ]
         ),
         seq=st.lists(st.integers(0, 3), min_size=1, max_size=6),
         ns=st.sampled_from(NAMESPACES),
@@ -358,6 +381,11 @@ class TreeParity(RuleBasedStateMachine):
             want = InvalidInputError
         elif kind == "negative_evict":
             call = lambda t: t.evict(-1 - n % 5)  # noqa: E731
+            want = InvalidInputError
+        elif kind == "bad_ttl":
+            # a negative ttl anywhere; a good one where the policy is not tlru
+            ttl = -1.0 if n % 2 or self.policy == "tlru" else 2.0
+            call = lambda t: t.insert(seq, kv, namespace=ns, ttl_seconds=ttl)  # noqa: E731
             want = InvalidInputError
         else:
             # a number neither tree gave out: rust's index and generation are both far
@@ -451,9 +479,9 @@ class PageOnePolicyParity(TreeParity):
     """The same machine with a single-token page and no event block choice, where splits
     are most frequent."""
 
-    @initialize(policy=st.sampled_from(POLICIES))
-    def setup(self, policy: str) -> None:  # type: ignore[override]
-        TreeParity.setup(self, 1, policy, "page")
+    @initialize(policy=st.sampled_from(POLICIES), share=st.sampled_from(SHARES))
+    def setup(self, policy: str, share: float) -> None:  # type: ignore[override]
+        TreeParity.setup(self, 1, policy, "page", share)
 
 
 TestPageOneParity = PageOnePolicyParity.TestCase

@@ -21,7 +21,7 @@ from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 from conftest import make_tree
 
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 
 
 def slots(start: int, n: int) -> list[int]:
@@ -456,6 +456,8 @@ def test_policy_priority_ties_by_least_recently_used(make):
         ("mru", [[11], [21], [10]]),
         ("filo", [[21], [11], [10]]),
         ("priority", [[11], [21], [10]]),
+        ("slru", [[11], [21], [10]]),  # nothing hit twice: all probationary, LRU
+        ("tlru", [[11], [21], [10]]),  # nothing expired: LRU
     ],
 )
 def test_policy_order_after_a_split(make, policy, order):

@@ -20,6 +20,7 @@ from typing_extensions import Self, disjoint_base
 __all__ = [
     "__version__",
     "RadixTree",
+    "ManualClock",
     "MatchResult",
     "Engine",
     "BatchPlan",
@@ -74,14 +75,33 @@ class RadixTree:
         eviction_policy: str = "lru",
         enable_kv_events: bool = False,
         kv_event_block_size: int | None = None,
+        *,
+        slru_protected_share: float = 0.8,
+        ttl_seconds: float = 300.0,
+        clock: ManualClock | None = None,
     ) -> Self:
         """``eviction_policy`` is one of ``lru``, ``lfu``, ``fifo``, ``mru``, ``filo``,
-        ``priority``. With ``enable_kv_events`` inserts and evictions queue events for
-        ``take_raw_events``, over blocks of ``kv_event_block_size`` tokens (default: one
-        page; it must be a whole number of pages, or two branches could share a block).
+        ``priority``, ``slru``, ``tlru``. With ``enable_kv_events`` inserts and evictions
+        queue events for ``take_raw_events``, over blocks of ``kv_event_block_size`` tokens
+        (default: one page; it must be a whole number of pages, or two branches could share
+        a block).
 
-        Raises ``InvalidInputError`` for a page size or block size outside 1..=2**20 or
-        an unknown policy (the message lists the known ones)."""
+        ``slru`` (segmented LRU): nodes start probationary and become protected on their
+        second hit by ``match_prefix``; probationary nodes are evicted first, each segment
+        in LRU order. The protected segment holds at most ``slru_protected_share`` of the
+        cached tokens (default 0.8, Caffeine's split); after each ``match_prefix`` its
+        least recently used nodes move back to the probationary segment, as just used,
+        until it fits.
+
+        ``tlru`` (LRU with a time-to-live): a node expires ``ttl_seconds`` (default 300,
+        the prompt-cache lifetime of the OpenAI and Anthropic APIs; ``insert`` may give its
+        own) after its last use; expired leaves are evicted first, earliest expired first,
+        then the others in LRU order. ``clock``: a ``ManualClock`` to read the time from
+        (tests); default the machine's monotonic clock.
+
+        Raises ``InvalidInputError`` for a page size or block size outside 1..=2**20, an
+        unknown policy (the message lists the known ones), a share outside 0..=1, a TTL
+        not in (0, 1e9] seconds, or a ``clock`` that is not a ``ManualClock``."""
     def match_prefix(self, tokens: object, namespace: str | None = None) -> MatchResult:
         """The longest cached prefix of ``tokens`` in ``namespace``.
 
@@ -96,8 +116,12 @@ class RadixTree:
         kv_slots: object,
         namespace: str | None = None,
         priority: int = 0,
+        *,
+        ttl_seconds: float | None = None,
     ) -> int:
         """Caches ``tokens`` (truncated to whole pages) with the KV slot of each token.
+        ``ttl_seconds`` (``tlru`` only): the new nodes' time-to-live, which the walked
+        nodes' is raised to; default the tree's.
 
         Returns how many leading tokens were already cached. The tree keeps its own slots
         for those: the caller frees its copies among ``kv_slots[:returned]`` that it did
@@ -108,7 +132,8 @@ class RadixTree:
         least ``priority``; queues a ``stored`` event when events are on.
 
         Raises ``InvalidInputError``, changing nothing, when the lengths differ, a token
-        is outside 0..=2**32-1 or a slot outside 0..=2**31-1."""
+        is outside 0..=2**32-1 or a slot outside 0..=2**31-1, or ``ttl_seconds`` is bad
+        or given to a tree whose policy is not ``tlru``."""
     def lock(self, node: int) -> int:
         """Protects the path from ``node`` to the root from eviction. Locks nest. Locking
         the root does nothing. Returns how many tokens became protected.
@@ -156,6 +181,10 @@ class RadixTree:
     @property
     def eviction_policy(self) -> str: ...
     @property
+    def slru_protected_share(self) -> float: ...
+    @property
+    def ttl_seconds(self) -> float: ...
+    @property
     def kv_events_enabled(self) -> bool: ...
     @property
     def kv_event_block_size(self) -> int: ...
@@ -165,6 +194,18 @@ class RadixTree:
     def _inject_panic(self) -> None:
         """Test hook: panics inside the core. Raises ``CorePanicError``, after which this
         object refuses every call."""
+
+@final
+class ManualClock:
+    """A clock for ``tlru`` trees that moves only when told to, so that tests of
+    time-to-live never sleep. One clock can drive several trees and the Python twin."""
+
+    def __new__(cls, start_ns: int = 0) -> Self: ...
+    def advance(self, seconds: float) -> None:
+        """Moves the time forward (saturating). Raises ``InvalidInputError`` for a
+        negative, non-finite or non-numeric ``seconds``."""
+    def now_ns(self) -> int:
+        """The time in nanoseconds."""
 
 @final
 class BatchPlan:

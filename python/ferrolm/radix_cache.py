@@ -8,7 +8,7 @@ overrides it per call. Both have the interface documented in ``ferrolm/_core.pyi
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import Any, Union
 
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
@@ -35,8 +35,11 @@ def RadixCache(
     kv_event_block_size: int | None = None,
     *,
     backend: str | None = None,
+    **policy_options: Any,
 ) -> AnyRadixCache:
-    """A radix prefix cache from the chosen backend (see the module doc)."""
+    """A radix prefix cache from the chosen backend (see the module doc).
+    ``policy_options``: ``slru_protected_share``, ``ttl_seconds``, ``clock`` (see
+    ``ferrolm._core.RadixTree``)."""
     name = backend or os.environ.get("FERROLM_TREE_BACKEND") or "rust"
     if name not in BACKENDS:
         raise InvalidInputError(
@@ -44,4 +47,4 @@ def RadixCache(
             "(FERROLM_TREE_BACKEND or backend=)"
         )
     cls = RustRadixCache if name == "rust" else PyRadixCache
-    return cls(page_size, eviction_policy, enable_kv_events, kv_event_block_size)
+    return cls(page_size, eviction_policy, enable_kv_events, kv_event_block_size, **policy_options)

@@ -11,14 +11,24 @@ two give identical results operation by operation (``tests/test_radix_parity.py`
 - a split makes the upper part a new node that inherits the statistics of the node it was
   cut from, but takes the next sequence number; a leaf made by insert takes the next one;
 - eviction takes unlocked leaves in order of the policy's key, whose last part is the
-  sequence number, so ties never depend on memory layout.
+  sequence number, so ties never depend on memory layout;
+- ``slru``: a node walked by ``match_prefix`` whose hits reach 2 enters the protected
+  segment; at the end of every ``match_prefix``, while the protected segment holds more
+  than ``slru_protected_share`` of the cached tokens, its node with the smallest
+  ``(last_access, seq)`` goes back to the probationary segment with ``last_access = clock``;
+- ``tlru``: ``match_prefix``, ``insert`` and ``evict`` read the clock once each; a node
+  walked or made gets ``deadline = now + ttl``, where an insert raises the ttl of the nodes
+  it walks to its own; ``evict`` takes the leaves with ``deadline <= now`` first, smallest
+  ``(deadline, seq)`` first, then the others by LRU.
 """
 
 from __future__ import annotations
 
 import heapq
 import sys
-from typing import NamedTuple
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,8 +43,39 @@ from ferrolm.kv_events import (
     namespace_seed,
 )
 
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority")
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 ROOT_HANDLE = 0
+# as the Rust tree's TreeConfig: Caffeine's 80% protected; prompt caches' five minutes
+DEFAULT_SLRU_PROTECTED_SHARE = 0.8
+DEFAULT_TTL_SECONDS = 300.0
+MAX_SECONDS = 1e9
+U64_MAX = 2**64 - 1  # the Rust tree's deadlines saturate there
+
+
+def _number(obj: Any) -> bool:
+    return isinstance(obj, (int, float)) and not isinstance(obj, bool)
+
+
+def as_ttl_ns(obj: Any, what: str) -> int:
+    """Seconds (> 0, at most 1e9) as whole nanoseconds, truncated as the binding does."""
+    if not _number(obj):
+        raise InvalidInputError(f"{what} must be a number of seconds, got {type(obj).__name__}", what)
+    v = float(obj)
+    if not (v > 0.0 and v <= MAX_SECONDS):
+        raise InvalidInputError(f"{what} must be > 0 and at most {MAX_SECONDS:e}, got {v}", what)
+    ns = int(v * 1e9)
+    if ns == 0:
+        raise InvalidInputError(f"{what} is under a nanosecond: {v}", what)
+    return ns
+
+
+def as_share(obj: Any, what: str) -> float:
+    if not _number(obj):
+        raise InvalidInputError(f"{what} must be a number between 0 and 1, got {type(obj).__name__}", what)
+    v = float(obj)
+    if not 0.0 <= v <= 1.0:
+        raise InvalidInputError(f"{what} must be between 0 and 1, got {v}", what)
+    return v
 
 
 class MatchResult(NamedTuple):
@@ -47,6 +88,7 @@ class _Node:
     __slots__ = (
         "key", "value", "children", "parent", "start", "lock_ref", "own_locks", "handle",
         "last_access", "created", "hits", "priority", "seq", "block_hashes", "is_root",
+        "hot", "ttl", "deadline",
     )  # fmt: skip
 
     def __init__(self, key: list[int], value: list[int], parent: _Node | None, start: int) -> None:
@@ -67,6 +109,9 @@ class _Node:
         self.seq = 0
         self.block_hashes: list[int] = []
         self.is_root = False
+        self.hot = False  # slru: in the protected segment
+        self.ttl = 0  # tlru: time-to-live and expiry, in ns of the tree's clock
+        self.deadline = 0
 
 
 class PyRadixCache:
@@ -78,7 +123,14 @@ class PyRadixCache:
         eviction_policy: str = "lru",
         enable_kv_events: bool = False,
         kv_event_block_size: int | None = None,
+        *,
+        slru_protected_share: float | None = None,
+        ttl_seconds: float | None = None,
+        clock: Any = None,
     ) -> None:
+        """``clock``: where ``tlru`` reads the time: a ``ferrolm._core.ManualClock`` (what
+        tests pass, to drive both backends alike) or any callable giving nanoseconds;
+        default ``time.monotonic_ns``."""
         page_size = as_int_in_range(page_size, "page_size", 1, 1 << 20)
         if not isinstance(eviction_policy, str):
             raise InvalidInputError(
@@ -92,6 +144,16 @@ class PyRadixCache:
             )
         if kv_event_block_size is not None:
             kv_event_block_size = as_int_in_range(kv_event_block_size, "kv_event_block_size", 1, 1 << 20)
+        share = DEFAULT_SLRU_PROTECTED_SHARE
+        if slru_protected_share is not None:
+            share = as_share(slru_protected_share, "slru_protected_share")
+        ttl_ns = int(DEFAULT_TTL_SECONDS * 1e9) if ttl_seconds is None else as_ttl_ns(ttl_seconds, "ttl_seconds")
+        time_ns = getattr(clock, "now_ns", clock)
+        if clock is not None and not callable(time_ns):
+            raise InvalidInputError(
+                f"clock must be a ManualClock, a callable giving nanoseconds or None, got {type(clock).__name__}",
+                "clock",
+            )
         if kv_event_block_size is not None and kv_event_block_size % page_size:
             # see the Rust tree: a block must be whole pages, or two branches can share it
             raise InvalidInputError(
@@ -101,6 +163,10 @@ class PyRadixCache:
         self._policy = eviction_policy
         self._events_on = bool(enable_kv_events)
         self._block = kv_event_block_size or page_size
+        self._share = share
+        self._ttl = ttl_ns
+        self._time: Callable[[], int] = time_ns or time.monotonic_ns
+        self._hot_tokens = 0
         self._root = self._new_root()
         self._ns_roots: dict[str, _Node] = {}
         self._nodes: dict[int, _Node] = {}  # live handle -> node
@@ -122,6 +188,14 @@ class PyRadixCache:
         return self._policy
 
     @property
+    def slru_protected_share(self) -> float:
+        return self._share
+
+    @property
+    def ttl_seconds(self) -> float:
+        return self._ttl / 1e9
+
+    @property
     def kv_events_enabled(self) -> bool:
         return self._events_on
 
@@ -139,6 +213,7 @@ class PyRadixCache:
         tokens = as_ids(tokens, "tokens")
         as_namespace(namespace)
         self._clock += 1
+        now = self._now()
         aligned = len(tokens) // self._page * self._page
         node = self._root if namespace is None else self._ns_roots.get(namespace)
         slots: list[int] = []
@@ -150,6 +225,11 @@ class PyRadixCache:
             common = self._common_pages(child.key, tokens, pos, aligned)
             self._touch(child)
             child.hits += 1
+            if self._policy == "tlru":
+                child.deadline = min(now + child.ttl, U64_MAX)
+            elif self._policy == "slru" and not child.hot and child.hits >= 2:
+                child.hot = True  # the second hit: promoted
+                self._hot_tokens += len(child.key)
             if common < len(child.key):
                 child = self._split(child, common)
                 slots.extend(child.value)
@@ -157,6 +237,8 @@ class PyRadixCache:
                 break
             slots.extend(child.value)
             node, pos = child, pos + common
+        if self._policy == "slru":
+            self._demote_overflow()
         handle = node.handle if pos > 0 and node is not None else ROOT_HANDLE
         return MatchResult(pos, np.array(slots, dtype=np.int32), handle)
 
@@ -166,17 +248,25 @@ class PyRadixCache:
         kv_slots: object,
         namespace: str | None = None,
         priority: int = 0,
+        *,
+        ttl_seconds: float | None = None,
     ) -> int:
         tokens = as_ids(tokens, "tokens")
         kv_slots = as_ids(kv_slots, "kv_slots", I32_MAX)
         as_namespace(namespace)
         priority = as_int_in_range(priority, "priority", -(2**63), 2**63 - 1)
+        ttl = self._ttl if ttl_seconds is None else as_ttl_ns(ttl_seconds, "ttl_seconds")
+        if ttl_seconds is not None and self._policy != "tlru":
+            raise InvalidInputError(
+                f"ttl: only the tlru eviction policy gives nodes a time-to-live (this tree's is {self._policy})"
+            )
         if len(tokens) != len(kv_slots):
             raise InvalidInputError(
                 f"kv_slots has {len(kv_slots)} entries but tokens has {len(tokens)}; "
                 "they must be the same length"
             )
         self._clock += 1
+        now = self._now()
         aligned = len(tokens) // self._page * self._page
         if aligned == 0:
             return 0
@@ -186,11 +276,15 @@ class PyRadixCache:
         while pos < aligned:
             child = node.children.get(self._child_key(tokens, pos))
             if child is None:
-                self._add_leaf(node, tokens, kv_slots, pos, aligned, priority, parent_block, namespace)
+                leaf = self._add_leaf(node, tokens, kv_slots, pos, aligned, priority, parent_block, namespace)
+                leaf.ttl, leaf.deadline = ttl, min(now + ttl, U64_MAX)
                 return pos
             common = self._common_pages(child.key, tokens, pos, aligned)
             self._touch(child)
             child.priority = max(child.priority, priority)
+            if self._policy == "tlru":
+                child.ttl = max(child.ttl, ttl)
+                child.deadline = min(now + child.ttl, U64_MAX)
             if common < len(child.key):
                 child = self._split(child, common)
             if child.block_hashes:
@@ -236,8 +330,9 @@ class PyRadixCache:
 
     def evict(self, num_tokens: object) -> np.ndarray:
         want = as_count(num_tokens, "num_tokens")
+        now = self._now()
         # like SGLang's tree: gather the evictable leaves, then pop them in policy order
-        heap = [(self._evict_key(n), n.seq, n) for n in self._evictable_leaves()]
+        heap = [(self._evict_key(n, now), n.seq, n) for n in self._evictable_leaves()]
         heapq.heapify(heap)
         freed: list[int] = []
         removed: list[int] = []
@@ -247,11 +342,13 @@ class PyRadixCache:
             del parent.children[self._first_page(leaf.key)]
             del self._nodes[leaf.handle]
             self._evictable -= len(leaf.key)
+            if leaf.hot:
+                self._hot_tokens -= len(leaf.key)
             freed.extend(leaf.value)
             removed.extend(leaf.block_hashes)
             if not parent.children:
                 if not parent.is_root and parent.lock_ref == 0:
-                    heapq.heappush(heap, (self._evict_key(parent), parent.seq, parent))
+                    heapq.heappush(heap, (self._evict_key(parent, now), parent.seq, parent))
                 elif parent.is_root and parent is not self._root:
                     self._drop_namespace_root(parent)
         if removed:
@@ -264,6 +361,7 @@ class PyRadixCache:
         self._nodes = {}
         self._evictable = 0
         self._protected = 0
+        self._hot_tokens = 0
         if self._events_on:
             self._events.append(AllBlocksCleared())
 
@@ -351,6 +449,21 @@ class PyRadixCache:
     def _touch(self, node: _Node) -> None:
         node.last_access = self._clock
 
+    def _now(self) -> int:
+        """The time for ``tlru``; other policies never read the clock."""
+        return int(self._time()) if self._policy == "tlru" else 0
+
+    def _demote_overflow(self) -> None:
+        """``slru``: while the protected segment holds more than its share of the cached
+        tokens, its least recently used node goes back to the probationary segment, as
+        just used there."""
+        limit = self._share * (self._evictable + self._protected)
+        while self._hot_tokens > limit:
+            victim = min((n for n in self._nodes.values() if n.hot), key=lambda n: (n.last_access, n.seq))
+            victim.hot = False
+            victim.last_access = self._clock
+            self._hot_tokens -= len(victim.key)
+
     def _take_seq(self) -> int:
         seq = self._next_seq
         self._next_seq += 1
@@ -367,6 +480,7 @@ class PyRadixCache:
         upper.lock_ref = node.lock_ref
         upper.last_access, upper.created = node.last_access, node.created
         upper.hits, upper.priority = node.hits, node.priority
+        upper.hot, upper.ttl, upper.deadline = node.hot, node.ttl, node.deadline
         upper.seq = self._take_seq()
         n_upper_blocks = (node.start + at) // self._block - node.start // self._block
         upper.block_hashes = node.block_hashes[:n_upper_blocks]
@@ -389,7 +503,7 @@ class PyRadixCache:
         priority: int,
         parent_block: int | None,
         namespace: str | None,
-    ) -> None:
+    ) -> _Node:
         leaf = _Node(tokens[start:end], kv_slots[start:end], parent, start)
         leaf.last_access = leaf.created = self._clock
         leaf.priority = priority
@@ -407,11 +521,12 @@ class PyRadixCache:
         parent.children[self._first_page(leaf.key)] = leaf
         self._register(leaf)
         self._evictable += end - start
+        return leaf
 
     def _evictable_leaves(self) -> list[_Node]:
         return [n for n in self._nodes.values() if not n.children and n.lock_ref == 0]
 
-    def _evict_key(self, n: _Node) -> tuple[int, int]:
+    def _evict_key(self, n: _Node, now: int) -> tuple[int, int]:
         policy = self._policy
         if policy == "lru":
             return (n.last_access, 0)
@@ -423,6 +538,10 @@ class PyRadixCache:
             return (-n.last_access, 0)
         if policy == "filo":
             return (-n.created, 0)
+        if policy == "slru":
+            return (int(n.hot), n.last_access)
+        if policy == "tlru":
+            return (0, n.deadline) if n.deadline <= now else (1, n.last_access)
         return (n.priority, n.last_access)
 
     def _find_violation(self) -> str | None:
@@ -472,6 +591,9 @@ class PyRadixCache:
                     stack.append((child, path, last_hash))
         if reachable != len(self._nodes):
             return f"{len(self._nodes)} nodes registered but {reachable} reachable"
+        hot = sum(len(n.key) for n in self._nodes.values() if n.hot)
+        if hot != self._hot_tokens or (hot and self._policy != "slru"):
+            return f"protected segment: counted {hot} tokens, recorded {self._hot_tokens}"
         if (evictable, protected) != (self._evictable, self._protected):
             return (
                 f"sizes drifted: counted evictable {evictable}, protected {protected}; "

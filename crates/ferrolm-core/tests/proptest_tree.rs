@@ -3,8 +3,10 @@
 //! the KV slots of its last page, which is all a prefix cache promises to remember.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
 
-use ferrolm_core::radix::{EvictionPolicy, NodeHandle, RadixTree, TreeConfig};
+use ferrolm_core::radix::{EvictionPolicy, ManualClock, NodeHandle, RadixTree, TreeConfig};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -15,6 +17,8 @@ enum Op {
     Unlock(usize),
     Evict(usize),
     Reset,
+    /// Moves the clock forward this many seconds (`tlru` nodes expire after 4 s here).
+    Advance(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -27,6 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Unlock),
         2 => (0usize..12).prop_map(Op::Evict),
         1 => Just(Op::Reset),
+        2 => (0u64..6).prop_map(Op::Advance),
     ]
 }
 
@@ -34,6 +39,7 @@ type Key = (bool, Vec<u32>);
 
 struct Harness {
     tree: RadixTree,
+    clock: Arc<ManualClock>,
     page: usize,
     capacity: usize,
     free: Vec<u32>,
@@ -51,11 +57,20 @@ fn ns_name(ns: bool) -> Option<&'static str> {
 }
 
 impl Harness {
-    fn new(page: usize, policy: EvictionPolicy, kv_events: bool) -> Self {
+    fn new(page: usize, policy: EvictionPolicy, kv_events: bool, share: f64) -> Self {
         let capacity = 64;
-        let config = TreeConfig { page_size: page, policy, kv_events, event_block_size: 0 };
+        let config = TreeConfig {
+            page_size: page,
+            policy,
+            kv_events,
+            slru_protected_share: share,
+            ttl: Duration::from_secs(4),
+            ..TreeConfig::default()
+        };
+        let clock = Arc::new(ManualClock::new(0));
         Harness {
-            tree: RadixTree::new(config).unwrap(),
+            tree: RadixTree::with_clock(config, clock.clone()).unwrap(),
+            clock,
             page,
             capacity,
             free: (0..capacity as u32).collect(),
@@ -164,6 +179,7 @@ impl Harness {
                 self.forget(&freed);
                 self.free.extend(freed);
             }
+            Op::Advance(seconds) => self.clock.advance(seconds * 1_000_000_000),
             Op::Reset => {
                 self.tree.reset();
                 self.free = (0..self.capacity as u32).collect();
@@ -209,8 +225,14 @@ impl Harness {
     }
 }
 
-fn run(page: usize, policy: EvictionPolicy, kv_events: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(page, policy, kv_events);
+fn run(
+    page: usize,
+    policy: EvictionPolicy,
+    kv_events: bool,
+    share: f64,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(page, policy, kv_events, share);
     for op in ops {
         h.step(op)?;
     }
@@ -238,7 +260,8 @@ proptest! {
     fn random_ops_keep_invariants(page in prop::sample::select(vec![1usize, 2, 4]),
                                   policy in policy(),
                                   kv_events in any::<bool>(),
+                                  share in prop::sample::select(vec![0.0, 0.3, 0.8, 1.0]),
                                   ops in prop::collection::vec(op(), 1..120)) {
-        run(page, policy, kv_events, ops)?;
+        run(page, policy, kv_events, share, ops)?;
     }
 }

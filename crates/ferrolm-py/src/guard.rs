@@ -2,7 +2,8 @@
 //! state may be half-changed, so the object it happened in refuses every later call
 //! (DESIGN.md, contract 3) instead of serving answers from a broken structure.
 //!
-//! Three forms: [`Poison`] for objects behind `&mut self` (a tree, an engine),
+//! Three forms: [`Poison`] for objects behind `&mut self` (a tree, an engine; its
+//! `run_attached` keeps the GIL for work shorter than releasing it),
 //! [`SharedPoison`] for objects whose calls take `&self` but that still hold mutable
 //! state (a constraint matcher, poisoned by a batch call too), and [`contain`] for
 //! frozen shared objects (a vocabulary, a grammar) whose state a call cannot leave
@@ -32,6 +33,19 @@ impl Poison {
             return Err(refused(py, reason));
         }
         catch(py, || work(state)).map_err(|reason| {
+            self.reason = Some(reason.clone());
+            poisoned(py, &reason)
+        })
+    }
+
+    /// [`run`](Self::run) keeping the GIL: for the copy of a result into the array just
+    /// made for it, a few hundred nanoseconds, less than releasing the GIL again costs.
+    pub fn run_attached<S, T>(&mut self, py: Python<'_>, state: S, work: impl FnOnce(S) -> T) -> PyResult<T> {
+        if let Some(reason) = &self.reason {
+            return Err(refused(py, reason));
+        }
+        catch_unwind(AssertUnwindSafe(|| work(state))).map_err(|payload| {
+            let reason = panic_reason(&*payload);
             self.reason = Some(reason.clone());
             poisoned(py, &reason)
         })

@@ -1,8 +1,13 @@
 //! `RadixTree` and `MatchResult`: the radix prefix cache. Behaviour and errors are
 //! documented in `python/ferrolm/_core.pyi`.
 
-use ferrolm_core::radix::{EvictionPolicy, NodeHandle, RadixTree, TreeConfig};
-use numpy::{IntoPyArray, PyArray1};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolm_core::radix::{
+    EvictionPolicy, ManualClock, MatchedPath, NodeHandle, RadixTree, TimeSource, TreeConfig,
+};
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
@@ -17,6 +22,84 @@ const MAX_SLOT: u32 = i32::MAX as u32;
 pub struct PyRadixTree {
     tree: RadixTree,
     poison: Poison,
+    /// The nodes of the last match, reused between calls.
+    path: MatchedPath,
+}
+
+/// A clock for the `tlru` policy that moves only when told to, so that tests of
+/// time-to-live never sleep. One clock can drive several trees, and the Python twin.
+#[pyclass(module = "ferrolm._core", name = "ManualClock", frozen)]
+pub struct PyManualClock {
+    clock: Arc<ManualClock>,
+}
+
+#[pymethods]
+impl PyManualClock {
+    #[new]
+    #[pyo3(signature = (start_ns = 0))]
+    fn new(start_ns: u64) -> Self {
+        PyManualClock { clock: Arc::new(ManualClock::new(start_ns)) }
+    }
+
+    /// Moves the time forward.
+    fn advance(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ns = seconds_to_ns(py, seconds, "seconds", true)?;
+        self.clock.advance(ns);
+        Ok(())
+    }
+
+    /// The time in nanoseconds.
+    fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+}
+
+/// The most seconds a time-to-live may be (about 31 years): nanoseconds stay far from
+/// overflow, and conversion is exact enough in both backends.
+const MAX_SECONDS: f64 = 1e9;
+
+/// Seconds (an int or a float, not a bool) as whole nanoseconds, truncated as the Python
+/// twin does (`int(seconds * 1e9)`). `zero_ok`: whether 0 is allowed.
+fn seconds_to_ns(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str, zero_ok: bool) -> PyResult<u64> {
+    let numeric = !obj.is_instance_of::<pyo3::types::PyBool>()
+        && (obj.is_instance_of::<pyo3::types::PyInt>() || obj.is_instance_of::<pyo3::types::PyFloat>());
+    let value = if numeric { obj.extract::<f64>().ok() } else { None };
+    let Some(v) = value else {
+        return Err(errors::invalid_field(
+            py,
+            what,
+            format!("{what} must be a number of seconds, got {}", type_name(obj)),
+        ));
+    };
+    let low_ok = if zero_ok { v >= 0.0 } else { v > 0.0 };
+    if !(low_ok && v <= MAX_SECONDS) {
+        let low = if zero_ok { ">= 0" } else { "> 0" };
+        return Err(errors::invalid_field(
+            py,
+            what,
+            format!("{what} must be {low} and at most {MAX_SECONDS:e}, got {v}"),
+        ));
+    }
+    let ns = (v * 1e9) as u64;
+    if ns == 0 && !zero_ok {
+        return Err(errors::invalid_field(py, what, format!("{what} is under a nanosecond: {v}")));
+    }
+    Ok(ns)
+}
+
+/// A share between 0 and 1 (an int or a float, not a bool).
+fn share(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    let numeric = !obj.is_instance_of::<pyo3::types::PyBool>()
+        && (obj.is_instance_of::<pyo3::types::PyInt>() || obj.is_instance_of::<pyo3::types::PyFloat>());
+    match if numeric { obj.extract::<f64>().ok() } else { None } {
+        Some(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Some(v) => Err(errors::invalid_field(py, what, format!("{what} must be between 0 and 1, got {v}"))),
+        None => Err(errors::invalid_field(
+            py,
+            what,
+            format!("{what} must be a number between 0 and 1, got {}", type_name(obj)),
+        )),
+    }
 }
 
 #[pyclass(module = "ferrolm._core", frozen, get_all)]
@@ -50,10 +133,13 @@ impl MatchResult {
     }
 }
 
-fn slots_array(py: Python<'_>, slots: Vec<u32>) -> Bound<'_, PyArray1<i32>> {
-    // Slots are always <= MAX_SLOT (checked on insert), so the cast is exact; the
-    // collect reuses the allocation.
-    slots.into_iter().map(|s| s as i32).collect::<Vec<i32>>().into_pyarray(py)
+fn slots_array<'py>(py: Python<'py>, slots: &[u32]) -> Bound<'py, PyArray1<i32>> {
+    // Slots are always <= MAX_SLOT (checked on insert), so their bits read as the same
+    // i32 values. A copy into an array numpy allocates is cheaper than handing numpy a
+    // Rust vector (which takes a capsule object to own it).
+    // SAFETY: u32 and i32 have the same size and alignment.
+    let as_i32 = unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<i32>(), slots.len()) };
+    PyArray1::from_slice(py, as_i32)
 }
 
 fn handle(obj: &Bound<'_, PyAny>) -> PyResult<NodeHandle> {
@@ -70,28 +156,60 @@ fn handle(obj: &Bound<'_, PyAny>) -> PyResult<NodeHandle> {
 impl PyRadixTree {
     #[new]
     #[pyo3(
-        signature = (page_size = PageSize(1), eviction_policy = PolicyName("lru".into()), enable_kv_events = false, kv_event_block_size = None),
-        text_signature = "(page_size=1, eviction_policy='lru', enable_kv_events=False, kv_event_block_size=None)"
+        signature = (
+            page_size = PageSize(1), eviction_policy = PolicyName("lru".into()), enable_kv_events = false,
+            kv_event_block_size = None, *, slru_protected_share = None, ttl_seconds = None, clock = None,
+        ),
+        text_signature = "(page_size=1, eviction_policy='lru', enable_kv_events=False, kv_event_block_size=None, \
+                          *, slru_protected_share=0.8, ttl_seconds=300.0, clock=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         page_size: PageSize,
         eviction_policy: PolicyName,
         enable_kv_events: bool,
         kv_event_block_size: Option<BlockSize>,
+        slru_protected_share: Option<&Bound<'_, PyAny>>,
+        ttl_seconds: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let policy: EvictionPolicy =
             eviction_policy.0.parse().map_err(|e: ferrolm_core::radix::policy::UnknownPolicy| {
                 errors::invalid_field(py, "eviction_policy", format!("eviction_policy: {e}"))
             })?;
+        let slru_protected_share = match slru_protected_share {
+            Some(obj) => share(py, obj, "slru_protected_share")?,
+            None => TreeConfig::DEFAULT_SLRU_PROTECTED_SHARE,
+        };
+        let ttl = match ttl_seconds {
+            Some(obj) => Duration::from_nanos(seconds_to_ns(py, obj, "ttl_seconds", false)?),
+            None => TreeConfig::DEFAULT_TTL,
+        };
+        let time: Arc<dyn TimeSource> = match clock {
+            None => Arc::new(ferrolm_core::radix::MonotonicClock),
+            Some(obj) => match obj.cast::<PyManualClock>() {
+                Ok(c) => c.get().clock.clone(),
+                // the core reads the time with the GIL released: no Python callable
+                Err(_) => {
+                    return Err(errors::invalid_field(
+                        py,
+                        "clock",
+                        format!("clock must be a ferrolm._core.ManualClock or None, got {}", type_name(obj)),
+                    ))
+                }
+            },
+        };
         let config = TreeConfig {
             page_size: page_size.0,
             policy,
             kv_events: enable_kv_events,
             event_block_size: kv_event_block_size.map_or(0, |b| b.0),
+            slru_protected_share,
+            ttl,
         };
-        let tree = RadixTree::new(config).map_err(|e| errors::tree(py, e))?;
-        Ok(PyRadixTree { tree, poison: Poison::default() })
+        let tree = RadixTree::with_clock(config, time).map_err(|e| errors::tree(py, e))?;
+        Ok(PyRadixTree { tree, poison: Poison::default(), path: MatchedPath::default() })
     }
 
     #[pyo3(signature = (tokens, namespace = None))]
@@ -104,13 +222,26 @@ impl PyRadixTree {
         let tokens = ids(tokens, "tokens", u32::MAX)?;
         let tokens = tokens.as_slice();
         let namespace = namespace.as_ref().map(|n| n.0.as_str());
-        let m = self.poison.run(py, &mut self.tree, |t| t.match_prefix(tokens, namespace))?;
-        Ok(MatchResult { length: m.length, kv_slots: slots_array(py, m.kv_slots).unbind(), node: m.node.0 })
+        let (length, node) = self.poison.run(py, (&mut self.tree, &mut self.path), |(t, path)| {
+            t.match_prefix_path(tokens, namespace, path)
+        })?;
+        // The slots go straight from the tree into the result array (no buffer between):
+        // copying them is the result's conversion, done as the array is made.
+        // SAFETY: uninitialized, but every element is written below before Python sees it
+        let kv_slots = unsafe { PyArray1::<i32>::new(py, [length], false) };
+        // SAFETY: the array was made just now and nothing else refers to it yet
+        let out = unsafe { kv_slots.as_slice_mut() }.expect("a new array is contiguous");
+        // SAFETY: i32 and u32 have the same size and alignment (slots are below 2^31)
+        let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u32>(), out.len()) };
+        self.poison
+            .run_attached(py, (&self.tree, &self.path), |(t, path)| t.copy_matched_slots(path, out))?;
+        let kv_slots = kv_slots.unbind();
+        Ok(MatchResult { length, kv_slots, node: node.0 })
     }
 
     #[pyo3(
-        signature = (tokens, kv_slots, namespace = None, priority = Priority(0)),
-        text_signature = "($self, tokens, kv_slots, namespace=None, priority=0)"
+        signature = (tokens, kv_slots, namespace = None, priority = Priority(0), *, ttl_seconds = None),
+        text_signature = "($self, tokens, kv_slots, namespace=None, priority=0, *, ttl_seconds=None)"
     )]
     fn insert(
         &mut self,
@@ -119,13 +250,18 @@ impl PyRadixTree {
         kv_slots: &Bound<'_, PyAny>,
         namespace: Option<Namespace>,
         priority: Priority,
+        ttl_seconds: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let (namespace, priority) = (namespace.as_ref().map(|n| n.0.as_str()), priority.0);
         let tokens = ids(tokens, "tokens", u32::MAX)?;
         let kv_slots = ids(kv_slots, "kv_slots", MAX_SLOT)?;
+        let ttl = match ttl_seconds {
+            Some(obj) => Some(Duration::from_nanos(seconds_to_ns(py, obj, "ttl_seconds", false)?)),
+            None => None,
+        };
         let (tokens, kv_slots) = (tokens.as_slice(), kv_slots.as_slice());
         self.poison
-            .run(py, &mut self.tree, |t| t.insert(tokens, kv_slots, namespace, priority))?
+            .run(py, &mut self.tree, |t| t.insert_with_ttl(tokens, kv_slots, namespace, priority, ttl))?
             .map_err(|e| errors::tree(py, e))
     }
 
@@ -146,7 +282,7 @@ impl PyRadixTree {
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let n = count_or_all(num_tokens, "num_tokens")?;
         let freed = self.poison.run(py, &mut self.tree, |t| t.evict(n))?;
-        Ok(slots_array(py, freed))
+        Ok(slots_array(py, &freed))
     }
 
     fn reset(&mut self, py: Python<'_>) -> PyResult<()> {
@@ -175,7 +311,7 @@ impl PyRadixTree {
 
     fn all_kv_slots<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let slots = self.poison.run(py, &self.tree, |t| t.all_kv_slots())?;
-        Ok(slots_array(py, slots))
+        Ok(slots_array(py, &slots))
     }
 
     fn check_invariants(&mut self, py: Python<'_>) -> PyResult<()> {
@@ -198,6 +334,16 @@ impl PyRadixTree {
     #[getter]
     fn eviction_policy(&self) -> &'static str {
         self.tree.config().policy.name()
+    }
+
+    #[getter]
+    fn slru_protected_share(&self) -> f64 {
+        self.tree.config().slru_protected_share
+    }
+
+    #[getter]
+    fn ttl_seconds(&self) -> f64 {
+        self.tree.config().ttl.as_nanos() as f64 / 1e9
     }
 
     #[getter]
@@ -224,5 +370,6 @@ impl PyRadixTree {
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRadixTree>()?;
     m.add_class::<MatchResult>()?;
+    m.add_class::<PyManualClock>()?;
     Ok(())
 }

@@ -14,6 +14,8 @@ from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events_config import KvEventsConfig, parse_kv_events_config
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
+# as ferrolm.radix_py.POLICIES has them (SGLang's flag name; slru and tlru beside its six)
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 # as ferrolm.model.runner_choice has them (not imported: that would load the model package here)
 RUNNERS = ("auto", "numpy", "torch")
 DEVICES = ("auto", "cpu", "cuda")
@@ -41,6 +43,7 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     max_total_tokens: int = 32_768
     disable_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"  # which cached prefix goes first when the KV pool is short
     max_queued_requests: int | None = None  # beyond running + this many waiting: 429
     queue_timeout: float | None = None  # seconds a request may wait before its first step: then 503
     engine_heartbeat_timeout: float = 60.0  # seconds without word from the engine: 503 until it answers; 0: off
@@ -92,6 +95,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"KV cache capacity in tokens (default {defaults.max_total_tokens}, or from "
                              "--mem-fraction-static)")
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
+    parser.add_argument("--radix-eviction-policy", choices=EVICTION_POLICIES, default=defaults.radix_eviction_policy,
+                        help="which cached prefix is evicted first: lru, lfu, fifo, mru, filo, priority (the "
+                             "request's), slru (segmented LRU: prefixes hit twice are kept longer), tlru (LRU "
+                             "where prefixes unused for 5 minutes go first)")
     parser.add_argument("--max-queued-requests", type=int, default=None,
                         help="requests allowed to wait beyond the running ones; more are refused with 429")
     parser.add_argument("--queue-timeout", type=float, default=None,

@@ -339,6 +339,7 @@ def engine_main(args: ServerArgs, conn: Connection) -> None:
             max_prefill_tokens=args.chunked_prefill_size,
             schedule_policy=args.schedule_policy,
             enable_prefix_cache=not args.disable_radix_cache,
+            eviction_policy=args.radix_eviction_policy,
             seed=args.seed,
             blas_threads=args.blas_threads or default_blas_threads(),
             runner=args.runner,

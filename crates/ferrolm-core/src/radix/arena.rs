@@ -6,7 +6,7 @@
 use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 
-use super::policy::EvictionStats;
+use super::policy::{EvictionKey, EvictionStats};
 
 pub(crate) const NONE: u32 = u32::MAX;
 
@@ -52,6 +52,14 @@ pub(crate) struct Node {
     pub in_evict_set: bool,
     pub is_root: bool,
     pub stats: EvictionStats,
+    /// The keys the node is filed under in the tree's ordered sets: the evictable set
+    /// (while `in_evict_set`), `tlru`'s expiry set (deadline, likewise) and `slru`'s
+    /// protected segment (last access, while protected). They may lag `stats`: use only
+    /// makes keys grow, so the sets are corrected when their front is taken
+    /// (`RadixTree::touch`).
+    pub filed_key: EvictionKey,
+    pub filed_deadline: u64,
+    pub filed_access: u64,
     /// Chained hashes of the event blocks that end inside this node (events on only).
     pub block_hashes: Vec<u64>,
 }

@@ -3,15 +3,17 @@
 //! in one walk.
 //!
 //! Nodes live in an arena ([`arena`]); the evictable leaves sit in an ordered set keyed by
-//! the eviction policy ([`policy`]); inserts and evictions can queue KV events for
+//! the eviction policy ([`policy`]; `tlru` reads the time from [`clock`]); inserts and evictions can queue KV events for
 //! cache-aware routers ([`events`]).
 
 mod arena;
+pub mod clock;
 pub mod events;
 pub mod policy;
 mod tree;
 
 pub use arena::NodeHandle;
+pub use clock::{ManualClock, MonotonicClock, TimeSource};
 pub use events::KvEvent;
 pub use policy::EvictionPolicy;
-pub use tree::{MatchResult, RadixTree, TreeConfig, TreeError, TreeSizes};
+pub use tree::{MatchResult, MatchedPath, RadixTree, TreeConfig, TreeError, TreeSizes};

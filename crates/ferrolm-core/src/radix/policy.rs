@@ -24,6 +24,17 @@ pub enum EvictionPolicy {
     Filo,
     /// Lowest priority (the highest a request inserted with) first, ties by least recently used.
     Priority,
+    /// Segmented LRU: a node starts in the probationary segment and moves to the protected
+    /// one on its second hit; probationary nodes go first, each segment in LRU order. The
+    /// protected segment holds at most a share of the cached tokens
+    /// ([`TreeConfig::slru_protected_share`](super::TreeConfig::slru_protected_share));
+    /// when a promotion overflows it, its least recently used nodes move back to the
+    /// probationary segment as if just used there.
+    Slru,
+    /// LRU with a time-to-live per node: a node expires when it has not been used for its
+    /// TTL ([`TreeConfig::ttl`](super::TreeConfig::ttl), or the one given at insert);
+    /// expired nodes go first (the earliest expired first), then the rest in LRU order.
+    Tlru,
 }
 
 /// What a policy looks at.
@@ -34,19 +45,26 @@ pub(crate) struct EvictionStats {
     pub hits: u64,
     pub priority: i64,
     pub seq: u64,
+    /// `slru`: in the protected segment.
+    pub slru_protected: bool,
+    /// `tlru`: the node's time-to-live, and when it expires (ns, the tree's clock).
+    pub ttl_ns: u64,
+    pub deadline_ns: u64,
 }
 
 /// Sort key of an evictable leaf: smaller goes first.
 pub(crate) type EvictionKey = (u64, u64, u64);
 
 impl EvictionPolicy {
-    pub const ALL: [EvictionPolicy; 6] = [
+    pub const ALL: [EvictionPolicy; 8] = [
         EvictionPolicy::Lru,
         EvictionPolicy::Lfu,
         EvictionPolicy::Fifo,
         EvictionPolicy::Mru,
         EvictionPolicy::Filo,
         EvictionPolicy::Priority,
+        EvictionPolicy::Slru,
+        EvictionPolicy::Tlru,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +75,8 @@ impl EvictionPolicy {
             EvictionPolicy::Mru => "mru",
             EvictionPolicy::Filo => "filo",
             EvictionPolicy::Priority => "priority",
+            EvictionPolicy::Slru => "slru",
+            EvictionPolicy::Tlru => "tlru",
         }
     }
 
@@ -69,6 +89,9 @@ impl EvictionPolicy {
             EvictionPolicy::Filo => (u64::MAX - s.created, 0, s.seq),
             // Flipping the sign bit maps i64 order onto u64 order.
             EvictionPolicy::Priority => ((s.priority as u64) ^ (1 << 63), s.last_access, s.seq),
+            EvictionPolicy::Slru => (s.slru_protected as u64, s.last_access, s.seq),
+            // expired nodes are taken first from a second set, ordered by deadline
+            EvictionPolicy::Tlru => (s.last_access, 0, s.seq),
         }
     }
 }
@@ -105,7 +128,7 @@ mod tests {
     use super::*;
 
     fn stats(last_access: u64, created: u64, hits: u64, priority: i64, seq: u64) -> EvictionStats {
-        EvictionStats { last_access, created, hits, priority, seq }
+        EvictionStats { last_access, created, hits, priority, seq, ..EvictionStats::default() }
     }
 
     #[test]
@@ -115,6 +138,15 @@ mod tests {
         }
         let err = "LRU".parse::<EvictionPolicy>().unwrap_err();
         assert!(err.to_string().contains("lru, lfu, fifo"), "{err}");
+        assert!(err.to_string().ends_with("slru, tlru"), "{err}");
+    }
+
+    #[test]
+    fn slru_takes_probationary_before_protected() {
+        let hot_old = EvictionStats { slru_protected: true, ..stats(1, 0, 2, 0, 1) };
+        let cold_new = stats(9, 0, 1, 0, 2);
+        assert!(EvictionPolicy::Slru.key(&cold_new) < EvictionPolicy::Slru.key(&hot_old));
+        assert!(EvictionPolicy::Slru.key(&stats(1, 0, 0, 0, 3)) < EvictionPolicy::Slru.key(&cold_new));
     }
 
     #[test]

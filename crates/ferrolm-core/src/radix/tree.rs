@@ -9,16 +9,27 @@
 //!   `priority = max(priority, inserted priority)`;
 //! - a split creates the upper part as a new node that inherits the statistics (but not
 //!   the sequence number) of the node it was cut from; sequence numbers count up from 1
-//!   in creation order.
+//!   in creation order;
+//! - `slru`: a node walked by `match_prefix` whose hits reach 2 enters the protected
+//!   segment; at the end of every `match_prefix`, while the protected segment holds more than
+//!   `slru_protected_share` of the cached tokens, its node with the smallest
+//!   `(last_access, seq)` goes back to the probationary segment with `last_access = clock`;
+//! - `tlru`: `match_prefix`, `insert` and `evict` read the time once each; a node walked
+//!   or made gets `deadline = now + ttl`, where an insert raises the ttl of the nodes it
+//!   walks to its own (`ttl = max(ttl, inserted ttl)`); `evict` takes the leaves with
+//!   `deadline <= now` first, smallest `(deadline, seq)` first, then the others by LRU.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::arena::{Arena, ChildMap, Node, NodeHandle, NONE};
+use super::clock::{MonotonicClock, TimeSource};
 use super::events::{chain_hashes, namespace_seed, KvEvent};
 use super::policy::{EvictionKey, EvictionPolicy, EvictionStats};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TreeConfig {
     /// Tokens per KV page; match and insert work on whole pages only.
     pub page_size: usize,
@@ -27,12 +38,38 @@ pub struct TreeConfig {
     pub kv_events: bool,
     /// Tokens per event block; 0 means one block per page.
     pub event_block_size: usize,
+    /// `slru`: the most the protected segment may hold, as a share (0 to 1) of the cached
+    /// tokens.
+    pub slru_protected_share: f64,
+    /// `tlru`: how long a node stays unexpired after its last use, when its insert gave
+    /// no time-to-live of its own.
+    pub ttl: Duration,
+}
+
+impl TreeConfig {
+    /// Four fifths protected, one fifth probationary: the split of Caffeine's and
+    /// W-TinyLFU's main SLRU space.
+    pub const DEFAULT_SLRU_PROTECTED_SHARE: f64 = 0.8;
+    /// Five minutes: the default lifetime of a cached prompt prefix at Anthropic's and
+    /// OpenAI's APIs, which is what users of prompt caching expect.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 }
 
 impl Default for TreeConfig {
     fn default() -> Self {
-        TreeConfig { page_size: 1, policy: EvictionPolicy::Lru, kv_events: false, event_block_size: 0 }
+        TreeConfig {
+            page_size: 1,
+            policy: EvictionPolicy::Lru,
+            kv_events: false,
+            event_block_size: 0,
+            slru_protected_share: Self::DEFAULT_SLRU_PROTECTED_SHARE,
+            ttl: Self::DEFAULT_TTL,
+        }
     }
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,10 +140,32 @@ pub struct RadixTree {
     clock: u64,
     next_seq: u64,
     events: Vec<KvEvent>,
+    /// `slru`: the protected segment, `(last_access, seq, node)`, and its tokens.
+    slru_hot: BTreeSet<(u64, u64, u32)>,
+    slru_hot_tokens: usize,
+    /// `tlru`: the evictable leaves again, `(deadline, seq, node)`.
+    expiry: BTreeSet<(u64, u64, u32)>,
+    ttl_ns: u64,
+    time: Arc<dyn TimeSource>,
 }
 
 impl RadixTree {
     pub fn new(config: TreeConfig) -> Result<Self, TreeError> {
+        Self::with_clock(config, Arc::new(MonotonicClock))
+    }
+
+    /// A tree whose `tlru` policy reads the time from `time` (tests move a
+    /// [`ManualClock`](super::ManualClock) instead of sleeping).
+    pub fn with_clock(config: TreeConfig, time: Arc<dyn TimeSource>) -> Result<Self, TreeError> {
+        let share = config.slru_protected_share;
+        if !(0.0..=1.0).contains(&share) {
+            return Err(TreeError::InvalidInput(format!(
+                "slru_protected_share must be between 0 and 1, got {share}"
+            )));
+        }
+        if config.ttl.is_zero() {
+            return Err(TreeError::InvalidInput("ttl must be positive".into()));
+        }
         if config.page_size == 0 {
             return Err(TreeError::InvalidInput("page_size must be at least 1".into()));
         }
@@ -124,6 +183,7 @@ impl RadixTree {
         let mut arena = Arena::default();
         let root = arena.alloc(Node { is_root: true, ..Node::default() });
         Ok(RadixTree {
+            ttl_ns: duration_ns(config.ttl),
             config,
             block_size,
             arena,
@@ -137,6 +197,10 @@ impl RadixTree {
             clock: 0,
             next_seq: 1,
             events: Vec::new(),
+            slru_hot: BTreeSet::new(),
+            slru_hot_tokens: 0,
+            expiry: BTreeSet::new(),
+            time,
         })
     }
 
@@ -158,33 +222,84 @@ impl RadixTree {
     /// matched nodes used (for LRU/LFU), and splits the last one if the match ends inside
     /// it, so that the returned node covers exactly the matched prefix.
     pub fn match_prefix(&mut self, tokens: &[u32], namespace: Option<&str>) -> MatchResult {
+        let mut path = MatchedPath::default();
+        let (length, node) = self.match_prefix_path(tokens, namespace, &mut path);
+        let mut kv_slots = vec![0; length];
+        self.copy_matched_slots(&path, &mut kv_slots);
+        MatchResult { length, kv_slots, node }
+    }
+
+    /// [`match_prefix`](Self::match_prefix) without gathering the slots: it records the
+    /// matched nodes in `path` (a buffer the caller reuses) and returns the matched length
+    /// and node. [`copy_matched_slots`](Self::copy_matched_slots) then writes the slots
+    /// straight to where the caller wants them (the binding: a fresh numpy array), one
+    /// copy fewer of the slots, which is what a walk on a cold cache pays for.
+    pub fn match_prefix_path(
+        &mut self,
+        tokens: &[u32],
+        namespace: Option<&str>,
+        path: &mut MatchedPath,
+    ) -> (usize, NodeHandle) {
+        path.nodes.clear();
         self.clock += 1;
         let clock = self.clock;
+        let now = self.now();
+        let policy = self.config.policy;
         let page = self.config.page_size;
         let aligned = tokens.len() / page * page;
-        let mut kv_slots = Vec::new();
         let Some(mut node) = self.root_of(namespace) else {
-            return MatchResult { length: 0, kv_slots, node: self.root_handle() };
+            if policy == EvictionPolicy::Slru {
+                self.demote_overflow(clock);
+            }
+            return (0, self.root_handle());
         };
         let mut pos = 0;
         while pos < aligned {
             let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
-            let common = self.common_pages(&self.arena[child].key, &tokens[pos..aligned]);
+            let key = &self.arena[child].key;
+            prefetch(&key[..key.len().min(aligned - pos)]);
+            let common = self.common_pages(key, &tokens[pos..aligned]);
             self.touch(child, |s| {
                 s.last_access = clock;
                 s.hits += 1;
+                if policy == EvictionPolicy::Tlru {
+                    s.deadline_ns = now.saturating_add(s.ttl_ns);
+                }
             });
+            if policy == EvictionPolicy::Slru {
+                self.promote_on_second_hit(child);
+            }
             let reached =
                 if common < self.arena[child].key.len() { self.split(child, common) } else { child };
-            kv_slots.extend_from_slice(&self.arena[reached].value);
+            path.nodes.push(reached);
             node = reached;
             pos += common;
             if reached != child {
                 break;
             }
         }
+        if policy == EvictionPolicy::Slru {
+            self.demote_overflow(clock);
+        }
+        // The slots are copied next: ask for them now, so that their cache lines arrive
+        // while the caller gets ready (the binding takes the GIL back and makes an array).
+        for &idx in &path.nodes {
+            prefetch(&self.arena[idx].value);
+        }
         let node = if pos == 0 { self.root_handle() } else { self.arena.handle(node) };
-        MatchResult { length: pos, kv_slots, node }
+        (pos, node)
+    }
+
+    /// Writes the slots of the prefix `path` matched (by the last call that filled it, on
+    /// this tree, unchanged since) into `out`, whose length must be the matched length.
+    pub fn copy_matched_slots(&self, path: &MatchedPath, out: &mut [u32]) {
+        let mut at = 0;
+        for &idx in &path.nodes {
+            let value = &self.arena[idx].value;
+            out[at..at + value.len()].copy_from_slice(value);
+            at += value.len();
+        }
+        assert_eq!(at, out.len(), "out must be as long as the match");
     }
 
     /// How many leading tokens of `tokens` `match_prefix` would match, without its side
@@ -218,6 +333,29 @@ impl RadixTree {
         namespace: Option<&str>,
         priority: i64,
     ) -> Result<usize, TreeError> {
+        self.insert_with_ttl(tokens, kv_slots, namespace, priority, None)
+    }
+
+    /// [`insert`](Self::insert) with the nodes' time-to-live under `tlru` (`None`: the
+    /// tree's [`TreeConfig::ttl`]). A `ttl` under any other policy is refused.
+    pub fn insert_with_ttl(
+        &mut self,
+        tokens: &[u32],
+        kv_slots: &[u32],
+        namespace: Option<&str>,
+        priority: i64,
+        ttl: Option<Duration>,
+    ) -> Result<usize, TreeError> {
+        let policy = self.config.policy;
+        if ttl.is_some() && policy != EvictionPolicy::Tlru {
+            return Err(TreeError::InvalidInput(format!(
+                "ttl: only the tlru eviction policy gives nodes a time-to-live (this tree's is {policy})"
+            )));
+        }
+        if ttl.is_some_and(|t| t.is_zero()) {
+            return Err(TreeError::InvalidInput("ttl must be positive".into()));
+        }
+        let ttl_ns = ttl.map_or(self.ttl_ns, duration_ns);
         if tokens.len() != kv_slots.len() {
             return Err(TreeError::InvalidInput(format!(
                 "kv_slots has {} entries but tokens has {}; they must be the same length",
@@ -227,6 +365,7 @@ impl RadixTree {
         }
         self.clock += 1;
         let clock = self.clock;
+        let now = self.now();
         let page = self.config.page_size;
         let aligned = tokens.len() / page * page;
         if aligned == 0 {
@@ -238,13 +377,18 @@ impl RadixTree {
         let mut parent_block: Option<u64> = None;
         while pos < aligned {
             let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else {
-                self.add_leaf(node, tokens, kv_slots, pos, aligned, priority, parent_block, namespace);
+                let leaf = NewLeaf { start: pos, end: aligned, priority, parent_block, ttl_ns, now };
+                self.add_leaf(node, tokens, kv_slots, leaf, namespace);
                 return Ok(pos);
             };
             let common = self.common_pages(&self.arena[child].key, &tokens[pos..aligned]);
             self.touch(child, |s| {
                 s.last_access = clock;
                 s.priority = s.priority.max(priority);
+                if policy == EvictionPolicy::Tlru {
+                    s.ttl_ns = s.ttl_ns.max(ttl_ns);
+                    s.deadline_ns = now.saturating_add(s.ttl_ns);
+                }
             });
             let reached =
                 if common < self.arena[child].key.len() { self.split(child, common) } else { child };
@@ -316,9 +460,14 @@ impl RadixTree {
     pub fn evict(&mut self, num_tokens: usize) -> Vec<u32> {
         let mut freed = Vec::new();
         let mut removed_blocks = Vec::new();
+        let now = self.now();
         while freed.len() < num_tokens {
-            let Some((_, idx)) = self.evictable.pop_first() else { break };
-            self.arena[idx].in_evict_set = false;
+            let Some(idx) = self.next_victim(now) else { break };
+            self.leave_evict_set(idx);
+            if self.arena[idx].stats.slru_protected {
+                self.leave_hot_set(idx);
+                self.slru_hot_tokens -= self.arena[idx].key.len();
+            }
             let parent = self.arena[idx].parent;
             self.unlink_child(parent, idx);
             let node = self.arena.release(idx);
@@ -354,6 +503,9 @@ impl RadixTree {
         self.namespace_roots.clear();
         self.namespace_of_root.clear();
         self.evictable.clear();
+        self.slru_hot.clear();
+        self.slru_hot_tokens = 0;
+        self.expiry.clear();
         self.evictable_tokens = 0;
         self.protected_tokens = 0;
         self.num_nodes = 0;
@@ -402,11 +554,21 @@ impl RadixTree {
             .sum();
         // A B-tree node holds up to 11 entries; count the entries at a conservative
         // two-thirds fill.
-        let set = self.evictable.len() * std::mem::size_of::<(EvictionKey, u32)>() * 3 / 2;
+        let set = self.evictable.len() * std::mem::size_of::<(EvictionKey, u32)>() * 3 / 2
+            + (self.slru_hot.len() + self.expiry.len()) * std::mem::size_of::<(u64, u64, u32)>() * 3 / 2;
         std::mem::size_of::<Self>() + self.arena.heap_bytes() + per_node + set
     }
 
     // ---- lookups ----
+
+    /// The time for `tlru`; other policies never read the clock.
+    fn now(&self) -> u64 {
+        if self.config.policy == EvictionPolicy::Tlru {
+            self.time.now_ns()
+        } else {
+            0
+        }
+    }
 
     fn resolve(&self, handle: NodeHandle) -> Result<u32, TreeError> {
         self.arena.resolve(handle).ok_or(TreeError::StaleHandle(handle))
@@ -458,6 +620,11 @@ impl RadixTree {
     fn common_pages(&self, key: &[u32], query: &[u32]) -> usize {
         let n = key.len().min(query.len());
         let (key, query) = (&key[..n], &query[..n]);
+        let page = self.config.page_size;
+        // The usual case: the whole edge matches (one memcmp).
+        if key == query {
+            return n / page * page;
+        }
         // Compare in blocks first: whole-block equality compiles to a vectorized compare.
         const BLOCK: usize = 16;
         let mut i = 0;
@@ -467,7 +634,7 @@ impl RadixTree {
         while i < n && key[i] == query[i] {
             i += 1;
         }
-        i / self.config.page_size * self.config.page_size
+        i / page * page
     }
 
     // ---- structure changes ----
@@ -551,21 +718,22 @@ impl RadixTree {
         self.arena[idx].parent = upper;
         self.add_child(upper, idx);
         self.num_nodes += 1;
+        // both parts stay in the segment the node was in (no tokens move between segments)
+        if self.arena[upper].stats.slru_protected {
+            self.enter_hot_set(upper);
+        }
         upper
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn add_leaf(
         &mut self,
         parent: u32,
         tokens: &[u32],
         kv_slots: &[u32],
-        start: usize,
-        end: usize,
-        priority: i64,
-        parent_block: Option<u64>,
+        leaf: NewLeaf,
         namespace: Option<&str>,
     ) {
+        let NewLeaf { start, end, priority, parent_block, ttl_ns, now } = leaf;
         let block_hashes = if self.config.kv_events {
             self.stored_blocks(tokens, start, end, parent_block, namespace)
         } else {
@@ -582,6 +750,9 @@ impl RadixTree {
                 hits: 0,
                 priority,
                 seq: self.next_seq,
+                slru_protected: false,
+                ttl_ns,
+                deadline_ns: now.saturating_add(ttl_ns),
             },
             block_hashes,
             ..Node::default()
@@ -624,33 +795,146 @@ impl RadixTree {
         hashes
     }
 
-    // ---- the evictable set ----
+    // ---- the ordered sets ----
+    //
+    // Using a node only makes its keys grow (later access, more hits, higher priority,
+    // promotion, later deadline), except under `mru`, whose key falls with use. So a walk
+    // updates statistics only, and a node may sit in a set under an older, smaller key
+    // than its own; whoever takes a set's front first re-files a front entry that lags
+    // (`next_victim`, `demote_overflow`). What comes out is the same as with eager
+    // updates, and a match or insert touches no set: on a cold cache each set update is
+    // several misses.
 
-    fn evict_key(&self, idx: u32) -> (EvictionKey, u32) {
-        (self.config.policy.key(&self.arena[idx].stats), idx)
+    /// Whether a node's keys only grow with use, so that sets may lag (see above).
+    fn lazy_keys(&self) -> bool {
+        self.config.policy != EvictionPolicy::Mru
     }
 
     fn enter_evict_set(&mut self, idx: u32) {
-        let key = self.evict_key(idx);
-        self.evictable.insert(key);
-        self.arena[idx].in_evict_set = true;
+        let key = self.config.policy.key(&self.arena[idx].stats);
+        self.evictable.insert((key, idx));
+        let n = &mut self.arena[idx];
+        n.filed_key = key;
+        n.in_evict_set = true;
+        if self.config.policy == EvictionPolicy::Tlru {
+            let (deadline, seq) = (n.stats.deadline_ns, n.stats.seq);
+            n.filed_deadline = deadline;
+            self.expiry.insert((deadline, seq, idx));
+        }
     }
 
     fn leave_evict_set(&mut self, idx: u32) {
-        let key = self.evict_key(idx);
-        self.evictable.remove(&key);
-        self.arena[idx].in_evict_set = false;
+        let n = &mut self.arena[idx];
+        n.in_evict_set = false;
+        let (key, deadline, seq) = (n.filed_key, n.filed_deadline, n.stats.seq);
+        self.evictable.remove(&(key, idx));
+        if self.config.policy == EvictionPolicy::Tlru {
+            self.expiry.remove(&(deadline, seq, idx));
+        }
     }
 
-    /// Updates a node's statistics, keeping its place in the evictable set right.
+    fn enter_hot_set(&mut self, idx: u32) {
+        let n = &mut self.arena[idx];
+        n.filed_access = n.stats.last_access;
+        self.slru_hot.insert((n.filed_access, n.stats.seq, idx));
+    }
+
+    fn leave_hot_set(&mut self, idx: u32) {
+        let n = &self.arena[idx];
+        self.slru_hot.remove(&(n.filed_access, n.stats.seq, idx));
+    }
+
+    /// The leaf `evict` takes next: under `tlru` an expired one if any (the earliest),
+    /// else the policy's first. Re-files front entries that lag their node's keys.
+    fn next_victim(&mut self, now: u64) -> Option<u32> {
+        while let Some(&(filed, seq, idx)) = self.expiry.first() {
+            let deadline = self.arena[idx].stats.deadline_ns;
+            if filed != deadline {
+                self.expiry.pop_first();
+                self.expiry.insert((deadline, seq, idx));
+                self.arena[idx].filed_deadline = deadline;
+                continue;
+            }
+            if deadline <= now {
+                return Some(idx);
+            }
+            break;
+        }
+        while let Some(&(filed, idx)) = self.evictable.first() {
+            let key = self.config.policy.key(&self.arena[idx].stats);
+            if filed == key {
+                return Some(idx);
+            }
+            self.evictable.pop_first();
+            self.evictable.insert((key, idx));
+            self.arena[idx].filed_key = key;
+        }
+        None
+    }
+
+    /// Updates a node's statistics through use (see the section's comment: the sets are
+    /// left lagging, except under `mru`).
     fn touch(&mut self, idx: u32, update: impl FnOnce(&mut EvictionStats)) {
+        if self.lazy_keys() {
+            update(&mut self.arena[idx].stats);
+        } else {
+            self.restat(idx, update);
+        }
+    }
+
+    /// Updates a node's statistics in any direction, re-filing it in every set it is in.
+    fn restat(&mut self, idx: u32, update: impl FnOnce(&mut EvictionStats)) {
         let member = self.arena[idx].in_evict_set;
         if member {
             self.leave_evict_set(idx);
         }
+        let hot = self.arena[idx].stats.slru_protected;
+        if hot {
+            self.leave_hot_set(idx);
+        }
         update(&mut self.arena[idx].stats);
+        if self.arena[idx].stats.slru_protected {
+            self.enter_hot_set(idx);
+        }
         if member {
             self.enter_evict_set(idx);
+        }
+    }
+
+    // ---- slru segments ----
+
+    /// A hit made this probationary node's second: it joins the protected segment (its
+    /// eviction key grows, so the evictable set may lag).
+    fn promote_on_second_hit(&mut self, idx: u32) {
+        let s = &mut self.arena[idx].stats;
+        if s.slru_protected || s.hits < 2 {
+            return;
+        }
+        s.slru_protected = true;
+        self.enter_hot_set(idx);
+        self.slru_hot_tokens += self.arena[idx].key.len();
+    }
+
+    /// While the protected segment holds more than its share of the cached tokens, its
+    /// least recently used node goes back to the probationary segment, as just used there.
+    fn demote_overflow(&mut self, clock: u64) {
+        let total = (self.evictable_tokens + self.protected_tokens) as f64;
+        let limit = self.config.slru_protected_share * total;
+        while self.slru_hot_tokens as f64 > limit {
+            let &(filed, seq, idx) = self.slru_hot.first().expect("protected tokens are in protected nodes");
+            let last_access = self.arena[idx].stats.last_access;
+            if filed != last_access {
+                self.slru_hot.pop_first();
+                self.slru_hot.insert((last_access, seq, idx));
+                self.arena[idx].filed_access = last_access;
+                continue;
+            }
+            // the eviction key falls (protected to probationary): re-filed at once
+            self.restat(idx, |s| {
+                s.slru_protected = false;
+                s.last_access = clock;
+            });
+            self.slru_hot_tokens -= self.arena[idx].key.len();
         }
     }
 
@@ -670,6 +954,8 @@ impl RadixTree {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut seen_slots = hashbrown::HashSet::new();
         let (mut evictable, mut protected, mut nodes, mut leaves) = (0usize, 0usize, 0usize, 0usize);
+        let (mut hot_nodes, mut hot_tokens) = (0usize, 0usize);
+        let policy = self.config.policy;
         let page = self.config.page_size;
         let mut roots: Vec<(u32, Option<&str>)> = vec![(self.root, None)];
         for (ns, &r) in &self.namespace_roots {
@@ -718,11 +1004,31 @@ impl RadixTree {
                         }
                     }
                     let should = n.is_leaf() && n.lock_ref == 0;
-                    if should != n.in_evict_set || (should && !self.evictable.contains(&self.evict_key(idx)))
+                    // filed keys may lag the node's own, never lead (or differ, under mru)
+                    let key = policy.key(&n.stats);
+                    let filed_ok = if self.lazy_keys() { n.filed_key <= key } else { n.filed_key == key };
+                    if should != n.in_evict_set
+                        || (should && (!filed_ok || !self.evictable.contains(&(n.filed_key, idx))))
                     {
                         return Err(format!("node {idx}: evictable-set membership is wrong"));
                     }
                     leaves += should as usize;
+                    if n.stats.slru_protected {
+                        let filed = (n.filed_access, n.stats.seq, idx);
+                        if policy != EvictionPolicy::Slru
+                            || n.filed_access > n.stats.last_access
+                            || !self.slru_hot.contains(&filed)
+                        {
+                            return Err(format!("node {idx}: protected-segment membership is wrong"));
+                        }
+                        hot_nodes += 1;
+                        hot_tokens += n.key.len();
+                    }
+                    let expires = policy == EvictionPolicy::Tlru && should;
+                    let filed = (n.filed_deadline, n.stats.seq, idx);
+                    if expires && (n.filed_deadline > n.stats.deadline_ns || !self.expiry.contains(&filed)) {
+                        return Err(format!("node {idx}: expiry-set membership is wrong"));
+                    }
                     path.extend_from_slice(&n.key);
                     if self.config.kv_events {
                         let b = self.block_size;
@@ -764,8 +1070,54 @@ impl RadixTree {
         if leaves != self.evictable.len() {
             return Err(format!("evictable set has {} entries, {leaves} expected", self.evictable.len()));
         }
+        let expiring = if policy == EvictionPolicy::Tlru { leaves } else { 0 };
+        if expiring != self.expiry.len() {
+            return Err(format!("expiry set has {} entries, {expiring} expected", self.expiry.len()));
+        }
+        if (hot_nodes, hot_tokens) != (self.slru_hot.len(), self.slru_hot_tokens) {
+            return Err(format!(
+                "protected segment: counted {hot_nodes} nodes, {hot_tokens} tokens; recorded {}, {}",
+                self.slru_hot.len(),
+                self.slru_hot_tokens
+            ));
+        }
         Ok(())
     }
+}
+
+/// Asks the CPU to bring `data` into the cache: a match reads long runs of tokens and
+/// slots that are cold more often than not, and asking for all their lines at once
+/// overlaps the misses that a plain sequential read would wait out one by one.
+#[inline]
+fn prefetch(data: &[u32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        const LINE: usize = 64 / std::mem::size_of::<u32>();
+        for i in (0..data.len()).step_by(LINE) {
+            // SAFETY: a prefetch never faults, and the address is inside `data`
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(data.as_ptr().add(i).cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
+/// The nodes a match walked, for [`RadixTree::copy_matched_slots`]; reuse one between
+/// calls to save its allocation.
+#[derive(Debug, Default)]
+pub struct MatchedPath {
+    nodes: Vec<u32>,
+}
+
+/// What `insert` hands `add_leaf` about the leaf it makes.
+struct NewLeaf {
+    start: usize,
+    end: usize,
+    priority: i64,
+    parent_block: Option<u64>,
+    ttl_ns: u64,
+    now: u64,
 }
 
 #[cfg(test)]

@@ -1,7 +1,11 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::ManualClock;
 use super::*;
 
 fn tree(page_size: usize, policy: EvictionPolicy) -> RadixTree {
-    RadixTree::new(TreeConfig { page_size, policy, kv_events: true, event_block_size: 0 }).unwrap()
+    RadixTree::new(TreeConfig { page_size, policy, kv_events: true, ..TreeConfig::default() }).unwrap()
 }
 
 fn slots(range: std::ops::Range<u32>) -> Vec<u32> {
@@ -242,6 +246,7 @@ fn events_cover_full_blocks_and_chain() {
         policy: EvictionPolicy::Lru,
         kv_events: true,
         event_block_size: 2,
+        ..TreeConfig::default()
     })
     .unwrap();
     t.insert(&[1, 2, 3, 4, 5], &slots(0..5), None, 0).unwrap();
@@ -363,4 +368,173 @@ fn prefix_len_agrees_with_match_prefix_and_changes_nothing() {
         assert_eq!(t.prefix_len(&[1], None), 1);
     });
     assert_eq!(order, [1, 2]);
+}
+
+// ---- slru ----
+
+fn slru(share: f64) -> RadixTree {
+    let config =
+        TreeConfig { policy: EvictionPolicy::Slru, slru_protected_share: share, ..TreeConfig::default() };
+    RadixTree::new(config).unwrap()
+}
+
+fn drain_order(t: &mut RadixTree) -> Vec<u32> {
+    let mut order = Vec::new();
+    loop {
+        let freed = t.evict(1);
+        if freed.is_empty() {
+            return order;
+        }
+        order.extend(freed);
+        ok(t);
+    }
+}
+
+#[test]
+fn slru_promotes_on_the_second_hit_and_evicts_probationary_first() {
+    let mut t = slru(1.0);
+    for i in 1..=4 {
+        t.insert(&[i], &[i], None, 0).unwrap();
+    }
+    // 1: two hits (protected); 2: one hit (still probationary, but used last); 3, 4: none
+    t.match_prefix(&[1], None);
+    t.match_prefix(&[1], None);
+    t.match_prefix(&[2], None);
+    ok(&t);
+    // probationary in LRU order (3, 4, then 2, the most recently used), then protected
+    assert_eq!(drain_order(&mut t), [3, 4, 2, 1]);
+}
+
+#[test]
+fn slru_differs_from_lru_where_a_scan_would_flush_hot_entries() {
+    // The classic case for SLRU: a hot entry used twice long ago survives a burst of
+    // one-off entries used since, which LRU would keep instead. (The share is of the
+    // cached tokens: on a cold tree a first promotion would overflow it, so the entries
+    // are all cached first.)
+    let run = |policy| {
+        let config = TreeConfig { policy, ..TreeConfig::default() };
+        let mut t = RadixTree::new(config).unwrap();
+        for i in 1..=5 {
+            t.insert(&[i], &[i], None, 0).unwrap();
+        }
+        t.match_prefix(&[1], None);
+        t.match_prefix(&[1], None);
+        for i in 2..=5 {
+            t.match_prefix(&[i], None);
+        }
+        t.evict(1)
+    };
+    assert_eq!(run(EvictionPolicy::Lru), [1]);
+    assert_eq!(run(EvictionPolicy::Slru), [2]);
+}
+
+#[test]
+fn slru_demotes_least_recently_used_protected_nodes_when_over_share() {
+    // four one-token leaves; a share of 0.5 lets two of them be protected
+    let mut t = slru(0.5);
+    for i in 1..=4 {
+        t.insert(&[i], &[i], None, 0).unwrap();
+    }
+    for i in 1..=3 {
+        t.match_prefix(&[i], None);
+        t.match_prefix(&[i], None);
+        ok(&t);
+    }
+    // promoting 3 overflowed the segment: 1, its least recently used node, went back to
+    // the probationary segment as just used there (so after 4, never hit)
+    assert_eq!(drain_order(&mut t), [4, 1, 2, 3]);
+}
+
+#[test]
+fn slru_share_zero_is_plain_lru_and_one_never_demotes() {
+    let mut t = slru(0.0);
+    t.insert(&[1], &[1], None, 0).unwrap();
+    t.insert(&[2], &[2], None, 0).unwrap();
+    t.match_prefix(&[1], None);
+    t.match_prefix(&[1], None);
+    t.match_prefix(&[2], None);
+    ok(&t);
+    assert_eq!(drain_order(&mut t), [1, 2], "nothing stays protected at share 0");
+    assert!(RadixTree::new(TreeConfig { slru_protected_share: 1.5, ..TreeConfig::default() }).is_err());
+    assert!(RadixTree::new(TreeConfig { slru_protected_share: f64::NAN, ..TreeConfig::default() }).is_err());
+}
+
+#[test]
+fn slru_split_keeps_both_parts_in_the_segment() {
+    let mut t = slru(1.0);
+    t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
+    t.match_prefix(&[1, 2, 3, 4], None);
+    t.match_prefix(&[1, 2, 3, 4], None);
+    // a match ending inside the protected node splits it; both halves stay protected
+    t.match_prefix(&[1, 2], None);
+    ok(&t);
+    t.insert(&[7], &[7], None, 0).unwrap();
+    assert_eq!(t.evict(1), [7]);
+    assert_eq!(t.evict(usize::MAX).len(), 4);
+    ok(&t);
+}
+
+// ---- tlru ----
+
+fn tlru(ttl_s: u64) -> (RadixTree, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000));
+    let config =
+        TreeConfig { policy: EvictionPolicy::Tlru, ttl: Duration::from_secs(ttl_s), ..TreeConfig::default() };
+    (RadixTree::with_clock(config, clock.clone()).unwrap(), clock)
+}
+
+const SECOND: u64 = 1_000_000_000;
+
+#[test]
+fn tlru_is_lru_until_something_expires() {
+    let (mut t, clock) = tlru(10);
+    t.insert(&[1], &[1], None, 0).unwrap();
+    t.insert(&[2], &[2], None, 0).unwrap();
+    t.match_prefix(&[1], None);
+    clock.advance(9 * SECOND);
+    ok(&t);
+    assert_eq!(drain_order(&mut t), [2, 1]);
+}
+
+#[test]
+fn tlru_evicts_expired_nodes_first_earliest_first() {
+    let (mut t, clock) = tlru(10);
+    // 1 lives an hour, 2 and 3 the default ten seconds; 1 is the least recently used
+    t.insert_with_ttl(&[1], &[1], None, 0, Some(Duration::from_secs(3600))).unwrap();
+    t.insert(&[2], &[2], None, 0).unwrap();
+    clock.advance(SECOND);
+    t.insert(&[3], &[3], None, 0).unwrap();
+    clock.advance(20 * SECOND);
+    // 2 and 3 expired (2 first); then 1 by LRU
+    assert_eq!(drain_order(&mut t), [2, 3, 1]);
+}
+
+#[test]
+fn tlru_use_renews_the_deadline_and_insert_raises_ttl() {
+    let (mut t, clock) = tlru(10);
+    t.insert(&[1], &[1], None, 0).unwrap();
+    t.insert(&[2], &[2], None, 0).unwrap();
+    clock.advance(8 * SECOND);
+    t.match_prefix(&[1], None); // 1 now lives until 18 s
+                                // re-inserting 2 with a longer TTL raises its own: lives until 8 + 100 s
+    t.insert_with_ttl(&[2], &[20], None, 0, Some(Duration::from_secs(100))).unwrap();
+    clock.advance(12 * SECOND);
+    // at 20 s 1 has expired and 2 has not, though 2 is the least recently used
+    t.match_prefix(&[1], None);
+    t.match_prefix(&[2], None);
+    clock.advance(11 * SECOND);
+    assert_eq!(t.evict(1), [1], "expired first");
+    assert_eq!(t.evict(1), [2]);
+    ok(&t);
+}
+
+#[test]
+fn ttl_is_refused_under_other_policies_and_must_be_positive() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    let err = t.insert_with_ttl(&[1], &[1], None, 0, Some(Duration::from_secs(1))).unwrap_err();
+    assert!(matches!(err, TreeError::InvalidInput(ref m) if m.contains("tlru")), "{err}");
+    assert_eq!(t.sizes().total, 0);
+    let (mut t, _) = tlru(10);
+    assert!(t.insert_with_ttl(&[1], &[1], None, 0, Some(Duration::ZERO)).is_err());
+    assert!(RadixTree::new(TreeConfig { ttl: Duration::ZERO, ..TreeConfig::default() }).is_err());
 }
