@@ -92,6 +92,14 @@ bench: build
 	$(BIN)/ferrolm bench tree
 	$(BIN)/ferrolm bench engine
 
+# SGLang's wheel without its dependencies: only its bundled Rust tree core extension is
+# loaded (it links libtorch), for `ferrolm bench tree`'s side-by-side peer. Not part of
+# `make test`; the peer's tests skip without it.
+SGLANG_PEER := sglang==0.5.23
+.PHONY: tree-peer  ## install SGLang's Rust tree core for `ferrolm bench tree` (no deps; needs torch)
+tree-peer: $(TORCH_STAMP)
+	$(BIN)/pip install --quiet --no-deps "$(SGLANG_PEER)"
+
 .PHONY: lint  ## rustfmt and clippy
 lint:
 	cargo fmt --all --check

@@ -1163,6 +1163,14 @@ def as_form(values: list[int], form: str):
         return np.array(values[::-1], dtype=np.int64)[::-1]
     if form == "int32_big_endian":
         return np.array(values, dtype=">i4")
+    if form in ("int32_unaligned", "uint32_unaligned"):
+        # contiguous, but one byte past an aligned address: read by copy, never in place
+        dtype = np.dtype(form.split("_")[0])
+        raw = np.zeros(len(values) * 4 + 1, dtype=np.uint8)
+        a = raw[1:].view(dtype)
+        a[:] = values
+        assert a.flags.c_contiguous and not a.flags.aligned
+        return a
     if form == "readonly_int32":
         a = np.array(values, dtype=np.int32)
         a.setflags(write=False)
@@ -1184,6 +1192,8 @@ FORMS = [
     "uint32_noncontiguous",
     "int64_noncontiguous",
     "int32_big_endian",
+    "int32_unaligned",
+    "uint32_unaligned",
     "readonly_int32",
 ]
 
@@ -1285,3 +1295,16 @@ def test_evicting_more_than_any_machine_count_frees_everything(backend):
     t = make_tree(backend)
     t.insert([1, 2, 3], [4, 5, 6])
     assert sorted(t.evict(2**80).tolist()) == [4, 5, 6]
+
+
+def test_a_negative_int32_token_is_refused_where_its_bits_are_cached(make):
+    # the Rust tree checks an int32 prompt's sign after finding its path: a negative
+    # value whose bits equal a cached uint32 token must still be refused, changing nothing
+    t = make()
+    t.insert(np.array([1, 2**32 - 1, 3], dtype=np.uint32), [0, 1, 2])
+    before = sizes(t)
+    assert_invalid(lambda: t.match_prefix(np.array([1, -1, 5], dtype=np.int32)), "tokens[1]", "-1")
+    assert sizes(t) == before
+    m = t.match_prefix(np.array([1, 2**32 - 1], dtype=np.uint32))
+    assert m.length == 2 and list(m.kv_slots) == [0, 1]
+    check(t)

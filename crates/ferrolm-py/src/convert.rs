@@ -12,6 +12,13 @@ use pyo3::prelude::*;
 use crate::errors;
 
 pub enum Ids<'py> {
+    /// A contiguous native 4-byte integer array read in place without numpy's borrow
+    /// tracking (see [`tree_ids`]): the array, its data, its length.
+    InPlace {
+        _array: Bound<'py, PyUntypedArray>,
+        data: *const u32,
+        len: usize,
+    },
     Unsigned(PyReadonlyArray1<'py, u32>),
     /// Checked non-negative, so its bits read as the same `u32` values.
     Signed(PyReadonlyArray1<'py, i32>),
@@ -21,6 +28,9 @@ pub enum Ids<'py> {
 impl Ids<'_> {
     pub fn as_slice(&self) -> &[u32] {
         match self {
+            // SAFETY: the data of a contiguous array of this many 4-byte values, kept
+            // alive by the array this holds; i32 values read as u32 bits (see tree_ids)
+            Ids::InPlace { data, len, .. } => unsafe { std::slice::from_raw_parts(*data, *len) },
             Ids::Unsigned(a) => a.as_slice().expect("checked contiguous"),
             Ids::Signed(a) => {
                 let s = a.as_slice().expect("checked contiguous");
@@ -54,6 +64,72 @@ pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'
         )
     })?;
     checked(py, values.into_iter(), what, max).map(Ids::Owned)
+}
+
+/// Whether a signed array's sign is still to be checked: [`tree_ids`] leaves it to the
+/// caller when asked to, who then calls [`non_negative`] before using the values and
+/// [`sign_error`] for the error.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum SignCheck {
+    Done,
+    Deferred,
+}
+
+/// [`ids`] for the radix tree's calls, which only read their arrays and write to no array
+/// a caller passed: a contiguous native `int32`/`uint32` array is read in place without
+/// numpy's borrow tracking (a lock and a table lookup per array, a tenth of a tree
+/// match; it guards Rust's own aliasing of arrays, and nothing here writes to one).
+/// `max` is `u32::MAX` (any token) or the slot bound. With `defer_sign`, an `int32`
+/// array's values are not yet checked to be non-negative (`SignCheck::Deferred`): the
+/// caller checks them where it reads them anyway (see `RadixTree.match_prefix`).
+pub fn tree_ids<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    max: u32,
+    defer_sign: bool,
+) -> PyResult<(Ids<'py>, SignCheck)> {
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        let dtype = array.dtype();
+        let kind = dtype.kind();
+        let native4 = dtype.itemsize() == 4 && dtype.is_native_byteorder() != Some(false);
+        // SAFETY: one dimension and a native 4-byte integer dtype: its values read as u32
+        // bits; `as_slice` refuses an array that is not contiguous or not aligned (those
+        // go through `ids`, which copies them)
+        let slice = (array.ndim() == 1 && native4 && (kind == b'i' || kind == b'u'))
+            .then(|| unsafe { array.cast_unchecked::<numpy::PyArray1<u32>>().as_slice() }.ok())
+            .flatten();
+        if let Some(s) = slice {
+            let (data, len) = (s.as_ptr(), s.len());
+            let deferred = kind == b'i' && defer_sign && max == u32::MAX;
+            if kind == b'u' {
+                check_max_u32(obj.py(), s, what, max)?;
+            } else if !deferred {
+                // SAFETY: the same values as i32
+                let signed = unsafe { std::slice::from_raw_parts(data.cast::<i32>(), len) };
+                check_range_i32(obj.py(), signed, what, max)?;
+            }
+            let check = if deferred {
+                // asked for now, read by the caller's first pass
+                prefetch(s);
+                SignCheck::Deferred
+            } else {
+                SignCheck::Done
+            };
+            return Ok((Ids::InPlace { _array: array.clone(), data, len }, check));
+        }
+    }
+    ids(obj, what, max).map(|ids| (ids, SignCheck::Done))
+}
+
+/// Whether every value of an `int32` array read as `u32` bits is non-negative.
+pub fn non_negative(bits: &[u32]) -> bool {
+    top_bits_clear_in_cache(bits)
+}
+
+/// The error for an `int32` array [`non_negative`] refused, naming its first negative value.
+pub fn sign_error(py: Python<'_>, bits: &[u32], what: &str) -> PyErr {
+    let (i, &v) = bits.iter().enumerate().find(|(_, &v)| v >> 31 != 0).expect("a negative value");
+    out_of_range(py, what, i, v as i32 as i64, u32::MAX)
 }
 
 fn from_array<'py>(array: &Bound<'py, PyUntypedArray>, what: &str, max: u32) -> PyResult<Ids<'py>> {
@@ -104,6 +180,11 @@ fn from_array<'py>(array: &Bound<'py, PyUntypedArray>, what: &str, max: u32) -> 
 /// Whether every value has its top bit clear.
 fn top_bits_clear(s: &[u32]) -> bool {
     prefetch(s);
+    top_bits_clear_in_cache(s)
+}
+
+/// [`top_bits_clear`] for values just read (no prefetch).
+fn top_bits_clear_in_cache(s: &[u32]) -> bool {
     // eight lanes, so that the loop is two vector ORs per step
     let mut lanes = [0u32; 8];
     let chunks = s.chunks_exact(8);

@@ -13,7 +13,12 @@ from this one run: absolute numbers on a shared machine mean little, ratios hold
 
 A second table gives match_prefix and insert by the request's prompt length, with the
 issue's targets for ~1,700-token prompts (the 1,500-2,000 row): match_prefix under 1.5 µs
-and insert under 3 µs p50 through the Python API. SGLang's tree is not measured here.
+and insert under 3 µs p50 through the Python API.
+
+Where SGLang is installed (``make tree-peer``), its Rust tree core replays the same
+requests in the same run and each table gains its rows, with its time over ferrolm's
+(``ferrolm.bench.tree_peer`` says how it is called); ``--no-peer`` leaves it out, and
+without it the bench says why and prints ferrolm's own figures.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from ferrolm.bench import tree_peer
+from ferrolm.bench.tree_peer import PEER
 from ferrolm.bench.workload import Request, WorkloadConfig, make_workload
 from ferrolm.radix_cache import RadixCache
 from ferrolm.radix_py import POLICIES
@@ -52,14 +59,29 @@ def _timer_overhead() -> int:
     return int(np.median(samples))
 
 
+def make_tree(backend: str, page_size: int, policy: str) -> Any:
+    """A tree of the backend: ferrolm's Rust tree, its Python twin, or the peer."""
+    if backend == PEER:
+        module, why = tree_peer.load()
+        if module is None:
+            raise RuntimeError(why)
+        return tree_peer.SGLangTree(module, page_size=page_size, eviction_policy=policy)
+    return RadixCache(page_size=page_size, eviction_policy=policy, backend=backend)
+
+
 def replay(backend: str, requests: list[Request], capacity: int, page_size: int, policy: str) -> dict[str, Any]:
-    tree = RadixCache(page_size=page_size, eviction_policy=policy, backend=backend)
+    tree = make_tree(backend, page_size, policy)
+    # the arguments in the form each backend's caller holds them, made before the replay
+    key_of = getattr(tree, "key_of", None)
+    keys = [(key_of(r.prompt), key_of(r.full)) if key_of else (r.prompt, r.full) for r in requests]
+    value_of = getattr(tree, "value_of", None)
     free = np.arange(capacity, dtype=np.int32)[::-1].copy()
     free_list: list[np.ndarray] = [free]
     n_free = capacity
     times: dict[str, list[int]] = defaultdict(list)
     lengths: dict[str, list[int]] = defaultdict(list)  # the prompt length of each timed call
     hit = total = skipped = 0
+    match_lengths: list[int] = []  # per replayed request, for comparing backends
     overhead = _timer_overhead()
     now = time.perf_counter_ns
 
@@ -78,9 +100,8 @@ def replay(backend: str, requests: list[Request], capacity: int, page_size: int,
 
     gc.disable()
     try:
-        for req in requests:
+        for req, (prompt, full) in zip(requests, keys):
             # arguments are fetched outside the timed calls
-            prompt, full = req.prompt, req.full
             t0 = now()
             m = tree.match_prefix(prompt)
             t1 = now()
@@ -100,8 +121,9 @@ def replay(backend: str, requests: list[Request], capacity: int, page_size: int,
                 del m
                 continue
             slots = np.concatenate([m.kv_slots, take(need)])
+            value = value_of(slots, m.length) if value_of else slots
             t4 = now()
-            cached = tree.insert(full, slots)
+            cached = tree.insert(full, value)
             t5 = now()
             aligned = len(req.full) // page_size * page_size
             give(slots[m.length : max(cached, m.length)])
@@ -110,6 +132,7 @@ def replay(backend: str, requests: list[Request], capacity: int, page_size: int,
             tree.unlock(node)
             t7 = now()
             hit += m.length
+            match_lengths.append(m.length)
             total += len(req.prompt)
             match_ns, lock_ns = t1 - t0 - overhead, t3 - t2 - overhead
             insert_ns, unlock_ns = t5 - t4 - overhead, t7 - t6 - overhead
@@ -135,6 +158,8 @@ def replay(backend: str, requests: list[Request], capacity: int, page_size: int,
         "nodes": tree.num_nodes(),
         "memory_bytes": tree.memory_bytes(),
         "skipped": skipped,
+        "match_lengths": match_lengths,
+        "kv_indices_ns": getattr(tree, "kv_indices_ns", []),
     }
 
 
@@ -172,18 +197,26 @@ def by_prompt_length(results: dict[str, dict[str, Any]]) -> tuple[list[dict[str,
     return rows, missed
 
 
-def print_by_prompt_length(rows: list[dict[str, Any]]) -> None:
-    print(f"{'prompt tokens':<14}{'n':>6}{'match rust':>12}{'python':>10}{'ratio':>8}"
-          f"{'insert rust':>13}{'python':>10}{'ratio':>8}   (p50, us)")
+def print_by_prompt_length(rows: list[dict[str, Any]], peer: bool = False) -> None:
+    """The by-length table: ferrolm's Rust tree, then each other backend with its time
+    over the Rust tree's."""
+    others = ("python", PEER) if peer else ("python",)
+    head = f"{'prompt tokens':<14}{'n':>6}"
+    for op in ("match", "insert"):
+        head += f"{op + ' rust':>13}" + "".join(f"{b:>9}{'ratio':>7}" for b in others)
+    print(head + "   (p50, us)")
     for row in rows:
         lo, hi = row["prompt_tokens"]
         line = f"{f'{lo}-{hi}' if hi < 1 << 30 else f'>={lo}':<14}{row['n']:>6}"
-        for op, width in (("match_prefix", 12), ("insert", 13)):
-            r, p = row[f"{op} rust p50_us"], row[f"{op} python p50_us"]
-            if r is None or p is None:
-                line += f"{'-':>{width}}{'-':>10}{'':>8}"
-            else:
-                line += f"{r:>{width}.2f}{p:>10.1f}{p / r if r > 0 else float('inf'):>7.0f}x"
+        for op in ("match_prefix", "insert"):
+            r = row[f"{op} rust p50_us"]
+            line += f"{'-' if r is None else f'{r:.2f}':>13}"
+            for b in others:
+                o = row.get(f"{op} {b} p50_us")
+                if r is None or o is None:
+                    line += f"{'-':>9}{'':>7}"
+                else:
+                    line += f"{o:>9.{1 if o >= 10 else 2}f}{o / r if r > 0 else float('inf'):>6.1f}x"
         print(line)
     lo, hi = TARGET_BUCKET
     print(f"targets at {lo}-{hi} prompt tokens (rust p50): "
@@ -227,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
     rust, py = results["rust"], results["python"]
     if abs(rust["hit_rate"] - py["hit_rate"]) > 1e-12 or rust["cached_tokens"] != py["cached_tokens"]:
         raise AssertionError("the backends disagree on the workload's outcome")
+    peer = peer_result(args, requests, rust["match_lengths"])
+    if peer is not None:
+        results[PEER] = peer
 
     rows = []
     header = f"{'op':<14}{'backend':<8}{'n':>7}{'ops/s':>12}{'p50 us':>10}{'p99 us':>10}{'ratio mean':>12}{'ratio p50':>11}"
@@ -241,14 +277,35 @@ def run(args: argparse.Namespace) -> int:
         for name, s in (("rust", s_rust), ("python", s_py)):
             ratio = f"{ratio_mean:>11.1f}x{ratio_p50:>10.1f}x" if name == "rust" else ""
             print(f"{op:<14}{name:<8}{s['n']:>7}{s['ops_per_s']:>12,.0f}{s['p50_us']:>10.2f}{s['p99_us']:>10.2f}{ratio}")
+        if peer is not None:
+            s_peer = _stats(peer["times"].get(op, np.array([])))
+            peer_mean = s_peer["mean_us"] / s_rust["mean_us"] if s_rust["n"] and s_peer["n"] else float("nan")
+            peer_p50 = s_peer["p50_us"] / s_rust["p50_us"] if s_rust["n"] and s_peer["n"] and s_rust["p50_us"] > 0 else float("nan")
+            print(f"{op:<14}{PEER:<8}{s_peer['n']:>7}{s_peer['ops_per_s']:>12,.0f}{s_peer['p50_us']:>10.2f}"
+                  f"{s_peer['p99_us']:>10.2f}{peer_mean:>11.1f}x{peer_p50:>10.1f}x  ({PEER} / rust)")
+            report["ops"].setdefault(op, {}).update(
+                {PEER: s_peer, f"{PEER}_ratio_mean": peer_mean, f"{PEER}_ratio_p50": peer_p50})
         floor = FLOORS.get(op)
         if floor is not None and s_rust["n"] and not ratio_mean >= floor:
             failed.append(f"{op}: {ratio_mean:.1f}x < {floor:.0f}x")
-        report["ops"][op] = {"rust": s_rust, "python": s_py, "ratio_mean": ratio_mean, "ratio_p50": ratio_p50}
+        report["ops"].setdefault(op, {}).update(rust=s_rust, python=s_py, ratio_mean=ratio_mean, ratio_p50=ratio_p50)
         rows.append(op)
     print()
     length_rows, missed = by_prompt_length(results)
-    print_by_prompt_length(length_rows)
+    print_by_prompt_length(length_rows, peer=peer is not None)
+    if peer is not None:
+        # one indices call per admitted request, in the order of the timed matches
+        idx_ns = np.array(peer["kv_indices_ns"], dtype=np.int64)
+        lo, hi = TARGET_BUCKET
+        lengths = peer["lengths"]["match_prefix"]
+        in_bucket = (lengths >= lo) & (lengths < hi)
+        both = (peer["times"]["match_prefix"] + idx_ns)[in_bucket]
+        ours = rust["times"]["match_prefix"][(rust["lengths"]["match_prefix"] >= lo) & (rust["lengths"]["match_prefix"] < hi)]
+        both_us, ours_us = float(np.percentile(both, 50)) / 1e3, float(np.percentile(ours, 50)) / 1e3
+        print(f"{PEER}'s match returns no KV indices; it gathers them with collect_full_device_indices "
+              f"(p50 {_stats(idx_ns)['p50_us']:.2f} us, not in its match row). Match and indices at {lo}-{hi} "
+              f"prompt tokens: {PEER} {both_us:.2f} us p50, {both_us / ours_us:.1f}x ferrolm's match ({ours_us:.2f} us)")
+        report["peer_match_and_indices_p50_us"] = both_us
     failed.extend(missed)
     report["by_prompt_length"] = length_rows
     print()
@@ -277,6 +334,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def peer_result(args: argparse.Namespace, requests: list[Request], rust_lengths: list[int]) -> dict[str, Any] | None:
+    """The workload replayed on SGLang's Rust tree core, or None (and why, printed)."""
+    if args.no_peer:
+        return None
+    module, version = tree_peer.load()
+    if module is None:
+        print(f"peer skipped: {version}")
+        return None
+    if args.policy not in tree_peer.POLICIES:
+        print(f"peer skipped: {PEER} has no eviction policy {args.policy!r}")
+        return None
+    result = replay(PEER, requests, args.capacity, args.page_size, args.policy)
+    lengths = result["match_lengths"]
+    same = sum(a == b for a, b in zip(lengths, rust_lengths))
+    print(f"peer: {PEER} {version}'s Rust tree core (its rust_tree_core extension, called as its "
+          f"scheduler's cache calls it); the same match length as ferrolm's on {same} of {len(lengths)} requests")
+    return result
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("tree", help="radix tree: Rust core vs the Python twin", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -288,4 +364,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--dump-workload", help="write the requests' token sequences (for ferrolm-tree-replay)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a floor is missed")
+    p.add_argument("--no-peer", action="store_true",
+                   help=f"leave out {PEER}'s Rust tree core even where it is installed ({tree_peer.INSTALL_HINT})")
     p.set_defaults(func=run)

@@ -240,25 +240,52 @@ impl RadixTree {
         namespace: Option<&str>,
         path: &mut MatchedPath,
     ) -> (usize, NodeHandle) {
+        self.match_prefix_path_if(tokens, namespace, path, || true).expect("accepted")
+    }
+
+    /// [`match_prefix_path`](Self::match_prefix_path) that asks `accept` once the matched
+    /// path is found and before anything in the tree changes (no access marked, no split,
+    /// the clock as it was): `None`, with an empty `path`, where it says no. The binding
+    /// checks a prompt's values there, when the walk has brought them into cache, rather
+    /// than reading a cold prompt once for the check and again for the walk.
+    pub fn match_prefix_path_if(
+        &mut self,
+        tokens: &[u32],
+        namespace: Option<&str>,
+        path: &mut MatchedPath,
+        accept: impl FnOnce() -> bool,
+    ) -> Option<(usize, NodeHandle)> {
         path.nodes.clear();
+        let page = self.config.page_size;
+        let aligned = tokens.len() / page * page;
+        let root = self.root_of(namespace);
+        // find the path, changing nothing: its last node may be matched only in part
+        let mut pos = 0;
+        let mut split_at = None;
+        if let Some(mut node) = root {
+            while pos < aligned {
+                let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
+                let key = &self.arena[child].key;
+                prefetch(&key[..key.len().min(aligned - pos)]);
+                let common = self.common_pages(key, &tokens[pos..aligned]);
+                path.nodes.push(child);
+                pos += common;
+                if common < self.arena[child].key.len() {
+                    split_at = Some(common);
+                    break;
+                }
+                node = child;
+            }
+        }
+        if !accept() {
+            path.nodes.clear();
+            return None;
+        }
         self.clock += 1;
         let clock = self.clock;
         let now = self.now();
         let policy = self.config.policy;
-        let page = self.config.page_size;
-        let aligned = tokens.len() / page * page;
-        let Some(mut node) = self.root_of(namespace) else {
-            if policy == EvictionPolicy::Slru {
-                self.demote_overflow(clock);
-            }
-            return (0, self.root_handle());
-        };
-        let mut pos = 0;
-        while pos < aligned {
-            let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
-            let key = &self.arena[child].key;
-            prefetch(&key[..key.len().min(aligned - pos)]);
-            let common = self.common_pages(key, &tokens[pos..aligned]);
+        for &child in &path.nodes {
             self.touch(child, |s| {
                 s.last_access = clock;
                 s.hits += 1;
@@ -269,14 +296,9 @@ impl RadixTree {
             if policy == EvictionPolicy::Slru {
                 self.promote_on_second_hit(child);
             }
-            let reached =
-                if common < self.arena[child].key.len() { self.split(child, common) } else { child };
-            path.nodes.push(reached);
-            node = reached;
-            pos += common;
-            if reached != child {
-                break;
-            }
+        }
+        if let (Some(common), Some(last)) = (split_at, path.nodes.last_mut()) {
+            *last = self.split(*last, common);
         }
         if policy == EvictionPolicy::Slru {
             self.demote_overflow(clock);
@@ -286,8 +308,11 @@ impl RadixTree {
         for &idx in &path.nodes {
             prefetch(&self.arena[idx].value);
         }
-        let node = if pos == 0 { self.root_handle() } else { self.arena.handle(node) };
-        (pos, node)
+        let node = match path.nodes.last() {
+            Some(&last) if pos > 0 => self.arena.handle(last),
+            _ => self.root_handle(),
+        };
+        Some((pos, node))
     }
 
     /// Writes the slots of the prefix `path` matched (by the last call that filled it, on

@@ -538,3 +538,32 @@ fn ttl_is_refused_under_other_policies_and_must_be_positive() {
     assert!(t.insert_with_ttl(&[1], &[1], None, 0, Some(Duration::ZERO)).is_err());
     assert!(RadixTree::new(TreeConfig { ttl: Duration::ZERO, ..TreeConfig::default() }).is_err());
 }
+
+#[test]
+fn a_refused_match_changes_nothing() {
+    for policy in [EvictionPolicy::Lru, EvictionPolicy::Slru, EvictionPolicy::Lfu] {
+        let mut t = tree(1, policy);
+        t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
+        t.insert(&[7, 8], &slots(4..6), None, 0).unwrap();
+        let mut path = MatchedPath::default();
+        // [1, 2, 9] would split [1, 2, 3, 4] and mark it used
+        let mut asked = false;
+        let refused = t.match_prefix_path_if(&[1, 2, 9], None, &mut path, || {
+            asked = true;
+            false
+        });
+        assert!(asked && refused.is_none() && path.nodes.is_empty());
+        assert_eq!(t.sizes().nodes, 2, "{policy:?}: no split");
+        // no access was marked: [1, 2, 3, 4], inserted first, is still evicted first
+        assert_eq!(t.evict(1), vec![0, 1, 2, 3], "{policy:?}");
+        ok(&t);
+        // accepted, the same call splits and marks
+        let mut t = tree(1, policy);
+        t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
+        let (length, node) = t.match_prefix_path_if(&[1, 2, 9], None, &mut path, || true).unwrap();
+        assert_eq!(length, 2);
+        assert_eq!(t.sizes().nodes, 2);
+        assert_eq!(t.lock(node).unwrap(), 2);
+        ok(&t);
+    }
+}
