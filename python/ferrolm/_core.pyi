@@ -213,7 +213,8 @@ class BatchPlan:
     are ``input_ids[qo_offsets[b]:qo_offsets[b+1]]`` at ``positions[...]``; their K/V go to
     ``out_slots[...]``; it attends to ``kv_slots[kv_offsets[b]:kv_offsets[b+1]]``, every slot
     of its sequence up to and including the new tokens, in position order. The runner
-    returns one row of logits per request, for its last new token."""
+    returns one row of logits per request, for its last new token. The columns are
+    read-only numpy arrays: ``ForwardBatch.from_plan`` uses them as they are, unchecked."""
 
     @property
     def rids(self) -> npt.NDArray[np.uint64]: ...
