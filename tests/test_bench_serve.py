@@ -148,3 +148,17 @@ def test_rust_overhead_adds_the_commit_helper_and_drops_the_timing() -> None:
     assert out["commit_helper_us_per_token"] == pytest.approx(200.0)
     assert out["frontend_cpu_us_per_token"] == pytest.approx(500.0)
     assert out["overhead_us_per_token"] == pytest.approx(1100.0)
+
+
+def test_thread_cpu_is_read_finer_than_clock_ticks() -> None:
+    import os
+
+    a = time.thread_time()
+    before = bench_serve._thread_cpu_s(os.getpid())
+    b = time.thread_time()
+    _burn(0.013)  # not a whole number of 10 ms ticks
+    c = time.thread_time()
+    after = bench_serve._thread_cpu_s(os.getpid())
+    d = time.thread_time()
+    # the burn and at most the two readings themselves, to the thread clock's precision
+    assert c - b - 1e-4 <= after["main"] - before["main"] <= d - a + 1e-4
