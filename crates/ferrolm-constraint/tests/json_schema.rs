@@ -974,3 +974,12 @@ fn a_negated_closed_object_needs_a_member_of_another_name_in_strict_mode_too() {
         "not": {"properties": {"a": {}}, "additionalProperties": false}});
     check_rules(schema, &strict, &[r#"{"b":1}"#, r#"{"a":1,"b":2}"#], &[r#"{"a":1}"#, "{}"]);
 }
+
+#[test]
+fn draft_4_reads_const_as_an_annotation() {
+    // `const` came with draft 6: in a draft-04 schema it allows every value, as
+    // validators read it (a `oneOf` of such branches allows no value at all).
+    let schema = json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+        "properties": {"k": {"const": "a"}, "o": {"oneOf": [{"const": "x"}, {"const": "y"}]}}});
+    check_rules(schema, &JsonSchemaOptions::default(), &[r#"{"k":"b"}"#, r#"{"k":1}"#], &[r#"{"o":"x"}"#]);
+}
