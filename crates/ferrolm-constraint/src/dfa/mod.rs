@@ -2,12 +2,14 @@
 //! still reach acceptance: "not dead" means exactly "still a prefix of some document",
 //! the guarantee the token mask must give.
 //!
-//! - `compile`: regex -> table (regex-automata parses and determinizes);
+//! - `compile`: regex -> table (regex-automata builds the NFA and determinizes;
+//!   `parse` reads the regex text our translators write, regex-syntax any other);
 //! - `analysis`: loops (strongly connected components) and the token-depth equivalence
 //!   of states that the mask cache and the loop indexes build on.
 
 mod analysis;
 mod compile;
+mod parse;
 mod subset;
 
 use std::collections::VecDeque;
