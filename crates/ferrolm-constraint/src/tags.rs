@@ -1,0 +1,213 @@
+//! Structural tags: a grammar's text wrapped in fixed opening and closing strings, once or
+//! repeated (`<tool_call>\n{...}\n</tool_call>` once per tool call), and triggers that are
+//! special tokens (`[TOOL_CALLS]`, `<|python_tag|>`).
+//!
+//! The sequence is one more rule in front of the body's rules: the main rule reads the
+//! opening, calls the body's main rule (moved to the end of the list), reads the closing,
+//! and loops through a separator to the next opening. The recursive machinery
+//! (`recursive.rs`) then runs it exactly, and its check proves that the closing can never
+//! be mistaken for more of the body. A free-text part in front (`Grammar::after_trigger`)
+//! gives "text, then one or more calls".
+//!
+//! Special tokens are not text: the vocabulary's trie never walks them, so a trigger that
+//! the tokenizer has as a special token could not be written under a byte grammar. Where
+//! a trigger's text is a special token's, the grammar also takes that token as one step
+//! from every free-text state to where the trigger's bytes lead (an edge of the main
+//! rule, taken only with an empty stack), so the model may write it either way; the text
+//! the output decodes to is the same.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::dfa::{ByteDfa, RegexOptions, DEAD};
+use crate::error::{ConstraintError, Result};
+use crate::grammar::Grammar;
+use crate::recursive::{call, Config, Rules, NO_FRAME};
+use crate::vocab::TokenKind;
+
+/// Opening, body, closing, repeated: what [`Grammar::tag_sequence`] builds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TagSequence {
+    /// Written before every body (`<tool_call>\n`); may be empty.
+    pub begin: String,
+    /// Written after every body (`\n</tool_call>`); may be empty.
+    pub end: String,
+    /// Written between two tags (`\n`); may be empty.
+    pub separator: String,
+    /// More than one tag may come (else exactly one).
+    pub repeated: bool,
+    /// The part of the first `begin` already written (by the prompt, or a trigger in
+    /// front): a prefix of `begin` that the output does not repeat.
+    pub begun: String,
+}
+
+impl Grammar {
+    /// `tags.begin`, text matching `body`, `tags.end`; with `tags.repeated`, then any number
+    /// of `separator begin body end` more. The output may end only after a closing.
+    pub fn tag_sequence(body: &Grammar, tags: &TagSequence) -> Result<Arc<Grammar>> {
+        crate::budget::entry(|| {
+            let invalid = |message: &str| ConstraintError::InvalidRegex {
+                pattern: String::new(),
+                message: format!("structural tags: {message}"),
+            };
+            let Some(first_begin) = tags.begin.strip_prefix(&tags.begun) else {
+                return Err(invalid("`begun` must be a prefix of `begin`"));
+            };
+            if !body.token_edges().is_empty() {
+                return Err(invalid("the body must not take special tokens (put triggers outside the tags)"));
+            }
+            // The body's rules, its main rule moved to the end (index `body_rule`);
+            // rule 0 is the sequence.
+            let mut dfas: Vec<ByteDfa> = Vec::new();
+            let body_rule = match body.rules() {
+                None => {
+                    dfas.push(body.dfa().clone());
+                    1
+                }
+                Some(rules) => {
+                    if (0..rules.num_rules() as u32).any(|k| calls_main(rules, k)) {
+                        return Err(invalid("the body's rules call its main rule"));
+                    }
+                    dfas.extend((1..rules.num_rules() as u32).map(|k| rules.rule(k).clone()));
+                    dfas.push(rules.main().clone());
+                    rules.num_rules()
+                }
+            };
+            let esc = |text: &str| regex_syntax::escape(text);
+            let one = |opening: &str| format!("{}{}{}", esc(opening), call(body_rule), esc(&tags.end));
+            let mut main = one(first_begin);
+            if tags.repeated {
+                main += &format!("(?:{}{})*", esc(&tags.separator), one(&tags.begin));
+            }
+            dfas.insert(0, ByteDfa::from_regex_with_calls(&main, &RegexOptions::default())?);
+            Ok(Arc::new(Self::from_rules(body.vocab().clone(), Rules::new(dfas)?)))
+        })
+    }
+}
+
+/// Whether some state of `rule` calls rule 0.
+fn calls_main(rules: &Rules, rule: u32) -> bool {
+    (0..rules.rule(rule).num_states() as u32).any(|s| rules.calls_from(rule, s).iter().any(|&(k, _)| k == 0))
+}
+
+/// A special token taken as one step of the main rule, with an empty stack, from the
+/// states in `from` to `to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TokenEdge {
+    pub token: u32,
+    pub from: Range<u32>,
+    pub to: u32,
+}
+
+impl TokenEdge {
+    pub fn leaves(&self, config: Config) -> bool {
+        config.rule == 0 && config.stack == NO_FRAME && self.from.contains(&config.state)
+    }
+
+    pub fn target(&self, config: Config) -> Config {
+        Config { state: self.to, ..config }
+    }
+
+    fn shifted(&self, by: u32) -> TokenEdge {
+        TokenEdge { token: self.token, from: self.from.start + by..self.from.end + by, to: self.to + by }
+    }
+}
+
+/// The special-token edges of `trigger::after_trigger(trigger, then)`, built as `main`:
+/// those of `then`, moved past the trigger's states, and, where `trigger` is the text of
+/// a special token, that token from each trigger state to where the trigger leads.
+pub(crate) fn trigger_token_edges(trigger: &[u8], then: &Grammar, main: &ByteDfa) -> Result<Vec<TokenEdge>> {
+    let m = trigger.len() as u32;
+    // `after_trigger` numbers its states: DEAD, the m trigger states, then `then`'s
+    // states shifted by m. Every one of them can reach acceptance, so none is dropped.
+    if main.num_states() != 1 + m as usize + then.dfa().num_states() - 1 {
+        return Err(ConstraintError::InvalidRegex {
+            pattern: String::new(),
+            message: "a trigger segment lost states; special-token triggers cannot be placed".into(),
+        });
+    }
+    let mut edges: Vec<TokenEdge> = then.token_edges().iter().map(|e| e.shifted(m)).collect();
+    if let Some(token) = special_token(then, trigger) {
+        let to = main.run(main.start(), trigger);
+        debug_assert_eq!(to, m + then.dfa().start());
+        if to != DEAD {
+            edges.push(TokenEdge { token, from: 1..1 + m, to });
+        }
+    }
+    Ok(edges)
+}
+
+/// The special token whose text is `text`, if the vocabulary has one.
+fn special_token(grammar: &Grammar, text: &[u8]) -> Option<u32> {
+    let vocab = grammar.vocab();
+    (0..vocab.size() as u32)
+        .find(|&id| vocab.kind(id) == Some(TokenKind::Special) && vocab.token_bytes(id) == Some(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocab::Vocabulary;
+
+    fn vocab() -> Arc<Vocabulary> {
+        let mut tokens: Vec<Vec<u8>> = (0u8..128).map(|b| vec![b]).collect();
+        tokens.push(b"<eos>".to_vec()); // 128
+        tokens.push(b"[CALLS]".to_vec()); // 129, special
+        Arc::new(Vocabulary::new(tokens, &[129], &[128]).unwrap())
+    }
+
+    fn accepts(grammar: &Arc<Grammar>, text: &str) -> bool {
+        let mut matcher = crate::Matcher::new(grammar.clone());
+        matcher.accept_str(text) && matcher.can_end()
+    }
+
+    #[test]
+    fn begun_must_be_a_prefix() {
+        let body = Grammar::from_regex(vocab(), "[0-9]+").unwrap();
+        let tags = TagSequence { begin: "<a>".into(), begun: "<b".into(), ..TagSequence::default() };
+        assert!(Grammar::tag_sequence(&body, &tags).is_err());
+    }
+
+    #[test]
+    fn repeated_tags_over_a_plain_body() {
+        let body = Grammar::from_regex(vocab(), "[0-9]+").unwrap();
+        let tags = TagSequence {
+            begin: "<a>".into(),
+            end: "</a>".into(),
+            separator: ",".into(),
+            repeated: true,
+            begun: "<".into(),
+        };
+        let grammar = Grammar::tag_sequence(&body, &tags).unwrap();
+        assert!(accepts(&grammar, "a>1</a>"));
+        assert!(accepts(&grammar, "a>1</a>,<a>23</a>,<a>4</a>"));
+        assert!(!accepts(&grammar, "<a>1</a>"), "the begun part is not written again");
+        assert!(!accepts(&grammar, "a>1</a>,"));
+        assert!(!accepts(&grammar, "a></a>"));
+        let once = Grammar::tag_sequence(&body, &TagSequence { repeated: false, ..tags }).unwrap();
+        assert!(accepts(&once, "a>1</a>"));
+        assert!(!accepts(&once, "a>1</a>,<a>2</a>"));
+    }
+
+    #[test]
+    fn a_special_token_trigger_is_one_step() {
+        let v = vocab();
+        let body = Grammar::from_regex(v.clone(), "[0-9]+").unwrap();
+        let grammar = Grammar::after_trigger_with("[CALLS]", &body, true).unwrap();
+        let mut matcher = crate::Matcher::new(grammar.clone());
+        let mut mask = vec![0u32; v.bitmask_words()];
+        matcher.fill_next_token_bitmask(&mut mask).unwrap();
+        assert_eq!(mask[129 / 32] >> (129 % 32) & 1, 1, "the trigger token is allowed in free text");
+        assert!(matcher.accept_str("hi "));
+        assert!(matcher.accept_token(129));
+        matcher.fill_next_token_bitmask(&mut mask).unwrap();
+        assert_eq!(mask[129 / 32] >> (129 % 32) & 1, 0, "not once triggered");
+        assert!(!matcher.is_token_allowed(b'x' as u32));
+        assert!(!matcher.can_end());
+        assert!(matcher.accept_token(b'7' as u32));
+        assert!(matcher.can_end());
+        assert!(!matcher.accept_token(129));
+        matcher.rollback(2).unwrap();
+        assert!(matcher.is_token_allowed(129), "rollback undoes the special step");
+    }
+}
