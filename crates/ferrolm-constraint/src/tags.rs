@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
 use crate::grammar::Grammar;
-use crate::recursive::{call, Config, Rules, NO_FRAME};
+use crate::recursive::{call, call_bytes, Config, Rules, CALL_BASE, MAX_RULES, NO_FRAME};
 use crate::vocab::TokenKind;
 
 /// Opening, body, closing, repeated: what [`Grammar::tag_sequence`] builds.
@@ -46,33 +46,11 @@ impl Grammar {
     /// of `separator begin body end` more. The output may end only after a closing.
     pub fn tag_sequence(body: &Grammar, tags: &TagSequence) -> Result<Arc<Grammar>> {
         crate::budget::entry(|| {
-            let invalid = |message: &str| ConstraintError::InvalidRegex {
-                pattern: String::new(),
-                message: format!("structural tags: {message}"),
-            };
             let Some(first_begin) = tags.begin.strip_prefix(&tags.begun) else {
                 return Err(invalid("`begun` must be a prefix of `begin`"));
             };
-            if !body.token_edges().is_empty() {
-                return Err(invalid("the body must not take special tokens (put triggers outside the tags)"));
-            }
-            // The body's rules, its main rule moved to the end (index `body_rule`);
-            // rule 0 is the sequence.
-            let mut dfas: Vec<ByteDfa> = Vec::new();
-            let body_rule = match body.rules() {
-                None => {
-                    dfas.push(body.dfa().clone());
-                    1
-                }
-                Some(rules) => {
-                    if (0..rules.num_rules() as u32).any(|k| calls_main(rules, k)) {
-                        return Err(invalid("the body's rules call its main rule"));
-                    }
-                    dfas.extend((1..rules.num_rules() as u32).map(|k| rules.rule(k).clone()));
-                    dfas.push(rules.main().clone());
-                    rules.num_rules()
-                }
-            };
+            // Rule 0 is the sequence; the body's rules follow.
+            let (mut dfas, body_rule) = embed(body, 1)?;
             let esc = |text: &str| regex_syntax::escape(text);
             let one = |opening: &str| format!("{}{}{}", esc(opening), call(body_rule), esc(&tags.end));
             let mut main = one(first_begin);
@@ -83,6 +61,108 @@ impl Grammar {
             Ok(Arc::new(Self::from_rules(body.vocab().clone(), Rules::new(dfas)?)))
         })
     }
+
+    /// Text that matches `first` or text that matches `second` (an answer in the
+    /// response format, or tool calls). Their first bytes must tell them apart.
+    pub fn either(first: &Grammar, second: &Grammar) -> Result<Arc<Grammar>> {
+        crate::budget::entry(|| {
+            if !Arc::ptr_eq(first.vocab(), second.vocab()) && first.vocab().size() != second.vocab().size() {
+                return Err(invalid("the two grammars have different vocabularies"));
+            }
+            let (mut dfas, first_rule) = embed(first, 1)?;
+            let (more, second_rule) = embed(second, 1 + dfas.len())?;
+            dfas.extend(more);
+            let main = format!("{}|{}", call(first_rule), call(second_rule));
+            dfas.insert(0, ByteDfa::from_regex_with_calls(&main, &RegexOptions::default())?);
+            Ok(Arc::new(Self::from_rules(first.vocab().clone(), Rules::new(dfas)?)))
+        })
+    }
+}
+
+fn invalid(message: &str) -> ConstraintError {
+    ConstraintError::InvalidRegex { pattern: String::new(), message: format!("structural tags: {message}") }
+}
+
+/// `grammar`'s rules as rules `base..`: its other rules first, in order, then its main
+/// rule (the one a caller calls, returned with them), calls renumbered to match.
+fn embed(grammar: &Grammar, base: usize) -> Result<(Vec<ByteDfa>, usize)> {
+    if !grammar.token_edges().is_empty() {
+        return Err(invalid("a grammar that takes special tokens must come first (put triggers outside)"));
+    }
+    let Some(rules) = grammar.rules() else {
+        return Ok((vec![grammar.dfa().clone()], base));
+    };
+    let n = rules.num_rules();
+    if (0..n as u32).any(|k| calls_main(rules, k)) {
+        return Err(invalid("a grammar whose rules call its main rule cannot be embedded"));
+    }
+    if base + n > MAX_RULES {
+        return Err(ConstraintError::GrammarTooLarge {
+            message: format!("the combined grammar needs more than {MAX_RULES} rules"),
+        });
+    }
+    let index = |k: u32| if k == 0 { base + n - 1 } else { base + k as usize - 1 };
+    let order = (1..n as u32).chain(std::iter::once(0));
+    let dfas = order
+        .map(|k| if base == 1 { Ok(rules.rule(k).clone()) } else { renumber_calls(rules, k, index) })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((dfas, base + n - 1))
+}
+
+/// Rule `rule` of `rules` with every call to rule k spelled as a call to `index(k)`:
+/// each call path is rebuilt from fresh states (the digits get classes of their own).
+fn renumber_calls(rules: &Rules, rule: u32, index: impl Fn(u32) -> usize) -> Result<ByteDfa> {
+    let dfa = rules.rule(rule);
+    let old_classes = (0..=255u8).map(|b| dfa.byte_class(b) as usize).max().unwrap_or(0) + 1;
+    let num_classes = old_classes + (256 - CALL_BASE as usize);
+    if num_classes > 256 {
+        return Err(invalid("a rule has too many byte classes to renumber its calls"));
+    }
+    let mut classes = [0u8; 256];
+    let mut representative: Vec<Option<u8>> = vec![None; old_classes];
+    for byte in 0..=255u8 {
+        classes[byte as usize] = if byte >= CALL_BASE {
+            (old_classes + (byte - CALL_BASE) as usize) as u8
+        } else {
+            let class = dfa.byte_class(byte);
+            representative[class as usize].get_or_insert(byte);
+            class
+        };
+    }
+    let n = dfa.num_states();
+    let mut transitions = vec![DEAD; n * num_classes];
+    for state in 1..n as u32 {
+        for (class, byte) in representative.iter().enumerate() {
+            if let Some(byte) = byte {
+                transitions[state as usize * num_classes + class] = dfa.next(state, *byte);
+            }
+        }
+    }
+    let mut accepting: Vec<bool> = (0..n as u32).map(|s| s != DEAD && dfa.is_accepting(s)).collect();
+    let fresh = |transitions: &mut Vec<u32>, accepting: &mut Vec<bool>| {
+        transitions.extend(std::iter::repeat_n(DEAD, num_classes));
+        accepting.push(false);
+        (accepting.len() - 1) as u32
+    };
+    for state in 1..n as u32 {
+        for &(callee, ret) in rules.calls_from(rule, state) {
+            let spelled = call_bytes(index(callee));
+            let mut at = state;
+            for (i, &byte) in spelled.iter().enumerate() {
+                let cell = at as usize * num_classes + classes[byte as usize] as usize;
+                if i == spelled.len() - 1 {
+                    transitions[cell] = ret;
+                } else {
+                    if transitions[cell] == DEAD {
+                        let next = fresh(&mut transitions, &mut accepting);
+                        transitions[cell] = next;
+                    }
+                    at = transitions[cell];
+                }
+            }
+        }
+    }
+    Ok(ByteDfa::from_table(classes, num_classes, transitions, accepting, dfa.start()))
 }
 
 /// Whether some state of `rule` calls rule 0.

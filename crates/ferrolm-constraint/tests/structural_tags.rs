@@ -292,3 +292,80 @@ fn special_token_triggers_nest() {
     assert!(!matcher.is_token_allowed(special), "the outer trigger is passed");
     assert!(matcher.can_end(), "auto after the thinking: a plain (empty) answer");
 }
+
+#[test]
+fn either_an_answer_in_the_response_format_or_calls() {
+    // tool_choice auto with response_format: the answer is JSON of its schema, or calls
+    let (vocab, eos) = vocab();
+    // a tree of nodes: recursive rules
+    let answer_schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"},
+        "items": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+        "required": ["ok"], "additionalProperties": false,
+        "$defs": {"node": {"type": "object", "properties": {
+            "k": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+            "additionalProperties": false}}});
+    let answer =
+        Grammar::from_json_schema(vocab.clone(), &answer_schema.to_string(), &JsonSchemaOptions::default())
+            .unwrap();
+    assert!(answer.is_recursive());
+    let calls = Grammar::tag_sequence(&body(&vocab), &hermes(true, "")).unwrap();
+    let grammar = Grammar::either(&answer, &calls).unwrap();
+    let mut rng = Rng(8);
+    let ping = r#"{"name":"ping","arguments":{}}"#;
+    for ok in [
+        r#"{"ok":true}"#.to_string(),
+        r#"{"ok":false,"items":[{},{"k":[{"k":[{}]}]}]}"#.to_string(),
+        format!("<tool_call>\n{ping}\n</tool_call>"),
+        format!("<tool_call>\n{ping}\n</tool_call>\n<tool_call>\n{ping}\n</tool_call>"),
+    ] {
+        assert!(accepts(&grammar, &vocab, eos, &ok, &mut rng), "{ok}");
+    }
+    for bad in [
+        r#"{"ok":1}"#.to_string(),
+        r#"{"ok":true,"items":[{"x":1}]}"#.to_string(),
+        "plain text".to_string(),
+        format!(r#"{{"ok":true}}<tool_call>\n{ping}\n</tool_call>"#),
+        ping.to_string(),
+        String::new(),
+    ] {
+        assert!(!accepts(&grammar, &vocab, eos, &bad, &mut rng), "{bad}");
+    }
+    // a walk over the masks ends in one or the other
+    let (mut answers, mut called) = (0, 0);
+    for seed in 0..40 {
+        let mut rng = Rng(seed);
+        let mut matcher = Matcher::new(grammar.clone());
+        let mut mask = vec![0u32; vocab.bitmask_words()];
+        let mut out = Vec::new();
+        for _ in 0..2000 {
+            matcher.fill_next_token_bitmask(&mut mask).unwrap();
+            let allowed: Vec<u32> =
+                (0..vocab.size() as u32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect();
+            let token = if allowed.contains(&eos) { eos } else { allowed[rng.below(allowed.len())] };
+            assert!(matcher.accept_token(token));
+            if token == eos {
+                break;
+            }
+            out.extend_from_slice(vocab.token_bytes(token).unwrap());
+        }
+        if !matcher.is_ended() {
+            continue;
+        }
+        let text = String::from_utf8(out).unwrap();
+        match parse_calls(&text) {
+            Some(calls) => {
+                assert!(calls.iter().all(valid_call), "{text}");
+                called += 1;
+            }
+            None => {
+                answers += 1;
+                let value: Value = serde_json::from_str(&text).expect(&text);
+                assert!(
+                    value["ok"].is_boolean()
+                        && value.as_object().unwrap().keys().all(|k| k == "ok" || k == "items")
+                );
+            }
+        }
+    }
+    assert!(answers > 0 && called > 0, "{answers} answers, {called} calls");
+}

@@ -219,6 +219,14 @@ impl PyVocabulary {
         Ok(PyGrammar { grammar })
     }
 
+    /// Text matching `first` or text matching `second` (an answer in the response format,
+    /// or tool calls); their first bytes must tell them apart.
+    fn either(&self, py: Python<'_>, first: &PyGrammar, second: &PyGrammar) -> PyResult<PyGrammar> {
+        let grammar = contain(py, || Grammar::either(&first.grammar, &second.grammar))?
+            .map_err(|e| errors::constraint(py, e))?;
+        Ok(PyGrammar { grammar })
+    }
+
     /// Test hook: panics inside the core (as a compilation that hits a bug would).
     /// Raises ``CorePanicError``; a vocabulary is frozen, so it stays usable.
     fn _inject_panic(&self, py: Python<'_>) -> PyResult<()> {
