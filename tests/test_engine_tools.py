@@ -231,3 +231,24 @@ def test_a_special_token_trigger_is_generated_as_the_token(engine: Any) -> None:
     params = sampled(0, json_schema=schema, structured_after="<x>", logit_bias={im_start: 100.0}, max_new_tokens=8)
     [result] = engine.generate("Hello", params)
     assert im_start not in result.token_ids
+
+
+def test_combinators_refuse_what_they_cannot_run(engine: Any) -> None:
+    v = engine.vocabulary
+    call = v.json_schema(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    with pytest.raises(InvalidInputError) as e:
+        v.structural_tags(call, begin="<a>", end="</a>", begun="<b")
+    assert e.value.field == "begun"
+    with pytest.raises(InvalidInputError) as e:  # the closing could be more of the body
+        v.structural_tags(v.regex("[0-9]+"), begin="<", end="1")
+    assert e.value.field == "json_schema"
+    tags = v.structural_tags(call, begin="<tool_call>\n", end="\n</tool_call>")
+    with pytest.raises(InvalidInputError):  # both may begin with "<"
+        v.either(v.regex("<[a-z]+>"), tags)
+    either = v.either(v.regex("[a-z]+"), tags).matcher()
+    assert either.accept_string("abc") and either.can_end()
+    # through chat: an answer format that could begin as a call names the caller's field
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(USER, sampled(0, regex="<[a-z]+>"), tools=TOOLS)
+    assert e.value.field == "regex"
+    assert not engine.has_work()

@@ -154,6 +154,7 @@ BAD_PATTERN = {"type": "function", "function": {"name": "bad", "parameters": {
     ({"tools": [TOOLS[2], TOOLS[2]]}, "tools.1.function.name"),
     ({"tools": TOOLS, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}}, "response_format"),
+    ({"tools": TOOLS, "regex": "<[a-z]+>"}, "regex"),  # an answer that could begin as a call does
     ({"tools": TOOLS, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ({"messages": [*MSG, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}]}]},

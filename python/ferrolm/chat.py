@@ -80,7 +80,13 @@ def chat(
         params = dataclasses.replace(params, **{**_RESET, **plan.constraint})
     if plan.skip_special_tokens is False:
         params = dataclasses.replace(params, skip_special_tokens=False)
-    results = engine.generate(tokenizer.encode(plan.prompt, add_special_tokens=False), params)
+    try:
+        results = engine.generate(tokenizer.encode(plan.prompt, add_special_tokens=False), params)
+    except InvalidInputError as e:
+        # the answer's format (structured_or) is the caller's own field
+        if e.field == "structured_or" and "structured_or" in plan.field_names:
+            raise InvalidInputError(str(e), plan.field_names["structured_or"]) from None
+        raise
     return [_result(plan, r) for r in results]
 
 

@@ -418,7 +418,12 @@ class Engine:
                                           separator=tags.get("separator", ""), begun=tags.get("begun", ""),
                                           repeated=tags.get("repeated", True))
                 if alternative:
-                    g = v.either(self._alternative_grammar(alternative, params), g)
+                    answer = self._alternative_grammar(alternative, params)
+                    try:
+                        g = v.either(answer, g)
+                    except InvalidInputError as e:  # an answer that could begin as the calls do
+                        raise InvalidInputError(f"structured_or: cannot be told apart from the structured part "
+                                                f"by its first character ({e})", "structured_or") from None
                 # innermost first: the last trigger leads to the grammar, each earlier one to the next
                 for k, trigger in enumerate(reversed(triggers)):
                     g = v.after_trigger(trigger, g, optional=params.structured_optional and k == 0)
