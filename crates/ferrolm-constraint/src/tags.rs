@@ -66,7 +66,7 @@ impl Grammar {
     /// response format, or tool calls). Their first bytes must tell them apart.
     pub fn either(first: &Grammar, second: &Grammar) -> Result<Arc<Grammar>> {
         crate::budget::entry(|| {
-            if !Arc::ptr_eq(first.vocab(), second.vocab()) && first.vocab().size() != second.vocab().size() {
+            if !Arc::ptr_eq(first.vocab(), second.vocab()) {
                 return Err(invalid("the two grammars have different vocabularies"));
             }
             let (mut dfas, first_rule) = embed(first, 1)?;
@@ -267,6 +267,26 @@ mod tests {
         let once = Grammar::tag_sequence(&body, &TagSequence { repeated: false, ..tags }).unwrap();
         assert!(accepts(&once, "a>1</a>"));
         assert!(!accepts(&once, "a>1</a>,<a>2</a>"));
+    }
+
+    #[test]
+    fn grammars_that_cannot_be_embedded_are_refused() {
+        // rule 1 calls the main rule back: moving the main rule would break that call
+        let options = RegexOptions::default();
+        let main = ByteDfa::from_regex_with_calls(&format!("a|\\({}\\)", call(1)), &options).unwrap();
+        let back = ByteDfa::from_regex_with_calls(&format!("b{}", call(0)), &options).unwrap();
+        let looped = Arc::new(Grammar::from_rules(vocab(), Rules::new(vec![main, back]).unwrap()));
+        let tags = TagSequence { begin: "<".into(), end: ">".into(), ..TagSequence::default() };
+        assert!(Grammar::tag_sequence(&looped, &tags).is_err());
+        let plain = Grammar::from_regex(looped.vocab().clone(), "x").unwrap();
+        assert!(Grammar::either(&plain, &looped).is_err());
+        assert!(Grammar::either(&plain, &Grammar::from_regex(looped.vocab().clone(), "y").unwrap()).is_ok());
+        // two vocabularies
+        let other = Grammar::from_regex(vocab(), "y").unwrap();
+        assert!(Grammar::either(&plain, &other).is_err());
+        // a grammar that takes special tokens goes outside, not inside
+        let triggered = Grammar::after_trigger("[CALLS]", &plain).unwrap();
+        assert!(Grammar::tag_sequence(&triggered, &tags).is_err());
     }
 
     #[test]
