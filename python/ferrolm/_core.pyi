@@ -513,8 +513,8 @@ class Vocabulary:
         eos_token_ids: list[int] = ...,
         compile_timeout_s: float = 10.0,
     ) -> Self:
-        """Special tokens never match grammar bytes; EOS ids are allowed exactly where the
-        document may end. Raises ``InvalidInputError`` (field ``vocabulary``)."""
+        """Special tokens never match grammar bytes (but a trigger of ``after_trigger`` may be
+        one); EOS ids are allowed exactly where the document may end. Raises ``InvalidInputError`` (field ``vocabulary``)."""
     @staticmethod
     def from_tokenizer_json(
         text: str, *, eos_token_ids: list[int] = ..., vocab_size: int | None = None, compile_timeout_s: float = 10.0
@@ -562,7 +562,30 @@ class Vocabulary:
         """Free text until ``trigger`` appears, then ``then`` (think, then answer in JSON).
         The output may end only once ``then`` may, or, with ``optional``, also in the free
         text before any trigger (``tool_choice: auto``: a plain answer or a call). Raises
-        ``InvalidInputError`` (field ``trigger``) for an empty trigger."""
+        ``InvalidInputError`` (field ``trigger``) for an empty trigger. A trigger that is
+        the text of one of the vocabulary's special tokens (``[TOOL_CALLS]``) may also be
+        written as that token (special tokens are otherwise never allowed)."""
+    def structural_tags(
+        self,
+        then: Grammar,
+        *,
+        begin: str,
+        end: str,
+        separator: str = "",
+        repeated: bool = True,
+        begun: str = "",
+    ) -> Grammar:
+        """``begin``, ``then``, ``end`` (``<tool_call>\\n{...}\\n</tool_call>``); with
+        ``repeated``, then any number more, each after ``separator``. ``begun``: the part of
+        the first ``begin`` already written (by the prompt, or by ``after_trigger``'s
+        trigger). The output may end only after an ``end``. Raises ``InvalidInputError``
+        (field ``begun``) when ``begun`` is not a prefix of ``begin``, and (field
+        ``json_schema``) when ``end`` could be read as more of ``then``."""
+    def either(self, first: Grammar, second: Grammar) -> Grammar:
+        """Text that matches ``first`` or text that matches ``second`` (an answer in the
+        response format, or tool calls). Raises ``InvalidInputError`` (field
+        ``json_schema``) when one first byte could begin either, and (field ``regex``)
+        when ``second`` takes special tokens (``after_trigger`` goes outside)."""
     def _inject_panic(self) -> None:
         """Test hook (not API): panics inside the core. Raises ``CorePanicError``; a
         vocabulary is immutable, so it stays usable."""
