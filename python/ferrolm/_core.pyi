@@ -710,7 +710,9 @@ class Frontend:
     threads and queued; the loop moves them into its engine core with ``drain`` and hands
     each step's outputs straight to the request streams with ``commit`` (or
     ``commit_tokens``, ``fail_step``, ``take_outputs``, which mirror ``Engine``'s and
-    return the rids that finished instead of ``StepOutputs``). Raises
+    return the rids that finished instead of ``StepOutputs``). Structured-output grammars
+    compile in ``vocabulary``'s cache (under its compile timeout) on ``grammar_threads``
+    threads, off the HTTP threads and the step loop. Raises
     ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
     address cannot be bound."""
 
@@ -739,6 +741,7 @@ class Frontend:
         chars_per_token: int | None = None,
         http_threads: int = 2,
         tokenizer_threads: int = 2,
+        grammar_threads: int = 2,
     ) -> Self: ...
     @property
     def port(self) -> int: ...

@@ -25,6 +25,7 @@ pub mod json_body;
 pub mod metrics;
 pub mod protocol;
 pub mod state;
+pub mod structured;
 pub mod tokenizer;
 
 use std::collections::HashMap;
@@ -33,7 +34,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferrolm_constraint::Vocabulary;
+use ferrolm_constraint::GrammarCache;
 use tokio::sync::oneshot;
 
 pub use egress::{Egress, RequestStream, SampleUpdate};
@@ -53,12 +54,14 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    /// Binds `config.host:config.port` and starts serving.
+    /// Binds `config.host:config.port` and starts serving. `grammars` is the engine's
+    /// grammar cache: its vocabulary is the one the core detokenizes with and checks
+    /// every request's grammar against.
     pub fn start(
         config: FrontendConfig,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
-        vocab: Arc<Vocabulary>,
+        grammars: Arc<GrammarCache>,
     ) -> Result<Self, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.http_threads.max(1))
@@ -73,13 +76,15 @@ impl Frontend {
         let egress = Arc::new(Egress::new());
         let started_at = http::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
+        let grammar_threads = config.grammar_threads;
         let state = Arc::new(AppState {
             config,
             ingress: ingress.clone(),
             egress: egress.clone(),
             tokenizer: Arc::new(tokenizer),
             template: template.map(Arc::new),
-            vocab,
+            vocab: grammars.vocab().clone(),
+            grammars: structured::GrammarPool::new(grammars, grammar_threads),
             next_rid: AtomicU64::new(0),
             named: Mutex::new(HashMap::new()),
             started_at,

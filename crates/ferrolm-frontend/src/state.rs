@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use ferrolm_constraint::Vocabulary;
+use ferrolm_constraint::{Grammar, Vocabulary};
 use serde_json::Value;
 
 use crate::egress::{Egress, RequestStream};
 use crate::errors::{ApiError, ApiResult};
 use crate::ingress::Ingress;
 use crate::metrics::Histograms;
+use crate::structured::{GrammarPool, Structured};
 use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
 
 /// The settings the front end needs (the rest of the server's settings are shown on
@@ -42,6 +43,8 @@ pub struct FrontendConfig {
     /// Threads of the HTTP runtime, and of the tokenizer pool.
     pub http_threads: usize,
     pub tokenizer_threads: usize,
+    /// Threads that wait for structured-output grammars to compile.
+    pub grammar_threads: usize,
 }
 
 /// A request in flight by its public id (`/generate`'s rid, the OpenAI response id), for
@@ -58,6 +61,7 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
     pub vocab: Arc<Vocabulary>,
+    pub grammars: GrammarPool,
     pub next_rid: AtomicU64,
     pub named: Mutex<HashMap<String, Named>>,
     pub started_at: u64,
@@ -145,6 +149,15 @@ impl AppState {
             .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))?;
         // the template writes its own BOS and markers
         self.encode(text, "messages", false).await
+    }
+
+    /// The compiled grammar of a request's structured output (off the HTTP threads and
+    /// the step loop; its wait reaches `ferrolm:grammar_compile_seconds`).
+    pub async fn grammar(&self, asked: Option<&Structured>) -> ApiResult<Option<Arc<Grammar>>> {
+        let Some(asked) = asked else { return Ok(None) };
+        let (grammar, seconds) = self.grammars.compile(asked).await?;
+        self.histograms.lock().unwrap().observe_grammar(seconds);
+        Ok(Some(grammar))
     }
 
     /// A token's text for logprobs (invalid UTF-8 as U+FFFD).

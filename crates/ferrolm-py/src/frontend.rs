@@ -63,6 +63,7 @@ impl PyFrontend {
         max_running_requests, max_request_bytes, version, model_info_json = "{}", settings_json = "{}",
         api_key = None, chat_template = None, bos_token = None, eos_token = None, max_queued_requests = None,
         queue_timeout = None, chars_per_token = None, http_threads = 2, tokenizer_threads = 2,
+        grammar_threads = 2,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -89,6 +90,7 @@ impl PyFrontend {
         chars_per_token: Option<usize>,
         http_threads: usize,
         tokenizer_threads: usize,
+        grammar_threads: usize,
     ) -> PyResult<Self> {
         let json = |field: &str, text: &str| {
             serde_json::from_str(text).map_err(|e| errors::invalid_field(py, field, format!("{field}: {e}")))
@@ -111,14 +113,15 @@ impl PyFrontend {
             version,
             http_threads,
             tokenizer_threads,
+            grammar_threads,
         };
-        let vocab = vocabulary.vocab().clone();
+        let grammars = vocabulary.cache().clone();
         let started = py.detach(move || -> Result<Frontend, String> {
             let tokenizer = Tokenizer::from_file(&tokenizer_json)?;
             let template = chat_template
                 .map(|t| ChatTemplate::new(&t, bos_token.as_deref(), eos_token.as_deref()))
                 .transpose()?;
-            Frontend::start(config, tokenizer, template, vocab)
+            Frontend::start(config, tokenizer, template, grammars)
         });
         let server = started.map_err(|m| errors::invalid_input(py, m))?;
         Ok(PyFrontend {

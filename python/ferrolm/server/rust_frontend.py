@@ -8,10 +8,15 @@ commit. ``frontend.drain`` moves what arrived into the core at the start of a st
 returning only the rids that finished. While there is no work the loop blocks in
 ``frontend.wait`` (no busy spin; a request wakes it at once).
 
+Structured output (``response_format``, ``regex``, ``json_schema``, ``ebnf``, ``guided_*``,
+``grammar``) is read as the Python front end reads it and compiled on the front end's grammar
+threads in the engine vocabulary's grammar cache (its compile timeout included); the core
+takes the compiled grammar with the request.
+
 Not built yet in this front end (refused with a 400 naming the field, never ignored):
-structured output (``response_format`` other than text, ``regex``, ``json_schema``, ``ebnf``,
-``guided_*``); the engine-heartbeat watch (``--engine-heartbeat-timeout``) has nothing to
-watch here, since the loop and the server share one process.
+tool calling (``tools``, ``tool_choice``); the engine-heartbeat watch
+(``--engine-heartbeat-timeout``) has nothing to watch here, since the loop and the server
+share one process.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ log = logging.getLogger("ferrolm.server")
 
 IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop flag again
 HTTP_THREADS = 2  # the HTTP runtime's workers; tokenizing runs on as many pool threads
+GRAMMAR_THREADS = 2  # threads waiting on grammar compiles (as the Python front end's GRAMMAR_WORKERS)
 
 
 def build_engine(args: ServerArgs) -> Engine:
@@ -84,6 +90,7 @@ def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
         chars_per_token=max_input_chars_per_token(tokenizer, tokenizer.token_bytes()),
         http_threads=HTTP_THREADS,
         tokenizer_threads=HTTP_THREADS,
+        grammar_threads=GRAMMAR_THREADS,
     )
 
 
