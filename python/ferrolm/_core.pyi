@@ -712,7 +712,10 @@ class Frontend:
     ``commit_tokens``, ``fail_step``, ``take_outputs``, which mirror ``Engine``'s and
     return the rids that finished instead of ``StepOutputs``). Structured-output grammars
     compile in ``vocabulary``'s cache (under its compile timeout) on ``grammar_threads``
-    threads, off the HTTP threads and the step loop. Raises
+    threads, off the HTTP threads and the step loop. With ``engine_heartbeat_timeout`` > 0,
+    a loop that has not come round (``drain``, or a ``wait`` that returned) for that many
+    seconds makes ``/health`` and every request 503, and fails what waits on it, until it
+    comes round again. Raises
     ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
     address cannot be bound."""
 
@@ -742,6 +745,7 @@ class Frontend:
         http_threads: int = 2,
         tokenizer_threads: int = 2,
         grammar_threads: int = 2,
+        engine_heartbeat_timeout: float = 0.0,
     ) -> Self: ...
     @property
     def port(self) -> int: ...

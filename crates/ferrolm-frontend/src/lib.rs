@@ -89,7 +89,11 @@ impl Frontend {
             named: Mutex::new(HashMap::new()),
             started_at,
             histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
+            unavailable: tokio::sync::watch::Sender::new(None),
         });
+        if let Some(timeout) = state.config.heartbeat_timeout_s.filter(|t| *t > 0.0) {
+            runtime.spawn(watch_heartbeat(state.clone(), timeout));
+        }
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(&addr))
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
@@ -121,6 +125,36 @@ impl Frontend {
         }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(timeout);
+        }
+    }
+}
+
+/// The engine-heartbeat watch: while the step loop has not come round for `timeout`
+/// seconds (a step stuck, a frozen loop), the server is unavailable: what waits on the
+/// engine is answered 503 (and aborted, so a resumed loop frees its KV), new requests and
+/// `/health` are 503, until the loop comes round again.
+async fn watch_heartbeat(state: Arc<AppState>, timeout: f64) {
+    let every = Duration::from_secs_f64((timeout / 4.0).clamp(0.01, 1.0));
+    loop {
+        tokio::time::sleep(every).await;
+        if state.ingress.is_stopped() {
+            return;
+        }
+        let silent = state.ingress.since_beat().as_secs_f64();
+        let stalled = state.unavailable.borrow().is_some();
+        if silent > timeout && !stalled {
+            let reason = format!(
+                "the engine has not answered for {silent:.1} s (frozen, or a step longer than --engine-heartbeat-timeout {timeout})"
+            );
+            tracing::error!(
+                "{reason}; failing {} requests in flight, refusing new ones until it answers",
+                state.egress.len()
+            );
+            state.unavailable.send_replace(Some(reason.clone()));
+            state.egress.fail_all(&format!("the engine is unavailable: {reason}"));
+        } else if silent <= timeout && stalled {
+            tracing::warn!("the engine answers again: serving");
+            state.unavailable.send_replace(None);
         }
     }
 }

@@ -63,7 +63,7 @@ impl PyFrontend {
         max_running_requests, max_request_bytes, version, model_info_json = "{}", settings_json = "{}",
         api_key = None, chat_template = None, bos_token = None, eos_token = None, max_queued_requests = None,
         queue_timeout = None, chars_per_token = None, http_threads = 2, tokenizer_threads = 2,
-        grammar_threads = 2,
+        grammar_threads = 2, engine_heartbeat_timeout = 0.0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -91,6 +91,7 @@ impl PyFrontend {
         http_threads: usize,
         tokenizer_threads: usize,
         grammar_threads: usize,
+        engine_heartbeat_timeout: f64,
     ) -> PyResult<Self> {
         let json = |field: &str, text: &str| {
             serde_json::from_str(text).map_err(|e| errors::invalid_field(py, field, format!("{field}: {e}")))
@@ -114,6 +115,7 @@ impl PyFrontend {
             http_threads,
             tokenizer_threads,
             grammar_threads,
+            heartbeat_timeout_s: (engine_heartbeat_timeout > 0.0).then_some(engine_heartbeat_timeout),
         };
         let grammars = vocabulary.cache().clone();
         let started = py.detach(move || -> Result<Frontend, String> {

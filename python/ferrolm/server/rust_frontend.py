@@ -13,10 +13,13 @@ Structured output (``response_format``, ``regex``, ``json_schema``, ``ebnf``, ``
 threads in the engine vocabulary's grammar cache (its compile timeout included); the core
 takes the compiled grammar with the request.
 
+The engine-heartbeat watch (``--engine-heartbeat-timeout``) watches this loop: it comes
+round at least every ``IDLE_WAIT_S`` while idle and once a step while busy; when it has not
+for the timeout (a step stuck in the forward, a frozen loop), ``/health`` and every request
+are 503 until it does, and what waited on it is answered 503 and aborted.
+
 Not built yet in this front end (refused with a 400 naming the field, never ignored):
-tool calling (``tools``, ``tool_choice``); the engine-heartbeat watch
-(``--engine-heartbeat-timeout``) has nothing to watch here, since the loop and the server
-share one process.
+tool calling (``tools``, ``tool_choice``).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
         http_threads=HTTP_THREADS,
         tokenizer_threads=HTTP_THREADS,
         grammar_threads=GRAMMAR_THREADS,
+        engine_heartbeat_timeout=args.engine_heartbeat_timeout,
     )
 
 
