@@ -35,6 +35,7 @@ __all__ = [
     "write_kv",
     "paged_attention",
     "Frontend",
+    "FrontendLoading",
     "render_chat_template",
     "rms_norm",
 ]
@@ -715,7 +716,8 @@ class Frontend:
     threads, off the HTTP threads and the step loop. With ``engine_heartbeat_timeout`` > 0,
     a loop that has not come round (``drain``, or a ``wait`` that returned) for that many
     seconds makes ``/health`` and every request 503, and fails what waits on it, until it
-    comes round again. Raises
+    comes round again. With ``loading``, it serves on the port that one bound (taking it over;
+    ``host`` and ``port`` are then not used). Raises
     ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
     address cannot be bound."""
 
@@ -746,6 +748,7 @@ class Frontend:
         tokenizer_threads: int = 2,
         grammar_threads: int = 2,
         engine_heartbeat_timeout: float = 0.0,
+        loading: FrontendLoading | None = None,
     ) -> Self: ...
     @property
     def port(self) -> int: ...
@@ -766,6 +769,19 @@ class Frontend:
     def stop(self, timeout: float = 5.0) -> None:
         """Stops serving: requests in flight end with 503, open connections get
         ``timeout`` seconds to close."""
+
+@final
+class FrontendLoading:
+    """The port bound while the model loads, so that probes see the server starting rather
+    than a refused connection: every route answers 503 (``/health``: ``{"status":
+    "unavailable", "reason": "the engine is starting"}``) until a ``Frontend`` takes the
+    port over (``loading=``). Raises ``InvalidInputError`` when the address cannot be bound."""
+
+    def __new__(cls, host: str, port: int) -> Self: ...
+    @property
+    def port(self) -> int: ...
+    def stop(self) -> None:
+        """Stops answering and frees the port (when no ``Frontend`` took it over)."""
 
 def render_chat_template(
     template: str,

@@ -22,6 +22,7 @@ pub mod generation;
 pub mod http;
 pub mod ingress;
 pub mod json_body;
+pub mod loading;
 pub mod metrics;
 pub mod protocol;
 pub mod state;
@@ -39,6 +40,7 @@ use tokio::sync::oneshot;
 
 pub use egress::{Egress, RequestStream, SampleUpdate};
 pub use ingress::{Drained, Ingress};
+pub use loading::Loading;
 pub use state::FrontendConfig;
 pub use tokenizer::{ChatTemplate, Tokenizer};
 
@@ -62,6 +64,18 @@ impl Frontend {
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
         grammars: Arc<GrammarCache>,
+    ) -> Result<Self, String> {
+        Self::start_on(config, tokenizer, template, grammars, None)
+    }
+
+    /// As [`Frontend::start`], on the socket `loading` bound while the model loaded (its
+    /// address, not `config`'s), when given.
+    pub fn start_on(
+        config: FrontendConfig,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        grammars: Arc<GrammarCache>,
+        loading: Option<Loading>,
     ) -> Result<Self, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.http_threads.max(1))
@@ -94,8 +108,14 @@ impl Frontend {
         if let Some(timeout) = state.config.heartbeat_timeout_s.filter(|t| *t > 0.0) {
             runtime.spawn(watch_heartbeat(state.clone(), timeout));
         }
+        let bound = loading.map(Loading::into_listener);
         let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&addr))
+            .block_on(async {
+                match bound {
+                    Some(l) => tokio::net::TcpListener::from_std(l),
+                    None => tokio::net::TcpListener::bind(&addr).await,
+                }
+            })
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (tx, rx) = oneshot::channel::<()>();

@@ -18,6 +18,9 @@ round at least every ``IDLE_WAIT_S`` while idle and once a step while busy; when
 for the timeout (a step stuck in the forward, a frozen loop), ``/health`` and every request
 are 503 until it does, and what waited on it is answered 503 and aborted.
 
+The port is bound before the model loads (``_core.FrontendLoading``): until the front end
+takes it over, ``/health`` and every route answer 503, "the engine is starting".
+
 Not built yet in this front end (refused with a 400 naming the field, never ignored):
 tool calling (``tools``, ``tool_choice``).
 """
@@ -66,8 +69,9 @@ def build_engine(args: ServerArgs) -> Engine:
     )
 
 
-def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
-    """Binds the port and starts the HTTP threads over ``engine``'s vocabulary and tokenizer."""
+def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoading | None = None) -> _core.Frontend:
+    """Binds the port (or takes over the one ``loading`` bound while the model loaded) and
+    starts the HTTP threads over ``engine``'s vocabulary and tokenizer."""
     tokenizer = engine.tokenizer
     info = model_info(engine)
     return _core.Frontend(
@@ -95,6 +99,7 @@ def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
         tokenizer_threads=HTTP_THREADS,
         grammar_threads=GRAMMAR_THREADS,
         engine_heartbeat_timeout=args.engine_heartbeat_timeout,
+        loading=loading,
     )
 
 
@@ -147,8 +152,13 @@ class StepLoop:
 def run_rust_server(args: ServerArgs) -> int:
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine = build_engine(args)
-    frontend = start_frontend(engine, args)
+    # the port answers at once: /health is 503 ("the engine is starting") while the model loads
+    loading = _core.FrontendLoading(args.host, args.port)
+    try:
+        engine = build_engine(args)
+        frontend = start_frontend(engine, args, loading)
+    finally:
+        loading.stop()  # frees the port if the engine did not start (else a no-op)
     loop = StepLoop(engine, frontend)
 
     def stop(signum: int, _frame: Any) -> None:

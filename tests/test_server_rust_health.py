@@ -1,12 +1,15 @@
-"""The Rust front end's engine-heartbeat watch (``--engine-heartbeat-timeout``), driven
-in-process: a real ``Engine("tiny")`` behind a real ``_core.Frontend`` with the step loop on
-a thread, one of whose steps is held on purpose (as a forward that hangs would hold it).
-The front end and the loop share one process, so the Python front end's test (which
-freezes the engine process with SIGSTOP) cannot stand in for this one."""
+"""The Rust front end's health, driven in-process: its port answering 503 while the model
+loads (``_core.FrontendLoading``), and its engine-heartbeat watch
+(``--engine-heartbeat-timeout``): a real ``Engine("tiny")`` behind a real
+``_core.Frontend`` with the step loop on a thread, one of whose steps is held on purpose
+(as a forward that hangs would hold it). The front end and the loop share one process, so
+the Python front end's tests (which freeze the engine process with SIGSTOP) cannot stand
+in for these."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from ferrolm import _core
+from ferrolm.errors import InvalidInputError
 from ferrolm.server.args import ServerArgs
 from ferrolm.server.rust_frontend import StepLoop, build_engine, start_frontend
 from ferrolm.server.testing import wait_until
@@ -39,9 +44,57 @@ class HeldLoop(StepLoop):
         super().step()
 
 
+def server_args(**kw: Any) -> ServerArgs:
+    # FERROLM_TEST_RUNNER=torch: on the torch runner, as running_server's servers
+    runner = os.environ.get("FERROLM_TEST_RUNNER")
+    device = {"runner": runner, "device": "cpu"} if runner else {}
+    return ServerArgs(port=0, max_total_tokens=8192, **device, **kw)
+
+
+def test_the_port_answers_503_while_the_model_loads_then_serves() -> None:
+    args = server_args()
+    loading = _core.FrontendLoading(args.host, 0)
+    url = f"http://127.0.0.1:{loading.port}"
+    try:
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert health.status_code == 503, health.text
+        assert health.json() == {"status": "unavailable", "reason": "the engine is starting"}
+        early = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+        assert early.status_code == 503 and early.json()["error"]["type"] == "service_unavailable_error", early.text
+        engine = build_engine(args)
+        frontend = start_frontend(engine, args, loading)  # takes the port over
+    finally:
+        loading.stop()
+    assert frontend.port == loading.port
+    loop = StepLoop(engine, frontend)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        loop.stopping.set()
+        thread.join(timeout=30)
+        frontend.stop(5.0)
+    with pytest.raises(InvalidInputError, match="loading"):  # a port is handed over once
+        start_frontend(engine, args, loading)
+
+
+def test_a_loading_port_that_is_stopped_is_free_again() -> None:
+    loading = _core.FrontendLoading("127.0.0.1", 0)
+    port = loading.port
+    loading.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    again = _core.FrontendLoading("127.0.0.1", port)  # bindable: nothing holds it
+    assert again.port == port
+    again.stop()
+
+
 @pytest.fixture
 def served() -> Iterator[tuple[HeldLoop, str]]:
-    args = ServerArgs(port=0, engine_heartbeat_timeout=HEARTBEAT_S, max_total_tokens=8192, runner="numpy")
+    args = server_args(engine_heartbeat_timeout=HEARTBEAT_S)
     engine = build_engine(args)
     frontend = start_frontend(engine, args)
     loop = HeldLoop(engine, frontend)
