@@ -46,9 +46,11 @@ class HeldLoop(StepLoop):
 
 def server_args(**kw: Any) -> ServerArgs:
     # FERROLM_TEST_RUNNER=torch: on the torch runner, as running_server's servers
+    args = ServerArgs(port=0, max_total_tokens=8192, **kw)
     runner = os.environ.get("FERROLM_TEST_RUNNER")
-    device = {"runner": runner, "device": "cpu"} if runner else {}
-    return ServerArgs(port=0, max_total_tokens=8192, **device, **kw)
+    if runner:
+        args.runner, args.device = runner, "cpu"
+    return args
 
 
 def test_the_port_answers_503_while_the_model_loads_then_serves() -> None:
