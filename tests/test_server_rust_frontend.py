@@ -168,6 +168,25 @@ SAME_REFUSAL = [
 ]
 
 
+# refused by the shape of a field: the same status and param (the wording is pydantic's in
+# the Python front end)
+SAME_PARAM = [
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object", "json_schema": 5}}),
+    ("/v1/completions", {"prompt": "x", "response_format": "json"}),
+    ("/v1/completions", {"prompt": "x", "guided_json": 5}),
+    ("/v1/completions", {"prompt": "x", "guided_choice": []}),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": ["a"]}}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), SAME_PARAM)
+def test_structured_fields_of_the_wrong_shape_are_refused_naming_them(
+        servers: tuple[RunningServer, RunningServer], path: str, body: dict[str, Any]) -> None:
+    py, rs = (post(s, path, body) for s in servers)
+    assert py.status_code == 400, py.text
+    assert (rs.status_code, rs.json()["error"]["param"]) == (400, py.json()["error"]["param"]), (py.text, rs.text)
+
+
 @pytest.mark.parametrize(("path", "body"), SAME_REFUSAL)
 def test_structured_output_refused_as_the_python_front_end_refuses_it(
         servers: tuple[RunningServer, RunningServer], path: str, body: dict[str, Any]) -> None:

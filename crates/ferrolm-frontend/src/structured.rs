@@ -118,20 +118,27 @@ fn response_format(rf: &Value) -> ApiResult<Option<GrammarSource>> {
     let Some(rf) = rf.as_object() else {
         return Err(ApiError::bad_request("response_format: must be an object", "response_format"));
     };
-    match rf.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(None),
+    let kind = rf.get("type").and_then(Value::as_str);
+    if !matches!(kind, Some("text" | "json_object" | "json_schema")) {
+        return Err(ApiError::bad_request(
+            "response_format.type: must be one of 'text', 'json_object', 'json_schema'",
+            "response_format.type",
+        ));
+    }
+    // an object or null whatever the type (as the Python front end's model has it)
+    let spec = match rf.get("json_schema") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "response_format.json_schema: must be an object",
+                "response_format.json_schema",
+            ))
+        }
+    };
+    match kind {
         Some("json_object") => Ok(Some(GrammarSource::JsonObject(schema_options(false)))),
         Some("json_schema") => {
-            let spec = match rf.get("json_schema") {
-                None | Some(Value::Null) => None,
-                Some(Value::Object(o)) => Some(o),
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "response_format.json_schema: must be an object",
-                        "response_format.json_schema",
-                    ))
-                }
-            };
             let Some(schema) = spec.and_then(|s| s.get("schema")).and_then(Value::as_object) else {
                 return Err(ApiError::bad_request(
                     "response_format.json_schema.schema: a JSON Schema object is required",
@@ -151,10 +158,7 @@ fn response_format(rf: &Value) -> ApiResult<Option<GrammarSource>> {
             let text = serde_json::to_string(schema).expect("a JSON object serializes");
             Ok(Some(GrammarSource::JsonSchema(text, schema_options(strict))))
         }
-        _ => Err(ApiError::bad_request(
-            "response_format.type: must be one of 'text', 'json_object', 'json_schema'",
-            "response_format.type",
-        )),
+        _ => Ok(None), // text
     }
 }
 
@@ -321,6 +325,8 @@ mod tests {
                 "response_format.json_schema.schema",
             ),
             (json!({"type": "json_schema", "json_schema": 3}), "response_format.json_schema"),
+            (json!({"type": "json_object", "json_schema": "x"}), "response_format.json_schema"),
+            (json!({"type": "text", "json_schema": [1]}), "response_format.json_schema"),
             (
                 json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
                 "response_format.json_schema.strict",
