@@ -35,6 +35,7 @@ __all__ = [
     "write_kv",
     "paged_attention",
     "Frontend",
+    "FrontendLoading",
     "render_chat_template",
     "rms_norm",
 ]
@@ -734,7 +735,13 @@ class Frontend:
     threads and queued; the loop moves them into its engine core with ``drain`` and hands
     each step's outputs straight to the request streams with ``commit`` (or
     ``commit_tokens``, ``fail_step``, ``take_outputs``, which mirror ``Engine``'s and
-    return the rids that finished instead of ``StepOutputs``). Raises
+    return the rids that finished instead of ``StepOutputs``). Structured-output grammars
+    compile in ``vocabulary``'s cache (under its compile timeout) on ``grammar_threads``
+    threads, off the HTTP threads and the step loop. With ``engine_heartbeat_timeout`` > 0,
+    a loop that has not come round (``drain``, or a ``wait`` that returned) for that many
+    seconds makes ``/health`` and every request 503, and fails what waits on it, until it
+    comes round again. With ``loading``, it serves on the port that one bound (taking it over;
+    ``host`` and ``port`` are then not used). Raises
     ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
     address cannot be bound."""
 
@@ -763,6 +770,9 @@ class Frontend:
         chars_per_token: int | None = None,
         http_threads: int = 2,
         tokenizer_threads: int = 2,
+        grammar_threads: int = 2,
+        engine_heartbeat_timeout: float = 0.0,
+        loading: FrontendLoading | None = None,
     ) -> Self: ...
     @property
     def port(self) -> int: ...
@@ -783,6 +793,19 @@ class Frontend:
     def stop(self, timeout: float = 5.0) -> None:
         """Stops serving: requests in flight end with 503, open connections get
         ``timeout`` seconds to close."""
+
+@final
+class FrontendLoading:
+    """The port bound while the model loads, so that probes see the server starting rather
+    than a refused connection: every route answers 503 (``/health``: ``{"status":
+    "unavailable", "reason": "the engine is starting"}``) until a ``Frontend`` takes the
+    port over (``loading=``). Raises ``InvalidInputError`` when the address cannot be bound."""
+
+    def __new__(cls, host: str, port: int) -> Self: ...
+    @property
+    def port(self) -> int: ...
+    def stop(self) -> None:
+        """Stops answering and frees the port (when no ``Frontend`` took it over)."""
 
 def render_chat_template(
     template: str,

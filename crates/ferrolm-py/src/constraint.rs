@@ -21,12 +21,17 @@ const CACHE_CAPACITY: usize = 1024;
 
 #[pyclass(module = "ferrolm._core", name = "Vocabulary", frozen)]
 pub struct PyVocabulary {
-    cache: GrammarCache,
+    /// Shared with the Rust front end, which compiles its requests' grammars here too.
+    cache: Arc<GrammarCache>,
 }
 
 impl PyVocabulary {
     pub fn vocab(&self) -> &Arc<Vocabulary> {
         self.cache.vocab()
+    }
+
+    pub fn cache(&self) -> &Arc<GrammarCache> {
+        &self.cache
     }
 
     fn compile(&self, py: Python<'_>, source: GrammarSource) -> PyResult<PyGrammar> {
@@ -37,7 +42,7 @@ impl PyVocabulary {
 
     fn new_cached(vocab: Vocabulary, compile_timeout_s: f64) -> Self {
         let timeout = Duration::from_secs_f64(compile_timeout_s.clamp(0.001, 3600.0));
-        PyVocabulary { cache: GrammarCache::new(Arc::new(vocab), CACHE_CAPACITY, timeout) }
+        PyVocabulary { cache: Arc::new(GrammarCache::new(Arc::new(vocab), CACHE_CAPACITY, timeout)) }
     }
 }
 
