@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +86,79 @@ def test_rate_sweep_writes_json_and_plot(server: RunningServer, tmp_path: Path) 
     except ImportError:
         return
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _burn(seconds: float) -> None:
+    """Spins until this thread has used ``seconds`` of CPU."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class _FakeFrontend:
+    """A front end whose ``commit`` samples on a thread that ends inside the call, as the
+    core does for a large step, while a long-lived thread is busy too."""
+
+    def __init__(self, busy_long_lived: threading.Event) -> None:
+        self.busy_long_lived = busy_long_lived
+
+    def commit(self, core: object, logits: object) -> str:
+        self.busy_long_lived.set()
+        helper = threading.Thread(target=_burn, args=(0.05,))
+        helper.start()
+        helper.join()
+        return "finished"
+
+    drain = wait = fail_step = take_outputs = stop = commit_tokens = commit
+
+
+def test_rust_commit_timer_counts_the_short_lived_sampling_thread_only() -> None:
+    start, release = threading.Event(), threading.Event()
+
+    def long_lived() -> None:  # an HTTP or BLAS thread: it outlives the commit
+        start.wait()
+        _burn(0.05)
+        release.wait()
+
+    worker = threading.Thread(target=long_lived)
+    worker.start()
+    totals: list[float] = [0.0] * 6
+    timed = bench_serve._TimedCommits(_FakeFrontend(start), totals, lambda: None)
+    try:
+        assert timed.commit(None, None) == "finished"
+    finally:
+        release.set()
+        worker.join()
+    # the helper's 0.05 s (clock ticks of slack), not the long-lived thread's share
+    assert 0.04 <= totals[4] <= 0.09
+    assert totals[5] >= 0.0
+
+
+def test_rust_overhead_adds_the_commit_helper_and_drops_the_timing() -> None:
+    def reading(http: float, loop: float, loop_forward: float, helper: float, timing: float) -> dict[str, Any]:
+        return {"api_cpu_s": 10.0, "engine_cpu_s": None, "forward_cpu_s": 5.0, "forward_wall_s": 6.0,
+                "forward_calls": 100, "http_cpu_s": http, "loop_cpu_s": loop, "loop_forward_cpu_s": loop_forward,
+                "commit_helper_cpu_s": helper, "timing_cpu_s": timing}
+
+    before = reading(1.0, 2.0, 1.0, 0.1, 0.01)
+    after = reading(1.5, 4.0, 2.5, 0.3, 0.11)
+    out = bench_serve.cpu_per_token(before, after, tokens=1000)
+    # loop outside the forward: 2.0 - 1.5 - 0.1 (timing) + 0.2 (helper) = 0.6 s
+    assert out["loop_outside_forward_us_per_token"] == pytest.approx(600.0)
+    assert out["commit_helper_us_per_token"] == pytest.approx(200.0)
+    assert out["frontend_cpu_us_per_token"] == pytest.approx(500.0)
+    assert out["overhead_us_per_token"] == pytest.approx(1100.0)
+
+
+def test_thread_cpu_is_read_finer_than_clock_ticks() -> None:
+    import os
+
+    a = time.thread_time()
+    before = bench_serve._thread_cpu_s(os.getpid())
+    b = time.thread_time()
+    _burn(0.013)  # not a whole number of 10 ms ticks
+    c = time.thread_time()
+    after = bench_serve._thread_cpu_s(os.getpid())
+    d = time.thread_time()
+    # the burn and at most the two readings themselves, to the thread clock's precision
+    assert c - b - 1e-4 <= after["main"] - before["main"] <= d - a + 1e-4

@@ -13,3 +13,4 @@ def test_bench_tools_quick_prints_both_ways(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert "constrained  : 4/4 calls parse, 4/4 valid for the schema" in out
     assert "parser only  : " in out and "us per delta" in out
+    assert "several calls: 4/4 answers complete" in out

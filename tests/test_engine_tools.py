@@ -164,3 +164,91 @@ def test_an_optional_trigger_lets_the_free_text_end(engine: Any) -> None:
     assert optional.accept_string('{"a":1}') and optional.can_end()
     mandatory = v.after_trigger("<tool_call>", call).matcher()
     assert mandatory.accept_string("plain text") and not mandatory.can_end()
+
+
+def test_several_calls_in_one_answer_always_parse_and_validate(engine: Any) -> None:
+    # parallel_tool_calls (the default): the calls are <tool_call> tags repeated, each
+    # closed, so each one parses wherever the answer ends
+    counts = []
+    for seed in range(24):
+        [answer] = engine.chat(USER, sampled(seed, max_new_tokens=400), tools=TOOLS, tool_choice="required")
+        assert answer.finish_reason == "tool_calls", answer.text
+        assert_valid_calls(answer.tool_calls)
+        text = "<tool_call>\n" + answer.text
+        assert text.count("<tool_call>\n") == text.count("\n</tool_call>") == len(answer.tool_calls), text
+        counts.append(len(answer.tool_calls))
+    assert max(counts) > 1 and min(counts) == 1, counts
+
+
+def test_several_calls_after_the_trigger_in_auto(engine: Any) -> None:
+    counts = []
+    for seed in range(12):
+        params = sampled(seed, logit_bias={TOOL_CALL: 100.0}, max_new_tokens=400)
+        [answer] = engine.chat(USER, params, tools=TOOLS, tool_choice="auto")
+        assert answer.finish_reason == "tool_calls" and answer.content is None, answer.text
+        assert_valid_calls(answer.tool_calls)
+        counts.append(len(answer.tool_calls))
+    assert max(counts) > 1, counts
+
+
+def test_auto_with_response_format_answers_in_it_or_calls(engine: Any) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    # the trigger banned: always an answer, in the format
+    for seed in range(6):
+        params = sampled(seed, json_schema=schema, logit_bias={TOOL_CALL: -100.0}, max_new_tokens=200)
+        [answer] = engine.chat(USER, params, tools=TOOLS)
+        assert answer.tool_calls == [] and answer.finish_reason == "stop", answer.text
+        jsonschema.validate(json.loads(answer.content), schema)
+    # the trigger forced: calls
+    for seed in range(6):
+        params = sampled(seed, json_schema=schema, logit_bias={TOOL_CALL: 100.0}, max_new_tokens=400)
+        [answer] = engine.chat(USER, params, tools=TOOLS)
+        assert answer.finish_reason == "tool_calls" and answer.content is None, answer.text
+        assert_valid_calls(answer.tool_calls)
+    # forced calls: response_format has no content to shape (as OpenAI), the calls come
+    [answer] = engine.chat(USER, sampled(0, json_schema=schema, max_new_tokens=400), tools=TOOLS,
+                           tool_choice="required")
+    assert_valid_calls(answer.tool_calls)
+    assert not engine.has_work()
+
+
+def test_a_special_token_trigger_is_generated_as_the_token(engine: Any) -> None:
+    # <|im_start|> is one of the tiny tokenizer's special tokens, which free text never
+    # writes, but as a trigger (Mistral's [TOOL_CALLS], Llama's <|python_tag|>) it is allowed
+    im_start = engine.tokenizer.hf.token_to_id("<|im_start|>")
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["a"], "additionalProperties": False}
+    for seed in range(4):
+        params = sampled(seed, json_schema=schema, structured_after="<|im_start|>", logit_bias={im_start: 100.0},
+                         skip_special_tokens=False, max_new_tokens=60)
+        [result] = engine.generate("Hello", params)
+        assert result.token_ids[0] == im_start
+        head, _, tail = result.text.partition("<|im_start|>")
+        assert head == ""
+        jsonschema.validate(json.loads(tail), schema)
+    # not a trigger: special tokens stay out of the output
+    params = sampled(0, json_schema=schema, structured_after="<x>", logit_bias={im_start: 100.0}, max_new_tokens=8)
+    [result] = engine.generate("Hello", params)
+    assert im_start not in result.token_ids
+
+
+def test_combinators_refuse_what_they_cannot_run(engine: Any) -> None:
+    v = engine.vocabulary
+    call = v.json_schema(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    with pytest.raises(InvalidInputError) as e:
+        v.structural_tags(call, begin="<a>", end="</a>", begun="<b")
+    assert e.value.field == "begun"
+    with pytest.raises(InvalidInputError) as e:  # the closing could be more of the body
+        v.structural_tags(v.regex("[0-9]+"), begin="<", end="1")
+    assert e.value.field == "json_schema"
+    tags = v.structural_tags(call, begin="<tool_call>\n", end="\n</tool_call>")
+    with pytest.raises(InvalidInputError):  # both may begin with "<"
+        v.either(v.regex("<[a-z]+>"), tags)
+    either = v.either(v.regex("[a-z]+"), tags).matcher()
+    assert either.accept_string("abc") and either.can_end()
+    # through chat: an answer format that could begin as a call names the caller's field
+    with pytest.raises(InvalidInputError) as e:
+        engine.chat(USER, sampled(0, regex="<[a-z]+>"), tools=TOOLS)
+    assert e.value.field == "regex"
+    assert not engine.has_work()

@@ -111,12 +111,6 @@ def test_assistant_messages_sent_back_as_openai_returns_them(server: RunningServ
 
 # ---- vLLM's guided_* fields map onto structured output ----
 
-# structured output is not built into the Rust front end yet (it refuses the fields by
-# name): these run against the Python one only
-PYTHON_ONLY = pytest.mark.parametrize("server", ["python"], indirect=True)
-
-
-@PYTHON_ONLY
 def test_guided_regex_and_choice(server: RunningServer) -> None:
     pattern = "[a-z]{3}-[0-9]{2}"
     r = post(server, C, {"prompt": "code:", "guided_regex": pattern, "max_tokens": 24, "seed": 1}).json()
@@ -127,7 +121,6 @@ def test_guided_regex_and_choice(server: RunningServer) -> None:
         assert r["choices"][0]["message"]["content"] in choices, r
 
 
-@PYTHON_ONLY
 def test_guided_json(server: RunningServer) -> None:
     import jsonschema
 
@@ -147,7 +140,6 @@ GUIDED_BAD = [
 ]
 
 
-@PYTHON_ONLY
 @pytest.mark.parametrize(("body", "param"), GUIDED_BAD)
 def test_guided_fields_refused_naming_them(server: RunningServer, body: dict[str, Any], param: str) -> None:
     assert_error(post(server, C, body), 400, param)

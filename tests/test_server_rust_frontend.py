@@ -71,6 +71,41 @@ SAME = [
                  id="generate-seeded-n2"),
 ]
 
+# structured output: the same grammar (one cache, one vocabulary) gives the same tokens
+OBJECT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"enum": [1, 2, 3]}},
+          "required": ["name", "n"]}
+SAME += [
+    pytest.param("/v1/completions", {"prompt": "code:", "regex": "[a-z]{3}-[0-9]{2}", "max_tokens": 12,
+                                     "temperature": 0}, id="regex-greedy"),
+    pytest.param("/v1/completions", {"prompt": ["a", "b"], "guided_regex": "(yes|no|maybe)!", "max_tokens": 8,
+                                     "temperature": 1.0, "seed": 4, "n": 2}, id="guided_regex-seeded-n2"),
+    pytest.param("/v1/completions", {"prompt": "JSON:", "json_schema": OBJECT, "max_tokens": 40, "temperature": 0.8,
+                                     "seed": 11, "logprobs": 1}, id="json_schema-seeded-logprobs"),
+    pytest.param("/v1/completions", {"prompt": "JSON:", "guided_json": json.dumps(OBJECT), "max_tokens": 40,
+                                     "temperature": 0}, id="guided_json-text"),
+    pytest.param("/v1/completions", {"prompt": "pick", "guided_choice": ["alpha", "beta", "gamma"], "max_tokens": 8,
+                                     "temperature": 1.0, "seed": 2}, id="guided_choice"),
+    pytest.param("/v1/completions", {"prompt": "g", "guided_grammar": 'root ::= "(" [a-c]* ")"', "max_tokens": 10,
+                                     "temperature": 0.9, "seed": 5}, id="guided_grammar"),
+    pytest.param("/v1/completions", {"prompt": "g", "grammar": 'root ::= "x" | "y" root', "max_tokens": 10,
+                                     "temperature": 0.9, "seed": 6}, id="grammar"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 30,
+                                          "temperature": 1.0, "seed": 9, "response_format": {"type": "json_object"}},
+                 id="chat-json_object"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 40,
+                                          "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+                                              "name": "x", "schema": OBJECT, "strict": True}}},
+                 id="chat-json_schema-strict"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                                          "temperature": 0, "response_format": {"type": "text"}},
+                 id="chat-response_format-text"),
+    pytest.param("/generate", {"text": "JSON:", "sampling_params": {"json_schema": OBJECT, "max_new_tokens": 40,
+                                                                    "temperature": 0.7, "seed": 3, "n": 2}},
+                 id="generate-json_schema-n2"),
+    pytest.param("/generate", {"text": "E:", "sampling_params": {"ebnf": 'root ::= [0-9]+ "." [0-9]', "max_new_tokens": 8,
+                                                                 "temperature": 0}}, id="generate-ebnf"),
+]
+
 
 @pytest.mark.parametrize(("path", "body"), SAME)
 def test_same_outputs_as_the_python_front_end(servers: tuple[RunningServer, RunningServer], path: str,
@@ -111,7 +146,57 @@ def test_tokenization_agrees_with_the_python_tokenizer(servers: tuple[RunningSer
     assert (rs["meta_info"]["prompt_tokens"], rs["output_ids"]) == (py["meta_info"]["prompt_tokens"], py["output_ids"])
 
 
-@pytest.mark.parametrize(("path", "body"), SAME[:1] + SAME[4:5])
+# what the front ends refuse the same way: status, param and message
+SAME_REFUSAL = [
+    ("/v1/completions", {"prompt": "x", "regex": "(("}),
+    ("/v1/completions", {"prompt": "x", "guided_regex": "a", "regex": "b"}),
+    ("/v1/completions", {"prompt": "x", "guided_json": {"type": 5}}),
+    ("/v1/completions", {"prompt": "x", "json_schema": "{not json"}),
+    ("/v1/completions", {"prompt": "x", "json_schema": {"type": "string", "pattern": "(("}}),
+    ("/v1/completions", {"prompt": "x", "guided_grammar": "root ::= 'a'"}),
+    ("/v1/completions", {"prompt": "x", "grammar": 'root ::= "a" missing'}),
+    ("/v1/completions", {"prompt": "x", "ebnf": 'root ::= "a"', "response_format": {"type": "json_object"}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": 1}}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"minimum": "3"}}}}),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "a{2,1}"}}),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": {"$ref": "#/nowhere"}}}),
+    ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= (", "regex": "a"}}),
+]
+
+
+# refused by the shape of a field: the same status and param (the wording is pydantic's in
+# the Python front end)
+SAME_PARAM = [
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object", "json_schema": 5}}),
+    ("/v1/completions", {"prompt": "x", "response_format": "json"}),
+    ("/v1/completions", {"prompt": "x", "guided_json": 5}),
+    ("/v1/completions", {"prompt": "x", "guided_choice": []}),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": ["a"]}}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), SAME_PARAM)
+def test_structured_fields_of_the_wrong_shape_are_refused_naming_them(
+        servers: tuple[RunningServer, RunningServer], path: str, body: dict[str, Any]) -> None:
+    py, rs = (post(s, path, body) for s in servers)
+    assert py.status_code == 400, py.text
+    assert (rs.status_code, rs.json()["error"]["param"]) == (400, py.json()["error"]["param"]), (py.text, rs.text)
+
+
+@pytest.mark.parametrize(("path", "body"), SAME_REFUSAL)
+def test_structured_output_refused_as_the_python_front_end_refuses_it(
+        servers: tuple[RunningServer, RunningServer], path: str, body: dict[str, Any]) -> None:
+    py, rs = (post(s, path, body) for s in servers)
+    assert py.status_code == 400, py.text
+    assert (rs.status_code, rs.json()["error"]) == (py.status_code, py.json()["error"])
+
+
+@pytest.mark.parametrize(("path", "body"), SAME[:1] + SAME[4:5] + [
+    p for p in SAME if p.id in ("regex-greedy", "guided_choice", "chat-json_schema-strict")])
 def test_streams_agree_with_the_python_front_end(servers: tuple[RunningServer, RunningServer], path: str,
                                                  body: dict[str, Any]) -> None:
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}

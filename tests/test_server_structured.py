@@ -1,4 +1,5 @@
-"""Structured output through the HTTP API (regex, json_schema, response_format)."""
+"""Structured output through the HTTP API (regex, json_schema, response_format), against
+both front ends."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import pytest
 
 import jsonschema
 
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
           "required": ["ok", "n"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server() as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server(frontend=request.param) as s:
         yield s
 
 

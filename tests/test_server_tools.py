@@ -30,7 +30,7 @@ TOOLS: list[Any] = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "move": MOVE, "ping": {"type": "object", "additionalProperties": False}}
 MSG: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
-TOOL_CALL, THINK_END = "32004", "32007"  # the tiny model's <tool_call> and </think>
+TOOL_CALL, THINK_END, IM_END = "32004", "32007", "32003"  # the tiny model's <tool_call>, </think>, <|im_end|>
 CHAT = "/v1/chat/completions"
 
 
@@ -72,13 +72,13 @@ def test_forced_calls_always_validate_streamed_and_not(client: openai.OpenAI, to
     names = set()
     for seed in range(10):
         kw = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": tool_choice, "seed": seed,
-              "temperature": 1.0, "max_tokens": 120}
+              "temperature": 1.0, "max_tokens": 400}
         whole = client.chat.completions.create(**kw)
         assert whole.choices[0].finish_reason == "tool_calls"
         assert whole.choices[0].message.content is None
         calls = calls_of(whole)
-        assert len(calls) == 1
-        names.add(calls[0][0])
+        assert calls  # one or more (parallel_tool_calls is on by default)
+        names |= {name for name, _ in calls}
         stream = streamed(client, **kw)
         assert calls_of(stream) == calls  # the same seed: the same call, however it is delivered
         assert stream.choices[0].finish_reason == "tool_calls"
@@ -152,7 +152,9 @@ BAD_PATTERN = {"type": "function", "function": {"name": "bad", "parameters": {
     ({"tools": []}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
     ({"tools": [TOOLS[2], TOOLS[2]]}, "tools.1.function.name"),
-    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": TOOLS, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}}, "response_format"),
+    ({"tools": TOOLS, "regex": "<[a-z]+>"}, "regex"),  # an answer that could begin as a call does
     ({"tools": TOOLS, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
     ({"messages": [*MSG, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}]}]},
@@ -164,6 +166,45 @@ def test_bad_input_is_a_400_naming_the_field(server: RunningServer, body: dict[s
                        timeout=60)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param, r.text
+
+
+def test_several_calls_in_one_answer_streamed_and_not(client: openai.OpenAI) -> None:
+    counts = []
+    for seed in range(8):
+        # the end of the turn made less likely (the tiny model mostly stops after one call)
+        kw: dict[str, Any] = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": "required",
+                              "seed": seed, "temperature": 1.0, "max_tokens": 400, "logit_bias": {IM_END: -3}}
+        whole = client.chat.completions.create(**kw)
+        assert whole.choices[0].finish_reason == "tool_calls"
+        calls = calls_of(whole)
+        assert len({c.id for c in whole.choices[0].message.tool_calls or []}) == len(calls)
+        stream = streamed(client, **kw)
+        assert calls_of(stream) == calls
+        counts.append(len(calls))
+    assert max(counts) > 1, counts
+    # parallel_tool_calls false: one call, always
+    for seed in range(4):
+        kw = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": "required", "seed": seed,
+              "max_tokens": 400, "parallel_tool_calls": False}
+        assert len(calls_of(client.chat.completions.create(**kw))) == 1
+        assert len(calls_of(streamed(client, **kw))) == 1
+
+
+def test_auto_with_response_format_answers_in_it_or_calls(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    for seed in range(3):
+        kw: dict[str, Any] = {"model": "tiny", "messages": MSG, "tools": TOOLS, "seed": seed, "max_tokens": 400,
+                              "response_format": fmt, "logit_bias": {TOOL_CALL: -100}}
+        whole = client.chat.completions.create(**kw)
+        assert whole.choices[0].message.tool_calls is None
+        jsonschema.validate(json.loads(whole.choices[0].message.content or ""), schema)
+        assert streamed(client, **kw).choices[0].message.content == whole.choices[0].message.content
+        kw["logit_bias"] = {TOOL_CALL: 100}
+        whole = client.chat.completions.create(**kw)
+        assert whole.choices[0].finish_reason == "tool_calls" and calls_of(whole)
+        assert calls_of(streamed(client, **kw)) == calls_of(whole)
 
 
 def test_the_server_still_serves_after_refusals(client: openai.OpenAI) -> None:
@@ -215,5 +256,9 @@ def test_the_constraint_can_be_turned_off() -> None:
                                            max_tokens=6)
         # the random model's free text is no call: parsed as content, not forced into one
         assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
+        # auto with response_format needs the constraint to tell an answer from calls
+        r2 = httpx.post(f"{s.url}{CHAT}", json={"messages": MSG, "tools": TOOLS, "max_tokens": 4,
+                                                "response_format": {"type": "json_object"}}, timeout=60)
+        assert r2.status_code == 400 and r2.json()["error"]["param"] == "response_format", r2.text
         info = httpx.get(f"{s.url}/server_info", timeout=30).json()["settings"]
         assert info["disable_tool_call_constraint"] is True and info["tool_call_parser"] == "hermes"

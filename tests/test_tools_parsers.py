@@ -17,6 +17,7 @@ from ferrolm.errors import InvalidInputError
 from ferrolm.tools import FORMATS, ChatOutputParser, MessageBuilder, detect_format, reasoning_format, tool_call_format
 from ferrolm.tools.call_scanner import match_header
 from ferrolm.tools.formats import held_back
+from ferrolm.tools.reasoning import detect_reasoning
 from ferrolm.tools.pieces import CALL
 
 CASES: list[dict[str, Any]] = json.loads(
@@ -154,3 +155,14 @@ def test_formats_are_found_by_name_and_from_the_chat_template() -> None:
         reasoning_format("nonesuch")
     assert e.value.field == "reasoning_parser"
     assert reasoning_format("deepseek-r1") is reasoning_format("deepseek_r1")
+
+
+def test_the_reasoning_format_is_found_from_the_chat_template() -> None:
+    qwen3 = "{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}<|im_start|>"
+    deepseek = "{% set content = content.split('</think>')[-1] %}{{'<\uff5cAssistant\uff5c>' + content}}"
+    assert detect_reasoning(qwen3) is reasoning_format("qwen3")
+    assert detect_reasoning(deepseek) is reasoning_format("deepseek_r1")
+    assert detect_reasoning("{{ messages }}<tool_call>") is None and detect_reasoning(None) is None
+    assert reasoning_format("auto", deepseek) is reasoning_format("deepseek_r1")
+    assert reasoning_format("auto", "{{ messages }}") is None
+    assert reasoning_format("none", qwen3) is None  # off whatever the template shows

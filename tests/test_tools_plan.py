@@ -159,18 +159,45 @@ def test_thinking_comes_first() -> None:
     assert structured.constraint == {"json_object": True, "structured_after": "</think>"}
 
 
-def test_no_constraint_where_the_engine_cannot_see_the_trigger_or_it_is_off() -> None:
-    # Mistral's [TOOL_CALLS] is a special token: free text can never write it under a grammar
+def test_special_token_triggers_are_constrained_too() -> None:
+    # Mistral's [TOOL_CALLS] is a special token: the engine takes it as the trigger, and the
+    # parser must see it in the text
     p = plan("auto", fmt="mistral", special_tokens={"[TOOL_CALLS]"})
-    assert p.constraint == {} and p.skip_special_tokens is False
+    assert p.constraint["structured_after"] == "[TOOL_CALLS]" and p.constraint["structured_optional"]
+    assert p.constraint["json_schema"]["type"] == "array" and "structured_tags" not in p.constraint
+    assert p.skip_special_tokens is False
     forced = plan("required", fmt="mistral", special_tokens={"[TOOL_CALLS]"})
     assert forced.primed and forced.prompt.endswith("[TOOL_CALLS]")
     assert forced.constraint["json_schema"]["type"] == "array"
-    assert plan("auto", fmt="llama3_json").constraint == {}  # no trigger in free text
+    # Llama 3: <|python_tag|> opens the calls, joined by "; "
+    llama = plan("auto", fmt="llama3_json", special_tokens={"<|python_tag|>"})
+    assert llama.constraint["structured_after"] == "<|python_tag|>" and llama.skip_special_tokens is False
+    assert llama.constraint["structured_tags"] == {"begin": "", "end": "", "separator": "; ", "begun": ""}
+    params_of(llama)
+
+
+def test_no_constraint_when_it_is_off() -> None:
     off = plan("required", constrain=False)
     assert off.primed and off.constraint == {}
     assert plan("auto", constrain=False).constraint == {}
     assert plan("none").constraint == {} and plan("none").tool_format is None
+
+
+def test_parallel_calls_are_structural_tags() -> None:
+    tags = {"begin": "<tool_call>\n", "end": "\n</tool_call>", "separator": "\n"}
+    # forced: the prompt wrote the first opening
+    assert plan("required").constraint["structured_tags"] == {**tags, "begun": "<tool_call>\n"}
+    # auto: the trigger wrote its part of it
+    assert plan("auto").constraint["structured_tags"] == {**tags, "begun": "<tool_call>"}
+    qwen3 = reasoning_format("qwen3")
+    assert plan("required", reasoning=qwen3).constraint["structured_tags"] == {**tags, "begun": "<tool_call>"}
+    assert plan("required", fmt="llama3_json").constraint["structured_tags"]["begun"] == ""
+    # parallel_tool_calls false, or a named function: the one call's JSON, as before
+    assert "structured_tags" not in plan("required", parallel=False).constraint
+    assert "structured_tags" not in plan({"type": "function", "function": {"name": "ping"}}).constraint
+    assert "structured_tags" not in plan("auto", parallel=False).constraint
+    for p in (plan("required"), plan("auto"), plan("required", fmt="llama3_json")):
+        params_of(p)
 
 
 def test_parallel_calls_off_allows_one() -> None:
@@ -189,16 +216,56 @@ def test_what_cannot_be_planned_names_the_field() -> None:
     with pytest.raises(InvalidInputError) as e:
         plan_chat(PROMPT, tools=parsed, choice=ToolChoice("auto"), tool_format=None)
     assert e.value.field == "tools"
-    with pytest.raises(InvalidInputError) as e:
-        plan("auto", structured={"json_object": True}, structured_names={"json_object": "response_format"})
-    assert e.value.field == "response_format"
+    fmt: dict[str, Any] = {"structured": {"json_object": True}, "structured_names": {"json_object": "response_format"}}
+    # where the calls cannot be told from an answer by their first character
+    cases: list[dict[str, Any]] = [{"fmt": "llama3_json"}, {"fmt": "mistral", "special_tokens": {"[TOOL_CALLS]"}},
+                                   {"constrain": False}]
+    for kw in cases:
+        with pytest.raises(InvalidInputError) as e:
+            plan("auto", **fmt, **kw)
+        assert e.value.field == "response_format"
     # with tool_choice none the tools are only shown to the model: response_format applies
     p = plan("none", structured={"json_object": True}, structured_names={"json_object": "response_format"})
     assert p.constraint == {"json_object": True}
 
 
+def test_auto_with_response_format_is_an_answer_in_it_or_calls() -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    names = {"json_schema": "response_format"}
+    p = plan("auto", structured={"json_schema": schema}, structured_names=names)
+    assert p.constraint["structured_or"] == {"json_schema": schema}
+    assert p.constraint["structured_tags"] == {"begin": "<tool_call>\n", "end": "\n</tool_call>", "separator": "\n",
+                                               "repeated": True}
+    assert "structured_after" not in p.constraint and not p.primed
+    assert p.field_names["structured_or"] == "response_format" and p.field_names["json_schema"] == "tools"
+    params_of(p)
+    one = plan("auto", parallel=False, structured={"json_schema": schema}, structured_names=names)
+    assert one.constraint["structured_tags"]["repeated"] is False
+    mistral = plan("auto", fmt="mistral", structured={"json_object": True}, structured_names={"json_object": "x"})
+    assert mistral.constraint["structured_tags"] == {"begin": "[TOOL_CALLS]", "end": "", "repeated": False}
+    # after the thinking
+    thinking = plan("auto", reasoning=reasoning_format("qwen3"), structured={"json_schema": schema},
+                    structured_names=names)
+    assert thinking.constraint["structured_after"] == "</think>"
+    # a forced call has no content for response_format to shape (as OpenAI): ignored
+    forced = plan("required", structured={"json_schema": schema}, structured_names=names)
+    assert forced.primed and "structured_or" not in forced.constraint
+
+
 def test_sampling_params_check_the_new_fields() -> None:
     for kw, field in [({"structured_optional": True, "json_object": True}, "structured_optional"),
+                      ({"structured_tags": {"begin": "<a>", "end": "</a>"}}, "structured_tags"),
+                      ({"structured_tags": {"begin": "<a>"}, "json_object": True}, "structured_tags"),
+                      ({"structured_tags": {"begin": "<a>", "end": 1}, "json_object": True}, "structured_tags"),
+                      ({"structured_tags": {"begin": "<a>", "end": "", "x": ""}, "json_object": True}, "structured_tags"),
+                      ({"structured_tags": {"begin": "<a>", "end": "", "begun": "<b"}, "json_object": True},
+                       "structured_tags"),
+                      ({"structured_tags": {"begin": "<a>", "end": "", "repeated": "yes"}, "json_object": True},
+                       "structured_tags"),
+                      ({"structured_or": {"json_object": True}}, "structured_or"),
+                      ({"structured_or": {"n": 2}, "json_object": True}, "structured_or"),
+                      ({"structured_or": {}, "json_object": True}, "structured_or"),
+                      ({"structured_or": {"regex": "a", "choice": ["b"]}, "json_object": True}, "structured_or"),
                       ({"structured_after": ["</think>", ""], "json_object": True}, "structured_after"),
                       ({"json_schema_parts": {"a": {}}}, "json_schema_parts")]:
         with pytest.raises(InvalidInputError) as e:

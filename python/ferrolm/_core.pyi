@@ -35,6 +35,7 @@ __all__ = [
     "write_kv",
     "paged_attention",
     "Frontend",
+    "FrontendLoading",
     "render_chat_template",
     "rms_norm",
 ]
@@ -213,7 +214,8 @@ class BatchPlan:
     are ``input_ids[qo_offsets[b]:qo_offsets[b+1]]`` at ``positions[...]``; their K/V go to
     ``out_slots[...]``; it attends to ``kv_slots[kv_offsets[b]:kv_offsets[b+1]]``, every slot
     of its sequence up to and including the new tokens, in position order. The runner
-    returns one row of logits per request, for its last new token."""
+    returns one row of logits per request, for its last new token. The columns are
+    read-only numpy arrays: ``ForwardBatch.from_plan`` uses them as they are, unchecked."""
 
     @property
     def rids(self) -> npt.NDArray[np.uint64]: ...
@@ -512,8 +514,8 @@ class Vocabulary:
         eos_token_ids: list[int] = ...,
         compile_timeout_s: float = 10.0,
     ) -> Self:
-        """Special tokens never match grammar bytes; EOS ids are allowed exactly where the
-        document may end. Raises ``InvalidInputError`` (field ``vocabulary``)."""
+        """Special tokens never match grammar bytes (but a trigger of ``after_trigger`` may be
+        one); EOS ids are allowed exactly where the document may end. Raises ``InvalidInputError`` (field ``vocabulary``)."""
     @staticmethod
     def from_tokenizer_json(
         text: str, *, eos_token_ids: list[int] = ..., vocab_size: int | None = None, compile_timeout_s: float = 10.0
@@ -561,7 +563,30 @@ class Vocabulary:
         """Free text until ``trigger`` appears, then ``then`` (think, then answer in JSON).
         The output may end only once ``then`` may, or, with ``optional``, also in the free
         text before any trigger (``tool_choice: auto``: a plain answer or a call). Raises
-        ``InvalidInputError`` (field ``trigger``) for an empty trigger."""
+        ``InvalidInputError`` (field ``trigger``) for an empty trigger. A trigger that is
+        the text of one of the vocabulary's special tokens (``[TOOL_CALLS]``) may also be
+        written as that token (special tokens are otherwise never allowed)."""
+    def structural_tags(
+        self,
+        then: Grammar,
+        *,
+        begin: str,
+        end: str,
+        separator: str = "",
+        repeated: bool = True,
+        begun: str = "",
+    ) -> Grammar:
+        """``begin``, ``then``, ``end`` (``<tool_call>\\n{...}\\n</tool_call>``); with
+        ``repeated``, then any number more, each after ``separator``. ``begun``: the part of
+        the first ``begin`` already written (by the prompt, or by ``after_trigger``'s
+        trigger). The output may end only after an ``end``. Raises ``InvalidInputError``
+        (field ``begun``) when ``begun`` is not a prefix of ``begin``, and (field
+        ``json_schema``) when ``end`` could be read as more of ``then``."""
+    def either(self, first: Grammar, second: Grammar) -> Grammar:
+        """Text that matches ``first`` or text that matches ``second`` (an answer in the
+        response format, or tool calls). Raises ``InvalidInputError`` (field
+        ``json_schema``) when one first byte could begin either, and (field ``regex``)
+        when ``second`` takes special tokens (``after_trigger`` goes outside)."""
     def _inject_panic(self) -> None:
         """Test hook (not API): panics inside the core. Raises ``CorePanicError``; a
         vocabulary is immutable, so it stays usable."""
@@ -710,7 +735,13 @@ class Frontend:
     threads and queued; the loop moves them into its engine core with ``drain`` and hands
     each step's outputs straight to the request streams with ``commit`` (or
     ``commit_tokens``, ``fail_step``, ``take_outputs``, which mirror ``Engine``'s and
-    return the rids that finished instead of ``StepOutputs``). Raises
+    return the rids that finished instead of ``StepOutputs``). Structured-output grammars
+    compile in ``vocabulary``'s cache (under its compile timeout) on ``grammar_threads``
+    threads, off the HTTP threads and the step loop. With ``engine_heartbeat_timeout`` > 0,
+    a loop that has not come round (``drain``, or a ``wait`` that returned) for that many
+    seconds makes ``/health`` and every request 503, and fails what waits on it, until it
+    comes round again. With ``loading``, it serves on the port that one bound (taking it over;
+    ``host`` and ``port`` are then not used). Raises
     ``InvalidInputError`` when the tokenizer or chat template cannot be loaded or the
     address cannot be bound."""
 
@@ -739,6 +770,9 @@ class Frontend:
         chars_per_token: int | None = None,
         http_threads: int = 2,
         tokenizer_threads: int = 2,
+        grammar_threads: int = 2,
+        engine_heartbeat_timeout: float = 0.0,
+        loading: FrontendLoading | None = None,
     ) -> Self: ...
     @property
     def port(self) -> int: ...
@@ -759,6 +793,19 @@ class Frontend:
     def stop(self, timeout: float = 5.0) -> None:
         """Stops serving: requests in flight end with 503, open connections get
         ``timeout`` seconds to close."""
+
+@final
+class FrontendLoading:
+    """The port bound while the model loads, so that probes see the server starting rather
+    than a refused connection: every route answers 503 (``/health``: ``{"status":
+    "unavailable", "reason": "the engine is starting"}``) until a ``Frontend`` takes the
+    port over (``loading=``). Raises ``InvalidInputError`` when the address cannot be bound."""
+
+    def __new__(cls, host: str, port: int) -> Self: ...
+    @property
+    def port(self) -> int: ...
+    def stop(self) -> None:
+        """Stops answering and frees the port (when no ``Frontend`` took it over)."""
 
 def render_chat_template(
     template: str,

@@ -52,7 +52,7 @@ def chat(
     tool_choice: str | Mapping[str, Any] | None = None,
     parallel_tool_calls: bool = True,
     tool_call_parser: str = "auto",
-    reasoning_parser: str | None = None,
+    reasoning_parser: str | None = "auto",
     constrain_tool_calls: bool = True,
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[ChatResult]:
@@ -72,7 +72,7 @@ def chat(
     plan = plan_chat(
         prompt, tools=parsed_tools, choice=choice, parallel=parallel_tool_calls,
         tool_format=tool_call_format(tool_call_parser, tokenizer.chat_template),
-        reasoning=reasoning_format(reasoning_parser), constrain=constrain_tool_calls,
+        reasoning=reasoning_format(reasoning_parser, tokenizer.chat_template), constrain=constrain_tool_calls,
         structured=structured, structured_names={k: k for k in structured},
         special_tokens=frozenset(tokenizer.hf.id_to_token(i) or "" for i in tokenizer.special_token_ids),
     )
@@ -80,14 +80,20 @@ def chat(
         params = dataclasses.replace(params, **{**_RESET, **plan.constraint})
     if plan.skip_special_tokens is False:
         params = dataclasses.replace(params, skip_special_tokens=False)
-    results = engine.generate(tokenizer.encode(plan.prompt, add_special_tokens=False), params)
+    try:
+        results = engine.generate(tokenizer.encode(plan.prompt, add_special_tokens=False), params)
+    except InvalidInputError as e:
+        # the answer's format (structured_or) is the caller's own field
+        if e.field == "structured_or" and "structured_or" in plan.field_names:
+            raise InvalidInputError(str(e), plan.field_names["structured_or"]) from None
+        raise
     return [_result(plan, r) for r in results]
 
 
 # a plan's constraint replaces the caller's (which it took into account)
 _RESET: dict[str, Any] = {"regex": None, "json_schema": None, "json_schema_strict": False, "json_object": False,
                           "choice": None, "structured_after": None, "structured_optional": False,
-                          "json_schema_parts": None}
+                          "structured_tags": None, "structured_or": None, "json_schema_parts": None}
 
 
 def _constraint_fields(params: SamplingParams) -> dict[str, Any]:

@@ -403,23 +403,27 @@ class Engine:
         kind, value = source
         v = self.vocabulary
         started = time.perf_counter()
-        if kind == "regex":
-            g = v.regex(value)
-        elif kind == "json_schema":
-            g = self._json_schema_grammar(value, params)
-        elif kind == "json_object":
-            g = v.json_object(whitespace=params.whitespace)
-        elif kind == "ebnf":
-            g = v.ebnf(value)
-        else:
-            g = v.choice(value)
+        g = self._source_grammar(kind, value, params)
         triggers = params.triggers()
-        if triggers:
+        tags, alternative = params.structured_tags, params.structured_or
+        if triggers or tags or alternative:
             key = (tuple(triggers), params.structured_optional, kind, json.dumps(value, sort_keys=True),
-                   params.whitespace, params.json_schema_strict)
+                   params.whitespace, params.json_schema_strict, json.dumps(tags, sort_keys=True),
+                   json.dumps(alternative, sort_keys=True))
             with self._segments_lock:  # grammars compile on several threads in the server
                 segmented = self._segments.get(key)
             if segmented is None:
+                if tags:
+                    g = v.structural_tags(g, begin=tags["begin"], end=tags["end"],
+                                          separator=tags.get("separator", ""), begun=tags.get("begun", ""),
+                                          repeated=tags.get("repeated", True))
+                if alternative:
+                    answer = self._alternative_grammar(alternative, params)
+                    try:
+                        g = v.either(answer, g)
+                    except InvalidInputError as e:  # an answer that could begin as the calls do
+                        raise InvalidInputError(f"structured_or: cannot be told apart from the structured part "
+                                                f"by its first character ({e})", "structured_or") from None
                 # innermost first: the last trigger leads to the grammar, each earlier one to the next
                 for k, trigger in enumerate(reversed(triggers)):
                     g = v.after_trigger(trigger, g, optional=params.structured_optional and k == 0)
@@ -430,6 +434,28 @@ class Engine:
             g = segmented
         self._grammar_seconds.append(time.perf_counter() - started)
         return g
+
+    def _source_grammar(self, kind: str, value: Any, params: SamplingParams) -> _core.Grammar:
+        v = self.vocabulary
+        if kind == "regex":
+            return v.regex(value)
+        if kind == "json_schema":
+            return self._json_schema_grammar(value, params)
+        if kind == "json_object":
+            return v.json_object(whitespace=params.whitespace)
+        if kind == "ebnf":
+            return v.ebnf(value)
+        return v.choice(value)
+
+    def _alternative_grammar(self, alternative: dict[str, Any], params: SamplingParams) -> _core.Grammar:
+        """``structured_or``'s grammar; its errors name ``structured_or``."""
+        inner = SamplingParams(**alternative, whitespace=params.whitespace)
+        source = inner.grammar_source()
+        assert source is not None  # checked by SamplingParams
+        try:
+            return self._source_grammar(*source, inner)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"structured_or: {e}", "structured_or") from None
 
     def _json_schema_grammar(self, schema: str, params: SamplingParams) -> _core.Grammar:
         """A JSON Schema's grammar; when it does not compile and was assembled from parts
@@ -504,7 +530,7 @@ class Engine:
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool = True,
         tool_call_parser: str = "auto",
-        reasoning_parser: str | None = None,
+        reasoning_parser: str | None = "auto",
         constrain_tool_calls: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[ChatResult]:
@@ -513,7 +539,8 @@ class Engine:
         as in OpenAI's API; calls come back parsed (``ChatResult.tool_calls``) in the format
         ``tool_call_parser`` names (``auto``: the chat template's), generated under the
         functions' schemas unless ``constrain_tool_calls`` is off. ``reasoning_parser``
-        (``qwen3``, ``deepseek_r1``) splits off the thinking. Bad input raises
+        (``qwen3``, ``deepseek_r1``; ``auto``: the chat template's, if it writes
+        ``</think>``; ``none``) splits off the thinking. Bad input raises
         ``InvalidInputError`` naming the field (``tools.0.function.parameters``, ...)."""
         from ferrolm.chat import chat
 

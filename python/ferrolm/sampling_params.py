@@ -49,6 +49,15 @@ class SamplingParams:
     # the structured part may never come: the output may also end in the free text before
     # the (last) trigger (tool_choice "auto": a plain answer or a call)
     structured_optional: bool = False
+    # structural tags around the structured part: {"begin": "<tool_call>\n", "end":
+    # "\n</tool_call>", "separator": "\n", "begun": "<tool_call>"}, one or more of them
+    # (several tool calls in one answer); "begun" is the part of the first "begin" already
+    # written (by the prompt, or by the last structured_after trigger)
+    structured_tags: dict[str, Any] | None = None
+    # or else the whole structured part is this (SamplingParams constraint fields, e.g.
+    # {"json_schema": {...}}): tool_choice "auto" with response_format, an answer in the
+    # format or the calls (their first characters tell them apart)
+    structured_or: dict[str, Any] | None = None
     # the sub-schemas json_schema was assembled from, by the request field each came from
     # ("tools.1.function.parameters"): when json_schema does not compile, the first part
     # that does not compile alone is the field named in the error
@@ -91,8 +100,38 @@ class SamplingParams:
                                     "structured_after")
         if self.structured_optional and self.structured_after is None:
             raise InvalidInputError("structured_optional needs structured_after", "structured_optional")
+        if self.structured_tags is not None:
+            self._check_tags(kinds)
+        if self.structured_or is not None:
+            self._check_alternative(kinds)
         if self.json_schema_parts is not None and self.json_schema is None:
             raise InvalidInputError("json_schema_parts needs a json_schema", "json_schema_parts")
+
+    def _check_tags(self, kinds: list[str]) -> None:
+        tags = self.structured_tags
+        if not kinds:
+            raise InvalidInputError("structured_tags needs a regex, json_schema, json_object, choice or ebnf",
+                                    "structured_tags")
+        keys = {"begin", "end", "separator", "begun", "repeated"}
+        if (not isinstance(tags, dict) or not {"begin", "end"} <= tags.keys() <= keys
+                or not all(isinstance(v, bool if k == "repeated" else str) for k, v in tags.items())):
+            raise InvalidInputError('structured_tags must be a dict of strings with "begin" and "end" (and '
+                                    'optionally "separator", "begun", and "repeated", a bool)', "structured_tags")
+        if not tags["begin"].startswith(tags.get("begun", "")):
+            raise InvalidInputError('structured_tags: "begun" must be a prefix of "begin"', "structured_tags")
+
+    def _check_alternative(self, kinds: list[str]) -> None:
+        alternative = self.structured_or
+        allowed = {"regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf"}
+        if not kinds or not isinstance(alternative, dict) or not alternative.keys() <= allowed:
+            raise InvalidInputError("structured_or needs a structured part and is a dict of constraint fields "
+                                    f"({', '.join(sorted(allowed))})", "structured_or")
+        try:
+            inner = SamplingParams(**alternative)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"structured_or: {e}", "structured_or") from None
+        if inner.grammar_source() is None:
+            raise InvalidInputError("structured_or sets no constraint", "structured_or")
 
     def triggers(self) -> list[str]:
         """``structured_after`` as a list, in the order the output meets them."""
@@ -121,6 +160,6 @@ class SamplingParams:
         """Keyword arguments of ``_core.Engine.submit``."""
         kw = asdict(self)
         for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf", "structured_after",
-                     "structured_optional", "json_schema_parts", "whitespace"):
+                     "structured_optional", "structured_tags", "structured_or", "json_schema_parts", "whitespace"):
             del kw[name]
         return kw

@@ -70,8 +70,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Nanoseconds this thread has run on a CPU (Linux's schedstat), if readable.
+/// Nanoseconds this thread has run on a CPU. `clock_gettime` with the thread's CPU
+/// clock: exact, where `/proc/thread-self/schedstat` (the fallback) only advances at
+/// scheduler ticks on some kernels, which rounded small compiles to 0 or 4 ms.
 fn thread_cpu_ns() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        extern "C" {
+            fn clock_gettime(clock: i32, time: *mut [i64; 2]) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut time = [0i64; 2];
+        // SAFETY: `time` is a `struct timespec` (two 64-bit fields on 64-bit Linux).
+        if cfg!(target_pointer_width = "64")
+            && unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut time) } == 0
+        {
+            return Some(time[0] as u64 * 1_000_000_000 + time[1] as u64);
+        }
+    }
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     text.split_whitespace().next()?.parse().ok()
 }

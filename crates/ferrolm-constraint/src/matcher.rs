@@ -65,6 +65,7 @@ impl Matcher {
             }
         } else {
             self.grammar.fill_mask_at(self.config, &self.frames, bitmask);
+            self.grammar.add_token_edges(self.config, bitmask);
         }
         Ok(())
     }
@@ -231,7 +232,8 @@ impl Matcher {
         }
         let vocab = self.grammar.vocab();
         match vocab.kind(token)? {
-            TokenKind::Eos | TokenKind::Special | TokenKind::Absent => None,
+            TokenKind::Special => self.grammar.token_edge(self.config, token),
+            TokenKind::Eos | TokenKind::Absent => None,
             TokenKind::Normal => {
                 let bytes = vocab.token_bytes(token)?;
                 if bytes.is_empty() {

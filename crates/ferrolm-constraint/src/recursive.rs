@@ -522,6 +522,13 @@ fn first_bytes(dfas: &[ByteDfa], calls: &[StateCalls]) -> Vec<[bool; 256]> {
     }
 }
 
+/// The bytes that spell a call to rule `k`.
+pub(crate) fn call_bytes(k: usize) -> [u8; 4] {
+    debug_assert!(k < MAX_RULES);
+    let digit = |place: usize| CALL_BASE + ((k / place) % CALL_DIGITS as usize) as u8;
+    [CALL_MARK, digit(49), digit(7), digit(1)]
+}
+
 /// The call to rule `k` as regex syntax.
 pub(crate) fn call(k: usize) -> String {
     debug_assert!(k < MAX_RULES);

@@ -851,3 +851,135 @@ fn pattern_properties_in_open_objects_with_simple_patterns() {
     let other = json!({"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}});
     assert!(unsupported(other).contains("patternProperties"));
 }
+
+// Schemas that need a proof or a value test rather than an intersection of languages
+// (`oneOf` branches proven apart, keywords decided on listed values, lengths a pattern
+// implies, `not` of `additionalProperties: false`). Each table agrees with the Python
+// `jsonschema` validator (formats asserted, `uri` as a scheme and no spaces).
+
+#[test]
+fn one_of_value_vs_pattern() {
+    check_rules(
+        serde_json::from_str(
+            r#"{"oneOf": [{"type": "string", "pattern": "^[0-9 x]+$"}, {"enum": ["any"]}]}"#,
+        )
+        .unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#""any""#, r#""16x16 32x32""#],
+        &[r#""ab""#, r#""""#, r#"1"#],
+    );
+}
+
+#[test]
+fn one_of_value_vs_format() {
+    check_rules(
+        serde_json::from_str(r#"{"type": "object", "properties": {"url": {"oneOf": [{"type": "string", "format": "uri"}, {"type": "string", "enum": [""]}]}}}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#"{"url":""}"#, r#"{"url":"https://a.b/c"}"#],
+        &[r#"{"url":"a b"}"#, r#"{"url":null}"#],
+    );
+}
+
+#[test]
+fn one_of_disjoint_patterns_of_a_required_member() {
+    check_rules(
+        serde_json::from_str(r#"{"type": "object", "required": ["out"], "properties": {"out": {"type": "string", "minLength": 1}}, "oneOf": [{"properties": {"out": {"type": "string", "pattern": "\\.js$"}, "map": {"type": "boolean"}}}, {"properties": {"out": {"type": "string", "pattern": "\\.css$"}}}]}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#"{"out":"a.js","map":true}"#, r#"{"out":"a.css"}"#, r#"{"out":"a.css","map":1}"#],
+        &[r#"{"out":"a.txt"}"#, r#"{}"#, r#"{"out":""}"#],
+    );
+}
+
+#[test]
+fn one_of_closed_object_without_a_required_member() {
+    check_rules(
+        serde_json::from_str(r#"{"oneOf": [{"type": "object", "required": ["login"], "properties": {"login": {"type": "string"}}}, {"type": "object", "required": ["slug"], "properties": {"slug": {"type": "string"}}, "additionalProperties": false}]}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#"{"login":"a"}"#, r#"{"slug":"s"}"#, r#"{"login":"a","slug":"s"}"#],
+        &[r#"{}"#, r#"{"slug":1}"#],
+    );
+}
+
+#[test]
+fn const_next_to_format() {
+    check_rules(
+        serde_json::from_str(r#"{"type": "object", "properties": {"avatar": {"type": "string", "format": "uri", "const": "https://a.b/u/1?v=4"}, "e": {"format": "email", "enum": ["a@b.co", "not an email", 3]}}}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#"{"avatar":"https://a.b/u/1?v=4"}"#, r#"{"e":"a@b.co"}"#, r#"{"e":3}"#],
+        &[r#"{"avatar":"https://a.b/"}"#, r#"{"e":"not an email"}"#],
+    );
+}
+
+#[test]
+fn enum_next_to_pattern_and_bounds() {
+    check_rules(
+        serde_json::from_str(r#"{"enum": ["ab", "b", 5, 50], "pattern": "^a", "maximum": 10}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#""ab""#, r#"5"#],
+        &[r#""b""#, r#"50"#],
+    );
+}
+
+#[test]
+fn pattern_implying_lengths() {
+    check_rules(
+        serde_json::from_str(r#"{"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "pattern": "[^ ]"}, "d": {"type": "string", "minLength": 3, "maxLength": 9, "pattern": "^[a-c]{4,6}$"}}}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#"{"s":" a ","d":"abcab"}"#, r#"{"s":"x"}"#],
+        &[r#"{"s":""}"#, r#"{"s":"   "}"#, r#"{"d":"abc"}"#],
+    );
+}
+
+#[test]
+fn not_additional_properties_false() {
+    check_rules(
+        serde_json::from_str(
+            r#"{"type": "object", "not": {"properties": {"a": {}}, "additionalProperties": false}}"#,
+        )
+        .unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#"{"b":1}"#, r#"{"a":1,"b":2}"#],
+        &[r#"{}"#, r#"{"a":[1]}"#],
+    );
+}
+
+#[test]
+fn one_of_closed_objects_overlapping_at_empty() {
+    check_rules(
+        serde_json::from_str(r#"{"oneOf": [{"type": "string"}, {"type": "object", "additionalProperties": false, "properties": {"ps": {"type": "string"}}}, {"type": "object", "additionalProperties": false, "properties": {"sh": {"type": "string"}}}, {"type": "object", "additionalProperties": false, "properties": {"cmd": {"type": "string"}}}]}"#).unwrap(),
+        &JsonSchemaOptions::default(),
+        &[r#""x""#, r#"{"ps":"a"}"#, r#"{"sh":"b"}"#, r#"{"cmd":"c"}"#],
+        &[r#"{}"#, r#"{"ps":"a","sh":"b"}"#, r#"{"zz":1}"#, r#"{"ps":1}"#],
+    );
+}
+#[test]
+fn keywords_next_to_const_that_cannot_be_decided_stay_refused() {
+    assert!(unsupported(json!({"const": [1, 1], "uniqueItems": true})).contains("next to const/enum"));
+    // A pattern next to lengths it does not imply, or next to a format, still needs an
+    // intersection.
+    assert!(
+        unsupported(json!({"type": "string", "maxLength": 3, "pattern": "a"})).contains("pattern next to")
+    );
+    assert!(unsupported(json!({"type": "string", "format": "uri", "pattern": "^https?://"}))
+        .contains("pattern next to"));
+    // `not` of an `additionalProperties` schema (a member failing it) is not built.
+    assert!(unsupported(json!({"not": {"additionalProperties": {"type": "string"}}}))
+        .contains("additionalProperties"));
+}
+
+#[test]
+fn a_negated_closed_object_needs_a_member_of_another_name_in_strict_mode_too() {
+    let strict = JsonSchemaOptions { strict: true, ..JsonSchemaOptions::default() };
+    let schema = json!({"type": "object", "properties": {"a": {}, "b": {}},
+        "not": {"properties": {"a": {}}, "additionalProperties": false}});
+    check_rules(schema, &strict, &[r#"{"b":1}"#, r#"{"a":1,"b":2}"#], &[r#"{"a":1}"#, "{}"]);
+}
+
+#[test]
+fn draft_4_reads_const_as_an_annotation() {
+    // `const` came with draft 6: in a draft-04 schema it allows every value, as
+    // validators read it (a `oneOf` of such branches allows no value at all).
+    let schema = json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+        "properties": {"k": {"const": "a"}, "o": {"oneOf": [{"const": "x"}, {"const": "y"}]}}});
+    check_rules(schema, &JsonSchemaOptions::default(), &[r#"{"k":"b"}"#, r#"{"k":1}"#], &[r#"{"o":"x"}"#]);
+}

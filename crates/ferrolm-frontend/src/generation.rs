@@ -97,6 +97,7 @@ impl Generation {
                 .with_code("queue_full"));
             }
         }
+        self.state.check_available()?;
         if params.queue_timeout_s.is_none() {
             params.queue_timeout_s = config.queue_timeout_s;
         }
@@ -116,7 +117,15 @@ impl Generation {
         let greedy = plain_greedy(&params, constraint.is_some());
         let (tx, rx) = oneshot::channel();
         self.state.ingress.submit(rids.clone(), prompt, params, constraint, greedy, tx);
-        let answer = rx.await;
+        let answer = tokio::select! {
+            answer = rx => answer,
+            stalled = self.state.until_unavailable() => {
+                // submitted, and maybe drained later: aborted there when the loop resumes
+                self.state.ingress.abort(&rids);
+                self.forget_last(&rids);
+                return Err(stalled);
+            }
+        };
         match answer {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {

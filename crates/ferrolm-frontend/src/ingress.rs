@@ -10,6 +10,7 @@
 //! variable (no busy spin); a push wakes it at once.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,17 +65,48 @@ pub struct Drained {
     pub greedy_ignore_eos: Vec<bool>,
 }
 
-#[derive(Default)]
 pub struct Ingress {
     inbox: Mutex<Inbox>,
     ready: Condvar,
     /// The inbox the step loop swapped out last, kept for its buffers' capacity.
     spare: Mutex<Inbox>,
+    /// The step loop's heartbeat: when it last came round (drained, or woke from a
+    /// wait), in milliseconds since `epoch`; a loop blocked in `wait` is idle, not stuck.
+    epoch: Instant,
+    last_beat_ms: AtomicU64,
+    in_wait: AtomicBool,
+}
+
+impl Default for Ingress {
+    fn default() -> Self {
+        Ingress {
+            inbox: Mutex::default(),
+            ready: Condvar::new(),
+            spare: Mutex::default(),
+            epoch: Instant::now(),
+            last_beat_ms: AtomicU64::new(0),
+            in_wait: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Ingress {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn beat(&self) {
+        self.last_beat_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long since the step loop last came round (zero while it waits for work): a
+    /// step stuck in the forward, or a frozen loop, shows here.
+    pub fn since_beat(&self) -> Duration {
+        if self.in_wait.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        let now = self.epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_beat_ms.load(Ordering::Relaxed)))
     }
 
     /// Queues a prompt's samples; `reply` is answered by the drain that submits them.
@@ -122,6 +154,14 @@ impl Ingress {
     /// Blocks until something is queued, the ingress is stopped, or `timeout` passes;
     /// true when something is queued.
     pub fn wait(&self, timeout: Duration) -> bool {
+        self.in_wait.store(true, Ordering::Relaxed);
+        let queued = self.wait_for_work(timeout);
+        self.beat();
+        self.in_wait.store(false, Ordering::Relaxed);
+        queued
+    }
+
+    fn wait_for_work(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut inbox = self.inbox.lock().unwrap();
         while inbox.is_empty() && !inbox.stopped {
@@ -137,6 +177,7 @@ impl Ingress {
     /// Moves everything queued into `engine`: submissions first (each answered), then
     /// aborts (so an abort of a request queued in the same drain finds it), then calls.
     pub fn drain(&self, engine: &mut Engine) -> Drained {
+        self.beat();
         let mut spare = std::mem::take(&mut *self.spare.lock().unwrap());
         {
             let mut inbox = self.inbox.lock().unwrap();
@@ -188,5 +229,38 @@ fn answer(engine: &mut Engine, call: Call) {
         Call::AbortAll(reply) => {
             let _ = reply.send(engine.abort_all());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_heartbeat_counts_from_the_last_time_the_loop_came_round() {
+        let ingress = Ingress::new();
+        std::thread::sleep(Duration::from_millis(30));
+        // never came round yet: silent since it was made
+        assert!(ingress.since_beat() >= Duration::from_millis(30));
+        assert!(!ingress.wait(Duration::ZERO)); // a wait that returns is a beat
+        let after_wait = ingress.since_beat();
+        assert!(after_wait < Duration::from_millis(30), "{after_wait:?}");
+    }
+
+    #[test]
+    fn a_loop_blocked_in_wait_is_idle_not_silent() {
+        let ingress = Arc::new(Ingress::new());
+        std::thread::sleep(Duration::from_millis(30));
+        let waiter = {
+            let ingress = ingress.clone();
+            std::thread::spawn(move || ingress.wait(Duration::from_secs(60)))
+        };
+        while !ingress.in_wait.load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
+        assert_eq!(ingress.since_beat(), Duration::ZERO);
+        ingress.abort(&[1]); // wakes it: something is queued
+        assert!(waiter.join().unwrap());
     }
 }

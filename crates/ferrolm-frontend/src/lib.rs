@@ -22,9 +22,11 @@ pub mod generation;
 pub mod http;
 pub mod ingress;
 pub mod json_body;
+pub mod loading;
 pub mod metrics;
 pub mod protocol;
 pub mod state;
+pub mod structured;
 pub mod tokenizer;
 
 use std::collections::HashMap;
@@ -33,11 +35,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferrolm_constraint::Vocabulary;
+use ferrolm_constraint::GrammarCache;
 use tokio::sync::oneshot;
 
 pub use egress::{Egress, RequestStream, SampleUpdate};
 pub use ingress::{Drained, Ingress};
+pub use loading::Loading;
 pub use state::FrontendConfig;
 pub use tokenizer::{ChatTemplate, Tokenizer};
 
@@ -53,12 +56,26 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    /// Binds `config.host:config.port` and starts serving.
+    /// Binds `config.host:config.port` and starts serving. `grammars` is the engine's
+    /// grammar cache: its vocabulary is the one the core detokenizes with and checks
+    /// every request's grammar against.
     pub fn start(
         config: FrontendConfig,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
-        vocab: Arc<Vocabulary>,
+        grammars: Arc<GrammarCache>,
+    ) -> Result<Self, String> {
+        Self::start_on(config, tokenizer, template, grammars, None)
+    }
+
+    /// As [`Frontend::start`], on the socket `loading` bound while the model loaded (its
+    /// address, not `config`'s), when given.
+    pub fn start_on(
+        config: FrontendConfig,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        grammars: Arc<GrammarCache>,
+        loading: Option<Loading>,
     ) -> Result<Self, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.http_threads.max(1))
@@ -73,20 +90,32 @@ impl Frontend {
         let egress = Arc::new(Egress::new());
         let started_at = http::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
+        let grammar_threads = config.grammar_threads;
         let state = Arc::new(AppState {
             config,
             ingress: ingress.clone(),
             egress: egress.clone(),
             tokenizer: Arc::new(tokenizer),
             template: template.map(Arc::new),
-            vocab,
+            vocab: grammars.vocab().clone(),
+            grammars: structured::GrammarPool::new(grammars, grammar_threads),
             next_rid: AtomicU64::new(0),
             named: Mutex::new(HashMap::new()),
             started_at,
             histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
+            unavailable: tokio::sync::watch::Sender::new(None),
         });
+        if let Some(timeout) = state.config.heartbeat_timeout_s.filter(|t| *t > 0.0) {
+            runtime.spawn(watch_heartbeat(state.clone(), timeout));
+        }
+        let bound = loading.map(Loading::into_listener);
         let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&addr))
+            .block_on(async {
+                match bound {
+                    Some(l) => tokio::net::TcpListener::from_std(l),
+                    None => tokio::net::TcpListener::bind(&addr).await,
+                }
+            })
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (tx, rx) = oneshot::channel::<()>();
@@ -116,6 +145,36 @@ impl Frontend {
         }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(timeout);
+        }
+    }
+}
+
+/// The engine-heartbeat watch: while the step loop has not come round for `timeout`
+/// seconds (a step stuck, a frozen loop), the server is unavailable: what waits on the
+/// engine is answered 503 (and aborted, so a resumed loop frees its KV), new requests and
+/// `/health` are 503, until the loop comes round again.
+async fn watch_heartbeat(state: Arc<AppState>, timeout: f64) {
+    let every = Duration::from_secs_f64((timeout / 4.0).clamp(0.01, 1.0));
+    loop {
+        tokio::time::sleep(every).await;
+        if state.ingress.is_stopped() {
+            return;
+        }
+        let silent = state.ingress.since_beat().as_secs_f64();
+        let stalled = state.unavailable.borrow().is_some();
+        if silent > timeout && !stalled {
+            let reason = format!(
+                "the engine has not answered for {silent:.1} s (frozen, or a step longer than --engine-heartbeat-timeout {timeout})"
+            );
+            tracing::error!(
+                "{reason}; failing {} requests in flight, refusing new ones until it answers",
+                state.egress.len()
+            );
+            state.unavailable.send_replace(Some(reason.clone()));
+            state.egress.fail_all(&format!("the engine is unavailable: {reason}"));
+        } else if silent <= timeout && stalled {
+            tracing::warn!("the engine answers again: serving");
+            state.unavailable.send_replace(None);
         }
     }
 }

@@ -93,6 +93,11 @@ impl Histograms {
         }
     }
 
+    /// Seconds a structured-output request waited for its grammar.
+    pub fn observe_grammar(&mut self, seconds: f64) {
+        self.grammar.observe(seconds);
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         let s = &self.stats;

@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 
 use crate::errors::{ApiError, ApiResult};
 use crate::json_body;
+use crate::structured::{self, Asked, SchemaField, Structured};
 
 /// Fields accepted so that OpenAI's clients keep working, and ignored.
 pub const IGNORED_FIELDS: &[&str] = &[
@@ -34,9 +35,6 @@ pub const IGNORED_FIELDS: &[&str] = &[
 fn unsupported_reason(name: &str) -> Option<&'static str> {
     Some(match name {
         "lora_path" | "lora_request" => "LoRA adapters are not supported",
-        "guided_grammar" => {
-            "grammars (EBNF/Lark) are not supported; use guided_json, guided_regex or guided_choice"
-        }
         "guided_decoding_backend" => "there is one structured-output engine; the backend cannot be chosen",
         "guided_whitespace_pattern" => "the whitespace of structured output cannot be set",
         "structured_outputs" => {
@@ -81,6 +79,8 @@ const SAMPLING_FIELDS: &[&str] = &[
     "guided_json",
     "guided_regex",
     "guided_choice",
+    "guided_grammar",
+    "grammar",
     "user",
     "cache_prompt",
 ];
@@ -191,11 +191,13 @@ pub struct OpenAISampling {
     pub cache_salt: Option<String>,
     pub response_format: Option<Value>,
     pub regex: Option<String>,
-    pub json_schema: Option<Value>,
+    pub json_schema: Option<SchemaField>,
     pub ebnf: Option<String>,
-    pub guided_json: Option<Value>,
+    pub guided_json: Option<SchemaField>,
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub grammar: Option<String>,
     pub user: Option<String>,
     pub cache_prompt: Option<bool>,
 }
@@ -322,7 +324,7 @@ pub struct NativeSampling {
     pub n: u64,
     pub logit_bias: Option<BTreeMap<String, f64>>,
     pub regex: Option<String>,
-    pub json_schema: Option<Value>,
+    pub json_schema: Option<SchemaField>,
     pub ebnf: Option<String>,
 }
 
@@ -609,6 +611,9 @@ fn check_sampling(s: &OpenAISampling) -> ApiResult<()> {
         return bad("guided_choice", "at least one choice is required");
     }
     if let Some(rf) = &s.response_format {
+        if !rf.is_object() {
+            return bad("response_format", "must be an object");
+        }
         let kind = rf.get("type").and_then(Value::as_str);
         if !matches!(kind, Some("text" | "json_object" | "json_schema")) {
             return bad("response_format.type", "must be one of 'text', 'json_object', 'json_schema'");
@@ -618,6 +623,33 @@ fn check_sampling(s: &OpenAISampling) -> ApiResult<()> {
 }
 
 // ---- to the core's parameters ----
+
+/// The structured output an OpenAI body asks for (at most one constraint).
+pub fn openai_structured(s: &OpenAISampling) -> ApiResult<Option<Structured>> {
+    let asked = Asked {
+        regex: s.regex.as_deref(),
+        json_schema: s.json_schema.as_ref(),
+        ebnf: s.ebnf.as_deref(),
+        guided_json: s.guided_json.as_ref(),
+        guided_regex: s.guided_regex.as_deref(),
+        guided_choice: s.guided_choice.as_deref(),
+        guided_grammar: s.guided_grammar.as_deref(),
+        grammar: s.grammar.as_deref(),
+        response_format: s.response_format.as_ref(),
+    };
+    structured::constraint_of(&asked, "")
+}
+
+/// The structured output `/generate`'s `sampling_params` ask for.
+pub fn native_structured(sp: &NativeSampling) -> ApiResult<Option<Structured>> {
+    let asked = Asked {
+        regex: sp.regex.as_deref(),
+        json_schema: sp.json_schema.as_ref(),
+        ebnf: sp.ebnf.as_deref(),
+        ..Asked::default()
+    };
+    structured::constraint_of(&asked, "sampling_params.")
+}
 
 /// OpenAI sends token ids as JSON object keys: plain ASCII decimals in u32 range.
 pub fn parse_logit_bias(bias: &BTreeMap<String, f64>, param: &str) -> ApiResult<Vec<(u32, f32)>> {

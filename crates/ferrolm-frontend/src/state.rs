@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use ferrolm_constraint::Vocabulary;
+use ferrolm_constraint::{Grammar, Vocabulary};
 use serde_json::Value;
 
 use crate::egress::{Egress, RequestStream};
 use crate::errors::{ApiError, ApiResult};
 use crate::ingress::Ingress;
 use crate::metrics::Histograms;
+use crate::structured::{GrammarPool, Structured};
 use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
 
 /// The settings the front end needs (the rest of the server's settings are shown on
@@ -42,6 +43,12 @@ pub struct FrontendConfig {
     /// Threads of the HTTP runtime, and of the tokenizer pool.
     pub http_threads: usize,
     pub tokenizer_threads: usize,
+    /// Threads that wait for structured-output grammars to compile.
+    pub grammar_threads: usize,
+    /// `--engine-heartbeat-timeout`: a step loop that has not come round for this long
+    /// (a step stuck, a frozen loop) makes the server unavailable until it does; `None`:
+    /// not watched.
+    pub heartbeat_timeout_s: Option<f64>,
 }
 
 /// A request in flight by its public id (`/generate`'s rid, the OpenAI response id), for
@@ -58,10 +65,13 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
     pub vocab: Arc<Vocabulary>,
+    pub grammars: GrammarPool,
     pub next_rid: AtomicU64,
     pub named: Mutex<HashMap<String, Named>>,
     pub started_at: u64,
     pub histograms: Mutex<Histograms>,
+    /// Why the engine cannot serve now (its step loop stopped coming round), or `None`.
+    pub unavailable: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl AppState {
@@ -147,6 +157,39 @@ impl AppState {
         self.encode(text, "messages", false).await
     }
 
+    /// Why the engine cannot serve now, if it cannot.
+    pub fn unavailable(&self) -> Option<String> {
+        self.unavailable.borrow().clone()
+    }
+
+    /// The 503 of a request the engine cannot serve now, if it cannot.
+    pub fn check_available(&self) -> ApiResult<()> {
+        match self.unavailable() {
+            Some(reason) => Err(unavailable_error(&reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Resolves with the reason once the engine becomes unavailable (never, if it stays).
+    pub async fn until_unavailable(&self) -> ApiError {
+        let mut watch = self.unavailable.subscribe();
+        // the reason is copied out at once: a watch::Ref holds the channel's lock
+        let reason = watch.wait_for(Option::is_some).await.ok().and_then(|r| r.clone());
+        match reason {
+            Some(reason) => unavailable_error(&reason),
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The compiled grammar of a request's structured output (off the HTTP threads and
+    /// the step loop; its wait reaches `ferrolm:grammar_compile_seconds`).
+    pub async fn grammar(&self, asked: Option<&Structured>) -> ApiResult<Option<Arc<Grammar>>> {
+        let Some(asked) = asked else { return Ok(None) };
+        let (grammar, seconds) = self.grammars.compile(asked).await?;
+        self.histograms.lock().unwrap().observe_grammar(seconds);
+        Ok(Some(grammar))
+    }
+
     /// A token's text for logprobs (invalid UTF-8 as U+FFFD).
     pub fn token_text(&self, id: u32) -> String {
         String::from_utf8_lossy(self.vocab.token_bytes(id).unwrap_or(b"")).into_owned()
@@ -155,4 +198,8 @@ impl AppState {
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         self.vocab.token_bytes(id).unwrap_or(b"")
     }
+}
+
+pub fn unavailable_error(reason: &str) -> ApiError {
+    ApiError::new(503, format!("the engine is unavailable: {reason}")).with_code("engine_unavailable")
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use ferrolm_constraint::json_schema::{JsonSchemaOptions, Whitespace};
 use ferrolm_constraint::{
-    tokenizer_files, Grammar, GrammarCache, GrammarSource, Matcher, Vocabulary, VocabularyBuilder,
+    tokenizer_files, Grammar, GrammarCache, GrammarSource, Matcher, TagSequence, Vocabulary,
+    VocabularyBuilder,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -20,12 +21,17 @@ const CACHE_CAPACITY: usize = 1024;
 
 #[pyclass(module = "ferrolm._core", name = "Vocabulary", frozen)]
 pub struct PyVocabulary {
-    cache: GrammarCache,
+    /// Shared with the Rust front end, which compiles its requests' grammars here too.
+    cache: Arc<GrammarCache>,
 }
 
 impl PyVocabulary {
     pub fn vocab(&self) -> &Arc<Vocabulary> {
         self.cache.vocab()
+    }
+
+    pub fn cache(&self) -> &Arc<GrammarCache> {
+        &self.cache
     }
 
     fn compile(&self, py: Python<'_>, source: GrammarSource) -> PyResult<PyGrammar> {
@@ -36,7 +42,7 @@ impl PyVocabulary {
 
     fn new_cached(vocab: Vocabulary, compile_timeout_s: f64) -> Self {
         let timeout = Duration::from_secs_f64(compile_timeout_s.clamp(0.001, 3600.0));
-        PyVocabulary { cache: GrammarCache::new(Arc::new(vocab), CACHE_CAPACITY, timeout) }
+        PyVocabulary { cache: Arc::new(GrammarCache::new(Arc::new(vocab), CACHE_CAPACITY, timeout)) }
     }
 }
 
@@ -181,6 +187,47 @@ impl PyVocabulary {
             return Err(errors::invalid_field(py, "trigger", "the trigger must not be empty".into()));
         }
         let grammar = contain(py, || Grammar::after_trigger_with(trigger, &then.grammar, optional))?
+            .map_err(|e| errors::constraint(py, e))?;
+        Ok(PyGrammar { grammar })
+    }
+
+    /// `begin`, `then`, `end`, repeated with `separator` between (structural tags: one
+    /// `<tool_call>` per call); `begun` is the part of the first `begin` already written.
+    #[pyo3(signature = (then, *, begin, end, separator = "", repeated = true, begun = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn structural_tags(
+        &self,
+        py: Python<'_>,
+        then: &PyGrammar,
+        begin: &str,
+        end: &str,
+        separator: &str,
+        repeated: bool,
+        begun: &str,
+    ) -> PyResult<PyGrammar> {
+        if !begin.starts_with(begun) {
+            return Err(errors::invalid_field(
+                py,
+                "begun",
+                format!("begun {begun:?} is not a prefix of begin {begin:?}"),
+            ));
+        }
+        let tags = TagSequence {
+            begin: begin.into(),
+            end: end.into(),
+            separator: separator.into(),
+            repeated,
+            begun: begun.into(),
+        };
+        let grammar = contain(py, || Grammar::tag_sequence(&then.grammar, &tags))?
+            .map_err(|e| errors::constraint(py, e))?;
+        Ok(PyGrammar { grammar })
+    }
+
+    /// Text matching `first` or text matching `second` (an answer in the response format,
+    /// or tool calls); their first bytes must tell them apart.
+    fn either(&self, py: Python<'_>, first: &PyGrammar, second: &PyGrammar) -> PyResult<PyGrammar> {
+        let grammar = contain(py, || Grammar::either(&first.grammar, &second.grammar))?
             .map_err(|e| errors::constraint(py, e))?;
         Ok(PyGrammar { grammar })
     }

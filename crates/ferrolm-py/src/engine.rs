@@ -35,8 +35,19 @@ enum Rids {
     Samples(Vec<u64>),
 }
 
+/// A plan column for Python, read-only: `ForwardBatch.from_plan` takes a `BatchPlan`
+/// without re-checking it, so its columns must stay as the core made them.
+fn frozen<T: numpy::Element>(a: Bound<'_, PyArray1<T>>) -> Py<PyArray1<T>> {
+    drop(a.readwrite().make_nonwriteable());
+    a.unbind()
+}
+
 fn u32_array(py: Python<'_>, v: Vec<u32>) -> Py<PyArray1<i32>> {
     v.into_iter().map(|x| x as i32).collect::<Vec<i32>>().into_pyarray(py).unbind()
+}
+
+fn plan_column(py: Python<'_>, v: Vec<u32>) -> Py<PyArray1<i32>> {
+    frozen(v.into_iter().map(|x| x as i32).collect::<Vec<i32>>().into_pyarray(py))
 }
 
 #[pyclass(module = "ferrolm._core", name = "BatchPlan", frozen, get_all)]
@@ -59,15 +70,15 @@ impl PyBatchPlan {
         PyBatchPlan {
             num_requests: p.num_requests(),
             num_tokens: p.num_tokens(),
-            rids: p.rids.into_pyarray(py).unbind(),
-            input_ids: u32_array(py, p.input_ids),
-            positions: u32_array(py, p.positions),
-            out_slots: u32_array(py, p.out_slots),
-            qo_offsets: u32_array(py, p.qo_offsets),
-            kv_slots: u32_array(py, p.kv_slots),
-            kv_offsets: u32_array(py, p.kv_offsets),
-            samples: p.samples.into_pyarray(py).unbind(),
-            is_prefill: p.is_prefill.into_pyarray(py).unbind(),
+            rids: frozen(p.rids.into_pyarray(py)),
+            input_ids: plan_column(py, p.input_ids),
+            positions: plan_column(py, p.positions),
+            out_slots: plan_column(py, p.out_slots),
+            qo_offsets: plan_column(py, p.qo_offsets),
+            kv_slots: plan_column(py, p.kv_slots),
+            kv_offsets: plan_column(py, p.kv_offsets),
+            samples: frozen(p.samples.into_pyarray(py)),
+            is_prefill: frozen(p.is_prefill.into_pyarray(py)),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ferrolm_core::engine::StepOutputs;
 use ferrolm_frontend::tokenizer::Message;
-use ferrolm_frontend::{ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, Tokenizer};
+use ferrolm_frontend::{ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, Loading, Tokenizer};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
@@ -63,6 +63,7 @@ impl PyFrontend {
         max_running_requests, max_request_bytes, version, model_info_json = "{}", settings_json = "{}",
         api_key = None, chat_template = None, bos_token = None, eos_token = None, max_queued_requests = None,
         queue_timeout = None, chars_per_token = None, http_threads = 2, tokenizer_threads = 2,
+        grammar_threads = 2, engine_heartbeat_timeout = 0.0, loading = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -89,7 +90,20 @@ impl PyFrontend {
         chars_per_token: Option<usize>,
         http_threads: usize,
         tokenizer_threads: usize,
+        grammar_threads: usize,
+        engine_heartbeat_timeout: f64,
+        loading: Option<PyRef<'_, PyLoading>>,
     ) -> PyResult<Self> {
+        let loading = match loading {
+            None => None,
+            Some(l) => Some(l.inner.lock().unwrap().take().ok_or_else(|| {
+                errors::invalid_field(
+                    py,
+                    "loading",
+                    "loading: its port was already handed to a Frontend".into(),
+                )
+            })?),
+        };
         let json = |field: &str, text: &str| {
             serde_json::from_str(text).map_err(|e| errors::invalid_field(py, field, format!("{field}: {e}")))
         };
@@ -111,14 +125,16 @@ impl PyFrontend {
             version,
             http_threads,
             tokenizer_threads,
+            grammar_threads,
+            heartbeat_timeout_s: (engine_heartbeat_timeout > 0.0).then_some(engine_heartbeat_timeout),
         };
-        let vocab = vocabulary.vocab().clone();
+        let grammars = vocabulary.cache().clone();
         let started = py.detach(move || -> Result<Frontend, String> {
             let tokenizer = Tokenizer::from_file(&tokenizer_json)?;
             let template = chat_template
                 .map(|t| ChatTemplate::new(&t, bos_token.as_deref(), eos_token.as_deref()))
                 .transpose()?;
-            Frontend::start(config, tokenizer, template, vocab)
+            Frontend::start_on(config, tokenizer, template, grammars, loading)
         });
         let server = started.map_err(|m| errors::invalid_input(py, m))?;
         Ok(PyFrontend {
@@ -226,6 +242,36 @@ impl PyFrontend {
     }
 }
 
+/// The port bound while the model loads: every route answers 503 ("the engine is
+/// starting") until a `Frontend` takes the port over (`loading=`).
+#[pyclass(module = "ferrolm._core", name = "FrontendLoading", frozen)]
+pub struct PyLoading {
+    inner: Mutex<Option<Loading>>,
+    port: u16,
+}
+
+#[pymethods]
+impl PyLoading {
+    #[new]
+    fn new(py: Python<'_>, host: String, port: u16) -> PyResult<Self> {
+        let loading =
+            py.detach(move || Loading::bind(&host, port)).map_err(|m| errors::invalid_input(py, m))?;
+        let port = loading.local_addr().port();
+        Ok(PyLoading { inner: Mutex::new(Some(loading)), port })
+    }
+
+    #[getter]
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops answering and frees the port (when no `Frontend` took it over).
+    fn stop(&self, py: Python<'_>) {
+        let loading = self.inner.lock().unwrap().take();
+        py.detach(move || drop(loading));
+    }
+}
+
 /// Renders chat messages (a JSON list of `{"role", "content"}`) with a chat template as
 /// the Rust front end does (minijinja), for comparing with jinja2.
 #[pyfunction]
@@ -246,5 +292,6 @@ fn render_chat_template(
 
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFrontend>()?;
+    m.add_class::<PyLoading>()?;
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)
 }

@@ -174,13 +174,19 @@ class Orderer:
         out: list[Any] = []
         for parts in self._parts(value, schema, depth):
             if isinstance(value, dict):
-                declared: dict[str, Any] = {}
+                # a member several parts declare takes all their schemas (the engine merges
+                # them: `then`'s `{"type": "array"}` next to a `$ref` with the items)
+                declared: dict[str, list[Any]] = {}
                 for part in parts:
                     props = part.get("properties") if isinstance(part, dict) else None
                     if isinstance(props, dict):
                         for k, sub in props.items():
-                            declared.setdefault(k, sub)
-                ordered = {k: self.orderings(value[k], sub, depth + 1)[0] for k, sub in declared.items() if k in value}
+                            declared.setdefault(k, []).append(sub)
+                ordered = {
+                    k: self.orderings(value[k], subs[0] if len(subs) == 1 else {"allOf": subs}, depth + 1)[0]
+                    for k, subs in declared.items()
+                    if k in value
+                }
                 for k, v in value.items():
                     if k not in ordered:
                         ordered[k] = self.orderings(v, self._extra_schema(parts, k), depth + 1)[0]

@@ -22,6 +22,11 @@ times it itself: the launched server runs as ``python -m ferrolm.bench.serve``, 
 import (repeated in the spawned engine process) wraps the model runner's ``forward`` with
 a CPU clock and keeps the total in a small shared file. The overhead per token is then
 API CPU + engine CPU - forward CPU, and the issue's floor is overhead < forward.
+
+A Rust-front-end server is one process: its overhead is its HTTP threads' CPU plus the step
+loop thread's CPU outside the forward calls, plus the CPU of the short-lived thread on which
+the core samples a large step during ``commit`` (``_TimedCommits``), which /proc no longer
+lists when the run ends.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import shlex
 import struct
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,26 +50,101 @@ from typing import Any
 # ---- forward timing inside the launched server ------------------------------------------
 
 _FORWARD_STATS_ENV = "FERROLM_BENCH_FORWARD_STATS"
-# forward CPU seconds (the process's), forward wall seconds, forward calls, and the CPU of
-# the thread that called the forward during it (the step loop's own share of the forward)
-_FORWARD_FMT = "<ddqd"
+# forward CPU seconds (the process's), forward wall seconds, forward calls, the CPU of the
+# thread that called the forward during it (the step loop's own share of the forward), and,
+# for a Rust-front-end server: the CPU of threads that started and ended inside the loop's
+# commit calls (the core's sampling helper) and the step loop's CPU spent in this timing
+_FORWARD_FMT = "<ddqddd"
+
+
+def _thread_cpu_clock(tid: int) -> int:
+    """The Linux CPU clock of thread ``tid`` of this process (CPUCLOCK_SCHED, per thread)."""
+    return ((~tid) << 3) | 6
+
+
+class _TimedCommits:
+    """A Rust front end whose ``commit`` and ``commit_tokens`` also count the CPU of threads
+    that end inside the call: the core samples a large step on a helper thread that lives
+    only for that call, so no /proc reading after the run sees it (the Python front end's
+    engine process total does count it). That CPU is the process's CPU during the call
+    less what every thread alive around it spent (the loop thread's, the HTTP threads', and
+    the BLAS threads'). The loop thread's CPU spent reading these clocks is kept apart so
+    that it is not charged to the server."""
+
+    def __init__(self, frontend: Any, totals: list[Any], publish: Any) -> None:
+        self._frontend, self._totals, self._publish = frontend, totals, publish
+        for name in ("drain", "wait", "fail_step", "take_outputs", "stop"):  # no wrapper on the hot path
+            setattr(self, name, getattr(frontend, name))
+        self._clocks: list[int] = []
+        self._calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._frontend, name)
+
+    def commit(self, core: Any, logits: Any) -> Any:
+        return self._timed(self._frontend.commit, core, logits)
+
+    def commit_tokens(self, core: Any, tokens: Any) -> Any:
+        return self._timed(self._frontend.commit_tokens, core, tokens)
+
+    def _others(self) -> list[float]:
+        out = []
+        for clock in self._clocks:
+            try:
+                out.append(time.clock_gettime(clock))
+            except OSError:  # the thread ended
+                out.append(float("nan"))
+        return out
+
+    def _timed(self, call: Any, *args: Any) -> Any:
+        i0 = time.thread_time()
+        if self._calls % 256 == 0:  # the long-lived threads: HTTP, tokenizer pool, BLAS
+            me = threading.get_native_id()
+            self._clocks = [_thread_cpu_clock(int(t)) for t in os.listdir("/proc/self/task") if int(t) != me]
+        self._calls += 1
+        # each clock read nests inside the previous one, so the loop thread and the
+        # long-lived threads are read over a little more than the process: what is left
+        # is the helper's CPU, never the loop's own clock reads
+        o0 = self._others()
+        ta = time.thread_time()
+        p0 = time.process_time()
+        tb = time.thread_time()
+        try:
+            return call(*args)
+        finally:
+            tc = time.thread_time()
+            p1 = time.process_time()
+            td = time.thread_time()
+            o1 = self._others()
+            others = sum(b - a for a, b in zip(o0, o1, strict=True) if not (math.isnan(a) or math.isnan(b)))
+            self._totals[4] += max(0.0, (p1 - p0) - (td - ta) - others)
+            self._totals[5] += (time.thread_time() - i0) - (tc - tb)
+            self._publish()
 
 
 def _install_forward_timer(path: str) -> None:
     """Wraps the runners' forward calls (``NumpyRunner.forward``, ``TorchRunner.forward``
     and ``forward_greedy``) so that each call adds its process CPU time and wall time to
     the shared file at ``path`` (the engine process has no other busy thread, so its
-    process CPU clock during the call is the forward's, BLAS and torch threads included)."""
+    process CPU clock during the call is the forward's, BLAS and torch threads included);
+    and the Rust front end's commits (``_TimedCommits``)."""
     from ferrolm.model.runner import NumpyRunner
     from ferrolm.model.torch_runner import TorchRunner
+    from ferrolm.server import rust_frontend
 
     f = open(path, "r+b")  # noqa: SIM115 - lives as long as the process
     shared = mmap.mmap(f.fileno(), struct.calcsize(_FORWARD_FMT))
-    totals = [0.0, 0.0, 0, 0.0]
+    totals: list[Any] = [0.0, 0.0, 0, 0.0, 0.0, 0.0]
+
+    def publish() -> None:
+        struct.pack_into(_FORWARD_FMT, shared, 0, *totals)
 
     def timed(original: Any) -> Any:
         def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            c0, w0, t0 = time.process_time(), time.perf_counter(), time.thread_time()
+            # the loop thread's clock outermost: this timing's own clock reads count as
+            # the forward's, never as the server's overhead
+            t0 = time.thread_time()
+            c0, w0 = time.process_time(), time.perf_counter()
             try:
                 return original(self, *args, **kwargs)
             finally:
@@ -71,13 +152,20 @@ def _install_forward_timer(path: str) -> None:
                 totals[1] += time.perf_counter() - w0
                 totals[2] += 1
                 totals[3] += time.thread_time() - t0
-                struct.pack_into(_FORWARD_FMT, shared, 0, *totals)
+                publish()
 
         return timed_forward
 
     NumpyRunner.forward = timed(NumpyRunner.forward)  # type: ignore[method-assign]
     TorchRunner.forward = timed(TorchRunner.forward)  # type: ignore[method-assign]
     TorchRunner.forward_greedy = timed(TorchRunner.forward_greedy)  # type: ignore[method-assign]
+
+    loop_init = rust_frontend.StepLoop.__init__
+
+    def timed_loop_init(self: Any, engine: Any, frontend: Any) -> None:
+        loop_init(self, engine, _TimedCommits(frontend, totals, publish))  # type: ignore[arg-type]
+
+    rust_frontend.StepLoop.__init__ = timed_loop_init  # type: ignore[method-assign]
 
 
 if os.environ.get(_FORWARD_STATS_ENV) and __name__ in ("__main__", "__mp_main__"):
@@ -86,16 +174,15 @@ if os.environ.get(_FORWARD_STATS_ENV) and __name__ in ("__main__", "__mp_main__"
     _install_forward_timer(os.environ[_FORWARD_STATS_ENV])
 
 
-def _read_forward_stats(path: str | None) -> tuple[float, float, int, float] | None:
+def _read_forward_stats(path: str | None) -> tuple[float, float, int, float, float, float] | None:
     if not path:
         return None
     try:
         with open(path, "rb") as f:
             data = f.read(struct.calcsize(_FORWARD_FMT))
-        cpu, wall, calls, caller_cpu = struct.unpack(_FORWARD_FMT, data)
+        return struct.unpack(_FORWARD_FMT, data)  # type: ignore[return-value]
     except (OSError, struct.error):
         return None
-    return cpu, wall, calls, caller_cpu
 
 
 # ---- the workload ------------------------------------------------------------------------
@@ -379,7 +466,9 @@ def _proc_cpu_s(pid: int) -> float | None:
 def _thread_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds of a process's threads: ``main`` (the step loop of a Rust-front-end
     server), ``http`` (its ``ferrolm-http`` threads: HTTP workers and the tokenizer pool)
-    and ``other`` (BLAS and attention workers: part of the forward)."""
+    and ``other`` (BLAS and attention workers: part of the forward). Each thread's time in
+    nanoseconds from its schedstat where the kernel keeps one: the clock ticks of its stat
+    are 10 ms, which over a few HTTP threads is tens of microseconds per token of a run."""
     out = {"main": 0.0, "http": 0.0, "other": 0.0}
     tick = os.sysconf("SC_CLK_TCK")
     try:
@@ -393,8 +482,12 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
         except OSError:
             continue
         name = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw.rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                cpu = int(f.read().split()[0]) / 1e9
+        except (OSError, IndexError, ValueError):
+            fields = raw.rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / tick
         key = "main" if tid == str(pid) else "http" if name.startswith("ferrolm-http") else "other"
         out[key] += cpu
     return out
@@ -465,6 +558,8 @@ class LaunchedServer:
             out["http_cpu_s"] = threads["http"]
             out["loop_cpu_s"] = threads["main"]
             out["loop_forward_cpu_s"] = forward[3] if forward else None
+            out["commit_helper_cpu_s"] = forward[4] if forward else None
+            out["timing_cpu_s"] = forward[5] if forward else None
         return out
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -494,10 +589,15 @@ def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) ->
     out: dict[str, Any] = {"generated_tokens": tokens}
     if "http_cpu_s" in after:  # the Rust front end: one process
         http, loop, loop_forward = delta("http_cpu_s"), delta("loop_cpu_s"), delta("loop_forward_cpu_s")
+        helper, timing = delta("commit_helper_cpu_s") or 0.0, delta("timing_cpu_s") or 0.0
         if http is not None and loop is not None and loop_forward is not None and tokens:
+            # the loop thread outside its forward calls, less the bench's own clock reads
+            # there, plus the commits' short-lived sampling thread
+            loop_outside = loop - loop_forward - timing + helper
             out["frontend_cpu_us_per_token"] = http / tokens * 1e6
-            out["loop_outside_forward_us_per_token"] = (loop - loop_forward) / tokens * 1e6
-            out["split_overhead_us_per_token"] = (http + loop - loop_forward) / tokens * 1e6
+            out["loop_outside_forward_us_per_token"] = loop_outside / tokens * 1e6
+            out["commit_helper_us_per_token"] = helper / tokens * 1e6
+            out["split_overhead_us_per_token"] = (http + loop_outside) / tokens * 1e6
     for key in ("api_cpu_s", "engine_cpu_s", "forward_cpu_s", "forward_wall_s"):
         d = delta(key)
         out[key] = d

@@ -3,7 +3,9 @@
 For ``tool_choice: "required"`` over many seeds, with the calls generated under the
 functions' schemas and without (parser only), the share of answers whose call parses and
 whose arguments are valid for the function's schema (checked with ``jsonschema`` when it
-is installed, else only parsed), and the seconds each way; then the streaming parser's
+is installed, else only parsed), and the seconds each way; then answers of several calls
+(``parallel_tool_calls``, structural tags): how many end complete, how many hold more than
+one call, and how many calls are valid; then the streaming parser's
 cost per delta on a Hermes output of several calls. On the random ``tiny`` model the
 unconstrained share shows what a parser alone gets from a model that does not follow the
 format; on a real model, how often its calls break.
@@ -66,6 +68,20 @@ def run(args: argparse.Namespace) -> int:
         validity = f", {valid}/{args.seeds} valid for the schema" if checked else " (no jsonschema: not validated)"
         label = "constrained  " if constrain else "parser only  "
         print(f"{label}: {parsed}/{args.seeds} calls parse{validity}; {seconds:.1f} s")
+    # several calls in one answer (parallel_tool_calls, the default): the calls are the
+    # format's tags repeated, so every call is closed, whatever the count
+    answers_done = several = calls_total = calls_valid = 0
+    started = time.perf_counter()
+    for seed in range(args.seeds):
+        params = SamplingParams(max_new_tokens=args.max_tokens * 4, temperature=1.0, seed=seed)
+        [answer] = engine.chat(MESSAGES, params, tools=TOOLS, tool_choice="required")
+        answers_done += answer.finish_reason == "tool_calls"
+        several += len(answer.tool_calls) > 1
+        calls_total += len(answer.tool_calls)
+        calls_valid += sum(bool(_valid(c.arguments)) for c in answer.tool_calls)
+    seconds = time.perf_counter() - started
+    print(f"several calls: {answers_done}/{args.seeds} answers complete, {several} with more than one call; "
+          f"{calls_valid}/{calls_total} calls valid for the schema; {seconds:.1f} s")
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris %d", "days": 3, "notes": "%s"}}\n</tool_call>\n'
     output = "Let me check.\n" + "".join(call % (i, "x y " * 40) for i in range(8))
     deltas = [output[i:i + 4] for i in range(0, len(output), 4)]  # ~ a token each

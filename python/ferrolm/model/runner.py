@@ -128,8 +128,26 @@ class ForwardBatch:
     @classmethod
     def from_plan(cls, plan: Any) -> ForwardBatch:
         """The forward part of the engine core's ``BatchPlan`` (any object with these
-        columns as attributes); its other columns (rids, samples, ...) stay with the loop."""
+        columns as attributes); its other columns (rids, samples, ...) stay with the loop.
+
+        A ``_core.BatchPlan`` is taken as it is: only the core makes one (Python can
+        neither construct nor subclass it), its columns are already contiguous int32,
+        and the core's own tests hold it to the invariants checked here; checking again
+        cost more than a decode step's whole bookkeeping. Any other plan is checked."""
+        if type(plan) is _core.BatchPlan:
+            return cls._unchecked(
+                plan.input_ids, plan.positions, plan.out_slots, plan.qo_offsets, plan.kv_slots, plan.kv_offsets
+            )
         return cls(*(getattr(plan, name) for name in _COLUMNS))
+
+    @classmethod
+    def _unchecked(cls, *columns: np.ndarray) -> ForwardBatch:
+        """A batch of columns known to be consistent int32 vectors (``_COLUMNS`` order),
+        without ``__post_init__``'s checks."""
+        batch = object.__new__(cls)
+        for name, column in zip(_COLUMNS, columns, strict=True):
+            object.__setattr__(batch, name, column)
+        return batch
 
     @classmethod
     def from_requests(

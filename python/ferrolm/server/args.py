@@ -57,7 +57,7 @@ class ServerArgs:
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
     tool_call_parser: str = "auto"  # a format of ferrolm.tools.formats; auto: from the chat template
-    reasoning_parser: str = "none"  # qwen3 | deepseek_r1: reasoning_content apart from content
+    reasoning_parser: str = "auto"  # qwen3 | deepseek_r1: reasoning_content apart; auto: the chat template's
     disable_tool_call_constraint: bool = False  # parse calls only: no grammar from the tools
     # KV cache events for cache-aware routers, vLLM's --kv-events-config (None: off)
     kv_events_config: KvEventsConfig | None = None
@@ -121,7 +121,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "the format the chat template shows, if exactly one")
     parser.add_argument("--reasoning-parser", choices=REASONING_CHOICES, default=defaults.reasoning_parser,
                         help="split <think>...</think> into reasoning_content (qwen3, deepseek_r1); structured "
-                             "output and tool calls are then constrained after the thinking")
+                             "output and tool calls are then constrained after the thinking; auto (default): the "
+                             "format the chat template shows (one that writes </think>), none: off")
     parser.add_argument("--record-trace", metavar="PATH", default=None,
                         help="record every call to the engine core (arrivals, sampling settings, each step's plan "
                              "and tokens) in PATH as JSON lines, to replay offline without the model: "

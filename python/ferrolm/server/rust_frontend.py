@@ -8,10 +8,21 @@ commit. ``frontend.drain`` moves what arrived into the core at the start of a st
 returning only the rids that finished. While there is no work the loop blocks in
 ``frontend.wait`` (no busy spin; a request wakes it at once).
 
+Structured output (``response_format``, ``regex``, ``json_schema``, ``ebnf``, ``guided_*``,
+``grammar``) is read as the Python front end reads it and compiled on the front end's grammar
+threads in the engine vocabulary's grammar cache (its compile timeout included); the core
+takes the compiled grammar with the request.
+
+The engine-heartbeat watch (``--engine-heartbeat-timeout``) watches this loop: it comes
+round at least every ``IDLE_WAIT_S`` while idle and once a step while busy; when it has not
+for the timeout (a step stuck in the forward, a frozen loop), ``/health`` and every request
+are 503 until it does, and what waited on it is answered 503 and aborted.
+
+The port is bound before the model loads (``_core.FrontendLoading``): until the front end
+takes it over, ``/health`` and every route answer 503, "the engine is starting".
+
 Not built yet in this front end (refused with a 400 naming the field, never ignored):
-structured output (``response_format`` other than text, ``regex``, ``json_schema``, ``ebnf``,
-``guided_*``); the engine-heartbeat watch (``--engine-heartbeat-timeout``) has nothing to
-watch here, since the loop and the server share one process.
+tool calling (``tools``, ``tool_choice``).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ log = logging.getLogger("ferrolm.server")
 
 IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop flag again
 HTTP_THREADS = 2  # the HTTP runtime's workers; tokenizing runs on as many pool threads
+GRAMMAR_THREADS = 2  # threads waiting on grammar compiles (as the Python front end's GRAMMAR_WORKERS)
 
 
 def build_engine(args: ServerArgs) -> Engine:
@@ -57,8 +69,9 @@ def build_engine(args: ServerArgs) -> Engine:
     )
 
 
-def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
-    """Binds the port and starts the HTTP threads over ``engine``'s vocabulary and tokenizer."""
+def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoading | None = None) -> _core.Frontend:
+    """Binds the port (or takes over the one ``loading`` bound while the model loaded) and
+    starts the HTTP threads over ``engine``'s vocabulary and tokenizer."""
     tokenizer = engine.tokenizer
     info = model_info(engine)
     return _core.Frontend(
@@ -84,6 +97,9 @@ def start_frontend(engine: Engine, args: ServerArgs) -> _core.Frontend:
         chars_per_token=max_input_chars_per_token(tokenizer, tokenizer.token_bytes()),
         http_threads=HTTP_THREADS,
         tokenizer_threads=HTTP_THREADS,
+        grammar_threads=GRAMMAR_THREADS,
+        engine_heartbeat_timeout=args.engine_heartbeat_timeout,
+        loading=loading,
     )
 
 
@@ -136,8 +152,13 @@ class StepLoop:
 def run_rust_server(args: ServerArgs) -> int:
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine = build_engine(args)
-    frontend = start_frontend(engine, args)
+    # the port answers at once: /health is 503 ("the engine is starting") while the model loads
+    loading = _core.FrontendLoading(args.host, args.port)
+    try:
+        engine = build_engine(args)
+        frontend = start_frontend(engine, args, loading)
+    finally:
+        loading.stop()  # frees the port if the engine did not start (else a no-op)
     loop = StepLoop(engine, frontend)
 
     def stop(signum: int, _frame: Any) -> None:

@@ -20,14 +20,16 @@ from ferrolm.tools.pieces import ARGUMENTS, CALL, CONTENT, REASONING
 # what a plan may set: every constraint field is reset first, so the plan's is the only one
 _CONSTRAINT_RESET: dict[str, Any] = {
     "regex": None, "json_schema": None, "json_schema_strict": False, "json_object": False, "choice": None,
-    "structured_after": None, "structured_optional": False, "json_schema_parts": None,
+    "structured_after": None, "structured_optional": False, "structured_tags": None, "structured_or": None,
+    "json_schema_parts": None,
 }
 
 
 def server_formats(args: ServerArgs, tokenizer: Tokenizer) -> tuple[ToolCallFormat | None, ReasoningFormat | None]:
     """The tool-call format (``--tool-call-parser``, or the chat template's) and the
     reasoning format (``--reasoning-parser``) of this server."""
-    return tool_call_format(args.tool_call_parser, tokenizer.chat_template), reasoning_format(args.reasoning_parser)
+    template = tokenizer.chat_template
+    return tool_call_format(args.tool_call_parser, template), reasoning_format(args.reasoning_parser, template)
 
 
 @functools.lru_cache(maxsize=8)

@@ -63,9 +63,20 @@ class ToolCallFormat:
     opening = ""  # what a forced call begins with, given in the prompt
     arguments_keys: tuple[str, ...] = ("arguments",)
 
+    # several calls in one answer: each call's JSON between these (structural tags); None:
+    # the body schema holds them all (Mistral's array)
+    tags: dict[str, str] | None = None
+
     def body_schema(self, tools: Sequence[FunctionTool], parallel: bool) -> dict[str, Any]:
-        """The JSON Schema of what follows ``trigger`` (or ``opening``)."""
+        """The JSON Schema of one call (of all of them where ``tags`` is None), what
+        follows ``trigger`` (or ``opening``)."""
         return call_object_schema(tools, self.arguments_keys[0])
+
+    def answer_or_calls_tags(self, parallel: bool) -> dict[str, Any] | None:
+        """The tags around the calls (opening included) where an answer in a response
+        format may come instead; None where the calls' first characters cannot tell them
+        from such an answer."""
+        return None
 
     def stream(self, sink: Sink, *, primed: bool) -> ToolStream:
         """A parser of one output; ``primed``: the prompt ended with ``opening``."""
@@ -79,6 +90,11 @@ class HermesFormat(ToolCallFormat):
     trigger = "<tool_call>"
     opening = "<tool_call>\n"
     close = "</tool_call>"
+    # as Qwen's chat templates write a turn's calls
+    tags = {"begin": "<tool_call>\n", "end": "\n</tool_call>", "separator": "\n"}
+
+    def answer_or_calls_tags(self, parallel: bool) -> dict[str, Any] | None:
+        return {**self.tags, "repeated": parallel} if self.tags is not None else None
 
     def stream(self, sink: Sink, *, primed: bool) -> ToolStream:
         return _HermesStream(sink, primed)
@@ -128,20 +144,22 @@ class _HermesStream(ToolStream):
 
 class Llama3JsonFormat(ToolCallFormat):
     name = "llama3_json"
-    # <|python_tag|> is a special token: the constraint engine never lets free text write
-    # one, so a constrained auto has no trigger; forced calls are the answer itself
-    trigger = None
+    # a special token in Llama 3's tokenizer, which the constraint engine allows in free
+    # text as the trigger (calls without it are parsed, not constrained, under auto);
+    # forced calls are the answer itself
+    trigger = "<|python_tag|>"
     opening = ""
     python_tag = "<|python_tag|>"
     arguments_keys = ("parameters", "arguments")
+    tags = {"begin": "", "end": "", "separator": "; "}
 
     def stream(self, sink: Sink, *, primed: bool) -> ToolStream:
         return _Llama3Stream(sink)
 
 
 class _Llama3Stream(ToolStream):
-    """Calls only at the start of the answer; once text that is not a call shows, the rest
-    is content."""
+    """Calls at the start of the answer, or after ``<|python_tag|>`` (where a constrained
+    ``auto`` lets them start); text that is not a call is content."""
 
     def __init__(self, sink: Sink) -> None:
         super().__init__(sink)
@@ -153,8 +171,16 @@ class _Llama3Stream(ToolStream):
         self.buf += text
         while self.buf:
             if self.state == "text":
-                self.sink.content(self.buf)
-                self.buf = ""
+                tag = Llama3JsonFormat.python_tag
+                i = self.buf.find(tag)
+                if i < 0:
+                    keep = held_back(self.buf, tag)
+                    self.sink.content(self.buf[:len(self.buf) - keep])
+                    self.buf = self.buf[len(self.buf) - keep:]
+                    return
+                self.sink.content(self.buf[:i])
+                self.buf = self.buf[i + len(tag):]
+                self.state = "calls"
             elif self.state == "start":
                 head = self.buf.lstrip(_WS)
                 tag = Llama3JsonFormat.python_tag
@@ -203,6 +229,9 @@ class MistralFormat(ToolCallFormat):
 
     def body_schema(self, tools: Sequence[FunctionTool], parallel: bool) -> dict[str, Any]:
         return call_array_schema(tools, self.arguments_keys[0], parallel=parallel)
+
+    def answer_or_calls_tags(self, parallel: bool) -> dict[str, Any] | None:
+        return {"begin": "[TOOL_CALLS]", "end": "", "repeated": False}  # the array holds the calls
 
     def stream(self, sink: Sink, *, primed: bool) -> ToolStream:
         return _MistralStream(sink, primed)

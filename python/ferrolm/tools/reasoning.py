@@ -52,17 +52,33 @@ class ReasoningFormat:
 
 REASONING_FORMATS = {f.name: f for f in (ReasoningFormat("qwen3"), ReasoningFormat("deepseek_r1", thinks_without_start=True))}
 REASONING_ALIASES = {"deepseek-r1": "deepseek_r1"}
-REASONING_CHOICES = ("none", *REASONING_FORMATS, *REASONING_ALIASES)
+REASONING_CHOICES = ("auto", "none", *REASONING_FORMATS, *REASONING_ALIASES)
+# DeepSeek's role markers (with full-width bars), in its R1 templates
+_DEEPSEEK_ASSISTANT = "<\uff5cAssistant\uff5c>"
 
 
-def reasoning_format(name: str | None) -> ReasoningFormat | None:
+def reasoning_format(name: str | None, chat_template: str | None = None) -> ReasoningFormat | None:
+    """The format ``--reasoning-parser`` names; ``auto``: the chat template's, if it shows
+    one (``detect_reasoning``); ``none``: no parsing."""
     if name is None or name == "none":
         return None
+    if name == "auto":
+        return detect_reasoning(chat_template)
     name = REASONING_ALIASES.get(name, name)
     if name not in REASONING_FORMATS:
         raise InvalidInputError(f"reasoning_parser: {name!r} is not one of {', '.join(REASONING_CHOICES)}",
                                 "reasoning_parser")
     return REASONING_FORMATS[name]
+
+
+def detect_reasoning(chat_template: str | None) -> ReasoningFormat | None:
+    """The reasoning format a chat template shows: a template that writes or strips
+    ``</think>`` is a thinking model's; DeepSeek's (its role markers) thinks even without
+    the opening tag (``deepseek_r1``), the others (Qwen3, QwQ) as ``qwen3``. None when the
+    template shows no thinking."""
+    if not chat_template or REASONING_FORMATS["qwen3"].end not in chat_template:
+        return None
+    return REASONING_FORMATS["deepseek_r1" if _DEEPSEEK_ASSISTANT in chat_template else "qwen3"]
 
 
 class ReasoningStream:

@@ -127,66 +127,96 @@ impl ByteDfa {
     }
 }
 
-/// Kosaraju's algorithm, iteratively: a post-order of the forward graph, then
-/// components collected on the reversed graph in reverse post-order. [`DEAD`] is left
-/// out (its component is its own and has no cycle that matters).
-pub(super) fn strongly_connected_components(
-    n: usize,
-    nc: usize,
-    transitions: &[u32],
-) -> (Vec<u32>, Vec<bool>) {
-    let successors = |s: usize| {
-        transitions[s * nc..(s + 1) * nc].iter().map(|&t| t as usize).filter(|&t| t != DEAD as usize)
-    };
-    let mut visited = vec![false; n];
-    let mut post_order = Vec::with_capacity(n);
+/// The strongly connected components of a transition table, and which can reach
+/// acceptance.
+pub(super) struct Components {
+    /// Component of each state ([`DEAD`] alone in component 0).
+    pub of: Vec<u32>,
+    /// Whether a component holds a cycle (more than one state, or a state looping to
+    /// itself).
+    pub has_cycle: Vec<bool>,
+    /// Whether a component's states can reach an accepting state (component 0 cannot).
+    pub live: Vec<bool>,
+}
+
+/// Tarjan's algorithm, iteratively, over the states other than [`DEAD`]. It completes a
+/// component only after every component it reaches, so whether one is live (holds an
+/// accepting state, or leads to a live component) is known when it completes: one pass
+/// over the table, with no predecessor lists.
+pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[bool]) -> Components {
+    const UNVISITED: u32 = u32::MAX;
+    let mut index = vec![UNVISITED; n];
+    let mut lowlink = vec![0u32; n];
+    let mut on_stack = vec![false; n];
+    let mut stack: Vec<u32> = Vec::new();
+    let mut calls: Vec<(u32, usize)> = Vec::new();
+    let mut out = Components { of: vec![UNVISITED; n], has_cycle: vec![false], live: vec![false] };
+    out.of[DEAD as usize] = 0;
+    let mut counter = 0u32;
     for root in 1..n {
-        if visited[root] {
+        if index[root] != UNVISITED {
             continue;
         }
-        visited[root] = true;
-        let mut stack = vec![(root, 0usize)];
-        while let Some((state, next_class)) = stack.last_mut() {
+        index[root] = counter;
+        lowlink[root] = counter;
+        counter += 1;
+        stack.push(root as u32);
+        on_stack[root] = true;
+        calls.push((root as u32, 0));
+        while let Some(&mut (state, ref mut next_class)) = calls.last_mut() {
+            let s = state as usize;
             if *next_class < nc {
-                let target = transitions[*state * nc + *next_class] as usize;
+                let target = transitions[s * nc + *next_class] as usize;
                 *next_class += 1;
-                if target != DEAD as usize && !visited[target] {
-                    visited[target] = true;
-                    stack.push((target, 0));
+                if target == DEAD as usize {
+                    continue;
                 }
-            } else {
-                post_order.push(*state);
-                stack.pop();
+                if index[target] == UNVISITED {
+                    index[target] = counter;
+                    lowlink[target] = counter;
+                    counter += 1;
+                    stack.push(target as u32);
+                    on_stack[target] = true;
+                    calls.push((target as u32, 0));
+                } else if on_stack[target] {
+                    lowlink[s] = lowlink[s].min(index[target]);
+                }
+                continue;
             }
+            calls.pop();
+            if let Some(&(caller, _)) = calls.last() {
+                lowlink[caller as usize] = lowlink[caller as usize].min(lowlink[s]);
+            }
+            if lowlink[s] != index[s] {
+                continue;
+            }
+            // `state` roots a component: the states above it on the stack.
+            let id = out.has_cycle.len() as u32;
+            let first = stack.iter().rposition(|&m| m == state).expect("the root is on the stack");
+            let mut live = false;
+            let mut cycle = stack.len() - first > 1;
+            for &member in &stack[first..] {
+                let m = member as usize;
+                on_stack[m] = false;
+                out.of[m] = id;
+            }
+            for &member in &stack[first..] {
+                let m = member as usize;
+                live |= accepting[m];
+                for &t in &transitions[m * nc..(m + 1) * nc] {
+                    if t == member {
+                        cycle = true;
+                    } else if t != DEAD && out.of[t as usize] != id {
+                        live |= out.live[out.of[t as usize] as usize];
+                    }
+                }
+            }
+            stack.truncate(first);
+            out.has_cycle.push(cycle);
+            out.live.push(live);
         }
     }
-    let predecessors = Predecessors::new(n, nc, transitions);
-    let unassigned = u32::MAX;
-    let mut component = vec![unassigned; n];
-    let mut has_cycle = vec![false];
-    component[DEAD as usize] = 0;
-    for &root in post_order.iter().rev() {
-        if component[root] != unassigned {
-            continue;
-        }
-        let id = has_cycle.len() as u32;
-        let mut members = vec![root];
-        component[root] = id;
-        let mut i = 0;
-        while i < members.len() {
-            for &pred in predecessors.of(members[i]) {
-                let pred = pred as usize;
-                if component[pred] == unassigned {
-                    component[pred] = id;
-                    members.push(pred);
-                }
-            }
-            i += 1;
-        }
-        let self_loop = successors(root).any(|t| t == root);
-        has_cycle.push(members.len() > 1 || self_loop);
-    }
-    (component, has_cycle)
+    out
 }
 
 #[cfg(test)]
@@ -218,6 +248,46 @@ mod tests {
 
     fn same_partition(a: &[u32], b: &[u32]) -> bool {
         (0..a.len()).all(|i| (0..a.len()).all(|j| (a[i] == a[j]) == (b[i] == b[j])))
+    }
+
+    /// Liveness by a backward search, and "same component" as mutual reachability.
+    #[test]
+    fn components_and_liveness_match_their_definitions() {
+        let mut seed = 0x2545_f491_u64;
+        let mut random = |bound: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % bound
+        };
+        for _ in 0..200 {
+            let (n, nc) = (1 + random(12) as usize, 1 + random(3) as usize);
+            let mut transitions = vec![DEAD; n * nc];
+            for t in transitions.iter_mut().skip(nc) {
+                *t = if random(3) == 0 { DEAD } else { random(n as u64) as u32 };
+            }
+            let accepting: Vec<bool> = (0..n).map(|s| s != 0 && random(4) == 0).collect();
+            let reach = |from: usize| {
+                let mut seen = vec![false; n];
+                let mut todo = vec![from];
+                while let Some(s) = todo.pop() {
+                    for &t in &transitions[s * nc..(s + 1) * nc] {
+                        if t != DEAD && !std::mem::replace(&mut seen[t as usize], true) {
+                            todo.push(t as usize);
+                        }
+                    }
+                }
+                seen
+            };
+            let found = components(n, nc, &transitions, &accepting);
+            for a in 1..n {
+                let from_a = reach(a);
+                let live = accepting[a] || (1..n).any(|t| from_a[t] && accepting[t]);
+                assert_eq!(found.live[found.of[a] as usize], live);
+                assert_eq!(found.has_cycle[found.of[a] as usize], from_a[a]);
+                for b in 1..n {
+                    assert_eq!(found.of[a] == found.of[b], a == b || (from_a[b] && reach(b)[a]));
+                }
+            }
+        }
     }
 
     #[test]

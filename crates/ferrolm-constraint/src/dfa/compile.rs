@@ -80,12 +80,16 @@ impl ByteDfa {
 
     fn build_uncached(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
         let invalid = |message: String| invalid_regex(pattern, message);
-        let hir = regex_syntax::ParserBuilder::new()
-            .nest_limit(MAX_GROUP_NESTING)
-            .utf8(!allow_calls)
-            .build()
-            .parse(pattern)
-            .map_err(|e| invalid(e.to_string()))?;
+        // The one-pass parser reads what our translators write; regex-syntax the rest.
+        let hir = match super::parse::parse(pattern, !allow_calls, MAX_GROUP_NESTING) {
+            Some(hir) => hir,
+            None => regex_syntax::ParserBuilder::new()
+                .nest_limit(MAX_GROUP_NESTING)
+                .utf8(!allow_calls)
+                .build()
+                .parse(pattern)
+                .map_err(|e| invalid(e.to_string()))?,
+        };
         let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
         // No capture groups: we only ever ask "alive?", and captures add states.
         let config = thompson::Config::new()

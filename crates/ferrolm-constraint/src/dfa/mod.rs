@@ -2,17 +2,15 @@
 //! still reach acceptance: "not dead" means exactly "still a prefix of some document",
 //! the guarantee the token mask must give.
 //!
-//! - `compile`: regex -> table (regex-automata parses and determinizes);
+//! - `compile`: regex -> table (regex-automata builds the NFA and determinizes;
+//!   `parse` reads the regex text our translators write, regex-syntax any other);
 //! - `analysis`: loops (strongly connected components) and the token-depth equivalence
 //!   of states that the mask cache and the loop indexes build on.
 
 mod analysis;
 mod compile;
+mod parse;
 mod subset;
-
-use std::collections::VecDeque;
-
-use analysis::strongly_connected_components;
 
 pub use compile::RegexOptions;
 pub(crate) use compile::MAX_GROUP_NESTING;
@@ -172,31 +170,32 @@ impl ByteDfa {
     fn keep_live_states(self) -> Self {
         let n = self.num_states();
         let nc = self.num_classes;
-        let predecessors = analysis::Predecessors::new(n, nc, &self.transitions);
-        let mut live = self.accepting.clone();
-        live[DEAD as usize] = false;
-        let mut queue: VecDeque<usize> = (0..n).filter(|&s| live[s]).collect();
-        while let Some(state) = queue.pop_front() {
-            for &pred in predecessors.of(state) {
-                if !live[pred as usize] {
-                    live[pred as usize] = true;
-                    queue.push_back(pred as usize);
-                }
-            }
-        }
+        let found = analysis::components(n, nc, &self.transitions, &self.accepting);
+        let live = |state: usize| state != DEAD as usize && found.live[found.of[state] as usize];
         let mut new_id = vec![DEAD; n];
         let mut next_id = 1;
+        // Live components keep their states (a state on a cycle with a live one is
+        // live), renumbered densely.
+        let mut new_component = vec![u32::MAX; found.has_cycle.len()];
+        let mut component = vec![0u32];
+        let mut component_has_cycle = vec![false];
         for state in 1..n {
-            if live[state] {
+            if live(state) {
                 new_id[state] = next_id;
                 next_id += 1;
+                let old = found.of[state] as usize;
+                if new_component[old] == u32::MAX {
+                    new_component[old] = component_has_cycle.len() as u32;
+                    component_has_cycle.push(found.has_cycle[old]);
+                }
+                component.push(new_component[old]);
             }
         }
         let kept = next_id as usize;
         let mut transitions = vec![DEAD; kept * nc];
         let mut accepting = vec![false; kept];
         for state in 1..n {
-            if live[state] {
+            if live(state) {
                 let row = new_id[state] as usize;
                 accepting[row] = self.accepting[state];
                 for class in 0..nc {
@@ -213,16 +212,16 @@ impl ByteDfa {
         let mut single_byte = vec![None; kept];
         let mut can_continue = vec![false; kept];
         for row in 0..kept {
-            let live_classes: Vec<usize> = (0..nc).filter(|&c| transitions[row * nc + c] != DEAD).collect();
-            can_continue[row] = !live_classes.is_empty();
-            if let [only] = live_classes[..] {
+            let mut live_classes = (0..nc).filter(|&c| transitions[row * nc + c] != DEAD);
+            let first = live_classes.next();
+            can_continue[row] = first.is_some();
+            if let (Some(only), None) = (first, live_classes.next()) {
                 if class_sizes[only] == 1 {
                     single_byte[row] = Some(class_byte[only]);
                 }
             }
         }
         let row_transitions = transitions.iter().map(|&t| t * nc as u32).collect();
-        let (component, component_has_cycle) = strongly_connected_components(kept, nc, &transitions);
         ByteDfa {
             classes: self.classes,
             num_classes: nc,

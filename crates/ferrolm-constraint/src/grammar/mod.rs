@@ -10,6 +10,7 @@ use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
 use crate::json_schema::{any_json_rules, json_schema_to_rules, JsonSchemaOptions};
 use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
+use crate::tags::TokenEdge;
 use crate::vocab::Vocabulary;
 
 mod masks;
@@ -34,6 +35,9 @@ pub struct Grammar {
     /// configuration (rule, state and the whole stack).
     rules: Option<Rules>,
     stack_masks: Mutex<HashMap<Vec<u32>, Arc<[u32]>>>,
+    /// Special tokens the grammar takes as whole steps (a trigger such as `[TOOL_CALLS]`
+    /// that the tokenizer has as a special token: `tags.rs`).
+    token_edges: Vec<TokenEdge>,
 }
 
 impl Grammar {
@@ -169,11 +173,13 @@ impl Grammar {
     pub fn after_trigger_with(trigger: &str, then: &Grammar, optional: bool) -> Result<Arc<Grammar>> {
         crate::budget::entry(|| {
             let dfa = crate::trigger::after_trigger(trigger.as_bytes(), then.dfa(), optional)?;
-            Ok(Arc::new(match &then.rules {
+            let mut grammar = match &then.rules {
                 // The free-text part goes in front of the main rule; the others are unchanged.
                 Some(rules) => Self::from_rules(then.vocab.clone(), rules.with_main(dfa)?),
                 None => Self::from_dfa(then.vocab.clone(), dfa),
-            }))
+            };
+            grammar.token_edges = crate::tags::trigger_token_edges(trigger.as_bytes(), then, grammar.dfa())?;
+            Ok(Arc::new(grammar))
         })
     }
 
@@ -189,6 +195,7 @@ impl Grammar {
             cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
             rules: None,
             stack_masks: Mutex::new(HashMap::new()),
+            token_edges: Vec::new(),
         }
     }
 
@@ -202,6 +209,7 @@ impl Grammar {
             cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
             rules: Some(rules),
             stack_masks: Mutex::new(HashMap::new()),
+            token_edges: Vec::new(),
         }
     }
 
@@ -259,5 +267,25 @@ impl Grammar {
 
     pub fn dfa(&self) -> &ByteDfa {
         &self.dfa
+    }
+
+    pub(crate) fn rules(&self) -> Option<&Rules> {
+        self.rules.as_ref()
+    }
+
+    pub(crate) fn token_edges(&self) -> &[TokenEdge] {
+        &self.token_edges
+    }
+
+    /// Where the special `token` leads from `config`, if the grammar takes it there.
+    pub(crate) fn token_edge(&self, config: Config, token: u32) -> Option<Config> {
+        self.token_edges.iter().find(|e| e.token == token && e.leaves(config)).map(|e| e.target(config))
+    }
+
+    /// Allow in `mask` the special tokens the grammar takes from `config`.
+    pub(crate) fn add_token_edges(&self, config: Config, mask: &mut [u32]) {
+        for edge in self.token_edges.iter().filter(|e| e.leaves(config)) {
+            set_bit(mask, edge.token);
+        }
     }
 }

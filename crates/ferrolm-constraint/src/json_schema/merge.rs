@@ -15,7 +15,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::negate::{FRACTION, NOT_ENUM};
+use super::negate::{FRACTION, NOT_ENUM, SOME_OTHER};
 use super::{decode_pointer, one_of, Translator, ANNOTATIONS};
 use crate::error::Result;
 
@@ -152,7 +152,8 @@ impl<'a> Translator<'a> {
         for keyword in ["anyOf", "oneOf"] {
             let Some(branches) = map.get(keyword) else { continue };
             let branches = self.branch_list(keyword, branches, path)?;
-            let disjoint = one_of::branches_exclusive(self.root, branches);
+            // Values also satisfy the siblings (their type, what they require).
+            let disjoint = one_of::branches_exclusive(&self.apart(), branches, map);
             if keyword == "oneOf" && !disjoint {
                 // Each branch, and none of the others.
                 let mut flat = Flat { maps: Vec::new(), exclusive: false };
@@ -489,6 +490,11 @@ impl<'a> Translator<'a> {
             excluded.extend(y.iter().filter(|v| !x.contains(v)).cloned());
             out.insert(NOT_ENUM.into(), Value::Array(excluded));
             done.push(NOT_ENUM);
+        }
+        if let (Some(Value::Array(x)), Some(Value::Array(y))) = (a.get(SOME_OTHER), b.get(SOME_OTHER)) {
+            // Each list must be escaped: all of them.
+            out.insert(SOME_OTHER.into(), Value::Array(x.iter().chain(y).cloned().collect()));
+            done.push(SOME_OTHER);
         }
         if let (Some(x), Some(y)) = (a.get("propertyNames"), b.get("propertyNames")) {
             let merged = self.merge_schemas(x, y, path, inlined, depth)?;

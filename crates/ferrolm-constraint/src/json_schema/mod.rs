@@ -30,6 +30,7 @@
 mod any;
 mod formats;
 mod int_range;
+mod literal;
 mod merge;
 mod multiple;
 mod names;
@@ -140,6 +141,8 @@ const HANDLED: &[&str] = &[
     "uniqueItems",
     "multipleOf",
     negate::NOT_ENUM,
+    negate::SOME_OTHER,
+    negate::SOME_EXTRA,
 ];
 
 /// One JSON string character, encoded: anything but `"`, `\` and control characters,
@@ -320,6 +323,11 @@ impl<'a> Translator<'a> {
             if at == path && self.empty.borrow().contains(err))
     }
 
+    /// How `oneOf` branches are proven apart (`one_of.rs`).
+    fn apart(&self) -> one_of::Context<'a> {
+        one_of::Context { root: self.root, assert_formats: self.assert_formats }
+    }
+
     /// Fail on a keyword we do not support, unless lenient.
     fn refuse(&self, keyword: &str, path: &str) -> Result<()> {
         if self.lenient {
@@ -465,7 +473,7 @@ impl<'a> Translator<'a> {
             // oneOf also demands that exactly one branch matches: a union says that only
             // when no value satisfies two branches. Lenient mode accepts the union anyway.
             // Overlapping branches: each and the negation of the others (merge.rs).
-            "oneOf" if !self.lenient && !one_of::branches_exclusive(self.root, branches) => {
+            "oneOf" if !self.lenient && !one_of::branches_exclusive(&self.apart(), branches, &Map::new()) => {
                 let map: Map<String, Value> = std::iter::once(("oneOf".to_string(), value.clone())).collect();
                 self.flattened(&map, path)
             }
@@ -546,26 +554,28 @@ impl<'a> Translator<'a> {
             .iter()
             .filter(|v| types.as_ref().is_none_or(|t| t.iter().any(|ty| has_type(v, ty))))
             .collect();
-        let (min_length, max_length) = self.counts(map, "minLength", "maxLength", path)?;
-        for key in map.keys() {
-            let allowed = ["const", "enum", "type", "nullable", "minLength", "maxLength"];
-            // A keyword of a type none of the values has constrains none of them.
-            let relevant = keyword_type(key).is_none_or(|ty| values.iter().any(|v| has_type(v, ty)));
-            if !allowed.contains(&key.as_str()) && HANDLED.contains(&key.as_str()) && relevant {
-                self.refuse(&format!("{key} next to const/enum"), path)?;
+        self.counts(map, "minLength", "maxLength", path)?;
+        // The listed values are all the schema may take: every other keyword keeps
+        // those it allows, where it can be decided on a value (`literal.rs`).
+        let mut kept = vec![true; values.len()];
+        for (key, keyword) in map {
+            if ["const", "enum", "type", "nullable"].contains(&key.as_str())
+                || !HANDLED.contains(&key.as_str())
+            {
+                continue;
+            }
+            for (i, value) in values.iter().enumerate() {
+                match literal::keyword_holds(value, key, keyword, self.assert_formats) {
+                    Some(holds) => kept[i] &= holds,
+                    None => self.refuse(&format!("{key} next to const/enum"), path)?,
+                }
             }
         }
         let alternatives: Vec<String> = values
             .iter()
-            .filter(|v| match v.as_str() {
-                // Lengths in characters, as JSON Schema counts them.
-                Some(s) => {
-                    let n = s.chars().count() as u64;
-                    n >= min_length && max_length.is_none_or(|m| n <= m)
-                }
-                None => true,
-            })
-            .map(|v| regex_syntax::escape(&canonical_json(v)))
+            .zip(&kept)
+            .filter(|(_, kept)| **kept)
+            .map(|(v, _)| regex_syntax::escape(&canonical_json(v)))
             .collect();
         if alternatives.is_empty() {
             return Err(self.nothing(path, "no value of `const`/`enum` has the schema's type"));
@@ -638,7 +648,9 @@ fn keyword_type(keyword: &str) -> Option<&'static str> {
         | "patternProperties"
         | "propertyNames"
         | "minProperties"
-        | "maxProperties" => "object",
+        | "maxProperties"
+        | negate::SOME_OTHER
+        | negate::SOME_EXTRA => "object",
         "items" | "prefixItems" | "minItems" | "maxItems" | "contains" | "minContains" | "maxContains"
         | "uniqueItems" => "array",
         "minLength" | "maxLength" | "pattern" | "format" => "string",

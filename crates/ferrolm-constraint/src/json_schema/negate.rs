@@ -4,7 +4,10 @@
 //! maxLength: 2}`, `required: [a]` -> `{type: object, properties: {a: false}}`,
 //! `properties: {a: S}` -> `a` present with a value of `not S`, `items: S` -> `contains:
 //! not S`, `const`/`enum` -> the other values of their types). Other keywords (`pattern`,
-//! `format`, `additionalProperties`, ...) are `UnsupportedSchema`. This gives `not`,
+//! `format`, `additionalProperties` other than `false`, ...) are `UnsupportedSchema`;
+//! `additionalProperties: false` fails where a member is named none of the declared
+//! names (`SOME_OTHER`, which `objects.rs` writes as "one of the declared members not in
+//! the list, or an extra member"). This gives `not`,
 //! `if`/`then`/`else` (`if ∧ then` or `not if ∧ else`) and `oneOf` with overlapping
 //! branches (each branch and the negation of the others).
 
@@ -18,6 +21,13 @@ use crate::error::Result;
 pub(super) const FRACTION: &str = "\u{1}non-integer number";
 /// Internal keyword: values (of the schema's scalar types) that are excluded.
 pub(super) const NOT_ENUM: &str = "\u{1}not one of";
+/// Internal keyword: objects that, for each of these lists of names, have a member
+/// named none of the names in it (the violations of `additionalProperties: false`; a
+/// conjunction of them lists several).
+pub(super) const SOME_OTHER: &str = "\u{1}a member not named";
+/// Internal keyword: objects with at least one extra member (one `properties` does
+/// not declare), written after the declared ones as extra members are.
+pub(super) const SOME_EXTRA: &str = "\u{1}an extra member";
 
 const ALL_TYPES: [&str; 6] = ["null", "boolean", "number", "string", "array", "object"];
 
@@ -113,6 +123,18 @@ impl Translator<'_> {
                     let failing = self.negate(value, path, inlined, depth + 1)?;
                     vec![json!({"type": "array", "items": union(failing)})]
                 }
+                // A member of another name, of any value.
+                "additionalProperties" if value == &Value::Bool(false) => {
+                    if map.contains_key("patternProperties") {
+                        return Err(self.unsupported("not (of `additionalProperties` next to `patternProperties`)", path));
+                    }
+                    let declared: Vec<Value> = match map.get("properties") {
+                        Some(Value::Object(properties)) => properties.keys().cloned().map(Value::String).collect(),
+                        _ => Vec::new(),
+                    };
+                    vec![json!({"type": "object", "additionalProperties": true, SOME_OTHER: [declared]})]
+                }
+                "additionalProperties" if value == &Value::Bool(true) => Vec::new(),
                 "not" => {
                     let flat = self.flatten(value, path, inlined, depth + 1)?;
                     flat.maps.into_iter().map(Value::Object).collect()

@@ -35,6 +35,20 @@ pub(super) enum Draft {
     D2020,
 }
 
+/// Whether `key` is a keyword of a later draft than `draft`: there it is unknown, an
+/// annotation (draft-04's `{"const": "a"}` allows every value, as validators read it).
+fn introduced_after(key: &str, draft: Draft) -> bool {
+    let since = match key {
+        "const" | "contains" | "propertyNames" => Draft::D6,
+        "if" | "then" | "else" => Draft::D7,
+        "dependentRequired" | "dependentSchemas" | "unevaluatedProperties" | "unevaluatedItems"
+        | "minContains" | "maxContains" => Draft::D2019,
+        "prefixItems" => Draft::D2020,
+        _ => return false,
+    };
+    draft < since
+}
+
 /// The draft `$schema` names; `None` for a metaschema that is not one of the drafts
 /// (a custom one may switch vocabularies on or off).
 pub(super) fn draft_of(schema: &Value) -> Option<Draft> {
@@ -261,6 +275,9 @@ impl<'a> Normalizer<'a> {
         let array_items = self.draft <= Draft::D2019 && map.get("items").is_some_and(Value::is_array);
         for (key, value) in map {
             let key = key.as_str();
+            if introduced_after(key, self.draft) {
+                continue;
+            }
             match key {
                 "$ref" => {
                     let written = match value.as_str() {
@@ -443,6 +460,25 @@ mod tests {
                 "$defs": {"/definitions/d": {"type": "integer"}},
             })
         );
+    }
+
+    #[test]
+    fn keywords_of_later_drafts_are_annotations() {
+        let schema = json!({"properties": {"a": {"const": 1, "type": "integer"}}, "contains": {"const": 2},
+            "propertyNames": {"maxLength": 1}, "if": {"required": ["a"]}, "then": false,
+            "prefixItems": [true], "minContains": 1, "dependentRequired": {"a": ["b"]}});
+        let keys = |draft| {
+            let out = normalize(&schema, draft).unwrap();
+            let mut keys: Vec<String> = out.as_object().unwrap().keys().cloned().collect();
+            keys.sort();
+            (keys, out["properties"]["a"].as_object().unwrap().contains_key("const"))
+        };
+        assert_eq!(keys(Draft::D4), (vec!["properties".to_string()], false));
+        assert_eq!(keys(Draft::D6).0, ["contains", "properties", "propertyNames"]);
+        assert_eq!(keys(Draft::D7).0, ["contains", "if", "properties", "propertyNames", "then"]);
+        assert!(keys(Draft::D7).1);
+        assert_eq!(keys(Draft::D2019).0.len(), 7);
+        assert_eq!(keys(Draft::D2020).0.len(), 8);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use super::merge::json_eq;
 use super::names::{matches_every_name, name_except, name_except_len, name_outside, unit, CANONICAL_CHAR};
+use super::negate::{SOME_EXTRA, SOME_OTHER};
 use super::pattern::pattern_regex;
 use super::values::escape_pointer;
 use super::{Translator, ANNOTATIONS};
@@ -97,6 +98,9 @@ fn same_schema(a: &Value, b: &Value) -> bool {
 
 impl<'a> Translator<'a> {
     pub(super) fn object(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
+        if let Some(listed) = map.get(SOME_OTHER) {
+            return self.some_other_member(map, listed, path);
+        }
         // The schema of members not named in `properties`, if any are allowed.
         let any = Value::Bool(true);
         let extra_schema: Option<&Value> = match map.get("additionalProperties") {
@@ -211,8 +215,16 @@ impl<'a> Translator<'a> {
         }
         let (min, max) = self.counts(map, "minProperties", "maxProperties", path)?;
         let required_count = members.iter().filter(|(_, r)| *r).count() as u64;
+        let some_extra = map.get(SOME_EXTRA) == Some(&Value::Bool(true));
+        if some_extra && extra.is_none() {
+            return Err(self.nothing(path, "no extra member is allowed"));
+        }
         let body = if min <= required_count && max.is_none() {
-            uncounted_body(&members, extra, &ws)
+            uncounted_body(&members, extra, some_extra, &ws)
+        } else if some_extra {
+            return Err(
+                self.unsupported("not (of `additionalProperties`) next to minProperties/maxProperties", path)
+            );
         } else {
             match counted_body(&members, extra.as_deref(), min, max, &ws) {
                 Ok(body) => body,
@@ -221,11 +233,84 @@ impl<'a> Translator<'a> {
                 }
                 Err(Uncountable::TooLarge) => {
                     self.refuse("minProperties/maxProperties (too many optional members to count)", path)?;
-                    uncounted_body(&members, extra, &ws)
+                    uncounted_body(&members, extra, false, &ws)
                 }
             }
         };
         Ok(format!(r"\{{{ws}{body}{ws}\}}"))
+    }
+
+    /// Objects that, for each list of names in `lists` (`SOME_OTHER`), have a member
+    /// named none of them: an extra member (escaping every list; the listed names that
+    /// are not declared become declared members, with the value extra members take, so
+    /// that they are not extra), or one of the declared members the first list does
+    /// not name (escaping the lists that do not name it either; the others remain).
+    fn some_other_member(&mut self, map: &Map<String, Value>, lists: &Value, path: &str) -> Result<String> {
+        if map.contains_key("patternProperties") {
+            return Err(self.unsupported("not (of `additionalProperties`) next to patternProperties", path));
+        }
+        let lists: Vec<Vec<&str>> = lists
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|list| list.as_array().into_iter().flatten().filter_map(Value::as_str).collect())
+            .collect();
+        let mut base = map.clone();
+        base.remove(SOME_OTHER);
+        let Some(first) = lists.first() else { return self.object(&base, path) };
+        let properties = match base.get("properties") {
+            Some(Value::Object(p)) => p.clone(),
+            _ => Map::new(),
+        };
+        let mut cases = Vec::new();
+        for (name, schema) in &properties {
+            if first.contains(&name.as_str()) || schema == &Value::Bool(false) {
+                continue;
+            }
+            let mut case = base.clone();
+            let mut required = match case.get("required") {
+                Some(Value::Array(r)) => r.clone(),
+                _ => Vec::new(),
+            };
+            if !required.iter().any(|r| r == name.as_str()) {
+                required.push(Value::String(name.clone()));
+            }
+            case.insert("required".into(), Value::Array(required));
+            let remaining: Vec<Value> =
+                lists.iter().filter(|l| l.contains(&name.as_str())).map(|l| json!(l)).collect();
+            if !remaining.is_empty() {
+                case.insert(SOME_OTHER.into(), Value::Array(remaining));
+            }
+            cases.push(case);
+        }
+        let extra_value = match base.get("additionalProperties") {
+            None if self.strict => None,
+            None => Some(Value::Bool(true)),
+            Some(Value::Bool(false)) => None,
+            Some(schema) => Some(schema.clone()),
+        };
+        if let Some(extra_value) = extra_value {
+            let mut case = base.clone();
+            let mut declared = properties.clone();
+            for name in lists.iter().flatten() {
+                declared.entry(name.to_string()).or_insert_with(|| extra_value.clone());
+            }
+            case.insert("properties".into(), Value::Object(declared));
+            case.insert(SOME_EXTRA.into(), Value::Bool(true));
+            cases.push(case);
+        }
+        let mut alternatives = Vec::new();
+        for case in cases {
+            let regex = self.object(&case, path);
+            if self.allows_nothing(&regex, path) {
+                continue;
+            }
+            alternatives.push(format!("(?:{})", regex?));
+        }
+        if alternatives.is_empty() {
+            return Err(self.nothing(path, "no object has a member of another name"));
+        }
+        Ok(alternatives.join("|"))
     }
 
     /// `propertyNames` as a filter; `None` when it allows every name.
@@ -409,7 +494,7 @@ impl<'a> Translator<'a> {
 ///   optional A:  (?:A,)?N | A    (when the rest may be empty: N | A,N | A)
 ///                (?:A,)?N        (when the rest holds a required member)
 ///   required A:  A(?:,N)?  or  A,N
-fn uncounted_body(members: &[(String, bool)], extra: Option<String>, ws: &str) -> String {
+fn uncounted_body(members: &[(String, bool)], extra: Option<String>, some_extra: bool, ws: &str) -> String {
     let separator = format!("{ws},{ws}");
     let mut nonempty: Option<String> = None;
     let mut rest_has_required = false;
@@ -429,6 +514,15 @@ fn uncounted_body(members: &[(String, bool)], extra: Option<String>, ws: &str) -
         (None, None) => String::new(),
         (None, Some(declared)) if all_optional => format!("(?:{declared})?"),
         (None, Some(declared)) => declared,
+        // At least one extra member.
+        (Some(extra), declared) if some_extra => {
+            let extras = format!("{extra}(?:{separator}{extra})*");
+            match declared {
+                None => extras,
+                Some(declared) if all_optional => format!("(?:{declared}{separator})?{extras}"),
+                Some(declared) => format!("{declared}(?:{separator}{extra})+"),
+            }
+        }
         (Some(extra), declared) => {
             let extras = format!("{extra}(?:{separator}{extra})*");
             match declared {

@@ -3,13 +3,19 @@
 //! Our regexes cover a canonical subset of each branch (schema order, canonical
 //! numbers), so two regexes being disjoint would not prove the schemas are. We prove it
 //! on the schemas instead, for the cases that occur in practice: branches whose JSON
-//! types cannot overlap (`null` vs an object), and tagged unions (object branches with
-//! a required property whose `const`/`enum` values differ). Anything else is left
-//! unsupported.
+//! types cannot overlap (`null` vs an object); a branch listing values (`const`/`enum`)
+//! each of which the other refuses (a value failing its `pattern`, `format`, bounds,
+//! ...: `literal.rs`); string branches whose patterns no string matches both of (their
+//! automata's product is empty); and object branches that a property both require (or
+//! the context requires) tells apart: its schemas are exclusive in turn (tagged unions),
+//! or one branch is closed (`additionalProperties: false`) without it. Anything else is
+//! left to the negation of the other branches (`merge.rs`).
 
 use serde_json::{Map, Value};
 
-use super::{canonical_json, decode_pointer};
+use super::literal::{disjoint, keyword_holds, small_dfa};
+use super::pattern::pattern_regex;
+use super::{decode_pointer, STRING_CHAR};
 
 /// JSON types as a bit set; `integer` values are also `number` values.
 const NULL: u8 = 1;
@@ -21,11 +27,34 @@ const ARRAY: u8 = 32;
 const OBJECT: u8 = 64;
 const ANY: u8 = 127;
 
-/// Whether no value satisfies two of `branches` (resolving local `$ref`s in `root`).
-pub fn branches_exclusive(root: &Value, branches: &[Value]) -> bool {
+/// Deepest nesting of the proof (properties of properties, references).
+const MAX_DEPTH: usize = 8;
+
+/// What the proof reads the schemas with.
+pub struct Context<'a> {
+    /// The root, to resolve local `$ref`s.
+    pub root: &'a Value,
+    /// Whether `format` is asserted (else an annotation).
+    pub assert_formats: bool,
+}
+
+/// Whether no value satisfies two of `branches`, among the values the `oneOf`'s
+/// `siblings` allow (their `type` and `required` are read).
+pub fn branches_exclusive(context: &Context, branches: &[Value], siblings: &Map<String, Value>) -> bool {
+    let required: Vec<&str> = siblings
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let types = match siblings.get("type") {
+        Some(_) => declared_types(siblings),
+        None => ANY,
+    };
     for (i, a) in branches.iter().enumerate() {
         for b in &branches[i + 1..] {
-            if !exclusive(root, a, b) {
+            if !exclusive(context, a, b, types, &required, 0) {
                 return false;
             }
         }
@@ -33,14 +62,134 @@ pub fn branches_exclusive(root: &Value, branches: &[Value]) -> bool {
     true
 }
 
-fn exclusive(root: &Value, a: &Value, b: &Value) -> bool {
+/// `exclusive` among values of the `allowed` types that have the `required` members.
+fn exclusive(context: &Context, a: &Value, b: &Value, allowed: u8, required: &[&str], depth: usize) -> bool {
+    let root = context.root;
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    if a == &Value::Bool(false) || b == &Value::Bool(false) {
+        return true;
+    }
     let (Some(a), Some(b)) = (resolve(root, a, 0), resolve(root, b, 0)) else {
         return false;
     };
-    if types(root, a, 0) & types(root, b, 0) == 0 {
+    let common = types(root, a, 0) & types(root, b, 0) & allowed;
+    if common == 0 {
         return true;
     }
-    tagged_apart(root, a, b)
+    if values_fail(context, a, b, depth) || values_fail(context, b, a, depth) {
+        return true;
+    }
+    if common == STRING && patterns_apart(a, b) {
+        return true;
+    }
+    common == OBJECT && objects_apart(context, a, b, required, depth)
+}
+
+/// `a` lists its values, and `b` refuses each of them.
+fn values_fail(context: &Context, a: &Map<String, Value>, b: &Map<String, Value>, depth: usize) -> bool {
+    let values: Vec<&Value> = match (a.get("const"), a.get("enum")) {
+        (Some(value), _) => vec![value],
+        (None, Some(Value::Array(values))) => values.iter().collect(),
+        _ => return false,
+    };
+    let nullable = a.get("nullable") == Some(&Value::Bool(true));
+    !nullable && values.iter().all(|v| refuses(context, b, v, depth + 1))
+}
+
+/// Whether the schema `map` certainly refuses `value` (`false`: allows it, or we
+/// cannot tell).
+fn refuses(context: &Context, map: &Map<String, Value>, value: &Value, depth: usize) -> bool {
+    let root = context.root;
+    if depth > MAX_DEPTH || (value.is_null() && map.get("nullable") == Some(&Value::Bool(true))) {
+        return false;
+    }
+    if types(root, map, 0) & type_of(value) == 0 {
+        return true;
+    }
+    let refused_by = |schema: &Value| match schema {
+        Value::Bool(b) => !b,
+        _ => resolve(root, schema, 0).is_some_and(|m| refuses(context, m, value, depth + 1)),
+    };
+    for (key, keyword) in map {
+        let refused = match key.as_str() {
+            "allOf" => keyword.as_array().is_some_and(|list| list.iter().any(refused_by)),
+            "anyOf" | "oneOf" => keyword.as_array().is_some_and(|list| list.iter().all(refused_by)),
+            "required" => value.as_object().is_some_and(|members| {
+                keyword
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|n| n.as_str().is_some_and(|n| !members.contains_key(n)))
+            }),
+            "properties" => value.as_object().is_some_and(|members| {
+                members.iter().any(|(name, v)| {
+                    keyword.get(name).is_some_and(|schema| match schema {
+                        Value::Bool(b) => !b,
+                        _ => resolve(root, schema, 0).is_some_and(|m| refuses(context, m, v, depth + 1)),
+                    })
+                })
+            }),
+            _ => keyword_holds(value, key, keyword, context.assert_formats) == Some(false),
+        };
+        if refused {
+            return true;
+        }
+    }
+    false
+}
+
+/// Both take strings only, and no string matches both patterns.
+fn patterns_apart(a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
+    let dfa = |m: &Map<String, Value>| {
+        let pattern = m.get("pattern")?.as_str()?;
+        small_dfa(&pattern_regex(pattern, STRING_CHAR).ok()?)
+    };
+    match (dfa(a), dfa(b)) {
+        (Some(x), Some(y)) => disjoint(&x, &y),
+        _ => false,
+    }
+}
+
+/// Both take objects only, and some property present in every value both could take
+/// (required by either, or by the context) cannot satisfy both.
+fn objects_apart(
+    context: &Context,
+    a: &Map<String, Value>,
+    b: &Map<String, Value>,
+    required: &[&str],
+    depth: usize,
+) -> bool {
+    let listed = |m: &Map<String, Value>| -> Vec<String> {
+        m.get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let mut present: Vec<String> = required.iter().map(|n| n.to_string()).collect();
+    present.extend(listed(a));
+    present.extend(listed(b));
+    present.iter().any(|name| {
+        fn declared<'m>(m: &'m Map<String, Value>, name: &str) -> Option<&'m Value> {
+            m.get("properties").and_then(|p| p.get(name))
+        }
+        // A closed object without the name (or declaring it `false`) cannot have it.
+        let excludes = |m: &Map<String, Value>| match declared(m, name) {
+            Some(schema) => schema == &Value::Bool(false),
+            None => {
+                m.get("additionalProperties") == Some(&Value::Bool(false))
+                    && !m.contains_key("patternProperties")
+            }
+        };
+        if excludes(a) || excludes(b) {
+            return true;
+        }
+        match (declared(a, name), declared(b, name)) {
+            (Some(x), Some(y)) => exclusive(context, x, y, ANY, &[], depth + 1),
+            _ => false,
+        }
+    })
 }
 
 /// Follow `$ref`s (a schema that is only a reference) to an object schema.
@@ -73,6 +222,11 @@ fn types(root: &Value, map: &Map<String, Value>, depth: usize) -> u8 {
         }
         return ANY;
     }
+    declared_types(map)
+}
+
+/// The types `type` (and OpenAPI's `nullable`) allow.
+fn declared_types(map: &Map<String, Value>) -> u8 {
     let named = match map.get("type") {
         Some(Value::String(t)) => type_bits(t),
         Some(Value::Array(list)) => {
@@ -112,43 +266,14 @@ fn type_of(value: &Value) -> u8 {
     }
 }
 
-/// Both are objects only, and some property required by both takes values from
-/// disjoint `const`/`enum` sets in each (a discriminator).
-fn tagged_apart(root: &Value, a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
-    if types(root, a, 0) != OBJECT || types(root, b, 0) != OBJECT {
-        return false;
-    }
-    let required = |m: &Map<String, Value>| -> Vec<String> {
-        m.get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
-            .unwrap_or_default()
-    };
-    let (required_a, required_b) = (required(a), required(b));
-    required_a.iter().filter(|name| required_b.contains(name)).any(|name| {
-        let values = |m: &Map<String, Value>| -> Option<Vec<String>> {
-            let property = resolve(root, m.get("properties")?.get(name)?, 0)?;
-            let listed: Vec<&Value> = match (property.get("const"), property.get("enum")) {
-                (Some(value), _) => vec![value],
-                (None, Some(Value::Array(values))) => values.iter().collect(),
-                _ => return None,
-            };
-            Some(listed.into_iter().map(canonical_json).collect())
-        };
-        match (values(a), values(b)) {
-            (Some(va), Some(vb)) => va.iter().all(|v| !vb.contains(v)),
-            _ => false,
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     fn exclusive_branches(branches: Value) -> bool {
-        branches_exclusive(&json!({}), branches.as_array().unwrap())
+        let context = Context { root: &json!({}), assert_formats: true };
+        branches_exclusive(&context, branches.as_array().unwrap(), &Map::new())
     }
 
     #[test]
@@ -169,6 +294,39 @@ mod tests {
         let optional = json!({"type": "object", "properties": {"kind": {"const": "cow"}}});
         assert!(exclusive_branches(json!([cat, dog])));
         assert!(!exclusive_branches(json!([cat, any_kind])));
-        assert!(!exclusive_branches(json!([cat, optional])));
+        // Present in every value of `cat`, so `optional`'s constraint applies to it.
+        assert!(exclusive_branches(json!([cat, optional])));
+        let optional_cat = json!({"type": "object", "properties": {"kind": {"const": "cat"}}});
+        assert!(!exclusive_branches(json!([optional_cat, optional])), "{{}} satisfies both");
+    }
+
+    #[test]
+    fn by_listed_values_patterns_and_closed_objects() {
+        assert!(exclusive_branches(json!([{"type": "string", "pattern": "^[0-9 x]+$"}, {"enum": ["any"]}])));
+        assert!(!exclusive_branches(
+            json!([{"type": "string", "pattern": "^[0-9a-z]+$"}, {"enum": ["any"]}])
+        ));
+        assert!(exclusive_branches(json!([{"type": "string", "format": "uri"}, {"const": ""}])));
+        assert!(exclusive_branches(
+            json!([{"type": "string", "pattern": "\\.js$"}, {"type": "string", "pattern": "\\.css$"}])
+        ));
+        assert!(!exclusive_branches(json!([{"pattern": "\\.js$"}, {"pattern": "\\.css$"}])), "non-strings");
+        let user = json!({"type": "object", "required": ["login"]});
+        let team = json!({"type": "object", "properties": {"slug": {}}, "additionalProperties": false});
+        assert!(exclusive_branches(json!([user, team])));
+        let open_team = json!({"type": "object", "properties": {"slug": {}}});
+        assert!(!exclusive_branches(json!([user, open_team])));
+        let context = Context { root: &json!({}), assert_formats: false };
+        assert!(!branches_exclusive(
+            &context,
+            &[json!({"format": "uri"}), json!({"const": ""})],
+            &Map::new()
+        ));
+        // Among the values the siblings allow: objects with `kind`.
+        let siblings = json!({"type": "object", "required": ["kind"]});
+        let branches =
+            [json!({"properties": {"kind": {"const": 1}}}), json!({"properties": {"kind": {"const": 2}}})];
+        assert!(branches_exclusive(&context, &branches, siblings.as_object().unwrap()));
+        assert!(!branches_exclusive(&context, &branches, &Map::new()));
     }
 }

@@ -30,6 +30,55 @@ pub fn pattern_regex(pattern: &str, any_char: &str) -> Result<String, String> {
     Ok(format!("{start}(?:{body}){end}"))
 }
 
+/// The fewest and most characters of the strings `pattern` matches (`None` for the
+/// most: unbounded), or `None` if the pattern is not one we translate. A `minLength` /
+/// `maxLength` these bounds already satisfy adds nothing to the pattern.
+pub fn pattern_lengths(pattern: &str) -> Option<(u64, Option<u64>)> {
+    let translated = ecma_to_regex_syntax(pattern).ok()?;
+    let hir = regex_syntax::ParserBuilder::new().nest_limit(128).build().parse(&translated).ok()?;
+    let (hir, anchored_start, anchored_end) = strip_anchors(hir);
+    let (min, max) = char_lengths(&hir)?;
+    // A search: any text may come before and after the match.
+    Some((min, max.filter(|_| anchored_start && anchored_end)))
+}
+
+fn char_lengths(hir: &Hir) -> Option<(u64, Option<u64>)> {
+    Some(match hir.kind() {
+        HirKind::Empty => (0, Some(0)),
+        HirKind::Look(_) => return None,
+        HirKind::Literal(lit) => {
+            let n = std::str::from_utf8(&lit.0).ok()?.chars().count() as u64;
+            (n, Some(n))
+        }
+        HirKind::Class(_) => (1, Some(1)),
+        HirKind::Repetition(rep) => {
+            let (min, max) = char_lengths(&rep.sub)?;
+            let most = match (rep.max, max) {
+                (_, Some(0)) => Some(0),
+                (Some(times), Some(max)) => max.checked_mul(u64::from(times)),
+                _ => None,
+            };
+            (min.saturating_mul(u64::from(rep.min)), most)
+        }
+        HirKind::Capture(cap) => char_lengths(&cap.sub)?,
+        HirKind::Concat(parts) => {
+            let (mut min, mut max) = (0u64, Some(0u64));
+            for part in parts {
+                let (lo, hi) = char_lengths(part)?;
+                min = min.saturating_add(lo);
+                max = max.zip(hi).and_then(|(a, b)| a.checked_add(b));
+            }
+            (min, max)
+        }
+        HirKind::Alternation(parts) => {
+            let bounds = parts.iter().map(char_lengths).collect::<Option<Vec<_>>>()?;
+            let min = bounds.iter().map(|b| b.0).min().unwrap_or(0);
+            let max = bounds.iter().map(|b| b.1).try_fold(0u64, |acc, hi| hi.map(|h| acc.max(h)));
+            (min, max)
+        }
+    })
+}
+
 fn ecma_to_regex_syntax(pattern: &str) -> Result<String, String> {
     let chars: Vec<char> = pattern.chars().collect();
     let mut out = String::new();
@@ -236,6 +285,16 @@ mod tests {
         assert!(matches(r"^\n$", r#""\n""#));
         assert!(matches(r"^[^a]$", r#""\"""#));
         assert!(matches(r"^[\x00-\x1f]$", r#""\u0001""#));
+    }
+
+    #[test]
+    fn lengths_of_patterns() {
+        assert_eq!(pattern_lengths("[^ ]"), Some((1, None)));
+        assert_eq!(pattern_lengths(r"^did:[a-z0-9]+:.+$"), Some((7, None)));
+        assert_eq!(pattern_lengths(r"^(ab|c)[0-9]{2,3}$"), Some((3, Some(5))));
+        assert_eq!(pattern_lengths("^é?$"), Some((0, Some(1))));
+        assert_eq!(pattern_lengths("^$"), Some((0, Some(0))));
+        assert_eq!(pattern_lengths("x|^y"), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::int_range::{integer_range_regex, number_range_regex};
 use super::merge::json_eq;
 use super::names::name_except;
 use super::negate::NOT_ENUM;
-use super::pattern::pattern_regex;
+use super::pattern::{pattern_lengths, pattern_regex};
 use super::{canonical_json, has_type, Translator, ANNOTATIONS, NUMBER, STRING_CHAR};
 use crate::error::Result;
 use crate::recursive::call;
@@ -140,8 +140,13 @@ impl<'a> Translator<'a> {
         }
         if let Some(pattern) = map.get("pattern") {
             let pattern = pattern.as_str().ok_or_else(|| self.invalid(path, "`pattern` must be a string"))?;
-            // Both would need the intersection of two languages.
-            if (self.assert_formats && map.contains_key("format")) || min > 0 || max.is_some() {
+            // Lengths the pattern's strings all have add nothing; other lengths, and a
+            // format, would need the intersection of two languages.
+            let lengths_implied = pattern_lengths(pattern)
+                .is_some_and(|(lo, hi)| lo >= min && max.is_none_or(|m| hi.is_some_and(|h| h <= m)));
+            if (self.assert_formats && map.contains_key("format"))
+                || ((min > 0 || max.is_some()) && !lengths_implied)
+            {
                 self.refuse("pattern next to format/minLength/maxLength", path)?;
             }
             match pattern_regex(pattern, STRING_CHAR) {

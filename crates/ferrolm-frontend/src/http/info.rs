@@ -16,11 +16,16 @@ use crate::ingress::Call;
 use crate::json_body;
 use crate::state::AppState;
 
-/// 200 while the engine serves (the step loop runs in this process: while the process
-/// answers, it does).
+/// 200 while the engine serves; 503 while the server shuts down, and while the step loop
+/// does not come round (its heartbeat is late: a step stuck, or the loop frozen).
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.ingress.is_stopped() {
-        let mut r = json_response(&json!({"status": "unavailable", "reason": "the server is shutting down"}));
+    let reason = if state.ingress.is_stopped() {
+        Some("the server is shutting down".to_string())
+    } else {
+        state.unavailable()
+    };
+    if let Some(reason) = reason {
+        let mut r = json_response(&json!({"status": "unavailable", "reason": reason}));
         *r.status_mut() = axum::http::StatusCode::SERVICE_UNAVAILABLE;
         return r;
     }
@@ -56,12 +61,17 @@ pub async fn get_model_info(State(state): State<Arc<AppState>>) -> Response {
     json_response(&info)
 }
 
+/// Asks the step loop between steps; a 503 at once while it does not come round.
 async fn ask<T>(state: &AppState, call: impl FnOnce(oneshot::Sender<T>) -> Call) -> ApiResult<T> {
+    state.check_available()?;
     let (tx, rx) = oneshot::channel();
     state.ingress.call(call(tx));
-    rx.await.map_err(|_| {
-        ApiError::new(503, "the engine is unavailable: it stopped").with_code("engine_unavailable")
-    })
+    tokio::select! {
+        answer = rx => answer.map_err(|_| {
+            ApiError::new(503, "the engine is unavailable: it stopped").with_code("engine_unavailable")
+        }),
+        stalled = state.until_unavailable() => Err(stalled),
+    }
 }
 
 /// Settings (the API key only as set / not set) and the engine's current load.
@@ -74,7 +84,8 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
             "kv_capacity": l.kv_capacity, "cached_tokens": l.cached_tokens, "evictable_tokens": l.evictable_tokens}),
         Err(_) => Value::Null,
     };
-    json_response(&json!({"version": state.config.version, "settings": state.config.settings, "ready": true,
+    let ready = state.unavailable().is_none();
+    json_response(&json!({"version": state.config.version, "settings": state.config.settings, "ready": ready,
                           "load": load, "model": state.config.model_info, "frontend": "rust"}))
 }
 

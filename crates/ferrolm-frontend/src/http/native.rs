@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::Response;
+use ferrolm_core::engine::Constraint;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -37,19 +38,7 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
         let field = if g.req.text.is_some() { "text" } else { "input_ids" };
         return Err(ApiError::bad_request(format!("{field}: the prompt is empty"), field));
     }
-    for (field, set) in [
-        ("regex", g.sampling.regex.is_some()),
-        ("json_schema", g.sampling.json_schema.is_some()),
-        ("ebnf", g.sampling.ebnf.is_some()),
-    ] {
-        if set {
-            let param = format!("sampling_params.{field}");
-            return Err(ApiError::bad_request(
-                format!("{param}: structured output is not supported by the Rust front end yet (serve with --frontend python)"),
-                param,
-            ));
-        }
-    }
+    let structured = protocol::native_structured(&g.sampling)?;
     let params = protocol::native_params(&g)?;
     let n = g.sampling.n as usize;
     if g.req.stream && n > 1 {
@@ -67,8 +56,9 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
         (None, Some(ids)) => ids,
         (None, None) => unreachable!("checked above"),
     };
+    let grammar = state.grammar(structured.as_ref()).await?;
     let mut gen = Generation::new(state.clone(), n, true);
-    gen.add(&ids, params, n, None, &native_field(from_text)).await?;
+    gen.add(&ids, params, n, grammar.map(Constraint::Grammar), &native_field(from_text)).await?;
     let rid = g.req.rid.unwrap_or_else(|| format!("gen-{}", gen.rids[0]));
     let with_logprobs = g.req.return_logprob;
     let mut tracked = Tracked::new(&state, rid.clone(), gen);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::Response;
+use ferrolm_core::engine::Constraint;
 use serde_json::{json, Value};
 
 use crate::errors::{ApiError, ApiResult};
@@ -43,16 +44,18 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
     if fields.best_of.is_some_and(|b| b != sampling.n) {
         return Err(ApiError::bad_request("best_of: not supported yet (other than equal to n)", "best_of"));
     }
-    reject_structured(&sampling)?;
+    let structured = protocol::openai_structured(&sampling)?;
     let with_logprobs = fields.logprobs.is_some();
     let max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let params = protocol::openai_params(&sampling, max_tokens, with_logprobs, fields.logprobs.unwrap_or(0))?;
     state.check_max_tokens(max_tokens, "max_tokens")?;
     let prompts = prompts_of(&state, fields.prompt).await?;
+    let grammar = state.grammar(structured.as_ref()).await?;
     let n = sampling.n as usize;
     let mut gen = Generation::new(state.clone(), prompts.len() * n, !sampling.stream);
     for ids in &prompts {
-        gen.add(ids, params.clone(), n, None, &completion_field).await?;
+        let constraint = grammar.clone().map(Constraint::Grammar);
+        gen.add(ids, params.clone(), n, constraint, &completion_field).await?;
     }
     let id = public_id("cmpl");
     let created = unix_now();
@@ -95,61 +98,6 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
     let usage = tracked.gen.usage();
     Ok(json_response(&json!({"id": id, "object": "text_completion", "created": created,
         "model": state.config.model_name, "choices": choices, "usage": usage})))
-}
-
-/// Structured output is not built into this front end yet: refused naming the field,
-/// never ignored (a client must not get unconstrained text by surprise). The fields are
-/// checked first as the Python front end checks them (`structured_output.py`): at most
-/// one constraint, a `json_schema` response format with a schema.
-fn reject_structured(s: &protocol::OpenAISampling) -> ApiResult<()> {
-    let mut asked: Vec<&str> = Vec::new();
-    for (field, set) in [
-        ("regex", s.regex.is_some()),
-        ("json_schema", s.json_schema.is_some()),
-        ("ebnf", s.ebnf.is_some()),
-        ("guided_json", s.guided_json.is_some()),
-        ("guided_regex", s.guided_regex.is_some()),
-        ("guided_choice", s.guided_choice.is_some()),
-    ] {
-        if set {
-            asked.push(field);
-        }
-    }
-    if let Some(rf) = &s.response_format {
-        match rf.get("type").and_then(Value::as_str) {
-            Some("json_object") => asked.push("response_format"),
-            Some("json_schema") => {
-                let spec = rf.get("json_schema");
-                if !spec.and_then(|j| j.get("schema")).is_some_and(Value::is_object) {
-                    return Err(ApiError::bad_request(
-                        "response_format.json_schema.schema: a JSON Schema object is required",
-                        "response_format.json_schema.schema",
-                    ));
-                }
-                if spec.and_then(|j| j.get("strict")).is_some_and(|v| !v.is_null() && !v.is_boolean()) {
-                    return Err(ApiError::bad_request(
-                        "response_format.json_schema.strict: must be a boolean",
-                        "response_format.json_schema.strict",
-                    ));
-                }
-                asked.push("response_format");
-            }
-            _ => {}
-        }
-    }
-    if asked.len() > 1 {
-        return Err(ApiError::bad_request(
-            format!("{}: only one of {} may be given", asked[1], asked.join(", ")),
-            asked[1],
-        ));
-    }
-    if let Some(field) = asked.first() {
-        return Err(ApiError::bad_request(
-            format!("{field}: structured output is not supported by the Rust front end yet (serve with --frontend python)"),
-            *field,
-        ));
-    }
-    Ok(())
 }
 
 async fn prompts_of(state: &Arc<AppState>, prompt: Prompt) -> ApiResult<Vec<Vec<u32>>> {
@@ -219,7 +167,7 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
         return Err(ApiError::bad_request("top_logprobs: requires logprobs to be true", "top_logprobs"));
     }
-    reject_structured(&sampling)?;
+    let structured = protocol::openai_structured(&sampling)?;
     let (max_tokens_field, max_tokens) = match (fields.max_completion_tokens, sampling.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", Some(m)),
         (None, m) => ("max_tokens", m),
@@ -242,6 +190,7 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
         })
         .collect();
     let ids = state.chat_prompt(messages).await?;
+    let grammar = state.grammar(structured.as_ref()).await?;
     let context = state.config.context_length as u64;
     let max_tokens = match max_tokens {
         Some(m) => m,
@@ -260,7 +209,7 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
         protocol::openai_params(&sampling, max_tokens, fields.logprobs, fields.top_logprobs.unwrap_or(0))?;
     let n = sampling.n as usize;
     let mut gen = Generation::new(state.clone(), n, !sampling.stream);
-    gen.add(&ids, params, n, None, &chat_field(max_tokens_field)).await?;
+    gen.add(&ids, params, n, grammar.map(Constraint::Grammar), &chat_field(max_tokens_field)).await?;
     let id = public_id("chatcmpl");
     let created = unix_now();
     let tracked = Tracked::new(&state, id.clone(), gen);

@@ -1,0 +1,173 @@
+"""The Rust front end's health, driven in-process: its port answering 503 while the model
+loads (``_core.FrontendLoading``), and its engine-heartbeat watch
+(``--engine-heartbeat-timeout``): a real ``Engine("tiny")`` behind a real
+``_core.Frontend`` with the step loop on a thread, one of whose steps is held on purpose
+(as a forward that hangs would hold it). The front end and the loop share one process, so
+the Python front end's tests (which freeze the engine process with SIGSTOP) cannot stand
+in for these."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from ferrolm import _core
+from ferrolm.errors import InvalidInputError
+from ferrolm.server.args import ServerArgs
+from ferrolm.server.rust_frontend import StepLoop, build_engine, start_frontend
+from ferrolm.server.testing import wait_until
+
+HEARTBEAT_S = 2.0
+LONG = {"prompt": "a long one", "max_tokens": 3000, "ignore_eos": True}
+
+
+class HeldLoop(StepLoop):
+    """A step loop whose next step, once ``hold`` is set, waits for ``release``."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def step(self) -> None:
+        if self.hold.is_set():
+            self.held.set()
+            self.release.wait()
+            self.hold.clear()
+        super().step()
+
+
+def server_args(**kw: Any) -> ServerArgs:
+    # FERROLM_TEST_RUNNER=torch: on the torch runner, as running_server's servers
+    args = ServerArgs(port=0, max_total_tokens=8192, **kw)
+    runner = os.environ.get("FERROLM_TEST_RUNNER")
+    if runner:
+        args.runner, args.device = runner, "cpu"
+    return args
+
+
+def test_the_port_answers_503_while_the_model_loads_then_serves() -> None:
+    args = server_args()
+    loading = _core.FrontendLoading(args.host, 0)
+    url = f"http://127.0.0.1:{loading.port}"
+    try:
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert health.status_code == 503, health.text
+        assert health.json() == {"status": "unavailable", "reason": "the engine is starting"}
+        early = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+        assert early.status_code == 503 and early.json()["error"]["type"] == "service_unavailable_error", early.text
+        engine = build_engine(args)
+        frontend = start_frontend(engine, args, loading)  # takes the port over
+    finally:
+        loading.stop()
+    assert frontend.port == loading.port
+    loop = StepLoop(engine, frontend)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        loop.stopping.set()
+        thread.join(timeout=30)
+        frontend.stop(5.0)
+    with pytest.raises(InvalidInputError, match="loading"):  # a port is handed over once
+        start_frontend(engine, args, loading)
+
+
+def test_a_loading_port_that_is_stopped_is_free_again() -> None:
+    loading = _core.FrontendLoading("127.0.0.1", 0)
+    port = loading.port
+    loading.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    again = _core.FrontendLoading("127.0.0.1", port)  # bindable: nothing holds it
+    assert again.port == port
+    again.stop()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[HeldLoop, str]]:
+    args = server_args(engine_heartbeat_timeout=HEARTBEAT_S)
+    engine = build_engine(args)
+    frontend = start_frontend(engine, args)
+    loop = HeldLoop(engine, frontend)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        yield loop, f"http://127.0.0.1:{frontend.port}"
+    finally:
+        loop.release.set()
+        loop.stopping.set()
+        thread.join(timeout=30)
+        frontend.stop(5.0)
+
+
+def load(url: str) -> Any:
+    return httpx.get(f"{url}/server_info", timeout=30).json()["load"]
+
+
+def test_a_held_step_loop_is_503_until_it_comes_round_again(served: tuple[HeldLoop, str]) -> None:
+    loop, url = served
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    out: dict[str, Any] = {}
+    events: list[str] = []
+
+    def plain() -> None:
+        out["plain"] = httpx.post(f"{url}/v1/completions", json=LONG, timeout=120)
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}, timeout=120) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: load(url)["running"] == 2 and len(events) > 2, timeout=60)
+    loop.hold.set()
+    assert loop.held.wait(timeout=60)
+    try:
+        # the heartbeat is missed: unhealthy, and what waited on the loop is answered
+        wait_until(lambda: httpx.get(f"{url}/health", timeout=10).status_code == 503, timeout=60)
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        assert health["status"] == "unavailable" and "not answered" in health["reason"], health
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "requests must not hang on a held loop"
+        assert out["plain"].status_code == 503, out["plain"].text
+        assert out["plain"].json()["error"]["type"] == "service_unavailable_error"
+        assert events[-1] == "data: [DONE]", events[-3:]
+        errors = [json.loads(e[6:])["error"] for e in events[:-1] if "error" in json.loads(e[6:])]
+        assert len(errors) == 1 and errors[0]["type"] == "service_unavailable_error", errors
+        # new requests are refused while it is held, not queued behind it; calls answer too
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["type"] == "service_unavailable_error"
+        info = httpx.get(f"{url}/server_info", timeout=30).json()
+        assert info["load"] is None and info["ready"] is False, info
+    finally:
+        loop.release.set()
+    # it comes round again: healthy, serving, and the failed requests were aborted there
+    wait_until(lambda: httpx.get(f"{url}/health", timeout=10).status_code == 200, timeout=60)
+    again = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+    assert again.status_code == 200, again.text
+    wait_until(lambda: load(url)["running"] == 0 and load(url)["waiting"] == 0, timeout=60)
+    after = load(url)
+    assert after["kv_used"] == after["cached_tokens"], after
+
+
+def test_an_idle_loop_is_not_taken_for_a_stuck_one(served: tuple[HeldLoop, str]) -> None:
+    # idle, the loop blocks in wait: that is no missed heartbeat, however long it lasts
+    _, url = served
+    threading.Event().wait(HEARTBEAT_S * 2)
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text
