@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import types
 from typing import Any
 
@@ -224,3 +225,23 @@ def test_the_adapter_hands_back_receipts_and_frees(monkeypatch: pytest.MonkeyPat
     assert tree.total_size() == 0
     with pytest.raises(ValueError, match="no eviction policy"):
         tree_peer.SGLangTree(fake_sglang(), eviction_policy="random")  # type: ignore[arg-type]
+
+
+def test_the_whole_bench_prints_and_records_the_peer(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path) -> None:
+    pytest.importorskip("torch", reason="the adapter hands SGLang's binding torch tensors")
+    monkeypatch.setattr(tree_peer, "load", lambda: (fake_sglang(), "0.0-fake"))
+    parser = argparse.ArgumentParser()
+    bench_tree.add_parser(parser.add_subparsers())
+    out_json = tmp_path / "tree.json"
+    a = parser.parse_args(["tree", "--conversations", "30", "--seed", "5", "--capacity", "30000",
+                           "--json", str(out_json)])
+    assert a.func(a) == 0
+    out = capsys.readouterr().out
+    assert "peer: sglang 0.0-fake's Rust tree core" in out
+    for op in ("match_prefix", "insert", "evict", "lock+unlock", "request cycle"):
+        assert any(line.startswith(op) and "(sglang / rust)" in line for line in out.splitlines()), op
+    assert "sglang's match returns no KV indices" in out
+    report = json.loads(out_json.read_text())
+    assert report["ops"]["match_prefix"]["sglang"]["n"] > 0
+    assert report["peer_match_and_indices_p50_us"] > 0
+    assert any(row.get("match_prefix sglang p50_us") for row in report["by_prompt_length"])
