@@ -414,3 +414,46 @@ def test_the_tiny_models_template_matches(tiny: Any) -> None:
 def test_a_template_that_does_not_compile_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="does not compile"):
         _core.render_chat_template("{% for x in %}", "[]")
+
+
+TOOLS_FOR_TEMPLATE: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast, à la carte", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "maximum": 14},
+                                         "ratio": {"type": "number", "default": 0.5}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}},
+]
+TOOL_CHAT: list[Any] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "call_1", "function": {"name": "get_weather",
+                                                          "arguments": {"city": "Zürich", "days": 2, "ratio": 1.5}}},
+        {"type": "function", "id": "call_2", "function": {"name": "ping", "arguments": {}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 °C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "pong"},
+    {"role": "assistant", "content": "Sunny.", "reasoning_content": "it said so"},
+    {"role": "user", "content": "Thanks"},
+]
+# a Llama-3-style template that prints the tools and calls in its own words (written for this test)
+TOOLS_IN_USER_TURN = """{{ bos_token }}{% for m in messages %}
+{% if m.role == 'user' and loop.last and tools is defined %}
+{{ 'Functions: ' }}{% for t in tools %}{{ t.function.name }}={{ t | tojson(indent=2) }};{% endfor %}
+{% endif %}
+{% if m.tool_calls %}{% for c in m.tool_calls %}[{{ c.id }}] {{ c.function.name }}({{ c.function.arguments | tojson }})
+{% endfor %}{% elif m.role == 'tool' %}<{{ m.tool_call_id }}>{{ m.content }}
+{% else %}{{ m.role }}: {{ m.content }}{{ ' (' + m.reasoning_content + ')' if m.reasoning_content }}
+{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"""
+
+
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_templates_render_tools_and_calls_as_jinja2(tiny: Any, with_tools: bool) -> None:
+    tok = tiny.tokenizer
+    tools = TOOLS_FOR_TEMPLATE if with_tools else None
+    variables = {"tools": tools} if tools else {}
+    for template in (tok.chat_template, TOOLS_IN_USER_TURN):
+        expected = Tokenizer(tok.hf, bos_token=tok.bos_token, eos_token=tok.eos_token,
+                             chat_template=template).apply_chat_template(TOOL_CHAT, **variables)
+        got = _core.render_chat_template(template, json.dumps(TOOL_CHAT), bos_token=tok.bos_token,
+                                         eos_token=tok.eos_token, tools_json=json.dumps(tools) if tools else None)
+        assert got == expected
