@@ -100,7 +100,9 @@ impl GrammarSource {
             GrammarSource::AfterTrigger { trigger, then, optional } => {
                 Grammar::after_trigger_with(trigger, &*then.compile_in_scope(vocab)?, *optional)
             }
-            GrammarSource::Tags { body, tags } => Grammar::tag_sequence(&*body.compile_in_scope(vocab)?, tags),
+            GrammarSource::Tags { body, tags } => {
+                Grammar::tag_sequence(&*body.compile_in_scope(vocab)?, tags)
+            }
             GrammarSource::Either { first, second } => {
                 let first = first.compile_in_scope(vocab.clone())?;
                 Grammar::either(&first, &*second.compile_in_scope(vocab)?)
@@ -274,13 +276,24 @@ mod tests {
     #[test]
     fn assembled_sources_compile_as_their_grammar_calls_do() {
         let tokens: Vec<Vec<u8>> = (0u8..128).map(|b| vec![b]).chain([b"<eos>".to_vec()]).collect();
-        let cache = GrammarCache::new(Arc::new(Vocabulary::new(tokens, &[], &[128]).unwrap()), 8, Duration::from_secs(60));
+        let cache = GrammarCache::new(
+            Arc::new(Vocabulary::new(tokens, &[], &[128]).unwrap()),
+            8,
+            Duration::from_secs(60),
+        );
         let body = Box::new(GrammarSource::Regex("[0-9]+".into()));
-        let tags = TagSequence { begin: "<c>".into(), end: "</c>".into(), separator: ",".into(), repeated: true, begun: "<c".into() };
+        let tags = TagSequence {
+            begin: "<c>".into(),
+            end: "</c>".into(),
+            separator: ",".into(),
+            repeated: true,
+            begun: "<c".into(),
+        };
         let tagged = GrammarSource::Tags { body: body.clone(), tags };
         let answer = Box::new(GrammarSource::Regex("x[a-z]".into()));
         let either = GrammarSource::Either { first: answer, second: Box::new(tagged.clone()) };
-        let source = GrammarSource::AfterTrigger { trigger: "!".into(), then: Box::new(either), optional: true };
+        let source =
+            GrammarSource::AfterTrigger { trigger: "!".into(), then: Box::new(either), optional: true };
         let accepts = |source: &GrammarSource, text: &str| {
             let mut m = crate::Matcher::new(cache.get_or_compile(source).unwrap());
             m.accept_bytes(text.as_bytes()) && m.can_end()
@@ -290,8 +303,11 @@ mod tests {
         assert!(accepts(&source, "free text!>1</c>"));
         assert!(accepts(&source, "free text!xy"));
         assert!(accepts(&source, "no trigger")); // optional: the output may end before it
-        // an answer that may begin as the calls do cannot be told apart
-        let clash = GrammarSource::Either { first: Box::new(GrammarSource::Regex(">[a-z]".into())), second: Box::new(tagged) };
+                                                 // an answer that may begin as the calls do cannot be told apart
+        let clash = GrammarSource::Either {
+            first: Box::new(GrammarSource::Regex(">[a-z]".into())),
+            second: Box::new(tagged),
+        };
         assert!(cache.get_or_compile(&clash).is_err());
         assert_eq!(source.kind(), "after_trigger");
     }

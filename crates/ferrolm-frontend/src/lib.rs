@@ -92,8 +92,11 @@ impl Frontend {
         let started_at = http::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
         let grammar_threads = config.grammar_threads;
-        let tools =
-            tools::ServerTools::new(&config.settings, template.as_ref().map(|t| t.source()), grammars.vocab());
+        let tools = tools::ServerTools::new(
+            &config.settings,
+            template.as_ref().map(|t| t.source()),
+            grammars.vocab(),
+        );
         let state = Arc::new(AppState {
             tools,
             config,

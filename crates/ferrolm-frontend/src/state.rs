@@ -162,7 +162,11 @@ impl AppState {
 
     /// Chat messages rendered with the template (and the request's `tools`), on the
     /// tokenizer pool; the prompt's text.
-    pub async fn chat_text(self: &Arc<Self>, messages: Vec<Message>, tools: Option<Value>) -> ApiResult<String> {
+    pub async fn chat_text(
+        self: &Arc<Self>,
+        messages: Vec<Message>,
+        tools: Option<Value>,
+    ) -> ApiResult<String> {
         let Some(template) = self.template.clone() else {
             return Err(ApiError::bad_request(
                 "messages: this model has no chat template (tokenizer_config.json 'chat_template')",
@@ -202,15 +206,18 @@ impl AppState {
         if let Some(answer) = &c.answer {
             seconds += compile(answer.clone()).await?.1;
             let either = Structured { source: c.alternatives(), field: answer.field.clone() };
-            seconds += compile(either).await.map_err(|mut e| {
-                if e.status == 400 {
-                    e.message = format!(
-                        "{}: cannot be told apart from the tool calls by its first character ({})",
-                        answer.field, e.message
-                    );
-                }
-                e
-            })?.1;
+            seconds += compile(either)
+                .await
+                .map_err(|mut e| {
+                    if e.status == 400 {
+                        e.message = format!(
+                            "{}: cannot be told apart from the tool calls by its first character ({})",
+                            answer.field, e.message
+                        );
+                    }
+                    e
+                })?
+                .1;
         }
         let (grammar, t) = compile(Structured { source: c.source(), field: c.body.field.clone() }).await?;
         self.histograms.lock().unwrap().observe_grammar(seconds + t);

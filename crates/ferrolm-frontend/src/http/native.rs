@@ -148,7 +148,9 @@ async fn plan_of(
     }
     let prompt = match (&req.text, &req.input_ids) {
         (Some(text), _) => text.clone(),
-        (None, Some(ids)) => state.tokenizer.decode(ids).map_err(|m| ApiError::bad_request(m, "input_ids"))?,
+        (None, Some(ids)) => {
+            state.tokenizer.decode(ids).map_err(|m| ApiError::bad_request(m, "input_ids"))?
+        }
         (None, None) => String::new(),
     };
     let plan = tools::plan_chat(

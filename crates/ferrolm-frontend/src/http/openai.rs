@@ -9,13 +9,13 @@ use axum::response::Response;
 use ferrolm_core::engine::Constraint;
 use serde_json::{json, Value};
 
+use crate::egress::SampleUpdate;
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::{error_of, finish_reason, Generation, Sample};
 use crate::http::sse::{self, json_str, DONE};
 use crate::http::{json_response, public_id, unix_now, Tracked};
 use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Prompt};
 use crate::state::AppState;
-use crate::egress::SampleUpdate;
 use crate::tokenizer::Message;
 use crate::tools::output as tools_output;
 use crate::tools::plan::PlanInput;
@@ -290,7 +290,8 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
             } else {
                 Value::Null
             };
-            let (message, finish) = tools_output::message(&plan, &s.text, s.finished.as_ref().map(finish_reason));
+            let (message, finish) =
+                tools_output::message(&plan, &s.text, s.finished.as_ref().map(finish_reason));
             json!({"index": s.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         })
         .collect();
@@ -427,9 +428,8 @@ impl ChunkStream {
         let mut deltas = Vec::new();
         let mut logprobs = None;
         if !u.token_ids.is_empty() || !u.text.is_empty() {
-            logprobs = self
-                .with_logprobs
-                .then(|| chat_logprobs(state, &u.token_ids, &u.logprobs, &u.top_logprobs));
+            logprobs =
+                self.with_logprobs.then(|| chat_logprobs(state, &u.token_ids, &u.logprobs, &u.top_logprobs));
             let parser = &mut self.parsers[index];
             let mut pieces = parser.feed(&u.text);
             if u.finished.is_some() {

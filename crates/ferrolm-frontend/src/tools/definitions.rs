@@ -58,7 +58,8 @@ fn bad(message: String, field: &str) -> ApiError {
 }
 
 fn is_function_name(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Python's `repr` of a string, for messages.
@@ -78,7 +79,10 @@ pub fn parse_tools(raw: Option<&Value>) -> ApiResult<Vec<FunctionTool>> {
     for (i, entry) in entries.iter().enumerate() {
         let field = format!("tools.{i}");
         if entry.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(bad(format!("{field}.type: only \"function\" tools are supported"), &format!("{field}.type")));
+            return Err(bad(
+                format!("{field}.type: only \"function\" tools are supported"),
+                &format!("{field}.type"),
+            ));
         }
         let Some(function) = entry.get("function").and_then(Value::as_object) else {
             let f = format!("{field}.function");
@@ -160,7 +164,10 @@ pub fn parse_tool_choice(raw: Option<&Value>, tools: &[FunctionTool]) -> ApiResu
             "required" => ChoiceMode::Required,
             _ => {
                 return Err(bad(
-                    format!("tool_choice: {} is not one of none, auto, required or a named function", repr(s)),
+                    format!(
+                        "tool_choice: {} is not one of none, auto, required or a named function",
+                        repr(s)
+                    ),
                     "tool_choice",
                 ))
             }
@@ -181,7 +188,10 @@ pub fn parse_tool_choice(raw: Option<&Value>, tools: &[FunctionTool]) -> ApiResu
         ));
     };
     if !tools.iter().any(|t| t.name == name) {
-        return Err(bad(format!("tool_choice: function {} is not among the tools", repr(name)), "tool_choice"));
+        return Err(bad(
+            format!("tool_choice: function {} is not among the tools", repr(name)),
+            "tool_choice",
+        ));
     }
     Ok(ToolChoice { mode: ChoiceMode::Required, function: Some(name.to_string()) })
 }
@@ -210,7 +220,8 @@ pub fn call_object_schema(tools: &[&FunctionTool], arguments_key: &str) -> Value
             call_branch(t, arguments_key, &pointer)
         })
         .collect();
-    let schema = if many { json!({ "anyOf": branches }) } else { branches.into_iter().next().expect("a tool") };
+    let schema =
+        if many { json!({ "anyOf": branches }) } else { branches.into_iter().next().expect("a tool") };
     with_lifted_dialect(schema, tools)
 }
 
@@ -226,7 +237,8 @@ pub fn call_array_schema(tools: &[&FunctionTool], arguments_key: &str, parallel:
             call_branch(t, arguments_key, &format!("{prefix}/properties/{arguments_key}"))
         })
         .collect();
-    let items = if many { json!({ "anyOf": branches }) } else { branches.into_iter().next().expect("a tool") };
+    let items =
+        if many { json!({ "anyOf": branches }) } else { branches.into_iter().next().expect("a tool") };
     let mut schema = Map::new();
     schema.insert("type".into(), "array".into());
     schema.insert("items".into(), items);
@@ -340,7 +352,13 @@ fn check_keys(obj: &Map<String, Value>, known: &[&str], prefix: &str) -> ApiResu
     Ok(())
 }
 
-fn optional_kind(obj: &Map<String, Value>, key: &str, prefix: &str, ok: fn(&Value) -> bool, what: &str) -> ApiResult<()> {
+fn optional_kind(
+    obj: &Map<String, Value>,
+    key: &str,
+    prefix: &str,
+    ok: fn(&Value) -> bool,
+    what: &str,
+) -> ApiResult<()> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(()),
         Some(v) if ok(v) => Ok(()),
@@ -462,16 +480,23 @@ mod tests {
     #[test]
     fn tools_and_choices_are_checked_naming_the_field() {
         assert_eq!(err(parse_tools(Some(&json!([])))), "tools");
-        assert_eq!(err(parse_tools(Some(&json!([{"type": "function", "function": {"name": "a b"}}])))), "tools.0.function.name");
+        assert_eq!(
+            err(parse_tools(Some(&json!([{"type": "function", "function": {"name": "a b"}}])))),
+            "tools.0.function.name"
+        );
         let ping = json!({"type": "function", "function": {"name": "ping"}});
         assert_eq!(err(parse_tools(Some(&json!([ping, ping])))), "tools.1.function.name");
         let t = tools(json!([ping]));
         assert_eq!(t[0].parameters, no_parameters());
         assert_eq!(err(parse_tool_choice(Some(&json!("required")), &[])), "tool_choice");
-        assert_eq!(err(parse_tool_choice(Some(&json!({"type": "function", "function": {"name": "x"}})), &t)), "tool_choice");
+        assert_eq!(
+            err(parse_tool_choice(Some(&json!({"type": "function", "function": {"name": "x"}})), &t)),
+            "tool_choice"
+        );
         assert_eq!(parse_tool_choice(None, &t).unwrap().mode, ChoiceMode::Auto);
         assert_eq!(parse_tool_choice(None, &[]).unwrap().mode, ChoiceMode::None);
-        let named = parse_tool_choice(Some(&json!({"type": "function", "function": {"name": "ping"}})), &t).unwrap();
+        let named =
+            parse_tool_choice(Some(&json!({"type": "function", "function": {"name": "ping"}})), &t).unwrap();
         assert_eq!((named.mode, named.function.as_deref()), (ChoiceMode::Required, Some("ping")));
     }
 
@@ -479,11 +504,17 @@ mod tests {
     fn shapes_name_the_field() {
         let body = |v: Value| check_tool_shapes(v.as_object().unwrap(), "").unwrap_err().param.unwrap();
         assert_eq!(body(json!({"tools": [{"type": "function"}]})), "tools.0.function");
-        assert_eq!(body(json!({"tools": [{"type": "function", "function": {"name": "a", "x": 1}}]})), "tools.0.function.x");
+        assert_eq!(
+            body(json!({"tools": [{"type": "function", "function": {"name": "a", "x": 1}}]})),
+            "tools.0.function.x"
+        );
         assert_eq!(body(json!({"tool_choice": "sometimes"})), "tool_choice");
         assert_eq!(body(json!({"parallel_tool_calls": "yes"})), "parallel_tool_calls");
         let m = json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}, "extra": 1}]});
-        assert_eq!(check_message_calls(m.as_object().unwrap(), 0).unwrap_err().param.unwrap(), "messages.0.tool_calls.0.extra");
+        assert_eq!(
+            check_message_calls(m.as_object().unwrap(), 0).unwrap_err().param.unwrap(),
+            "messages.0.tool_calls.0.extra"
+        );
     }
 
     #[test]

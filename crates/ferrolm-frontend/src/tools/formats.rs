@@ -115,7 +115,8 @@ impl ToolCallFormat {
 
     /// A parser of one output; `primed`: the prompt ended with the opening.
     pub fn stream(self, sink: Sink, primed: bool) -> ToolStream {
-        let call = (primed && self == ToolCallFormat::Hermes).then(|| CallScanner::new(self.arguments_keys()));
+        let call =
+            (primed && self == ToolCallFormat::Hermes).then(|| CallScanner::new(self.arguments_keys()));
         let state = match self {
             ToolCallFormat::Hermes => State::Text,
             ToolCallFormat::Llama3Json => State::Start,
@@ -126,7 +127,8 @@ impl ToolCallFormat {
     }
 }
 
-pub const FORMATS: &[ToolCallFormat] = &[ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, ToolCallFormat::Mistral];
+pub const FORMATS: &[ToolCallFormat] =
+    &[ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, ToolCallFormat::Mistral];
 
 fn by_name(name: &str) -> Option<ToolCallFormat> {
     let name = match name {
@@ -204,7 +206,9 @@ impl ToolStream {
             }
             (ToolCallFormat::Hermes, None) => self.sink.content(&buf),
             (ToolCallFormat::Llama3Json, None) => {
-                if matches!(self.state, State::Text | State::Start) || !buf.trim_matches(|c| WS.contains(&c) || c == ';').is_empty() {
+                if matches!(self.state, State::Text | State::Start)
+                    || !buf.trim_matches(|c| WS.contains(&c) || c == ';').is_empty()
+                {
                     self.sink.content(&buf);
                 }
             }

@@ -45,7 +45,10 @@ impl ServerTools {
         ServerTools {
             tool_format: formats::tool_call_format(&setting("tool_call_parser"), chat_template),
             reasoning: reasoning::reasoning_format(&setting("reasoning_parser"), chat_template),
-            constrain: !settings.get("disable_tool_call_constraint").and_then(Value::as_bool).unwrap_or(false),
+            constrain: !settings
+                .get("disable_tool_call_constraint")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             special_tokens: special_token_texts(vocab),
         }
     }

@@ -80,13 +80,23 @@ impl Sink {
         }
         let index = self.num_calls;
         self.num_calls += 1;
-        self.pieces.push(Piece { kind: PieceKind::Call, text: name.to_string(), index, call_id: new_call_id() });
+        self.pieces.push(Piece {
+            kind: PieceKind::Call,
+            text: name.to_string(),
+            index,
+            call_id: new_call_id(),
+        });
         Some(index)
     }
 
     pub fn arguments(&mut self, index: Option<usize>, text: &str) {
         if let (Some(index), false) = (index, text.is_empty()) {
-            self.pieces.push(Piece { kind: PieceKind::Arguments, text: text.to_string(), index, call_id: String::new() });
+            self.pieces.push(Piece {
+                kind: PieceKind::Arguments,
+                text: text.to_string(),
+                index,
+                call_id: String::new(),
+            });
         }
     }
 
@@ -122,7 +132,9 @@ impl MessageBuilder {
             match p.kind {
                 PieceKind::Reasoning => self.reasoning.push_str(&p.text),
                 PieceKind::Content => self.content.push_str(&p.text),
-                PieceKind::Call => self.calls.push(ToolCall { id: p.call_id, name: p.text, arguments: String::new() }),
+                PieceKind::Call => {
+                    self.calls.push(ToolCall { id: p.call_id, name: p.text, arguments: String::new() })
+                }
                 PieceKind::Arguments => self.calls[p.index].arguments.push_str(&p.text),
             }
         }
@@ -220,7 +232,13 @@ impl ChatOutputParser {
         let thinking = reasoning.map(|r| r.stream(prompt));
         let tools = tool_format.map(|f| f.stream(Sink::new(parallel), primed));
         let trim = thinking.is_some() || tools.is_some();
-        ChatOutputParser { thinking, tools, trim, reasoning_text: Trimmed::default(), content_text: Trimmed::default() }
+        ChatOutputParser {
+            thinking,
+            tools,
+            trim,
+            reasoning_text: Trimmed::default(),
+            content_text: Trimmed::default(),
+        }
     }
 
     pub fn feed(&mut self, text: &str) -> Vec<Piece> {
@@ -318,7 +336,11 @@ pub fn final_reason(finish_reason: &'static str, has_calls: bool) -> &'static st
 }
 
 /// The assistant message of one output, and its finish reason.
-pub fn message(plan: &super::ChatPlan, text: &str, finish_reason: Option<&'static str>) -> (Value, Option<&'static str>) {
+pub fn message(
+    plan: &super::ChatPlan,
+    text: &str,
+    finish_reason: Option<&'static str>,
+) -> (Value, Option<&'static str>) {
     if !plan.parses() {
         return (json!({"role": "assistant", "content": text}), finish_reason);
     }

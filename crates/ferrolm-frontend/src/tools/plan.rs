@@ -42,13 +42,22 @@ pub struct PlannedConstraint {
 
 impl PlannedConstraint {
     fn plain(body: Structured) -> Self {
-        PlannedConstraint { body, parts: Vec::new(), tags: None, answer: None, triggers: Vec::new(), optional: false }
+        PlannedConstraint {
+            body,
+            parts: Vec::new(),
+            tags: None,
+            answer: None,
+            triggers: Vec::new(),
+            optional: false,
+        }
     }
 
     /// The calls between their tags (without the answer or the triggers).
     pub fn tagged(&self) -> GrammarSource {
         match &self.tags {
-            Some(tags) => GrammarSource::Tags { body: Box::new(self.body.source.clone()), tags: tags.clone() },
+            Some(tags) => {
+                GrammarSource::Tags { body: Box::new(self.body.source.clone()), tags: tags.clone() }
+            }
             None => self.body.source.clone(),
         }
     }
@@ -56,7 +65,9 @@ impl PlannedConstraint {
     /// The answer or the calls (without the triggers).
     pub fn alternatives(&self) -> GrammarSource {
         match &self.answer {
-            Some(a) => GrammarSource::Either { first: Box::new(a.source.clone()), second: Box::new(self.tagged()) },
+            Some(a) => {
+                GrammarSource::Either { first: Box::new(a.source.clone()), second: Box::new(self.tagged()) }
+            }
             None => self.tagged(),
         }
     }
@@ -98,7 +109,13 @@ impl ChatPlan {
     }
 
     pub fn output_parser(&self) -> ChatOutputParser {
-        ChatOutputParser::new(self.tool_format, self.primed, self.parallel, self.reasoning.as_ref(), &self.prompt)
+        ChatOutputParser::new(
+            self.tool_format,
+            self.primed,
+            self.parallel,
+            self.reasoning.as_ref(),
+            &self.prompt,
+        )
     }
 }
 
@@ -156,19 +173,20 @@ pub fn plan_chat(prompt: String, p: PlanInput<'_>) -> ApiResult<ChatPlan> {
     }
     plan.tool_format = Some(format);
     let allowed = callable_tools(p.tools, p.choice);
-    let calls = |tags: Option<TagSequence>, triggers: Vec<String>, optional: bool, answer: Option<Structured>| {
-        PlannedConstraint {
-            body: Structured {
-                source: schema_source(&format.body_schema(&allowed, p.parallel), all_strict(&allowed)),
-                field: "tools".into(),
-            },
-            parts: schema_parts(&allowed),
-            tags,
-            answer,
-            triggers,
-            optional,
-        }
-    };
+    let calls =
+        |tags: Option<TagSequence>, triggers: Vec<String>, optional: bool, answer: Option<Structured>| {
+            PlannedConstraint {
+                body: Structured {
+                    source: schema_source(&format.body_schema(&allowed, p.parallel), all_strict(&allowed)),
+                    field: "tools".into(),
+                },
+                parts: schema_parts(&allowed),
+                tags,
+                answer,
+                triggers,
+                optional,
+            }
+        };
     if let Some(answer) = structured {
         // `auto` with response_format: an answer in the format, or the calls, each from its
         // first character on
@@ -239,7 +257,11 @@ mod tests {
         .unwrap()
     }
 
-    fn input<'a>(tools: &'a [FunctionTool], choice: &'a ToolChoice, special: &'a HashSet<String>) -> PlanInput<'a> {
+    fn input<'a>(
+        tools: &'a [FunctionTool],
+        choice: &'a ToolChoice,
+        special: &'a HashSet<String>,
+    ) -> PlanInput<'a> {
         PlanInput {
             tools,
             choice,
@@ -271,7 +293,10 @@ mod tests {
         let named = ToolChoice { mode: ChoiceMode::Required, function: Some("move".into()) };
         let c = plan_chat("P".into(), input(&t, &named, &special)).unwrap().constraint.unwrap();
         assert!(c.tags.is_none());
-        assert_eq!(c.parts, vec![("tools.1.function.parameters".to_string(), "{\"type\":\"object\"}".to_string())]);
+        assert_eq!(
+            c.parts,
+            vec![("tools.1.function.parameters".to_string(), "{\"type\":\"object\"}".to_string())]
+        );
     }
 
     #[test]
@@ -290,7 +315,8 @@ mod tests {
         assert_eq!(c.answer.unwrap().field, "regex");
         let mut i = input(&t, &auto, &special);
         i.tool_format = Some(ToolCallFormat::Llama3Json);
-        i.structured = Some(Structured { source: GrammarSource::Regex("a".into()), field: "response_format".into() });
+        i.structured =
+            Some(Structured { source: GrammarSource::Regex("a".into()), field: "response_format".into() });
         assert_eq!(plan_chat("P".into(), i).unwrap_err().param.as_deref(), Some("response_format"));
         let mut i = input(&t, &auto, &special);
         i.tool_format = None;

@@ -38,7 +38,11 @@ fn parse(case: &Value, chunks: &[&str], parallel: bool) -> MessageBuilder {
 type Summary = (String, String, Vec<(String, String)>);
 
 fn summary(b: &MessageBuilder) -> Summary {
-    (b.reasoning.clone(), b.content.clone(), b.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect())
+    (
+        b.reasoning.clone(),
+        b.content.clone(),
+        b.calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect(),
+    )
 }
 
 fn or_null(s: &str) -> Value {
@@ -77,7 +81,11 @@ fn recorded_outputs_parse_to_the_expected_messages() {
             .map(|c| serde_json::json!([c.name, serde_json::from_str::<Value>(&c.arguments).unwrap()]))
             .collect();
         assert_eq!(Value::Array(calls), case["calls"], "{name}");
-        assert_eq!(or_null(&built.reasoning), case.get("reasoning_content").cloned().unwrap_or(Value::Null), "{name}");
+        assert_eq!(
+            or_null(&built.reasoning),
+            case.get("reasoning_content").cloned().unwrap_or(Value::Null),
+            "{name}"
+        );
         let mut ids: Vec<&str> = built.calls.iter().map(|c| c.id.as_str()).collect();
         assert!(ids.iter().all(|id| id.starts_with("call_") && id.len() == 29), "{name}");
         ids.sort_unstable();
@@ -158,7 +166,10 @@ fn primed_outputs_start_inside_the_call() {
         built.add(parser.feed(output));
         built.add(parser.finish());
         assert_eq!(built.calls[0].name, "f", "{format:?}");
-        assert_eq!(serde_json::from_str::<Value>(&built.calls[0].arguments).unwrap(), serde_json::json!({"a": 1}));
+        assert_eq!(
+            serde_json::from_str::<Value>(&built.calls[0].arguments).unwrap(),
+            serde_json::json!({"a": 1})
+        );
         assert_eq!(built.content, "");
     }
 }
@@ -213,8 +224,10 @@ fn formats_are_found_by_name_and_from_the_chat_template() {
 
 #[test]
 fn the_reasoning_format_is_found_from_the_chat_template() {
-    let qwen3 = "{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}<|im_start|>";
-    let deepseek = "{% set content = content.split('</think>')[-1] %}{{'<\u{ff5c}Assistant\u{ff5c}>' + content}}";
+    let qwen3 =
+        "{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}<|im_start|>";
+    let deepseek =
+        "{% set content = content.split('</think>')[-1] %}{{'<\u{ff5c}Assistant\u{ff5c}>' + content}}";
     assert_eq!(detect_reasoning(Some(qwen3)), Some(QWEN3));
     assert_eq!(detect_reasoning(Some(deepseek)), Some(DEEPSEEK_R1));
     assert_eq!(detect_reasoning(Some("{{ messages }}<tool_call>")), None);
@@ -231,7 +244,8 @@ fn deltas_follow_openais_shape() {
     let d = super::output::deltas(&pieces);
     assert_eq!(d[0]["tool_calls"][0]["function"], serde_json::json!({"name": "f", "arguments": ""}));
     assert!(d[0]["tool_calls"][0]["id"].as_str().unwrap().starts_with("call_"));
-    let args: String = d[1..].iter().map(|x| x["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).collect();
+    let args: String =
+        d[1..].iter().map(|x| x["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).collect();
     assert_eq!(args, "{\"a\": 1}");
     assert!(d[1..].iter().all(|x| x["tool_calls"][0].get("id").is_none()));
 }
