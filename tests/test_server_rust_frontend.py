@@ -450,7 +450,7 @@ TOOLS_IN_USER_TURN = """{{ bos_token }}{% for m in messages %}
 def test_templates_render_tools_and_calls_as_jinja2(tiny: Any, with_tools: bool) -> None:
     tok = tiny.tokenizer
     tools = TOOLS_FOR_TEMPLATE if with_tools else None
-    variables = {"tools": tools} if tools else {}
+    variables: dict[str, Any] = {"tools": tools} if tools else {}
     for template in (tok.chat_template, TOOLS_IN_USER_TURN):
         expected = Tokenizer(tok.hf, bos_token=tok.bos_token, eos_token=tok.eos_token,
                              chat_template=template).apply_chat_template(TOOL_CHAT, **variables)
