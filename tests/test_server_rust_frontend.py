@@ -64,6 +64,9 @@ SAME = [
     pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                                           "max_completion_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 3,
                                           "logprobs": True, "top_logprobs": 2}, id="chat-seeded-logprobs"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                                          "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}},
+                 id="chat-template-kwargs"),
     pytest.param("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 10, "temperature": 0}},
                  id="generate"),
     pytest.param("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 1,
@@ -574,6 +577,8 @@ TOOL_REFUSALS = [
     {"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]},
     {"tools": TOOLS, "regex": "<[a-z]+>"},
     {"tools": TOOLS, "tool_choice": "sometimes"},
+    {"chat_template_kwargs": {"bos_token": "<x>", "messages": []}},
+    {"tools": TOOLS, "chat_template_kwargs": {"tools": []}},
     {"messages": [*ASK, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}]}]},
     {"messages": [*ASK, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "ping"}}]}]},

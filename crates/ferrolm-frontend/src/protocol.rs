@@ -91,6 +91,7 @@ const CHAT_FIELDS: &[&str] = &[
     "top_logprobs",
     "tools",
     "tool_choice",
+    "chat_template_kwargs",
     "safety_identifier",
     "store",
     "metadata",
@@ -296,6 +297,7 @@ pub struct ChatFields {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 #[derive(Deserialize, Debug)]

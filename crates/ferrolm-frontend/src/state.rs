@@ -160,12 +160,12 @@ impl AppState {
         self.encode(text, "messages", false).await
     }
 
-    /// Chat messages rendered with the template (and the request's `tools`), on the
-    /// tokenizer pool; the prompt's text.
+    /// Chat messages rendered with the template and more variables (the request's
+    /// `tools`, its `chat_template_kwargs`), on the tokenizer pool; the prompt's text.
     pub async fn chat_text(
         self: &Arc<Self>,
         messages: Vec<Message>,
-        tools: Option<Value>,
+        variables: serde_json::Map<String, Value>,
     ) -> ApiResult<String> {
         let Some(template) = self.template.clone() else {
             return Err(ApiError::bad_request(
@@ -173,7 +173,7 @@ impl AppState {
                 "messages",
             ));
         };
-        tokio::task::spawn_blocking(move || template.render_with_tools(&messages, true, tools.as_ref()))
+        tokio::task::spawn_blocking(move || template.render_with(&messages, true, &variables))
             .await
             .map_err(|e| ApiError::new(500, format!("rendering the chat template failed: {e}")))?
             .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))

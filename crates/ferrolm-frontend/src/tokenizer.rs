@@ -93,16 +93,16 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, String> {
-        self.render_with_tools(messages, add_generation_prompt, None)
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
     }
 
-    /// As `render`, with the request's `tools` (OpenAI's form) as the template's `tools`
-    /// variable (undefined without them, as transformers leaves it).
-    pub fn render_with_tools(
+    /// As `render`, with more variables: the request's `tools` (OpenAI's form; undefined
+    /// without them, as transformers leaves it) and `chat_template_kwargs`.
+    pub fn render_with(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
-        tools: Option<&serde_json::Value>,
+        variables: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, String> {
         let template = self.env.get_template("chat").expect("added at construction");
         let base = minijinja::context! {
@@ -111,9 +111,10 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        let ctx = match tools {
-            Some(tools) => minijinja::context! { tools => tools, ..base },
-            None => base,
+        let ctx = if variables.is_empty() {
+            base
+        } else {
+            minijinja::context! { ..base, ..JinjaValue::from_serialize(variables) }
         };
         template.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with("chat template:")) => {

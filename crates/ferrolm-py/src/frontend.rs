@@ -289,12 +289,14 @@ fn render_chat_template(
 ) -> PyResult<String> {
     let messages: Vec<Message> = serde_json::from_str(messages_json)
         .map_err(|e| errors::invalid_field(py, "messages_json", format!("messages_json: {e}")))?;
-    let tools: Option<serde_json::Value> = tools_json
-        .map(serde_json::from_str)
-        .transpose()
-        .map_err(|e| errors::invalid_field(py, "tools_json", format!("tools_json: {e}")))?;
+    let mut variables = serde_json::Map::new();
+    if let Some(tools) = tools_json {
+        let tools: serde_json::Value = serde_json::from_str(tools)
+            .map_err(|e| errors::invalid_field(py, "tools_json", format!("tools_json: {e}")))?;
+        variables.insert("tools".into(), tools);
+    }
     let t = ChatTemplate::new(template, bos_token, eos_token).map_err(|m| errors::invalid_input(py, m))?;
-    py.detach(|| t.render_with_tools(&messages, add_generation_prompt, tools.as_ref()))
+    py.detach(|| t.render_with(&messages, add_generation_prompt, &variables))
         .map_err(|m| errors::invalid_input(py, m))
 }
 

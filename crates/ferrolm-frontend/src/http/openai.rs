@@ -22,6 +22,9 @@ use crate::tools::plan::PlanInput;
 use crate::tools::{self, ChatOutputParser};
 
 const DEFAULT_MAX_TOKENS: u64 = 16; // OpenAI's default for completions
+/// Chat template variables a request may not set through `chat_template_kwargs`.
+const RESERVED_TEMPLATE_VARIABLES: &[&str] =
+    &["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
 
 fn completion_field(core: &str) -> Option<String> {
     Some(
@@ -199,9 +202,20 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
             tool_calls,
         });
     }
-    let template_tools =
-        (!tools.is_empty()).then(|| Value::Array(tools.iter().map(|t| t.as_template_tool()).collect()));
-    let text = state.chat_text(messages, template_tools).await?;
+    let mut variables = fields.chat_template_kwargs.unwrap_or_default();
+    let mut reserved: Vec<&str> =
+        RESERVED_TEMPLATE_VARIABLES.iter().copied().filter(|v| variables.contains_key(*v)).collect();
+    reserved.sort_unstable();
+    if let Some(first) = reserved.first() {
+        return Err(ApiError::bad_request(
+            format!("chat_template_kwargs: '{first}' is set by the server"),
+            "chat_template_kwargs",
+        ));
+    }
+    if !tools.is_empty() {
+        variables.insert("tools".into(), tools.iter().map(|t| t.as_template_tool()).collect());
+    }
+    let text = state.chat_text(messages, variables).await?;
     let plan = tools::plan_chat(
         text,
         PlanInput {
