@@ -173,7 +173,6 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
         return Err(ApiError::bad_request("top_logprobs: requires logprobs to be true", "top_logprobs"));
     }
-    let structured = protocol::openai_structured(&sampling)?;
     let (max_tokens_field, max_tokens) = match (fields.max_completion_tokens, sampling.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", Some(m)),
         (None, m) => ("max_tokens", m),
@@ -216,6 +215,8 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
         variables.insert("tools".into(), tools.iter().map(|t| t.as_template_tool()).collect());
     }
     let text = state.chat_text(messages, variables).await?;
+    // read after the prompt, as the Python front end reads it
+    let structured = protocol::openai_structured(&sampling)?;
     let plan = tools::plan_chat(
         text,
         PlanInput {
