@@ -170,8 +170,6 @@ BAD += [
 
 @pytest.mark.parametrize(("path", "body", "param"), BAD)
 def test_bad_input_is_a_400_naming_the_field(server: RunningServer, path: str, body: dict[str, Any], param: str) -> None:
-    if server.frontend == "rust" and param.startswith("tools"):
-        param = "tools"  # the Rust front end has no tool calling yet: `tools` itself is refused
     assert_envelope(post(server, path, body), 400, param)
     if "stream" not in body:  # a streamed request is refused the same way, before any event
         assert_envelope(post(server, path, {**body, "stream": True}), 400, param)

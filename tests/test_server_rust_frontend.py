@@ -64,6 +64,9 @@ SAME = [
     pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                                           "max_completion_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 3,
                                           "logprobs": True, "top_logprobs": 2}, id="chat-seeded-logprobs"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                                          "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}},
+                 id="chat-template-kwargs"),
     pytest.param("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 10, "temperature": 0}},
                  id="generate"),
     pytest.param("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 1,
@@ -414,3 +417,196 @@ def test_the_tiny_models_template_matches(tiny: Any) -> None:
 def test_a_template_that_does_not_compile_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="does not compile"):
         _core.render_chat_template("{% for x in %}", "[]")
+
+
+TOOLS_FOR_TEMPLATE: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast, à la carte", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "maximum": 14},
+                                         "ratio": {"type": "number", "default": 0.5}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}},
+]
+TOOL_CHAT: list[Any] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "call_1", "function": {"name": "get_weather",
+                                                          "arguments": {"city": "Zürich", "days": 2, "ratio": 1.5}}},
+        {"type": "function", "id": "call_2", "function": {"name": "ping", "arguments": {}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 °C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "pong"},
+    {"role": "assistant", "content": "Sunny.", "reasoning_content": "it said so"},
+    {"role": "user", "content": "Thanks"},
+]
+# a Llama-3-style template that prints the tools and calls in its own words (written for this test)
+TOOLS_IN_USER_TURN = """{{ bos_token }}{% for m in messages %}
+{% if m.role == 'user' and loop.last and tools is defined %}
+{{ 'Functions: ' }}{% for t in tools %}{{ t.function.name }}={{ t | tojson(indent=2) }};{% endfor %}
+{% endif %}
+{% if m.tool_calls %}{% for c in m.tool_calls %}[{{ c.id }}] {{ c.function.name }}({{ c.function.arguments | tojson }})
+{% endfor %}{% elif m.role == 'tool' %}<{{ m.tool_call_id }}>{{ m.content }}
+{% else %}{{ m.role }}: {{ m.content }}{{ ' (' + m.reasoning_content + ')' if m.reasoning_content }}
+{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"""
+
+
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_templates_render_tools_and_calls_as_jinja2(tiny: Any, with_tools: bool) -> None:
+    tok = tiny.tokenizer
+    tools = TOOLS_FOR_TEMPLATE if with_tools else None
+    variables: dict[str, Any] = {"tools": tools} if tools else {}
+    for template in (tok.chat_template, TOOLS_IN_USER_TURN):
+        expected = Tokenizer(tok.hf, bos_token=tok.bos_token, eos_token=tok.eos_token,
+                             chat_template=template).apply_chat_template(TOOL_CHAT, **variables)
+        got = _core.render_chat_template(template, json.dumps(TOOL_CHAT), bos_token=tok.bos_token,
+                                         eos_token=tok.eos_token, tools_json=json.dumps(tools) if tools else None)
+        assert got == expected
+
+
+# ---- tool calls and reasoning: the same calls, parsed the same way, from either front end ----
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "ping"}},
+]
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOL_CALL_TOKEN, THINK_END_TOKEN = "32004", "32007"  # the tiny model's <tool_call> and </think>
+HISTORY: list[Any] = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+    {"role": "tool", "tool_call_id": "call_x", "content": "sunny"}]
+CHAT_PATH = "/v1/chat/completions"
+TOOL_SAME = [
+    pytest.param({"tools": TOOLS, "tool_choice": "required", "temperature": 1.0, "seed": 3, "max_tokens": 200},
+                 id="required-seeded"),
+    pytest.param({"tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 200, "n": 2,
+                  "logit_bias": {"32003": -3}}, id="required-greedy-n2"),
+    pytest.param({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                  "temperature": 1.0, "seed": 5, "max_tokens": 200}, id="named"),
+    pytest.param({"tools": TOOLS, "temperature": 1.0, "seed": 1, "max_tokens": 120,
+                  "logit_bias": {TOOL_CALL_TOKEN: 100}}, id="auto-forced-trigger"),
+    pytest.param({"tools": TOOLS, "temperature": 1.0, "seed": 2, "max_tokens": 12}, id="auto-free"),
+    pytest.param({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+                  "seed": 4, "max_tokens": 200}, id="not-parallel"),
+    pytest.param({"tools": TOOLS, "temperature": 1.0, "seed": 6, "max_tokens": 200, "logit_bias": {TOOL_CALL_TOKEN: 100},
+                  "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                      "type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"]}}}},
+                 id="auto-or-answer"),
+    pytest.param({"tools": TOOLS, "tool_choice": "none", "temperature": 0, "max_tokens": 8}, id="none"),
+    pytest.param({"messages": HISTORY, "tools": TOOLS, "temperature": 0, "max_tokens": 8,
+                  "logit_bias": {TOOL_CALL_TOKEN: -100}}, id="history"),
+]
+
+
+def without_ids(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if calls:
+        assert all(c["id"].startswith("call_") for c in calls)
+        message = {**message, "tool_calls": [{k: v for k, v in c.items() if k != "id"} for c in calls]}
+    return message
+
+
+def streamed_choices(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each choice of a stream put together: content, reasoning, calls, finish reason."""
+    r = post(server, CHAT_PATH, {**body, "stream": True})
+    assert r.status_code == 200, r.text
+    out: dict[int, dict[str, Any]] = {}
+    for line in r.text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for choice in json.loads(line[6:])["choices"]:
+            got = out.setdefault(choice["index"], {"content": "", "reasoning": "", "calls": [], "finish": None})
+            delta = choice["delta"]
+            got["content"] += delta.get("content") or ""
+            got["reasoning"] += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                if "id" in call:
+                    assert call["index"] == len(got["calls"]) and call["function"]["arguments"] == ""
+                    got["calls"].append([call["function"]["name"], ""])
+                else:
+                    got["calls"][call["index"]][1] += call["function"]["arguments"]
+            got["finish"] = choice["finish_reason"] or got["finish"]
+    return [out[i] for i in sorted(out)]
+
+
+def check_tools_agree(servers: tuple[RunningServer, RunningServer], body: dict[str, Any]) -> None:
+    body = {"messages": ASK, **body}
+    answers = [post(s, CHAT_PATH, body) for s in servers]
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    whole = [[{**c, "message": without_ids(c["message"])} for c in a.json()["choices"]] for a in answers]
+    assert_same(whole[1], whole[0])
+    assert answers[0].json()["usage"] == answers[1].json()["usage"]
+    streams = [streamed_choices(s, body) for s in servers]
+    assert streams[0] == streams[1]
+    for choice, streamed in zip(whole[0], streams[0]):  # streamed or not, the same message
+        message = choice["message"]
+        assert streamed["content"] == (message["content"] or "")
+        assert streamed["reasoning"] == (message.get("reasoning_content") or "")
+        assert streamed["calls"] == [[c["function"]["name"], c["function"]["arguments"]]
+                                     for c in message.get("tool_calls") or []]
+        assert streamed["finish"] == choice["finish_reason"]
+
+
+@pytest.mark.parametrize("body", TOOL_SAME)
+def test_tool_calls_agree_with_the_python_front_end(servers: tuple[RunningServer, RunningServer],
+                                                    body: dict[str, Any]) -> None:
+    check_tools_agree(servers, body)
+
+
+def test_native_tool_calls_agree_with_the_python_front_end(servers: tuple[RunningServer, RunningServer]) -> None:
+    for body in ({"text": "Call a tool:", "tools": TOOLS, "tool_choice": "required",
+                  "sampling_params": {"max_new_tokens": 120, "temperature": 1.0, "seed": 4}},
+                 {"input_ids": [5, 6, 7], "tools": TOOLS, "sampling_params": {"max_new_tokens": 60, "temperature": 0,
+                                                                              "logit_bias": {TOOL_CALL_TOKEN: 100}}}):
+        answers = [post(s, "/generate", body) for s in servers]
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        py, rs = (a.json() for a in answers)
+        assert comparable("/generate", rs) == comparable("/generate", py)
+        assert without_ids({"tool_calls": rs["tool_calls"]}) == without_ids({"tool_calls": py["tool_calls"]})
+        assert rs["content"] == py["content"] and rs["tool_calls"]
+
+
+TOOL_REFUSALS = [
+    {"tools": [TOOLS[0], {"type": "function", "function": {"name": "bad", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}], "tool_choice": "required"},
+    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    {"tool_choice": "auto"},
+    {"tools": []},
+    {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+    {"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]},
+    {"tools": TOOLS, "regex": "<[a-z]+>"},
+    {"tools": TOOLS, "tool_choice": "sometimes"},
+    {"chat_template_kwargs": {"bos_token": "<x>", "messages": []}},
+    {"tools": TOOLS, "chat_template_kwargs": {"tools": []}},
+    {"messages": [*ASK, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}]}]},
+    {"messages": [*ASK, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "ping"}}]}]},
+]
+
+
+@pytest.mark.parametrize("body", TOOL_REFUSALS)
+def test_tool_input_is_refused_naming_the_same_field(servers: tuple[RunningServer, RunningServer],
+                                                    body: dict[str, Any]) -> None:
+    py, rs = (post(s, CHAT_PATH, {"messages": ASK, "max_tokens": 4, **body}) for s in servers)
+    assert py.status_code == 400, py.text
+    assert (rs.status_code, rs.json()["error"]["param"]) == (400, py.json()["error"]["param"]), (py.text, rs.text)
+
+
+@pytest.fixture(scope="module")
+def thinking_servers() -> Iterator[tuple[RunningServer, RunningServer]]:
+    flags = ("--max-total-tokens", "4096", "--reasoning-parser", "deepseek_r1")
+    with running_server(*flags, frontend="python") as py, running_server(*flags, frontend="rust") as rs:
+        yield py, rs
+
+
+@pytest.mark.parametrize("body", [
+    {"temperature": 1.0, "seed": 2, "max_tokens": 60, "logit_bias": {THINK_END_TOKEN: 8}},
+    {"temperature": 1.0, "seed": 3, "max_tokens": 120, "logit_bias": {THINK_END_TOKEN: 12},
+     "response_format": {"type": "json_object"}},
+    {"tools": TOOLS, "tool_choice": "required", "temperature": 1.0, "seed": 0, "max_tokens": 200,
+     "logit_bias": {THINK_END_TOKEN: 12, TOOL_CALL_TOKEN: 12}},
+], ids=["reasoning", "reasoning-then-json", "reasoning-then-calls"])
+def test_reasoning_agrees_with_the_python_front_end(thinking_servers: tuple[RunningServer, RunningServer],
+                                                   body: dict[str, Any]) -> None:
+    check_tools_agree(thinking_servers, body)

@@ -1,7 +1,9 @@
 """Tool calls and reasoning over the HTTP API, on ``ferrolm serve --model tiny`` (random
 weights; its chat template writes tools Hermes-style, so the server finds the format by
 itself): with ``required`` or a named function every call parses and validates against
-the function's schema, streamed and not, through the official ``openai`` client."""
+the function's schema, streamed and not, through the official ``openai`` client. Every test
+runs against both front ends (Python and Rust), and the two answer alike: the same seed
+gives the same calls from either."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
@@ -34,9 +36,9 @@ TOOL_CALL, THINK_END, IM_END = "32004", "32007", "32003"  # the tiny model's <to
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server() as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server(frontend=request.param) as s:
         yield s
 
 
@@ -215,9 +217,9 @@ def test_the_server_still_serves_after_refusals(client: openai.OpenAI) -> None:
 
 # ---- reasoning, and calls without the constraint ----
 
-@pytest.fixture(scope="module")
-def thinking_server() -> Iterator[RunningServer]:
-    with running_server("--reasoning-parser", "deepseek_r1") as s:
+@pytest.fixture(scope="module", params=FRONTENDS)
+def thinking_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with running_server("--reasoning-parser", "deepseek_r1", frontend=request.param) as s:
         yield s
 
 
@@ -250,8 +252,10 @@ def check_reasoning(client: openai.OpenAI) -> None:
     assert calls_of(streamed(client, **kw)) == calls_of(whole)
 
 
-def test_the_constraint_can_be_turned_off() -> None:
-    with running_server("--disable-tool-call-constraint", "--tool-call-parser", "hermes") as s, client_of(s) as client:
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_the_constraint_can_be_turned_off(frontend: str) -> None:
+    with running_server("--disable-tool-call-constraint", "--tool-call-parser", "hermes",
+                        frontend=frontend) as s, client_of(s) as client:
         r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0,
                                            max_tokens=6)
         # the random model's free text is no call: parsed as content, not forced into one

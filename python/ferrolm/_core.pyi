@@ -814,9 +814,11 @@ def render_chat_template(
     bos_token: str | None = None,
     eos_token: str | None = None,
     add_generation_prompt: bool = True,
+    tools_json: str | None = None,
 ) -> str:
-    """Chat messages (JSON: a list of ``{"role", "content"}``, optionally ``name`` and
-    ``tool_call_id``) rendered with ``template`` as the Rust front end renders them
+    """Chat messages (JSON: a list of ``{"role", "content"}``, optionally ``name``,
+    ``tool_call_id``, ``reasoning_content`` and ``tool_calls``) and ``tools_json`` (a JSON
+    list of tools, the template's ``tools``) rendered with ``template`` as the Rust front end renders them
     (minijinja, with jinja2's trim_blocks and lstrip_blocks, ``raise_exception``,
     ``tojson``, ``strftime_now`` and Python's string methods). Raises
     ``InvalidInputError`` when the template does not compile or fails."""

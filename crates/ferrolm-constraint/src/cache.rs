@@ -25,6 +25,7 @@ use crate::budget::{self, CancelFlag};
 use crate::error::{ConstraintError, Result};
 use crate::grammar::Grammar;
 use crate::json_schema::JsonSchemaOptions;
+use crate::tags::TagSequence;
 use crate::vocab::Vocabulary;
 
 /// What a grammar is compiled from; the cache key.
@@ -43,6 +44,24 @@ pub enum GrammarSource {
         trigger: String,
         then: Box<GrammarSource>,
     },
+    /// Free text until `trigger` first appears, then the inner grammar; with `optional`
+    /// the output may also end before the trigger (`Grammar::after_trigger_with`).
+    AfterTrigger {
+        trigger: String,
+        then: Box<GrammarSource>,
+        optional: bool,
+    },
+    /// The body between structural tags, maybe repeated (`Grammar::tag_sequence`).
+    Tags {
+        body: Box<GrammarSource>,
+        tags: TagSequence,
+    },
+    /// Text of `first` or text of `second`, told apart by their first bytes
+    /// (`Grammar::either`).
+    Either {
+        first: Box<GrammarSource>,
+        second: Box<GrammarSource>,
+    },
 }
 
 impl GrammarSource {
@@ -55,6 +74,9 @@ impl GrammarSource {
             GrammarSource::JsonObject(_) => "json_object",
             GrammarSource::Gbnf(_) => "gbnf",
             GrammarSource::Segment { .. } => "segment",
+            GrammarSource::AfterTrigger { .. } => "after_trigger",
+            GrammarSource::Tags { .. } => "tags",
+            GrammarSource::Either { .. } => "either",
         }
     }
 
@@ -74,6 +96,16 @@ impl GrammarSource {
             GrammarSource::Gbnf(grammar) => Grammar::from_gbnf(vocab, grammar),
             GrammarSource::Segment { trigger, then } => {
                 Grammar::after_trigger(trigger, &*then.compile(vocab)?)
+            }
+            GrammarSource::AfterTrigger { trigger, then, optional } => {
+                Grammar::after_trigger_with(trigger, &*then.compile_in_scope(vocab)?, *optional)
+            }
+            GrammarSource::Tags { body, tags } => {
+                Grammar::tag_sequence(&*body.compile_in_scope(vocab)?, tags)
+            }
+            GrammarSource::Either { first, second } => {
+                let first = first.compile_in_scope(vocab.clone())?;
+                Grammar::either(&first, &*second.compile_in_scope(vocab)?)
             }
         }
     }
@@ -239,6 +271,45 @@ mod tests {
 
     fn tiny_vocab() -> Arc<Vocabulary> {
         Arc::new(Vocabulary::new(vec![b"a".to_vec(), b"<eos>".to_vec()], &[], &[1]).unwrap())
+    }
+
+    #[test]
+    fn assembled_sources_compile_as_their_grammar_calls_do() {
+        let tokens: Vec<Vec<u8>> = (0u8..128).map(|b| vec![b]).chain([b"<eos>".to_vec()]).collect();
+        let cache = GrammarCache::new(
+            Arc::new(Vocabulary::new(tokens, &[], &[128]).unwrap()),
+            8,
+            Duration::from_secs(60),
+        );
+        let body = Box::new(GrammarSource::Regex("[0-9]+".into()));
+        let tags = TagSequence {
+            begin: "<c>".into(),
+            end: "</c>".into(),
+            separator: ",".into(),
+            repeated: true,
+            begun: "<c".into(),
+        };
+        let tagged = GrammarSource::Tags { body: body.clone(), tags };
+        let answer = Box::new(GrammarSource::Regex("x[a-z]".into()));
+        let either = GrammarSource::Either { first: answer, second: Box::new(tagged.clone()) };
+        let source =
+            GrammarSource::AfterTrigger { trigger: "!".into(), then: Box::new(either), optional: true };
+        let accepts = |source: &GrammarSource, text: &str| {
+            let mut m = crate::Matcher::new(cache.get_or_compile(source).unwrap());
+            m.accept_bytes(text.as_bytes()) && m.can_end()
+        };
+        assert!(accepts(&tagged, ">12</c>,<c>3</c>"));
+        assert!(!accepts(&tagged, "<c>12</c>"));
+        assert!(accepts(&source, "free text!>1</c>"));
+        assert!(accepts(&source, "free text!xy"));
+        assert!(accepts(&source, "no trigger")); // optional: the output may end before it
+                                                 // an answer that may begin as the calls do cannot be told apart
+        let clash = GrammarSource::Either {
+            first: Box::new(GrammarSource::Regex(">[a-z]".into())),
+            second: Box::new(tagged),
+        };
+        assert!(cache.get_or_compile(&clash).is_err());
+        assert_eq!(source.kind(), "after_trigger");
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod protocol;
 pub mod state;
 pub mod structured;
 pub mod tokenizer;
+pub mod tools;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -91,7 +92,13 @@ impl Frontend {
         let started_at = http::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
         let grammar_threads = config.grammar_threads;
+        let tools = tools::ServerTools::new(
+            &config.settings,
+            template.as_ref().map(|t| t.source()),
+            grammars.vocab(),
+        );
         let state = Arc::new(AppState {
+            tools,
             config,
             ingress: ingress.clone(),
             egress: egress.clone(),

@@ -41,7 +41,6 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
             "use guided_json, guided_regex, guided_choice, json_schema, regex or response_format"
         }
         "functions" | "function_call" => "function calling is not supported",
-        "tool_choice" => "tool calling is not supported",
         "image_data" => "images are not supported",
         "audio" => "audio is not supported",
         "modalities" => "only text output is supported",
@@ -91,6 +90,8 @@ const CHAT_FIELDS: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "tools",
+    "tool_choice",
+    "chat_template_kwargs",
     "safety_identifier",
     "store",
     "metadata",
@@ -99,7 +100,7 @@ const CHAT_FIELDS: &[&str] = &[
     "prompt_cache_key",
 ];
 const MESSAGE_FIELDS: &[&str] =
-    &["role", "content", "name", "tool_call_id", "refusal", "tool_calls", "annotations"];
+    &["role", "content", "name", "tool_call_id", "refusal", "tool_calls", "annotations", "reasoning_content"];
 const NATIVE_SAMPLING_FIELDS: &[&str] = &[
     "max_new_tokens",
     "min_new_tokens",
@@ -132,6 +133,10 @@ const GENERATE_FIELDS: &[&str] = &[
     "top_logprobs_num",
     "priority",
     "cache_salt",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "separate_reasoning",
 ];
 
 #[derive(Deserialize, Debug, Default)]
@@ -279,6 +284,7 @@ pub struct ChatMessage {
     pub refusal: Option<String>,
     pub tool_calls: Option<Vec<Value>>,
     pub annotations: Option<Vec<Value>>,
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -288,7 +294,10 @@ pub struct ChatFields {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<u32>,
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -352,6 +361,11 @@ pub struct GenerateRequest {
     pub top_logprobs_num: u32,
     pub priority: Option<i64>,
     pub cache_salt: Option<String>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub separate_reasoning: bool,
 }
 
 #[derive(Deserialize, Debug)]
@@ -488,6 +502,7 @@ pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
         for (i, m) in messages.iter().enumerate() {
             if let Value::Object(m) = m {
                 check_fields(m, &[MESSAGE_FIELDS], &format!("messages.{i}."))?;
+                crate::tools::definitions::check_message_calls(m, i)?;
                 if let Some(Value::Array(parts)) = m.get("content") {
                     for (j, part) in parts.iter().enumerate() {
                         if let Value::Object(part) = part {
@@ -498,17 +513,12 @@ pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
             }
         }
     }
+    crate::tools::definitions::check_tool_shapes(obj, "")?;
     let fields: ChatFields = typed(&value, "")?;
     let sampling: OpenAISampling = typed(&value, "")?;
     check_sampling(&sampling)?;
     if fields.messages.is_empty() {
         return Err(ApiError::bad_request("messages: at least one message is required", "messages"));
-    }
-    for (i, m) in fields.messages.iter().enumerate() {
-        if m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
-            let param = format!("messages.{i}.tool_calls");
-            return Err(ApiError::bad_request(format!("{param}: must be empty"), param));
-        }
     }
     if fields.max_completion_tokens == Some(0) {
         return Err(ApiError::bad_request(
@@ -531,6 +541,7 @@ pub fn parse_generate(body: &[u8]) -> ApiResult<Generate> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
     check_fields(obj, &[GENERATE_FIELDS], "")?;
+    crate::tools::definitions::check_tool_shapes(obj, "")?;
     let req: GenerateRequest = typed(&value, "")?;
     let sp = req.sampling_params.clone().unwrap_or_else(|| Value::Object(Map::new()));
     let Value::Object(sp_obj) = &sp else {

@@ -27,6 +27,11 @@ impl Tokenizer {
             self.hf.encode_fast(text, add_special_tokens).map_err(|e| format!("tokenizing failed: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
+
+    /// The text of token ids, special tokens kept.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.hf.decode(ids, false).map_err(|e| format!("decoding failed: {e}"))
+    }
 }
 
 /// One chat message as the template sees it.
@@ -38,10 +43,16 @@ pub struct Message {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// An assistant's calls as templates take them (`arguments` a mapping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
 }
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -70,18 +81,40 @@ impl ChatTemplate {
             .map_err(|e| format!("the chat template does not compile: {e}"))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.unwrap_or("").to_string(),
             eos_token: eos_token.unwrap_or("").to_string(),
         })
     }
 
+    /// The template's text (the tool-call and reasoning formats are read from it).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, String> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// As `render`, with more variables: the request's `tools` (OpenAI's form; undefined
+    /// without them, as transformers leaves it) and `chat_template_kwargs`.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        variables: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, String> {
         let template = self.env.get_template("chat").expect("added at construction");
-        let ctx = minijinja::context! {
+        let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+        };
+        let ctx = if variables.is_empty() {
+            base
+        } else {
+            minijinja::context! { ..base, ..JinjaValue::from_serialize(variables) }
         };
         template.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with("chat template:")) => {
@@ -109,7 +142,7 @@ fn to_json(value: &JinjaValue, indent: Option<usize>) -> Result<String, Error> {
 }
 
 /// `json.dumps(value, ensure_ascii=False)`: ", " and ": " separators, as Python writes.
-fn python_json(v: &serde_json::Value) -> String {
+pub(crate) fn python_json(v: &serde_json::Value) -> String {
     use serde_json::Value as V;
     match v {
         V::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
@@ -189,7 +222,14 @@ mod tests {
     const TINY: &str = "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
     fn msg(role: &str, content: &str) -> Message {
-        Message { role: role.into(), content: content.into(), name: None, tool_call_id: None }
+        Message {
+            role: role.into(),
+            content: content.into(),
+            name: None,
+            tool_call_id: None,
+            reasoning_content: None,
+            tool_calls: None,
+        }
     }
 
     #[test]

@@ -21,8 +21,9 @@ are 503 until it does, and what waited on it is answered 503 and aborted.
 The port is bound before the model loads (``_core.FrontendLoading``): until the front end
 takes it over, ``/health`` and every route answer 503, "the engine is starting".
 
-Not built yet in this front end (refused with a 400 naming the field, never ignored):
-tool calling (``tools``, ``tool_choice``).
+Tool calling and reasoning (``tools``, ``tool_choice``, ``parallel_tool_calls``,
+``--tool-call-parser``, ``--reasoning-parser``) are the Python front end's, built in Rust
+(``crates/ferrolm-frontend/src/tools``).
 """
 
 from __future__ import annotations

@@ -41,8 +41,12 @@ fn introduced_after(key: &str, draft: Draft) -> bool {
     let since = match key {
         "const" | "contains" | "propertyNames" => Draft::D6,
         "if" | "then" | "else" => Draft::D7,
-        "dependentRequired" | "dependentSchemas" | "unevaluatedProperties" | "unevaluatedItems"
-        | "minContains" | "maxContains" => Draft::D2019,
+        "dependentRequired"
+        | "dependentSchemas"
+        | "unevaluatedProperties"
+        | "unevaluatedItems"
+        | "minContains"
+        | "maxContains" => Draft::D2019,
         "prefixItems" => Draft::D2020,
         _ => return false,
     };

@@ -9,6 +9,7 @@ use axum::response::Response;
 use ferrolm_core::engine::Constraint;
 use serde_json::{json, Value};
 
+use crate::egress::SampleUpdate;
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::{error_of, finish_reason, Generation, Sample};
 use crate::http::sse::{self, json_str, DONE};
@@ -16,8 +17,14 @@ use crate::http::{json_response, public_id, unix_now, Tracked};
 use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Prompt};
 use crate::state::AppState;
 use crate::tokenizer::Message;
+use crate::tools::output as tools_output;
+use crate::tools::plan::PlanInput;
+use crate::tools::{self, ChatOutputParser};
 
 const DEFAULT_MAX_TOKENS: u64 = 16; // OpenAI's default for completions
+/// Chat template variables a request may not set through `chat_template_kwargs`.
+const RESERVED_TEMPLATE_VARIABLES: &[&str] =
+    &["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
 
 fn completion_field(core: &str) -> Option<String> {
     Some(
@@ -77,6 +84,8 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
             chat: false,
             offsets: vec![0; prompts.len() * n],
             done: false,
+            parsers: Vec::new(),
+            has_calls: Vec::new(),
         };
         return Ok(sse::response(stream, ChunkStream::next));
     }
@@ -161,13 +170,9 @@ fn chat_field(max_tokens_field: &'static str) -> impl Fn(&str) -> Option<String>
 pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let ChatRequest { sampling, fields } = protocol::parse_chat(&body)?;
     state.check_model(sampling.model.as_deref())?;
-    if fields.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad_request("tools: tool calling is not supported yet", "tools"));
-    }
     if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
         return Err(ApiError::bad_request("top_logprobs: requires logprobs to be true", "top_logprobs"));
     }
-    let structured = protocol::openai_structured(&sampling)?;
     let (max_tokens_field, max_tokens) = match (fields.max_completion_tokens, sampling.max_tokens) {
         (Some(m), _) => ("max_completion_tokens", Some(m)),
         (None, m) => ("max_tokens", m),
@@ -175,10 +180,15 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     if let Some(m) = max_tokens {
         state.check_max_tokens(m, max_tokens_field)?;
     }
-    let messages: Vec<Message> = fields
-        .messages
-        .into_iter()
-        .map(|m| Message {
+    let tools = tools::parse_tools(fields.tools.as_ref())?;
+    let choice = tools::parse_tool_choice(fields.tool_choice.as_ref(), &tools)?;
+    let mut messages: Vec<Message> = Vec::with_capacity(fields.messages.len());
+    for (i, m) in fields.messages.into_iter().enumerate() {
+        let tool_calls = match m.tool_calls {
+            Some(calls) if !calls.is_empty() => Some(tools::messages::template_calls(&calls, i)?),
+            _ => None,
+        };
+        messages.push(Message {
             role: m.role.as_str().to_string(),
             content: match m.content {
                 None => String::new(),
@@ -187,10 +197,45 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
             },
             name: m.name,
             tool_call_id: m.tool_call_id,
-        })
-        .collect();
-    let ids = state.chat_prompt(messages).await?;
-    let grammar = state.grammar(structured.as_ref()).await?;
+            reasoning_content: m.reasoning_content,
+            tool_calls,
+        });
+    }
+    let mut variables = fields.chat_template_kwargs.unwrap_or_default();
+    let mut reserved: Vec<&str> =
+        RESERVED_TEMPLATE_VARIABLES.iter().copied().filter(|v| variables.contains_key(*v)).collect();
+    reserved.sort_unstable();
+    if let Some(first) = reserved.first() {
+        return Err(ApiError::bad_request(
+            format!("chat_template_kwargs: '{first}' is set by the server"),
+            "chat_template_kwargs",
+        ));
+    }
+    if !tools.is_empty() {
+        variables.insert("tools".into(), tools.iter().map(|t| t.as_template_tool()).collect());
+    }
+    let text = state.chat_text(messages, variables).await?;
+    // read after the prompt, as the Python front end reads it
+    let structured = protocol::openai_structured(&sampling)?;
+    let plan = tools::plan_chat(
+        text,
+        PlanInput {
+            tools: &tools,
+            choice: &choice,
+            parallel: fields.parallel_tool_calls != Some(false),
+            tool_format: state.tools.tool_format,
+            reasoning: state.tools.reasoning.as_ref(),
+            constrain: state.tools.constrain,
+            structured,
+            special_tokens: &state.tools.special_tokens,
+        },
+    )?;
+    // the template writes its own BOS and markers
+    let ids = state.encode(plan.prompt.clone(), "messages", false).await?;
+    let grammar = match &plan.constraint {
+        Some(c) => Some(state.planned_grammar(c).await?),
+        None => None,
+    };
     let context = state.config.context_length as u64;
     let max_tokens = match max_tokens {
         Some(m) => m,
@@ -205,8 +250,11 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
             context - ids.len() as u64
         }
     };
-    let params =
+    let mut params =
         protocol::openai_params(&sampling, max_tokens, fields.logprobs, fields.top_logprobs.unwrap_or(0))?;
+    if plan.skip_special_tokens == Some(false) {
+        params.stops.skip_special_tokens = false;
+    }
     let n = sampling.n as usize;
     let mut gen = Generation::new(state.clone(), n, !sampling.stream);
     gen.add(&ids, params, n, grammar.map(Constraint::Grammar), &chat_field(max_tokens_field)).await?;
@@ -231,6 +279,8 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
             chat: true,
             offsets: vec![0; n],
             done: false,
+            parsers: if plan.parses() { (0..n).map(|_| plan.output_parser()).collect() } else { Vec::new() },
+            has_calls: vec![false; n],
         };
         let mut first = Vec::new();
         for index in 0..n {
@@ -255,8 +305,9 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
             } else {
                 Value::Null
             };
-            json!({"index": s.index, "message": {"role": "assistant", "content": s.text}, "logprobs": logprobs,
-                   "finish_reason": s.finished.as_ref().map(finish_reason)})
+            let (message, finish) =
+                tools_output::message(&plan, &s.text, s.finished.as_ref().map(finish_reason));
+            json!({"index": s.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         })
         .collect();
     let usage = tracked.gen.usage();
@@ -275,6 +326,10 @@ struct ChunkStream {
     /// Per choice: where its next token's text starts (completion logprobs' text_offset).
     offsets: Vec<usize>,
     done: bool,
+    /// Per choice of a chat whose output is parsed (tool calls, reasoning); else empty.
+    parsers: Vec<ChatOutputParser>,
+    /// Per choice: whether it has sent a tool call.
+    has_calls: Vec<bool>,
 }
 
 impl ChunkStream {
@@ -336,6 +391,10 @@ impl ChunkStream {
             Ok(batch) => {
                 let state = self.tracked.state.clone();
                 for (index, u) in &batch {
+                    if !self.parsers.is_empty() {
+                        self.parsed_chunks(&mut out, &state, *index, u);
+                        continue;
+                    }
                     if !u.token_ids.is_empty() || !u.text.is_empty() {
                         let mut delta = Vec::with_capacity(u.text.len() + 16);
                         if self.chat {
@@ -373,6 +432,43 @@ impl ChunkStream {
             }
         }
         Some((Bytes::from(out), self))
+    }
+}
+
+impl ChunkStream {
+    /// A chat choice's update read by its output parser: OpenAI's deltas of the pieces
+    /// (reasoning, content, calls), the first with the update's logprobs; the finish with
+    /// `tool_calls` when the choice called.
+    fn parsed_chunks(&mut self, out: &mut Vec<u8>, state: &AppState, index: usize, u: &SampleUpdate) {
+        let mut deltas = Vec::new();
+        let mut logprobs = None;
+        if !u.token_ids.is_empty() || !u.text.is_empty() {
+            logprobs =
+                self.with_logprobs.then(|| chat_logprobs(state, &u.token_ids, &u.logprobs, &u.top_logprobs));
+            let parser = &mut self.parsers[index];
+            let mut pieces = parser.feed(&u.text);
+            if u.finished.is_some() {
+                pieces.extend(parser.finish());
+            }
+            deltas = tools_output::deltas(&pieces);
+            if deltas.is_empty() && logprobs.is_some() {
+                deltas.push(json!({}));
+            }
+        } else if u.finished.is_some() {
+            deltas = tools_output::deltas(&self.parsers[index].finish());
+        }
+        self.has_calls[index] |= deltas.iter().any(|d| d.get("tool_calls").is_some());
+        for (k, d) in deltas.iter().enumerate() {
+            let bytes = serde_json::to_vec(d).expect("JSON");
+            self.chunk(out, index, &bytes, if k == 0 { logprobs.as_ref() } else { None }, None);
+        }
+        if let Some(f) = &u.finished {
+            if finish_reason(f) == "error" {
+                sse::event(out, &error_of(f).envelope());
+            }
+            let reason = tools_output::final_reason(finish_reason(f), self.has_calls[index]);
+            self.chunk(out, index, b"{}", None, Some(reason));
+        }
     }
 }
 
