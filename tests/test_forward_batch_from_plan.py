@@ -111,3 +111,29 @@ def test_a_core_plan_cannot_be_made_or_edited_from_python(core_plans: list[Any])
             column[0] = column[0]
         with pytest.raises(ValueError):
             column.setflags(write=True)
+
+
+def test_the_loop_columns_are_made_once_when_first_read(core_plans: list[Any]) -> None:
+    # rids, samples and is_prefill are made on first read (the Rust front end's loop
+    # never reads them); every read after gives the same array
+    for plan in core_plans:
+        assert plan.rids is plan.rids and plan.samples is plan.samples and plan.is_prefill is plan.is_prefill
+        assert plan.rids.dtype == np.uint64 and plan.samples.dtype == plan.is_prefill.dtype == np.bool_
+        assert len(plan.rids) == len(plan.samples) == len(plan.is_prefill) == len(plan)
+        assert set(plan.rids.tolist()) <= {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_logits_of_any_memory_order_commit_by_their_values(tiny: LoadedModel, order: str) -> None:
+    # a Fortran-ordered array is copied to C order, never read as if it were one
+    engine = make_engine(tiny, kv_capacity=512)
+    core = engine.core
+    core.submit(1, [5, 6, 7], max_new_tokens=2, temperature=0.0)
+    core.submit(2, [9, 10, 11, 12], max_new_tokens=2, temperature=0.0)
+    plan = core.schedule()
+    assert len(plan) == 2
+    logits = np.array(engine.runner.forward(ForwardBatch.from_plan(plan)), dtype=np.float32)
+    logits[0, 100] = logits[1, 200] = 1e6
+    out = core.commit(np.asfortranarray(logits) if order == "F" else logits)
+    assert out.rids.tolist() == [1, 2]
+    assert out.token_ids.tolist() == [100, 200]

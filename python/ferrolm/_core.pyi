@@ -215,7 +215,10 @@ class BatchPlan:
     ``out_slots[...]``; it attends to ``kv_slots[kv_offsets[b]:kv_offsets[b+1]]``, every slot
     of its sequence up to and including the new tokens, in position order. The runner
     returns one row of logits per request, for its last new token. The columns are
-    read-only numpy arrays: ``ForwardBatch.from_plan`` uses them as they are, unchecked."""
+    read-only numpy arrays: ``ForwardBatch.from_plan`` uses them as they are, unchecked.
+    ``rids``, ``samples`` and ``is_prefill`` are made when first read (a loop that leaves
+    the step's outputs to the core, as the Rust front end's does, seldom reads them); each
+    read after returns the same array."""
 
     @property
     def rids(self) -> npt.NDArray[np.uint64]: ...

@@ -8,8 +8,15 @@
 //! `max_tokens`, so is what waits). So no stream can hold up the step loop or another
 //! stream (no head-of-line blocking), and each token is copied once into the pending
 //! update and moved out of it once (no O(T²) copying of a growing output).
+//!
+//! Waking the readers: a wake from the step loop's thread (outside the HTTP runtime) is a
+//! remote schedule, often with a syscall to unpark a worker, and costs the loop several
+//! microseconds per stream. So a step's streams are woken together: the loop hands them
+//! to the [`Egress::pump`] task with one wake, and the pump, on a worker, wakes each
+//! stream's reader there (a local schedule: no syscall, no cross-thread hand-off each).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrolm_core::engine::{Finished, StepOutputs};
@@ -76,14 +83,13 @@ impl RequestStream {
         })
     }
 
-    fn push(&self, sample: usize, update: SampleUpdate) {
+    /// Appends `update` to the sample's pending one; the caller wakes the reader.
+    fn push_quiet(&self, sample: usize, update: SampleUpdate) {
         let mut p = self.pending.lock().unwrap();
         if update.finished.is_some() {
             p.ended[sample] = true;
         }
         p.samples[sample].append(update);
-        drop(p);
-        self.notify.notify_one();
     }
 
     fn fail(&self, message: &str) {
@@ -139,6 +145,12 @@ impl RequestStream {
 #[derive(Default)]
 pub struct Egress {
     routes: Mutex<HashMap<u64, (Arc<RequestStream>, usize)>>,
+    /// Streams with news for the pump to wake.
+    to_wake: Mutex<Vec<Arc<RequestStream>>>,
+    /// Wakes the pump.
+    pump: Notify,
+    /// Whether a pump task runs (else `publish` wakes each stream itself).
+    pumping: AtomicBool,
 }
 
 impl Egress {
@@ -171,11 +183,48 @@ impl Egress {
         self.len() == 0
     }
 
-    /// Hands every entry of a step's outputs to its stream; returns the rids that
-    /// finished. Outputs of rids nobody reads any more (a client that went away) are
-    /// dropped here: their request was aborted.
+    /// The task that wakes, on the HTTP runtime, the readers of the streams `publish`
+    /// fills, until [`Egress::stop_pump`]: spawn it there once. `publish` hands it the
+    /// streams from this call on (what it hands over before the task first runs waits
+    /// for it).
+    pub fn pump(self: Arc<Self>) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.pumping.store(true, Ordering::Release);
+        async move {
+            loop {
+                self.pump.notified().await;
+                let streams = std::mem::take(&mut *self.to_wake.lock().unwrap());
+                for s in streams {
+                    s.notify.notify_one();
+                }
+            }
+        }
+    }
+
+    /// From now on `publish` wakes each stream itself (the pump's runtime is stopping).
+    pub fn stop_pump(&self) {
+        self.pumping.store(false, Ordering::Release);
+        self.pump.notify_one(); // anything handed over before is still woken if it can be
+    }
+
+    fn wake(&self, streams: Vec<Arc<RequestStream>>) {
+        if streams.len() > 1 && self.pumping.load(Ordering::Acquire) {
+            self.to_wake.lock().unwrap().extend(streams);
+            self.pump.notify_one();
+        } else {
+            // one stream: waking it directly costs what waking the pump would
+            for s in streams {
+                s.notify.notify_one();
+            }
+        }
+    }
+
+    /// Hands every entry of a step's outputs to its stream and wakes their readers (all
+    /// at once, after the last); returns the rids that finished. Outputs of rids nobody
+    /// reads any more (a client that went away) are dropped here: their request was
+    /// aborted.
     pub fn publish(&self, out: &StepOutputs) -> Vec<u64> {
         let mut finished = Vec::new();
+        let mut woken: Vec<Arc<RequestStream>> = Vec::new();
         let mut routes = self.routes.lock().unwrap();
         for i in 0..out.len() {
             let rid = out.rids[i];
@@ -199,8 +248,14 @@ impl Egress {
                 top_logprobs,
                 finished: out.finished[i].clone(),
             };
-            stream.push(sample, update);
+            stream.push_quiet(sample, update);
+            // the samples of one request come one after another: wake its stream once
+            if !woken.last().is_some_and(|w| Arc::ptr_eq(w, &stream)) {
+                woken.push(stream);
+            }
         }
+        drop(routes);
+        self.wake(woken);
         finished
     }
 

@@ -36,6 +36,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use ferrolm_constraint::GrammarCache;
 use tokio::sync::oneshot;
 
@@ -112,6 +113,7 @@ impl Frontend {
             histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
             unavailable: tokio::sync::watch::Sender::new(None),
         });
+        runtime.spawn(egress.clone().pump());
         if let Some(timeout) = state.config.heartbeat_timeout_s.filter(|t| *t > 0.0) {
             runtime.spawn(watch_heartbeat(state.clone(), timeout));
         }
@@ -127,6 +129,14 @@ impl Frontend {
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (tx, rx) = oneshot::channel::<()>();
         let app = http::router(state);
+        // every SSE frame goes out when written (as asyncio's transports, and so the
+        // Python front end, do): without it a frame written while the last is unacked
+        // waits for the client's (possibly delayed) ACK
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY could not be set on a connection: {e}");
+            }
+        });
         runtime.spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async {
                 let _ = rx.await;
@@ -145,6 +155,7 @@ impl Frontend {
     /// Stops accepting, fails the requests in flight, and ends the HTTP threads (waiting
     /// at most `timeout` for open connections).
     pub fn stop(&mut self, timeout: Duration) {
+        self.egress.stop_pump();
         self.ingress.stop();
         self.egress.fail_all("the engine is unavailable: the server is shutting down");
         if let Some(tx) = self.shutdown.take() {

@@ -6,7 +6,10 @@
 //! caller that writes to the same array from another thread at the same time gets
 //! undefined results, as it would with numpy.
 
-use numpy::{PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray2, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 
 use crate::errors;
@@ -41,6 +44,28 @@ impl Ids<'_> {
             Ids::Owned(v) => v,
         }
     }
+}
+
+/// A step's logits, `[rows, vocab]` float32, borrowed for writing (the commit modifies
+/// them in place), with their row width: `obj` itself when it is a C-contiguous writable
+/// float32 array, else one C-ordered float32 copy of anything array-like.
+pub fn logits_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(PyReadwriteArray2<'py, f32>, usize)> {
+    let py = obj.py();
+    let array = match obj.cast::<PyArray2<f32>>() {
+        Ok(a) if a.is_c_contiguous() && a.try_readwrite().is_ok() => a.clone(),
+        _ => {
+            let np = py.import("numpy")?;
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("dtype", "float32")?;
+            kwargs.set_item("order", "C")?;
+            let copy = np.call_method("array", (obj,), Some(&kwargs))?;
+            copy.cast_into::<PyArray2<f32>>().map_err(|_| {
+                errors::invalid_field(py, "logits", "logits must be a 2-D array [num_requests, vocab]".into())
+            })?
+        }
+    };
+    let width = array.shape()[1];
+    Ok((array.readwrite(), width))
 }
 
 /// Reads `obj` as a sequence of integers in `0..=max`; `what` names it in errors.

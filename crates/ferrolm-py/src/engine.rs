@@ -15,9 +15,10 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
 
-use crate::convert::{ids, BlockSize};
+use crate::convert::{ids, logits_rows, BlockSize};
 use crate::errors;
 use crate::guard::Poison;
 
@@ -50,17 +51,29 @@ fn plan_column(py: Python<'_>, v: Vec<u32>) -> Py<PyArray1<i32>> {
     frozen(v.into_iter().map(|x| x as i32).collect::<Vec<i32>>().into_pyarray(py))
 }
 
-#[pyclass(module = "ferrolm._core", name = "BatchPlan", frozen, get_all)]
+#[pyclass(module = "ferrolm._core", name = "BatchPlan", frozen)]
 pub struct PyBatchPlan {
-    rids: Py<PyArray1<u64>>,
+    // the forward's columns, read every step
+    #[pyo3(get)]
     input_ids: Py<PyArray1<i32>>,
+    #[pyo3(get)]
     positions: Py<PyArray1<i32>>,
+    #[pyo3(get)]
     out_slots: Py<PyArray1<i32>>,
+    #[pyo3(get)]
     qo_offsets: Py<PyArray1<i32>>,
+    #[pyo3(get)]
     kv_slots: Py<PyArray1<i32>>,
+    #[pyo3(get)]
     kv_offsets: Py<PyArray1<i32>>,
-    samples: Py<PyArray1<bool>>,
-    is_prefill: Py<PyArray1<bool>>,
+    // the loop's columns, which a loop that leaves the outputs to the core (the Rust
+    // front end's) seldom reads: made into arrays when first read
+    rid_values: Vec<u64>,
+    sample_values: Vec<bool>,
+    prefill_values: Vec<bool>,
+    rids: PyOnceLock<Py<PyArray1<u64>>>,
+    samples: PyOnceLock<Py<PyArray1<bool>>>,
+    is_prefill: PyOnceLock<Py<PyArray1<bool>>>,
     num_requests: usize,
     num_tokens: usize,
 }
@@ -70,21 +83,54 @@ impl PyBatchPlan {
         PyBatchPlan {
             num_requests: p.num_requests(),
             num_tokens: p.num_tokens(),
-            rids: frozen(p.rids.into_pyarray(py)),
             input_ids: plan_column(py, p.input_ids),
             positions: plan_column(py, p.positions),
             out_slots: plan_column(py, p.out_slots),
             qo_offsets: plan_column(py, p.qo_offsets),
             kv_slots: plan_column(py, p.kv_slots),
             kv_offsets: plan_column(py, p.kv_offsets),
-            samples: frozen(p.samples.into_pyarray(py)),
-            is_prefill: frozen(p.is_prefill.into_pyarray(py)),
+            rid_values: p.rids,
+            sample_values: p.samples,
+            prefill_values: p.is_prefill,
+            rids: PyOnceLock::new(),
+            samples: PyOnceLock::new(),
+            is_prefill: PyOnceLock::new(),
         }
     }
 }
 
+/// A read-only array of `values`, made once.
+fn lazy_column<'py, T: numpy::Element + Copy>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Py<PyArray1<T>>>,
+    values: &[T],
+) -> Bound<'py, PyArray1<T>> {
+    // owned by a Rust container, as the other columns: numpy then refuses `setflags(write=True)`
+    cell.get_or_init(py, || frozen(values.to_vec().into_pyarray(py))).bind(py).clone()
+}
+
 #[pymethods]
 impl PyBatchPlan {
+    #[getter]
+    fn rids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
+        lazy_column(py, &self.rids, &self.rid_values)
+    }
+    #[getter]
+    fn samples<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        lazy_column(py, &self.samples, &self.sample_values)
+    }
+    #[getter]
+    fn is_prefill<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        lazy_column(py, &self.is_prefill, &self.prefill_values)
+    }
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.num_requests
+    }
+    #[getter]
+    fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
     fn __len__(&self) -> usize {
         self.num_requests
     }
@@ -447,26 +493,8 @@ impl PyEngine {
     }
 
     fn commit(&mut self, py: Python<'_>, logits: &Bound<'_, PyAny>) -> PyResult<PyStepOutputs> {
-        let array = match logits.cast::<PyArray2<f32>>() {
-            Ok(a) if a.is_c_contiguous() && a.try_readwrite().is_ok() => a.clone(),
-            _ => {
-                // anything else array-like: one conversion to a C-contiguous float32 copy
-                let np = py.import("numpy")?;
-                let copy = np.call_method1("array", (logits, "float32"))?;
-                copy.cast_into::<PyArray2<f32>>().map_err(|_| {
-                    errors::invalid_field(
-                        py,
-                        "logits",
-                        "logits must be a 2-D array [num_requests, vocab]".to_string(),
-                    )
-                })?
-            }
-        };
-        let width = array.shape()[1];
-        let mut rw = array.readwrite();
-        let slice = rw
-            .as_slice_mut()
-            .map_err(|_| errors::invalid_field(py, "logits", "logits must be contiguous".into()))?;
+        let (mut rows, width) = logits_rows(logits)?;
+        let slice = rows.as_slice_mut().expect("C-contiguous: logits_rows checked or copied it");
         let out = self
             .poison
             .run(py, (&mut self.engine, slice), |(e, s)| e.commit(s, width))?

@@ -14,11 +14,11 @@ use std::time::Duration;
 use ferrolm_core::engine::StepOutputs;
 use ferrolm_frontend::tokenizer::Message;
 use ferrolm_frontend::{ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, Loading, Tokenizer};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 use crate::constraint::PyVocabulary;
-use crate::convert::ids;
+use crate::convert::{ids, logits_rows};
 use crate::engine::PyEngine;
 use crate::errors;
 
@@ -186,25 +186,8 @@ impl PyFrontend {
         engine: &Bound<'py, PyEngine>,
         logits: &Bound<'py, PyAny>,
     ) -> PyResult<Finished<'py>> {
-        let array = match logits.cast::<PyArray2<f32>>() {
-            Ok(a) if a.is_c_contiguous() && a.try_readwrite().is_ok() => a.clone(),
-            _ => {
-                let np = py.import("numpy")?;
-                let copy = np.call_method1("array", (logits, "float32"))?;
-                copy.cast_into::<PyArray2<f32>>().map_err(|_| {
-                    errors::invalid_field(
-                        py,
-                        "logits",
-                        "logits must be a 2-D array [num_requests, vocab]".into(),
-                    )
-                })?
-            }
-        };
-        let width = array.shape()[1];
-        let mut rw = array.readwrite();
-        let slice = rw
-            .as_slice_mut()
-            .map_err(|_| errors::invalid_field(py, "logits", "logits must be contiguous".into()))?;
+        let (mut rows, width) = logits_rows(logits)?;
+        let slice = rows.as_slice_mut().expect("C-contiguous: logits_rows checked or copied it");
         self.publish(py, engine, move |core| core.commit(slice, width))
     }
 

@@ -465,8 +465,10 @@ def _proc_cpu_s(pid: int) -> float | None:
 
 def _thread_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds of a process's threads: ``main`` (the step loop of a Rust-front-end
-    server), ``http`` (its ``ferrolm-http`` threads: HTTP workers and the tokenizer pool)
-    and ``other`` (BLAS and attention workers: part of the forward). Each thread's time in
+    server), ``http`` (its front end's threads: ``ferrolm-http``, the HTTP workers and the
+    tokenizer pool, and ``ferrolm-grammar``, its grammar compiles, which the Python front
+    end's engine process counts too) and ``other`` (BLAS and attention workers: part of
+    the forward). Each thread's time in
     nanoseconds from its schedstat where the kernel keeps one: the clock ticks of its stat
     are 10 ms, which over a few HTTP threads is tens of microseconds per token of a run."""
     out = {"main": 0.0, "http": 0.0, "other": 0.0}
@@ -488,7 +490,8 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
         except (OSError, IndexError, ValueError):
             fields = raw.rsplit(")", 1)[1].split()
             cpu = (int(fields[11]) + int(fields[12])) / tick
-        key = "main" if tid == str(pid) else "http" if name.startswith("ferrolm-http") else "other"
+        front = name.startswith(("ferrolm-http", "ferrolm-grammar"))
+        key = "main" if tid == str(pid) else "http" if front else "other"
         out[key] += cpu
     return out
 

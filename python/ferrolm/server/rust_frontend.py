@@ -47,7 +47,10 @@ from ferrolm.server.prompt_bounds import max_input_chars_per_token
 log = logging.getLogger("ferrolm.server")
 
 IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop flag again
-HTTP_THREADS = 2  # the HTTP runtime's workers; tokenizing runs on as many pool threads
+# the HTTP runtime's workers: one wakes for a step's streams and writes their frames (a
+# second one, woken to steal, cost each token's wake again and saved no time at 64 streams)
+HTTP_THREADS = 1
+TOKENIZER_THREADS = 2  # chat templates and tokenizing, off the workers
 GRAMMAR_THREADS = 2  # threads waiting on grammar compiles (as the Python front end's GRAMMAR_WORKERS)
 
 
@@ -97,7 +100,7 @@ def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoad
         queue_timeout=args.queue_timeout,
         chars_per_token=max_input_chars_per_token(tokenizer, tokenizer.token_bytes()),
         http_threads=HTTP_THREADS,
-        tokenizer_threads=HTTP_THREADS,
+        tokenizer_threads=TOKENIZER_THREADS,
         grammar_threads=GRAMMAR_THREADS,
         engine_heartbeat_timeout=args.engine_heartbeat_timeout,
         loading=loading,

@@ -133,15 +133,15 @@ impl Engine {
     }
 
     /// Samples the rows of every entry that samples, split across two threads when the
-    /// batch is large enough to pay for one: rows, samplers and grammars are per request,
-    /// so the draws are independent. Returns each entry's draw (or `None`).
+    /// batch is large enough to pay for one (`worth_a_thread`): rows, samplers and
+    /// grammars are per request, so the draws are independent. Returns each entry's draw
+    /// (or `None`).
     fn draw_all(
         &mut self,
         in_flight: &[InFlight],
         logits: &mut [f32],
         width: usize,
     ) -> Vec<Option<Result<Sampled, FinishReason>>> {
-        const PARALLEL_FROM: usize = 16;
         let vocab = self.config.vocab_size;
         let index: HashMap<u64, usize> =
             in_flight.iter().enumerate().filter(|(_, f)| f.samples).map(|(i, f)| (f.rid, i)).collect();
@@ -157,7 +157,8 @@ impl Engine {
         }
         let mut drawn: Vec<Option<Result<Sampled, FinishReason>>> =
             (0..in_flight.len()).map(|_| None).collect();
-        if work.len() < PARALLEL_FROM {
+        let greedy = work.iter().filter(|(_, r, _)| r.sampler.params().is_greedy()).count();
+        if !worth_a_thread(work.len(), greedy, vocab, PARALLEL_MIN_PASSES) {
             return drawn; // sampled one by one in advance_with, with the engine's buffers
         }
         let eos = &self.config.eos_token_ids;
@@ -373,4 +374,33 @@ fn draw(
         Some(Given::Nothing) => Err(none_left(mask, crate::sampling::NoAllowedToken.to_string())),
         None => r.sampler.sample_with(row, mask, scratch).map_err(|e| none_left(mask, e.to_string())),
     }
+}
+
+/// Logit passes (`worth_a_thread`) from which a step's sampling takes two threads: about
+/// half a millisecond of argmax (some 125 rows of a 32k vocabulary, 32 of a 128k one).
+/// The core's unit tests take the two-thread path from 16 rows, to check it on small
+/// models.
+const PARALLEL_MIN_PASSES: usize = if cfg!(test) { 0 } else { 4_000_000 };
+
+/// Whether sampling `rows` rows of `vocab` logits (`greedy` of them by argmax) is worth a
+/// second thread, at `min_passes`: a thread started for the step costs tens of
+/// microseconds of CPU (its stack, its start and its join), which pays only when the rows
+/// take many times that. An argmax row is one pass over the logits; a sampled one
+/// (softmax, top-k/p), counted as several.
+fn worth_a_thread(rows: usize, greedy: usize, vocab: usize, min_passes: usize) -> bool {
+    const MIN_ROWS: usize = 16;
+    const PASSES_PER_SAMPLED_ROW: usize = 8;
+    let passes = greedy * vocab + (rows - greedy) * vocab * PASSES_PER_SAMPLED_ROW;
+    rows >= MIN_ROWS && passes >= min_passes
+}
+
+#[cfg(test)]
+#[test]
+fn a_second_sampling_thread_only_for_a_large_step() {
+    let min = 4_000_000;
+    assert!(!worth_a_thread(64, 64, 32_008, min), "64 argmax rows of a small vocabulary");
+    assert!(worth_a_thread(160, 160, 32_008, min));
+    assert!(worth_a_thread(32, 32, 128_256, min), "32 argmax rows of a large vocabulary");
+    assert!(worth_a_thread(16, 0, 32_008, min), "16 sampled rows");
+    assert!(!worth_a_thread(15, 0, 128_256, min), "never under 16 rows");
 }

@@ -110,3 +110,37 @@ fn a_waiting_reader_wakes_on_publish_from_another_thread() {
     t.join().unwrap();
     assert_eq!(got[0].1.text, "hi");
 }
+
+#[test]
+fn the_pump_wakes_every_stream_of_a_step_and_a_stopped_one_leaves_it_to_publish() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_time().build().unwrap();
+    let egress = Arc::new(Egress::new());
+    rt.spawn(egress.clone().pump());
+    let streams: Vec<_> = (0..3).map(|_| RequestStream::new(1)).collect();
+    for (i, s) in streams.iter().enumerate() {
+        egress.register(&[i as u64], s, 0);
+    }
+    let read = |egress: &Egress, step: &[(u64, &[u32], &str, bool)], want: [&str; 3]| {
+        // the readers wait before the step is published: only a wake brings it
+        let readers: Vec<_> = streams
+            .iter()
+            .map(|s| {
+                let s = s.clone();
+                rt.spawn(async move { s.next().await })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        egress.publish(&outputs(step));
+        for (r, want) in readers.into_iter().zip(want) {
+            let got = rt
+                .block_on(async { tokio::time::timeout(std::time::Duration::from_secs(10), r).await })
+                .expect("the reader was woken")
+                .unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].1.text, want);
+        }
+    };
+    read(&egress, &[(0, &[1], "a", false), (1, &[2], "b", false), (2, &[3], "c", false)], ["a", "b", "c"]);
+    egress.stop_pump();
+    read(&egress, &[(0, &[4], "d", false), (1, &[5], "e", false), (2, &[6], "f", false)], ["d", "e", "f"]);
+}
