@@ -6,6 +6,7 @@ that joins late; the block hashes against the Python twin's; ``/server_info`` an
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ zmq = pytest.importorskip("zmq", reason="pyzmq is a dependency of ferrolm (make 
 
 from ferrolm.kv_events import chain_hashes, namespace_seed  # noqa: E402
 from ferrolm.kv_wire import END_SEQ  # noqa: E402
+from ferrolm.server.args import add_serve_arguments, server_args_from  # noqa: E402
 from ferrolm.server.testing import RunningServer, free_port, running_server  # noqa: E402
 from test_kv_events_wire import check_batch  # noqa: E402
 
@@ -249,3 +251,15 @@ def test_an_endpoint_in_use_stops_serve_naming_it() -> None:
     finally:
         taken.close(linger=0)
         ctx.destroy(linger=0)
+
+
+def test_the_rust_front_end_refuses_a_publisher_instead_of_dropping_the_events() -> None:
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{free_port()}"})
+    out = serve_fails("--frontend", "rust", "--kv-events-config", config, timeout=60)
+    assert "--kv-events-config" in out and "--frontend python" in out
+    # a null publisher publishes nothing on either front end, so it is not refused
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = server_args_from(parser.parse_args(
+        ["--frontend", "rust", "--kv-events-config", '{"enable_kv_cache_events": false}']), {})
+    assert args.frontend == "rust" and args.kv_events_config is not None
