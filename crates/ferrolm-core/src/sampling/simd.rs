@@ -1,10 +1,43 @@
-//! Whole-row kernels written so the compiler vectorizes them (plain SSE2 on x86-64, no
-//! target flags): lane-wise max, a branch-free exp, and the argmax built on them. A row is
-//! 32k–200k logits and every running request needs one per step, so these loops are the
-//! sampler's cost.
+//! Whole-row kernels written so the compiler vectorizes them: lane-wise max, a branch-free
+//! exp, and the argmax built on them. A row is 32k–200k logits and every running request
+//! needs one per step, so these loops are the sampler's cost.
+//!
+//! Each kernel is compiled twice on x86-64, for the baseline (SSE2) and with AVX2, and picks
+//! at run time (`multiversion!`). AVX2 only widens the lanes: no FMA, so every lane does
+//! the same IEEE operations in the same order and both versions give the same bits (a
+//! result must not depend on the CPU it ran on).
+
+/// `pub fn name(args) -> ret` running `body` built for AVX2 where the CPU has it.
+macro_rules! multiversion {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn portable($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret { portable($($arg),*) }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2 (checked just above; the check is cached)
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable($($arg),*)
+        }
+
+        /// The baseline build alone, for the tests that check both builds agree.
+        #[cfg(test)]
+        pub(crate) mod $name {
+            use super::*;
+            pub(crate) fn portable($($arg: $ty),*) -> $ret $body
+        }
+    };
+}
 
 const LANES: usize = 8;
 
+multiversion! {
 /// The largest value, ignoring NaN; `-inf` for an empty or all-`-inf` row.
 pub fn max(xs: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
@@ -22,7 +55,9 @@ pub fn max(xs: &[f32]) -> f32 {
     }
     m
 }
+}
 
+multiversion! {
 /// Index of the largest value (NaN ignored), lowest index on ties; `None` if every value
 /// is `-inf` or NaN. One pass: each lane keeps its best value and where it saw it.
 pub fn argmax(xs: &[f32]) -> Option<u32> {
@@ -49,6 +84,7 @@ pub fn argmax(xs: &[f32]) -> Option<u32> {
     }
     winner.map(|(_, i)| i)
 }
+}
 
 /// exp(x) for x <= 0 within 2 ulp-ish (relative error < 1e-6), exactly 0 for `-inf`.
 #[inline(always)]
@@ -72,6 +108,7 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     f32::from_bits((p * scale).to_bits() & keep)
 }
 
+multiversion! {
 /// `out[i] = exp((xs[i] - shift) * scale)` for rows whose values are at most `shift`;
 /// returns the sum (accumulated in lanes of f32, then f64).
 pub fn exp_shifted(xs: &[f32], shift: f32, scale: f32, out: &mut Vec<f32>) -> f64 {
@@ -98,7 +135,9 @@ pub fn exp_shifted(xs: &[f32], shift: f32, scale: f32, out: &mut Vec<f32>) -> f6
     }
     total
 }
+}
 
+multiversion! {
 /// Sum of a block of weights, vectorized.
 pub fn sum(xs: &[f32]) -> f64 {
     let mut lanes = [0f32; LANES];
@@ -109,6 +148,7 @@ pub fn sum(xs: &[f32]) -> f64 {
         }
     }
     lanes.iter().chain(chunks.remainder()).map(|&v| v as f64).sum()
+}
 }
 
 #[cfg(test)]
@@ -136,6 +176,37 @@ mod tests {
         xs[3] = f32::NAN;
         assert_eq!(argmax(&xs), Some(30));
         assert_eq!(max(&xs), 2.0);
+    }
+
+    #[test]
+    fn the_avx2_and_baseline_builds_give_the_same_bits() {
+        // a row with ties, NaN, -inf, an odd length: the lanes' order must not change a bit
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in [0usize, 1, 7, 8, 15, 17, 100, 4095, 4097, 32_003] {
+            let mut xs: Vec<f32> = (0..len).map(|_| ((next() % 2000) as f32 - 1500.0) / 37.0).collect();
+            for _ in 0..len / 50 {
+                let i = (next() % len as u64) as usize;
+                xs[i] = [f32::NAN, f32::NEG_INFINITY, 30.0][(next() % 3) as usize];
+            }
+            assert_eq!(argmax(&xs), argmax::portable(&xs), "len {len}");
+            assert_eq!(max(&xs).to_bits(), max::portable(&xs).to_bits(), "len {len}");
+            let finite: Vec<f32> = xs.iter().map(|&x| if x.is_nan() { 0.0 } else { x }).collect();
+            let shift = max(&finite).max(0.0);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let (ta, tb) = (
+                exp_shifted(&finite, shift, 0.7, &mut a),
+                exp_shifted::portable(&finite, shift, 0.7, &mut b),
+            );
+            assert_eq!(ta.to_bits(), tb.to_bits(), "len {len}");
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "len {len}");
+            assert_eq!(sum(&a).to_bits(), sum::portable(&a).to_bits(), "len {len}");
+        }
     }
 
     #[test]
