@@ -9,6 +9,7 @@
 
 mod analysis;
 mod compile;
+mod direct;
 mod parse;
 mod subset;
 
