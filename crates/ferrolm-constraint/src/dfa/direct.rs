@@ -18,7 +18,7 @@
 use regex_automata::nfa::thompson::{BuildError, Builder, Transition, NFA};
 use regex_automata::util::look::Look;
 use regex_automata::util::primitives::StateID;
-use regex_syntax::hir::{Class, ClassUnicode};
+use regex_syntax::hir::Class;
 use regex_syntax::utf8::Utf8Sequences;
 
 use super::parse::{Literal, Parser};
@@ -85,7 +85,8 @@ struct Frag {
     nullable: bool,
 }
 
-/// The UTF-8 automaton of one non-ASCII Unicode class, independent of state ids.
+/// The automaton of one class (for a Unicode class, of its UTF-8 encodings),
+/// independent of state ids.
 struct Plan {
     /// The class's text, from `[` to its closing `]`, and the Unicode flag it was read under.
     text: Box<[u8]>,
@@ -98,8 +99,8 @@ struct Plan {
     disjoint: bool,
 }
 
-/// Plans kept per pattern (JSON Schema regexes use two or three distinct classes).
-const MAX_PLANS: usize = 16;
+/// Plans kept per pattern (JSON Schema regexes use a few distinct classes).
+const MAX_PLANS: usize = 32;
 
 struct Direct<'a> {
     parser: Parser<'a>,
@@ -327,23 +328,15 @@ impl Direct<'_> {
         let unicode = self.parser.unicode;
         // A class seen before in this pattern: its plan, without reading it again.
         let rest = &self.parser.text[start_pos..];
-        if let Some(index) =
-            self.plans.iter().position(|p| rest.starts_with(&p.text[1..]) && p.text[0] == unicode as u8)
-        {
-            self.parser.pos += self.plans[index].text.len() - 1;
-            return self.stamp(index);
-        }
-        let class = self.parser.class().ok_or(Fail::Syntax)?;
-        match class {
-            Class::Bytes(class) => {
-                let ranges: Vec<(u8, u8)> = class.iter().map(|r| (r.start(), r.end())).collect();
-                self.bytes(&ranges)
+        let seen =
+            self.plans.iter().rposition(|p| p.text[0] == unicode as u8 && rest.starts_with(&p.text[1..]));
+        let index = match seen {
+            Some(index) => {
+                self.parser.pos += self.plans[index].text.len() - 1;
+                index
             }
-            Class::Unicode(class) if class.is_ascii() => {
-                let ranges: Vec<(u8, u8)> = class.iter().map(|r| (r.start() as u8, r.end() as u8)).collect();
-                self.bytes(&ranges)
-            }
-            Class::Unicode(class) => {
+            None => {
+                let class = self.parser.class().ok_or(Fail::Syntax)?;
                 let mut text = vec![unicode as u8];
                 text.extend_from_slice(&self.parser.text[start_pos..self.parser.pos]);
                 let plan = plan(&class, text.into_boxed_slice());
@@ -351,9 +344,10 @@ impl Direct<'_> {
                     self.plans.remove(0);
                 }
                 self.plans.push(plan);
-                self.stamp(self.plans.len() - 1)
+                self.plans.len() - 1
             }
-        }
+        };
+        self.stamp(index)
     }
 
     /// The states of plan `index`.
@@ -384,12 +378,19 @@ impl Direct<'_> {
     }
 }
 
-/// The UTF-8 automaton of `class`: its byte sequences with common suffixes shared (a
+/// The automaton of `class`; for a Unicode class, its UTF-8 byte sequences with common suffixes shared (a
 /// trie of the sequences read backwards), so that bytes still to come of the same kind
 /// (two continuation bytes, ...) are one state whatever came before.
-fn plan(class: &ClassUnicode, text: Box<[u8]>) -> Plan {
+fn plan(class: &Class, text: Box<[u8]>) -> Plan {
     let mut suffixes: Vec<(u8, u8, Option<usize>)> = Vec::new();
     let mut leads: Vec<(u8, u8, Option<usize>)> = Vec::new();
+    let class = match class {
+        Class::Bytes(class) => {
+            leads.extend(class.iter().map(|r| (r.start(), r.end(), None)));
+            return Plan { text, suffixes, leads, disjoint: true };
+        }
+        Class::Unicode(class) => class,
+    };
     for range in class.iter() {
         for sequence in Utf8Sequences::new(range.start(), range.end()) {
             let ranges = sequence.as_slice();
