@@ -55,7 +55,7 @@ pub(super) fn compile(
         };
         match direct.whole(size_limit) {
             Ok(nfa) => Some(Ok(nfa)),
-            Err(Fail::Build(e)) => Some(Err(e)),
+            Err(Fail::Build(e)) => Some(Err(*e)),
             Err(Fail::Syntax) => None,
         }
     })
@@ -65,12 +65,12 @@ enum Fail {
     /// Outside the subset (or an error regex-syntax reports).
     Syntax,
     /// The builder's size limit.
-    Build(BuildError),
+    Build(Box<BuildError>),
 }
 
 impl From<BuildError> for Fail {
     fn from(e: BuildError) -> Self {
-        Fail::Build(e)
+        Fail::Build(Box::new(e))
     }
 }
 
