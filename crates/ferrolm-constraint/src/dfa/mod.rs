@@ -9,7 +9,6 @@
 
 mod analysis;
 mod compile;
-mod direct;
 mod parse;
 mod subset;
 
@@ -180,9 +179,9 @@ impl ByteDfa {
         let mut new_component = vec![u32::MAX; found.has_cycle.len()];
         let mut component = vec![0u32];
         let mut component_has_cycle = vec![false];
-        for (state, id) in new_id.iter_mut().enumerate().skip(1) {
+        for state in 1..n {
             if live(state) {
-                *id = next_id;
+                new_id[state] = next_id;
                 next_id += 1;
                 let old = found.of[state] as usize;
                 if new_component[old] == u32::MAX {
@@ -193,23 +192,17 @@ impl ByteDfa {
             }
         }
         let kept = next_id as usize;
-        let (transitions, accepting) = if kept == n {
-            // Every state is live (the usual case): ids and table stay as they are.
-            (self.transitions, self.accepting)
-        } else {
-            let mut transitions = vec![DEAD; kept * nc];
-            let mut accepting = vec![false; kept];
-            for state in 1..n {
-                if live(state) {
-                    let row = new_id[state] as usize;
-                    accepting[row] = self.accepting[state];
-                    for class in 0..nc {
-                        transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
-                    }
+        let mut transitions = vec![DEAD; kept * nc];
+        let mut accepting = vec![false; kept];
+        for state in 1..n {
+            if live(state) {
+                let row = new_id[state] as usize;
+                accepting[row] = self.accepting[state];
+                for class in 0..nc {
+                    transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
                 }
             }
-            (transitions, accepting)
-        };
+        }
         let mut class_sizes = vec![0usize; nc];
         let mut class_byte = vec![0u8; nc];
         for byte in 0..=255u8 {

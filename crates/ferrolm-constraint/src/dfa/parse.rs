@@ -12,13 +12,12 @@
 //! refuse) gives `None`, and the caller parses with regex-syntax, which also gives the
 //! errors.
 
-use regex_syntax::hir::{Class, ClassBytes, ClassBytesRange, ClassUnicode, ClassUnicodeRange};
-#[cfg(test)]
-use regex_syntax::hir::{Hir, Repetition};
+use regex_syntax::hir::{
+    Class, ClassBytes, ClassBytesRange, ClassUnicode, ClassUnicodeRange, Hir, Repetition,
+};
 
 /// The HIR of `pattern` as regex-syntax would parse it (`utf8`: its `utf8` option; the
 /// nesting limit as given to it), or `None` if `pattern` is outside the subset read here.
-#[cfg(test)]
 pub(super) fn parse(pattern: &str, utf8: bool, nest_limit: u32) -> Option<Hir> {
     let mut parser = Parser { text: pattern.as_bytes(), pos: 0, utf8, unicode: true };
     let mut stack: Vec<Group> = Vec::new();
@@ -82,7 +81,6 @@ pub(super) fn parse(pattern: &str, utf8: bool, nest_limit: u32) -> Option<Hir> {
 
 /// One group being read: its finished branches, and the current branch's items with
 /// the literal bytes read since the last item (merged as the translator merges them).
-#[cfg(test)]
 struct Group {
     branches: Vec<Hir>,
     items: Vec<Hir>,
@@ -93,7 +91,6 @@ struct Group {
 }
 
 /// What a repetition operator would apply to.
-#[cfg(test)]
 #[derive(Clone, Copy, PartialEq)]
 enum Last {
     Nothing,
@@ -105,7 +102,6 @@ enum Last {
     Repetition,
 }
 
-#[cfg(test)]
 impl Group {
     fn new(unicode_outside: bool) -> Self {
         Group {
@@ -174,7 +170,6 @@ impl Group {
 }
 
 /// As the translator: a concatenation of one item is the item.
-#[cfg(test)]
 fn concat(mut items: Vec<Hir>) -> Hir {
     if items.len() == 1 {
         items.pop().expect("one item")
@@ -183,27 +178,25 @@ fn concat(mut items: Vec<Hir>) -> Hir {
     }
 }
 
-pub(super) enum Literal {
+enum Literal {
     Char(char),
     /// A byte that is not ASCII, in a `(?-u:` group.
     Byte(u8),
 }
 
-pub(super) struct Parser<'a> {
-    pub(super) text: &'a [u8],
-    pub(super) pos: usize,
-    /// regex-syntax's `utf8` option: no class or byte that could match invalid UTF-8.
-    pub(super) utf8: bool,
-    /// The Unicode flag (`(?-u:` clears it inside its group).
-    pub(super) unicode: bool,
+struct Parser<'a> {
+    text: &'a [u8],
+    pos: usize,
+    utf8: bool,
+    unicode: bool,
 }
 
 impl Parser<'_> {
-    pub(super) fn peek(&self) -> Option<u8> {
+    fn peek(&self) -> Option<u8> {
         self.text.get(self.pos).copied()
     }
 
-    pub(super) fn eat(&mut self, prefix: &[u8]) -> bool {
+    fn eat(&mut self, prefix: &[u8]) -> bool {
         let found = self.text[self.pos..].starts_with(prefix);
         if found {
             self.pos += prefix.len();
@@ -212,7 +205,7 @@ impl Parser<'_> {
     }
 
     /// The character at the cursor (the text is a `str`, so it decodes).
-    pub(super) fn char(&mut self) -> Option<char> {
+    fn char(&mut self) -> Option<char> {
         let rest = std::str::from_utf8(&self.text[self.pos..self.text.len().min(self.pos + 4)])
             .or_else(|e| std::str::from_utf8(&self.text[self.pos..self.pos + e.valid_up_to()]))
             .ok()?;
@@ -222,7 +215,7 @@ impl Parser<'_> {
     }
 
     /// `* + ? {n} {n,} {n,m}` at the cursor.
-    pub(super) fn repetition(&mut self) -> Option<(u32, Option<u32>)> {
+    fn repetition(&mut self) -> Option<(u32, Option<u32>)> {
         let b = self.peek()?;
         self.pos += 1;
         match b {
@@ -248,7 +241,7 @@ impl Parser<'_> {
         }
     }
 
-    pub(super) fn decimal(&mut self) -> Option<u32> {
+    fn decimal(&mut self) -> Option<u32> {
         let start = self.pos;
         while self.peek().is_some_and(|b| b.is_ascii_digit()) {
             self.pos += 1;
@@ -257,7 +250,7 @@ impl Parser<'_> {
     }
 
     /// An escape outside a class: a literal, as regex-syntax's translator reads it.
-    pub(super) fn escape(&mut self) -> Option<Literal> {
+    fn escape(&mut self) -> Option<Literal> {
         let (c, hex_byte) = self.escaped_char()?;
         match hex_byte {
             // `(?-u:\xHH)`: a byte; not ASCII, only where invalid UTF-8 is allowed.
@@ -267,7 +260,7 @@ impl Parser<'_> {
     }
 
     /// After a backslash: the character meant and, for `\xHH`, the byte it may stand for.
-    pub(super) fn escaped_char(&mut self) -> Option<(char, Option<u8>)> {
+    fn escaped_char(&mut self) -> Option<(char, Option<u8>)> {
         self.pos += 1; // the backslash
         let b = self.peek()?;
         self.pos += 1;
@@ -309,7 +302,7 @@ impl Parser<'_> {
 
     /// A bracket class of literals and ranges, less (`--`) a bracket class at its end
     /// (the "any name but these" classes of `names.rs`).
-    pub(super) fn class(&mut self) -> Option<Class> {
+    fn class(&mut self) -> Option<Class> {
         self.pos += 1; // `[`
         let negated = self.eat(b"^");
         let mut ranges: Vec<(char, Option<u8>, char, Option<u8>)> = Vec::new();
@@ -388,7 +381,7 @@ impl Parser<'_> {
     }
 
     /// One character of a class, and for `\xHH` the byte it may stand for.
-    pub(super) fn class_char(&mut self) -> Option<(char, Option<u8>)> {
+    fn class_char(&mut self) -> Option<(char, Option<u8>)> {
         match self.peek()? {
             b'\\' => self.escaped_char(),
             _ => Some((self.char()?, None)),
