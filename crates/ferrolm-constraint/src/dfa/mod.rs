@@ -179,9 +179,9 @@ impl ByteDfa {
         let mut new_component = vec![u32::MAX; found.has_cycle.len()];
         let mut component = vec![0u32];
         let mut component_has_cycle = vec![false];
-        for state in 1..n {
+        for (state, id) in new_id.iter_mut().enumerate().skip(1) {
             if live(state) {
-                new_id[state] = next_id;
+                *id = next_id;
                 next_id += 1;
                 let old = found.of[state] as usize;
                 if new_component[old] == u32::MAX {
