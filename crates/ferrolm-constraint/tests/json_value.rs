@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{random_tokenization, small_vocab, Rng};
+use common::{check_mask, random_tokenization, small_vocab, Rng};
 use ferrolm_constraint::json_schema::{JsonSchemaOptions, Whitespace};
 use ferrolm_constraint::{Grammar, Matcher, Vocabulary};
 use proptest::prelude::*;
@@ -19,16 +19,6 @@ fn vocab() -> (Arc<Vocabulary>, u32) {
             .map(|t| t.as_bytes().to_vec())
             .collect();
     small_vocab(&extra)
-}
-
-/// The mask equals trying every token with `is_token_allowed`.
-fn check_mask(matcher: &Matcher, vocab: &Vocabulary) {
-    let mut mask = vec![0u32; vocab.bitmask_words()];
-    matcher.fill_next_token_bitmask(&mut mask).unwrap();
-    for id in 0..vocab.size() as u32 {
-        let in_mask = mask[id as usize / 32] >> (id % 32) & 1 == 1;
-        assert_eq!(in_mask, matcher.is_token_allowed(id), "token {id} {:?}", vocab.token_bytes(id));
-    }
 }
 
 fn accepts(

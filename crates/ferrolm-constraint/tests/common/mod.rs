@@ -6,7 +6,7 @@ pub mod earley;
 
 use std::sync::Arc;
 
-use ferrolm_constraint::Vocabulary;
+use ferrolm_constraint::{Matcher, Vocabulary};
 use proptest::prelude::*;
 
 /// A tiny deterministic generator (SplitMix64) seeded by proptest, so the tests need
@@ -144,4 +144,14 @@ pub fn random_tokenization(vocab: &Vocabulary, text: &[u8], rng: &mut Rng) -> Ve
         ids.push(id);
     }
     ids
+}
+
+/// The mask equals trying every token with `is_token_allowed`.
+pub fn check_mask(matcher: &Matcher, vocab: &Vocabulary) {
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    matcher.fill_next_token_bitmask(&mut mask).unwrap();
+    for id in 0..vocab.size() as u32 {
+        let in_mask = mask[id as usize / 32] >> (id % 32) & 1 == 1;
+        assert_eq!(in_mask, matcher.is_token_allowed(id), "token {id} {:?}", vocab.token_bytes(id));
+    }
 }
