@@ -6,13 +6,11 @@ mod common;
 
 use std::collections::{HashMap, VecDeque};
 
-use common::{extra_tokens_strategy, oracle, random_tokenization, re_strategy, small_vocab, Rng};
+use common::{
+    allowed_ids, extra_tokens_strategy, oracle, random_tokenization, re_strategy, small_vocab, Rng,
+};
 use ferrolm_constraint::{ByteDfa, Grammar, Matcher, DEAD};
 use proptest::prelude::*;
-
-fn allowed_ids(mask: &[u32]) -> Vec<u32> {
-    (0..mask.len() as u32 * 32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect()
-}
 
 /// The shortest byte string taking `state` to acceptance, by breadth-first search.
 fn shortest_completion(dfa: &ByteDfa, state: u32) -> Option<Vec<u8>> {
@@ -88,7 +86,7 @@ proptest! {
         let mut mask = vec![0u32; vocab.bitmask_words()];
         for _ in 0..6 {
             matcher.fill_next_token_bitmask(&mut mask).unwrap();
-            let allowed = allowed_ids(&mask);
+            let allowed = allowed_ids(&mask, mask.len() * 32);
             prop_assert!(!allowed.is_empty(), "{}: nothing allowed after {:?}", pattern, output);
             prop_assert_eq!(allowed.contains(&eos), matcher.can_end());
             prop_assert_eq!(allowed == vec![eos], matcher.must_end());
@@ -182,7 +180,7 @@ proptest! {
             if !forced.is_empty() {
                 prop_assert!(!matcher.can_end());
                 matcher.fill_next_token_bitmask(&mut mask).unwrap();
-                for token in allowed_ids(&mask) {
+                for token in allowed_ids(&mask, mask.len() * 32) {
                     let bytes = vocab.token_bytes(token).unwrap();
                     let n = bytes.len().min(forced.len());
                     prop_assert_eq!(&bytes[..n], &forced[..n]);

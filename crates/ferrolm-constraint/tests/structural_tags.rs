@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{check_mask, random_tokenization, small_vocab, Rng};
+use common::{allowed_ids, check_mask, random_tokenization, small_vocab, Rng};
 use ferrolm_constraint::json_schema::JsonSchemaOptions;
 use ferrolm_constraint::{Grammar, Matcher, TagSequence, TokenKind, Vocabulary};
 use proptest::prelude::*;
@@ -171,8 +171,7 @@ proptest! {
         let mut out = Vec::new();
         for _ in 0..2000 {
             matcher.fill_next_token_bitmask(&mut mask).unwrap();
-            let allowed: Vec<u32> =
-                (0..vocab.size() as u32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect();
+            let allowed = allowed_ids(&mask, vocab.size());
             prop_assert!(!allowed.is_empty(), "a dead end after {:?}", String::from_utf8_lossy(&out));
             // end half the time it may, so outputs hold one call or several
             let token = if allowed.contains(&eos) && rng.below(2) == 0 { eos } else { allowed[rng.below(allowed.len())] };
@@ -329,8 +328,7 @@ fn either_an_answer_in_the_response_format_or_calls() {
         let mut out = Vec::new();
         for _ in 0..2000 {
             matcher.fill_next_token_bitmask(&mut mask).unwrap();
-            let allowed: Vec<u32> =
-                (0..vocab.size() as u32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect();
+            let allowed = allowed_ids(&mask, vocab.size());
             let token = if allowed.contains(&eos) { eos } else { allowed[rng.below(allowed.len())] };
             assert!(matcher.accept_token(token));
             if token == eos {

@@ -155,3 +155,8 @@ pub fn check_mask(matcher: &Matcher, vocab: &Vocabulary) {
         assert_eq!(in_mask, matcher.is_token_allowed(id), "token {id} {:?}", vocab.token_bytes(id));
     }
 }
+
+/// The token ids a mask allows, below `size`.
+pub fn allowed_ids(mask: &[u32], size: usize) -> Vec<u32> {
+    (0..size as u32).filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1).collect()
+}
