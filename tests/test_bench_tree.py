@@ -37,3 +37,10 @@ def test_replay_records_a_prompt_length_per_timed_call():
     for op in TARGETS_US:
         assert len(result["lengths"][op]) == len(result["times"][op]) == len(requests)
         assert sorted(result["lengths"][op].tolist()) == sorted(len(r.prompt) for r in requests)
+
+
+def test_read_floor_replay_times_one_prompt_read_per_request():
+    requests = make_workload(WorkloadConfig(conversations=4, seed=3))
+    result = replay("rust", requests, capacity=20_000, page_size=1, policy="lru", read_floor=True)
+    assert len(result["times"]["prompt read"]) == len(result["times"]["match_prefix"]) == len(requests)
+    assert sorted(result["lengths"]["prompt read"].tolist()) == sorted(len(r.prompt) for r in requests)

@@ -60,6 +60,7 @@ CALLS = {
     "take_raw_events": lambda t, node: t.take_raw_events(),
     "take_events": lambda t, node: t.take_events(),
     "_inject_panic": lambda t, node: t._inject_panic(),
+    "_read_tokens": lambda t, node: t._read_tokens(np.array([1, 2], dtype=np.int32)),
 }
 
 
@@ -348,3 +349,22 @@ def test_memory_shrinks_back_after_eviction():
     t.evict(10**9)
     assert t.total_size() == 0
     assert t.memory_bytes() < full
+
+
+# ---------------------------------------------------------------------------------------
+# the bench hook behind the cold-read floor
+# ---------------------------------------------------------------------------------------
+
+
+def test_read_tokens_reads_like_match_prefix_and_leaves_the_tree_alone():
+    t = make_tree("rust")
+    t.insert([5, 6, 7], [1, 2, 3])
+    before = (t.total_size(), t.num_nodes(), t.evictable_size())
+    for tokens in (np.array([5, 6, 7, 8], dtype=np.int32), np.array([5, 6], dtype=np.uint32), [5, 6, 7], []):
+        assert t._read_tokens(tokens) == len(tokens)
+    assert (t.total_size(), t.num_nodes(), t.evictable_size()) == before
+    for bad in (np.array([1, -2], dtype=np.int32), [1, -2], "abc", np.zeros((2, 2), dtype=np.int32)):
+        with pytest.raises(ferrolm.errors.InvalidInputError):
+            t._read_tokens(bad)
+        with pytest.raises(ferrolm.errors.InvalidInputError):
+            t.match_prefix(bad)

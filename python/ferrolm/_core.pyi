@@ -192,6 +192,10 @@ class RadixTree:
     @property
     def root_node(self) -> int:
         """The root's handle: what ``match_prefix`` returns when nothing matched."""
+    def _read_tokens(self, tokens: object) -> int:
+        """Bench hook: reads ``tokens`` as ``match_prefix`` does (in place, checked) without
+        touching the tree; returns their count. ``ferrolm bench tree`` times it for the
+        cold-read floor under a match. Raises ``InvalidInputError`` as ``match_prefix``."""
     def _inject_panic(self) -> None:
         """Test hook: panics inside the core. Raises ``CorePanicError``, after which this
         object refuses every call."""

@@ -372,6 +372,21 @@ impl PyRadixTree {
         self.tree.root_handle().0
     }
 
+    /// Bench hook: reads `tokens` as `match_prefix` does (in place, its sign checked with
+    /// the GIL released) and touches no tree; returns how many there are. `ferrolm bench tree` times it on each
+    /// prompt just before that prompt's match: what a cold prompt costs to read on this
+    /// machine, which no tree can match under.
+    fn _read_tokens(&mut self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let (ids, sign) = tree_ids(tokens, "tokens", u32::MAX, true)?;
+        let ids = ids.as_slice();
+        // the values read with the GIL released, as a match reads them
+        let ok = self.poison.run(py, (), |()| sign == SignCheck::Done || non_negative(ids))?;
+        if !ok {
+            return Err(sign_error(py, ids, "tokens"));
+        }
+        Ok(ids.len())
+    }
+
     /// Test hook: panics inside the core, to check that a panic poisons this object.
     fn _inject_panic(&mut self, py: Python<'_>) -> PyResult<()> {
         self.poison.run(py, (), |()| panic!("injected by _inject_panic"))
