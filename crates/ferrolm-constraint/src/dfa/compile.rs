@@ -101,12 +101,10 @@ impl ByteDfa {
             false => None,
         };
         let nfa = match read {
-            Some(nfa) => nfa.map_err(|e| {
-                if e.size_limit().is_some() {
-                    nfa_too_large()
-                } else {
-                    invalid(error_chain(&e))
-                }
+            Some(nfa) => nfa.map_err(|stop| match stop {
+                super::direct::Stop::Build(e) if e.size_limit().is_some() => nfa_too_large(),
+                super::direct::Stop::Build(e) => invalid(error_chain(&e)),
+                super::direct::Stop::Budget(e) => e,
             })?,
             None => {
                 let hir = regex_syntax::ParserBuilder::new()

@@ -12,8 +12,12 @@
 //! `(?-u:` groups, `|`, greedy `* + ? {n} {n,} {n,m}`); anything else gives `None` and
 //! the caller goes through regex-syntax, which also gives the errors. A counted
 //! repetition is compiled by reading its operand's text again once per copy, as the
-//! compiler compiles the operand's HIR once per copy. The tests check, on every regex
-//! of the corpus schemas, that the automaton's language is regex-syntax's.
+//! compiler compiles the operand's HIR once per copy (an operand that matches only the
+//! empty string at most once, as regex-syntax simplifies it; an operand repeated zero
+//! times, built before its count was read, is closed with a fail state: regex-automata's
+//! builder loops for ever on a cycle of empty states, and an open exit points at state
+//! 0). The tests check, on every regex of the corpus schemas and on random regexes of
+//! the subset, that the automaton's language is regex-syntax's.
 
 use regex_automata::nfa::thompson::{BuildError, Builder, Transition, NFA};
 use regex_automata::util::look::Look;
@@ -22,18 +26,21 @@ use regex_syntax::hir::Class;
 use regex_syntax::utf8::Utf8Sequences;
 
 use super::parse::{Literal, Parser};
+use crate::error::ConstraintError;
 
 /// The NFA of `pattern` followed by `\z` (anchored; no capture states), as
 /// regex-syntax's parser (its `utf8` option, nesting limit `nest_limit`) and
 /// regex-automata's compiler would give it up to the states' shapes; `None` if
 /// `pattern` is outside the subset read here. `Some(Err)` when the NFA exceeds
-/// `size_limit` bytes.
+/// `size_limit` bytes ([`Stop::Build`], the builder's error) or the compilation's
+/// budget stops it ([`Stop::Budget`]: checked at every copy of a repeated operand, the
+/// one place where the states built are not proportional to the text read).
 pub(super) fn compile(
     pattern: &str,
     utf8: bool,
     nest_limit: u32,
     size_limit: usize,
-) -> Option<Result<NFA, BuildError>> {
+) -> Option<Result<NFA, Stop>> {
     thread_local! {
         // Kept per thread: its state list is reused from one pattern to the next.
         static BUILDER: std::cell::RefCell<Builder> = std::cell::RefCell::new(Builder::new());
@@ -53,36 +60,70 @@ pub(super) fn compile(
             nest_limit,
             plans: Vec::new(),
         };
-        match direct.whole(size_limit) {
+        let result = match direct.whole(size_limit) {
             Ok(nfa) => Some(Ok(nfa)),
-            Err(Fail::Build(e)) => Some(Err(*e)),
+            Err(Fail::Stop(stop)) => Some(Err(stop)),
             Err(Fail::Syntax) => None,
+        };
+        // The kept builder keeps its state list's capacity: not that of a huge pattern.
+        if builder.memory_usage() > KEPT_BUILDER_BYTES {
+            *builder = Builder::new();
         }
+        result
     })
+}
+
+/// The most memory a thread's kept builder holds on to between patterns.
+const KEPT_BUILDER_BYTES: usize = 4 << 20;
+
+/// Why the direct read stopped with an error.
+#[derive(Debug)]
+pub(super) enum Stop {
+    /// The builder's error (its size limit).
+    Build(Box<BuildError>),
+    /// The compilation's budget (it was cancelled).
+    Budget(ConstraintError),
 }
 
 enum Fail {
     /// Outside the subset (or an error regex-syntax reports).
     Syntax,
-    /// The builder's size limit.
-    Build(Box<BuildError>),
+    Stop(Stop),
 }
 
 impl From<BuildError> for Fail {
     fn from(e: BuildError) -> Self {
-        Fail::Build(Box::new(e))
+        Fail::Stop(Stop::Build(Box::new(e)))
     }
 }
 
 type R<T> = std::result::Result<T, Fail>;
 
 /// A piece of NFA: its entry and its exit (an `Empty` or `Union` state, patched to what
-/// follows), and whether it matches the empty string.
+/// follows), whether it matches the empty string and whether it matches nothing else.
 #[derive(Clone, Copy)]
 struct Frag {
     start: StateID,
     end: StateID,
     nullable: bool,
+    only_empty: bool,
+}
+
+impl Frag {
+    /// Of a piece that matches one character or byte.
+    fn one(start: StateID, end: StateID) -> Self {
+        Frag { start, end, nullable: false, only_empty: false }
+    }
+
+    /// `self` then `next` (already patched together).
+    fn then(self, next: Frag) -> Self {
+        Frag {
+            start: self.start,
+            end: next.end,
+            nullable: self.nullable && next.nullable,
+            only_empty: self.only_empty && next.only_empty,
+        }
+    }
 }
 
 /// The automaton of one class (for a Unicode class, of its UTF-8 encodings),
@@ -131,7 +172,7 @@ impl Direct<'_> {
 
     fn empty(&mut self) -> R<Frag> {
         let id = self.builder.add_empty()?;
-        Ok(Frag { start: id, end: id, nullable: true })
+        Ok(Frag { start: id, end: id, nullable: true, only_empty: true })
     }
 
     /// Branches separated by `|`, up to a `)` or the end.
@@ -144,14 +185,15 @@ impl Direct<'_> {
         let end = self.builder.add_empty()?;
         self.patch(union, first.start)?;
         self.patch(first.end, end)?;
-        let mut nullable = first.nullable;
+        let (mut nullable, mut only_empty) = (first.nullable, first.only_empty);
         while self.parser.eat(b"|") {
             let branch = self.concat()?;
             self.patch(union, branch.start)?;
             self.patch(branch.end, end)?;
             nullable |= branch.nullable;
+            only_empty &= branch.only_empty;
         }
-        Ok(Frag { start: union, end, nullable })
+        Ok(Frag { start: union, end, nullable, only_empty })
     }
 
     fn concat(&mut self) -> R<Frag> {
@@ -175,7 +217,7 @@ impl Direct<'_> {
                 None => frag,
                 Some(w) => {
                     self.patch(w.end, frag.start)?;
-                    Frag { start: w.start, end: frag.end, nullable: w.nullable && frag.nullable }
+                    w.then(frag)
                 }
             });
         }
@@ -187,6 +229,9 @@ impl Direct<'_> {
 
     /// The atom read at `at` (position and Unicode flag) once more: another copy.
     fn atom_again(&mut self, at: (usize, bool)) -> R<Frag> {
+        // A copy of a copy of ... : the time is the product of the counts, not the text's
+        // length; the cancel flag of a compilation past its time limit is seen here.
+        crate::budget::check().map_err(|e| Fail::Stop(Stop::Budget(e)))?;
         let unicode = self.parser.unicode;
         (self.parser.pos, self.parser.unicode) = at;
         let frag = self.atom();
@@ -197,6 +242,13 @@ impl Direct<'_> {
     /// `first` (the atom at `at`) repeated `min` to `max` times, built as
     /// regex-automata's compiler builds repetitions.
     fn repeat(&mut self, first: Frag, at: (usize, bool), min: u32, max: Option<u32>) -> R<Frag> {
+        // As regex-syntax's `Hir::repetition`: an operand that matches only the empty
+        // string is taken at most once (`(?:){1000}{1000}` is one empty state, not a
+        // million).
+        let (min, max) = match first.only_empty {
+            true => (min.min(1), Some(max.map_or(1, |max| max.min(1)))),
+            false => (min, max),
+        };
         let mut spare = Some(first);
         let mut copy = |this: &mut Self| -> R<Frag> {
             match spare.take() {
@@ -212,7 +264,7 @@ impl Direct<'_> {
                     None => next,
                     Some(w) => {
                         this.patch(w.end, next.start)?;
-                        Frag { start: w.start, end: next.end, nullable: w.nullable && next.nullable }
+                        w.then(next)
                     }
                 });
             }
@@ -222,11 +274,22 @@ impl Direct<'_> {
             }
         };
         match (min, max) {
+            (_, Some(0)) => {
+                // The operand was built when it was read, before its count was seen, and no
+                // copy of it is used. Its open end must still be closed: left as it is, it
+                // points at state 0 (a new state's target), and when state 0 is such an open
+                // end too (`(?:a){0}` first in the pattern) the builder's removal of empty
+                // states follows `0 -> 0 -> ...` for ever (`Builder::build` assumes no loop
+                // of empty states). A fail state closes it; nothing reaches it.
+                let fail = self.builder.add_fail()?;
+                self.patch(first.end, fail)?;
+                self.empty()
+            }
             (0, None) if !first.nullable => {
                 let sub = copy(self)?;
                 let union = self.builder.add_union(vec![sub.start])?;
                 self.patch(sub.end, union)?;
-                Ok(Frag { start: union, end: union, nullable: true })
+                Ok(Frag { start: union, end: union, nullable: true, only_empty: false })
             }
             (0, None) => {
                 // (x+)?, as the compiler writes x* when x matches the empty string.
@@ -236,7 +299,7 @@ impl Direct<'_> {
                 let end = self.builder.add_empty()?;
                 let question = self.builder.add_union(vec![sub.start, end])?;
                 self.patch(plus, end)?;
-                Ok(Frag { start: question, end, nullable: true })
+                Ok(Frag { start: question, end, nullable: true, only_empty: false })
             }
             (n, None) => {
                 let prefix = exactly(self, n - 1, &mut copy)?;
@@ -244,7 +307,7 @@ impl Direct<'_> {
                 self.patch(prefix.end, last.start)?;
                 let union = self.builder.add_union(vec![last.start])?;
                 self.patch(last.end, union)?;
-                Ok(Frag { start: prefix.start, end: union, nullable: prefix.nullable && last.nullable })
+                Ok(Frag { end: union, ..prefix.then(last) })
             }
             (min, Some(max)) => {
                 let prefix = exactly(self, min, &mut copy)?;
@@ -260,7 +323,7 @@ impl Direct<'_> {
                     prev_end = sub.end;
                 }
                 self.patch(prev_end, end)?;
-                Ok(Frag { start: prefix.start, end, nullable: prefix.nullable })
+                Ok(Frag { start: prefix.start, end, nullable: prefix.nullable, only_empty: first.only_empty })
             }
         }
     }
@@ -311,7 +374,7 @@ impl Direct<'_> {
         for &b in bytes.iter().rev() {
             next = self.builder.add_range(Transition { start: b, end: b, next })?;
         }
-        Ok(Frag { start: next, end, nullable: false })
+        Ok(Frag::one(next, end))
     }
 
     /// One byte out of `ranges` (sorted, disjoint): one sparse state.
@@ -320,7 +383,7 @@ impl Direct<'_> {
         let transitions =
             ranges.iter().map(|&(start, stop)| Transition { start, end: stop, next: end }).collect();
         let start = self.builder.add_sparse(transitions)?;
-        Ok(Frag { start, end, nullable: false })
+        Ok(Frag::one(start, end))
     }
 
     fn class(&mut self) -> R<Frag> {
@@ -374,7 +437,7 @@ impl Direct<'_> {
             }
             self.builder.add_union(alternates)?
         };
-        Ok(Frag { start, end, nullable: false })
+        Ok(Frag::one(start, end))
     }
 }
 
@@ -527,7 +590,176 @@ mod tests {
     #[test]
     fn a_size_limit_is_an_error() {
         let result = compile("[a-z]{1,500}x[a-z]{200}", true, 1024, 10_000);
-        assert!(result.is_some_and(|r| r.is_err_and(|e| e.size_limit().is_some())));
+        assert!(matches!(result, Some(Err(Stop::Build(e))) if e.size_limit().is_some()));
+    }
+
+    /// `f`'s result, or a panic naming `what` if it takes longer than `seconds` (the
+    /// thread is left behind: the test fails rather than hangs).
+    fn within<T: Send + 'static>(what: &str, seconds: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+        use std::sync::mpsc::{channel, RecvTimeoutError};
+        let (send, receive) = channel();
+        std::thread::spawn(move || send.send(f()));
+        match receive.recv_timeout(std::time::Duration::from_secs(seconds)) {
+            Ok(result) => result,
+            Err(RecvTimeoutError::Timeout) => panic!("{what}: no result in {seconds} s"),
+            Err(RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+        }
+    }
+
+    /// Both routes build `pattern` within a few seconds, to the same language.
+    fn same_as_general(pattern: &str) {
+        let owned = pattern.to_string();
+        let (direct, general) = within(pattern, 20, move || both(&owned, false));
+        let direct = direct.unwrap_or_else(|| panic!("{pattern} is in the subset"));
+        assert!(same_language(&direct, &general), "{pattern}");
+    }
+
+    /// An operand repeated zero times was built and left open: its end pointed at state
+    /// 0, and with state 0 such an end as well (the operand first in the pattern),
+    /// regex-automata's `Builder::build` followed the empty states `0 -> 0 -> ...` for
+    /// ever. The random regexes of `tests/mask_soundness.rs` write `(?:a){0,0}`.
+    #[test]
+    fn an_operand_repeated_zero_times_is_closed() {
+        for pattern in [
+            "a{0}",
+            "(?:a){0,0}",
+            "(?:a){0}b",
+            "(?:a{0})",
+            "(?:a{0}|b)",
+            "(?:a{0}b|c)d",
+            "[ab]{0}",
+            "(?:(?:)+){0}",
+            "(?:(?:)){1,}{0}",
+            "(?:(?:a){0}){5}",
+            "(?:(?:a){0,0}){0,3}x",
+            "(?:(?:a*){0})*",
+            "(?:|a{0})+",
+            "b(?:a){0,0}",
+        ] {
+            same_as_general(pattern);
+        }
+    }
+
+    #[test]
+    fn empty_loops_and_nested_counts_have_regex_syntax_language() {
+        for pattern in [
+            // Nested repetitions of what matches the empty string.
+            "(?:a*)*",
+            "(?:a*)+",
+            "(?:a?)*",
+            "(?:(?:a*)*)*",
+            "(?:)*",
+            "(?:)+",
+            "(?:(?:)*)*",
+            "(?:(?:)+)+",
+            "(?:(?:)?){2,}",
+            "(?:(?:)*){3}",
+            "(?:(?:){0,}){1,}b",
+            // Empty branches in loops.
+            "(?:|a)+",
+            "(?:a|)*",
+            "(?:||)*",
+            "(?:(?:|a)+|b*)+c",
+            "(?:(?:|a)*|(?:b|)*){2,4}",
+            "(?:a|(?:)*)*",
+            // Nested counted repetitions.
+            "(?:a{0,9}){0,9}",
+            "(?:(?:a{0,9}){0,9}){0,9}",
+            "(?:(?:a{1,3}){2,}){0,2}",
+            "(?:(?:a?){2}){2,}",
+            "(?:(?:a|b{0,2}){0,3}){1,2}c",
+            "(?:a{0,2}|b{1,}){0,}",
+            "(?:é{0,3}){2,3}",
+            "(?:[ab]{0,1}){1,}",
+            // Counts of what matches only the empty string: one copy, as regex-syntax
+            // simplifies them.
+            "(?:(?:a){0}){100000}",
+            "x(?:(?:a{0}){1000}){100}y",
+            "(?:(?:(?:a{0}){1000}){1000}){1000}",
+            "(?:(?:(?:(?:)*){1000}){1000}){1000}",
+            "(?:(?:(?:|(?:)){100000}){100000}){100000}",
+        ] {
+            same_as_general(pattern);
+        }
+    }
+
+    #[test]
+    fn huge_counts_stop_at_the_size_limit_as_the_general_route_does() {
+        let options = RegexOptions::default();
+        for pattern in
+            ["[a-z]{10000000}", "(?:(?:[a-z]{1000}){1000}){1000}", "(?:(?:(?:a|){1000}){1000}){1000}"]
+        {
+            let owned = pattern.to_string();
+            let options = options.clone();
+            let (direct, general) = within(pattern, 60, move || {
+                let direct = ByteDfa::build_with_route(&owned, &options, false, true);
+                let general = ByteDfa::build_with_route(&owned, &options, false, false);
+                (direct, general)
+            });
+            let direct = direct.err().unwrap_or_else(|| panic!("{pattern} is past the limit"));
+            let general = general.err().unwrap_or_else(|| panic!("{pattern} is past the limit"));
+            assert!(matches!(direct, crate::ConstraintError::GrammarTooLarge { .. }), "{pattern}: {direct}");
+            assert_eq!(direct.to_string(), general.to_string(), "{pattern}");
+        }
+    }
+
+    #[test]
+    fn a_cancelled_compilation_stops_between_copies() {
+        let flag = std::sync::Arc::new(crate::budget::CancelFlag::default());
+        flag.cancel();
+        let result = crate::budget::scope(usize::MAX, Some(flag.clone()), || {
+            compile("(?:(?:[a-z]{100}){100}){100}", true, 1024, usize::MAX)
+        });
+        assert!(matches!(result, Some(Err(Stop::Budget(crate::ConstraintError::GrammarTooLarge { .. })))));
+        assert_eq!(crate::budget::observed(&flag), 1);
+        // Without a repetition, nothing to stop: the text read is the work done.
+        let result = crate::budget::scope(usize::MAX, Some(flag.clone()), || {
+            compile("[a-z]x", true, 1024, usize::MAX)
+        });
+        assert!(matches!(result, Some(Ok(_))));
+    }
+
+    /// Random regexes of the subset, empty groups, empty branches and zero counts
+    /// included: the same language as regex-syntax's and regex-automata's compiler's.
+    mod random {
+        use super::same_as_general;
+        use proptest::prelude::*;
+
+        fn regex() -> impl Strategy<Value = String> {
+            let leaf = prop_oneof![
+                Just("a".to_string()),
+                Just("b".to_string()),
+                Just("é".to_string()),
+                Just("[ab]".to_string()),
+                Just("[^a]".to_string()),
+                Just("(?:)".to_string()),
+            ];
+            let counts = [
+                "*", "+", "?", "{0}", "{0,0}", "{1}", "{2}", "{0,1}", "{0,2}", "{1,3}", "{0,}", "{1,}",
+                "{2,}",
+            ];
+            leaf.prop_recursive(4, 24, 3, move |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 1..4).prop_map(|parts| parts.concat()),
+                    proptest::collection::vec(
+                        prop_oneof![3 => inner.clone(), 1 => Just(String::new())],
+                        2..4
+                    )
+                    .prop_map(|parts| format!("(?:{})", parts.join("|"))),
+                    (inner, proptest::sample::select(counts.to_vec()))
+                        .prop_map(|(r, count)| format!("(?:{r}){count}")),
+                ]
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1024))]
+
+            #[test]
+            fn random_regexes_have_regex_syntax_language(pattern in regex()) {
+                same_as_general(&pattern);
+            }
+        }
     }
 
     #[test]
