@@ -236,7 +236,7 @@ fn zero_counts_empty_loops_and_nested_counts_match_the_oracle() {
         let (send, receive) = channel();
         let owned = pattern.to_string();
         std::thread::spawn(move || {
-            send.send(ferrolm_constraint::ByteDfa::from_regex(&owned, &Default::default()))
+            let _ = send.send(ferrolm_constraint::ByteDfa::from_regex(&owned, &Default::default()));
         });
         match receive.recv_timeout(Duration::from_secs(30)) {
             Ok(result) => result,

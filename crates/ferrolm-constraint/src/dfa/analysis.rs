@@ -286,8 +286,8 @@ mod tests {
                 let live = accepting[a] || (1..n).any(|t| from_a[t] && accepting[t]);
                 assert_eq!(found.live[found.of[a] as usize], live);
                 assert_eq!(found.has_cycle[found.of[a] as usize], from_a[a]);
-                for b in 1..n {
-                    assert_eq!(found.of[a] == found.of[b], a == b || (from_a[b] && reach(b)[a]));
+                for (b, &a_reaches_b) in from_a.iter().enumerate().skip(1) {
+                    assert_eq!(found.of[a] == found.of[b], a == b || (a_reaches_b && reach(b)[a]));
                 }
             }
         }
