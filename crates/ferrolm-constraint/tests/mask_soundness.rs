@@ -222,3 +222,64 @@ fn counted_repetitions_share_masks_only_where_sound() {
         }
     }
 }
+
+/// Regexes that hung the direct NFA reader (an operand repeated zero times left open:
+/// `(?:a){0,0}` is what `re_strategy` writes) and others of their kind: empty loops,
+/// empty branches in loops, nested and huge counts. Each compiles within seconds (or
+/// stops with `GrammarTooLarge`), and the automaton agrees with the `regex` crate on
+/// every string of up to four characters over the alphabet.
+#[test]
+fn zero_counts_empty_loops_and_nested_counts_match_the_oracle() {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    use std::time::Duration;
+    let compile = |pattern: &str| {
+        let (send, receive) = channel();
+        let owned = pattern.to_string();
+        std::thread::spawn(move || {
+            let _ = send.send(ferrolm_constraint::ByteDfa::from_regex(&owned, &Default::default()));
+        });
+        match receive.recv_timeout(Duration::from_secs(30)) {
+            Ok(result) => result,
+            Err(RecvTimeoutError::Timeout) => panic!("{pattern}: no automaton in 30 s"),
+            Err(RecvTimeoutError::Disconnected) => panic!("{pattern}: panicked"),
+        }
+    };
+    let alphabet = ["a", "b", "é"];
+    let mut strings = vec![String::new()];
+    for length in 1..=4 {
+        let shorter: Vec<String> =
+            strings.iter().filter(|s| s.chars().count() == length - 1).cloned().collect();
+        strings.extend(shorter.iter().flat_map(|s| alphabet.iter().map(move |c| format!("{s}{c}"))));
+    }
+    for pattern in [
+        "a{0}",
+        "(?:a){0,0}",
+        "(?:a){0,0}b",
+        "(?:(?:a){0,0}|b)*",
+        "(?:(?:a){0}){3}",
+        "(?:a*)*",
+        "(?:(?:)*)*b",
+        "(?:|a)+",
+        "(?:a|)*(?:|b){2,}",
+        "(?:(?:|a)*|b*)+",
+        "(?:(?:a{0,3}){0,3}){0,3}",
+        "(?:(?:a?){2}){1,}b?",
+        "(?:é{0,2}|b){2,3}",
+        "(?:(?:(?:(?:)*){1000}){1000}){1000}",
+        "(?:(?:(?:a{0}){1000}){1000}){1000}b",
+    ] {
+        let dfa = compile(pattern).unwrap_or_else(|e| panic!("{pattern}: {e}"));
+        let oracle = oracle(pattern);
+        for text in &strings {
+            let state = dfa.run(dfa.start(), text.as_bytes());
+            let ours = state != DEAD && dfa.is_accepting(state);
+            assert_eq!(ours, oracle.is_match(text.as_bytes()), "{pattern} on {text:?}");
+        }
+    }
+    for pattern in ["[a-z]{10000000}", "(?:(?:[ab]{1000}){1000}){1000}", "(?:(?:(?:a|){1000}){1000}){1000}"] {
+        match compile(pattern) {
+            Err(ferrolm_constraint::ConstraintError::GrammarTooLarge { .. }) => {}
+            other => panic!("{pattern}: {:?}", other.map(|d| d.num_states())),
+        }
+    }
+}

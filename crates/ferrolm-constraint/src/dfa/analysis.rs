@@ -148,6 +148,9 @@ pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[
     let mut index = vec![UNVISITED; n];
     let mut lowlink = vec![0u32; n];
     let mut on_stack = vec![false; n];
+    // Per state: a transition to a finished live component, or to itself.
+    let mut reaches_live = vec![false; n];
+    let mut self_loop = vec![false; n];
     let mut stack: Vec<u32> = Vec::new();
     let mut calls: Vec<(u32, usize)> = Vec::new();
     let mut out = Components { of: vec![UNVISITED; n], has_cycle: vec![false], live: vec![false] };
@@ -165,12 +168,12 @@ pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[
         calls.push((root as u32, 0));
         while let Some(&mut (state, ref mut next_class)) = calls.last_mut() {
             let s = state as usize;
-            if *next_class < nc {
-                let target = transitions[s * nc + *next_class] as usize;
-                *next_class += 1;
-                if target == DEAD as usize {
-                    continue;
-                }
+            // The next transition that is not to DEAD (rows are mostly DEAD).
+            let row = &transitions[s * nc..(s + 1) * nc];
+            let found = row[*next_class..].iter().position(|&t| t != DEAD);
+            if let Some(offset) = found {
+                let target = row[*next_class + offset] as usize;
+                *next_class += offset + 1;
                 if index[target] == UNVISITED {
                     index[target] = counter;
                     lowlink[target] = counter;
@@ -180,40 +183,40 @@ pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[
                     calls.push((target as u32, 0));
                 } else if on_stack[target] {
                     lowlink[s] = lowlink[s].min(index[target]);
+                    self_loop[s] |= target == s;
+                } else {
+                    reaches_live[s] |= out.live[out.of[target] as usize];
                 }
                 continue;
             }
+            *next_class = nc;
             calls.pop();
             if let Some(&(caller, _)) = calls.last() {
-                lowlink[caller as usize] = lowlink[caller as usize].min(lowlink[s]);
+                let c = caller as usize;
+                lowlink[c] = lowlink[c].min(lowlink[s]);
             }
-            if lowlink[s] != index[s] {
-                continue;
+            if lowlink[s] == index[s] {
+                // `state` roots a component: the states above it on the stack.
+                let id = out.has_cycle.len() as u32;
+                let first = stack.iter().rposition(|&m| m == state).expect("the root is on the stack");
+                let mut live = false;
+                let cycle = stack.len() - first > 1 || self_loop[s];
+                for &member in &stack[first..] {
+                    let m = member as usize;
+                    on_stack[m] = false;
+                    out.of[m] = id;
+                    live |= accepting[m] || reaches_live[m];
+                }
+                stack.truncate(first);
+                out.has_cycle.push(cycle);
+                out.live.push(live);
             }
-            // `state` roots a component: the states above it on the stack.
-            let id = out.has_cycle.len() as u32;
-            let first = stack.iter().rposition(|&m| m == state).expect("the root is on the stack");
-            let mut live = false;
-            let mut cycle = stack.len() - first > 1;
-            for &member in &stack[first..] {
-                let m = member as usize;
-                on_stack[m] = false;
-                out.of[m] = id;
-            }
-            for &member in &stack[first..] {
-                let m = member as usize;
-                live |= accepting[m];
-                for &t in &transitions[m * nc..(m + 1) * nc] {
-                    if t == member {
-                        cycle = true;
-                    } else if t != DEAD && out.of[t as usize] != id {
-                        live |= out.live[out.of[t as usize] as usize];
-                    }
+            // Back in the caller: a finished callee's liveness is known now.
+            if let Some(&(caller, _)) = calls.last() {
+                if !on_stack[s] {
+                    reaches_live[caller as usize] |= out.live[out.of[s] as usize];
                 }
             }
-            stack.truncate(first);
-            out.has_cycle.push(cycle);
-            out.live.push(live);
         }
     }
     out
@@ -283,8 +286,8 @@ mod tests {
                 let live = accepting[a] || (1..n).any(|t| from_a[t] && accepting[t]);
                 assert_eq!(found.live[found.of[a] as usize], live);
                 assert_eq!(found.has_cycle[found.of[a] as usize], from_a[a]);
-                for b in 1..n {
-                    assert_eq!(found.of[a] == found.of[b], a == b || (from_a[b] && reach(b)[a]));
+                for (b, &a_reaches_b) in from_a.iter().enumerate().skip(1) {
+                    assert_eq!(found.of[a] == found.of[b], a == b || (a_reaches_b && reach(b)[a]));
                 }
             }
         }

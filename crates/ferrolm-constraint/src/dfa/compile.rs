@@ -79,33 +79,59 @@ impl ByteDfa {
     }
 
     fn build_uncached(pattern: &str, options: &RegexOptions, allow_calls: bool) -> Result<Self> {
+        Self::build_with_route(pattern, options, allow_calls, true)
+    }
+
+    /// `direct`: read the syntax our translators write straight into an NFA
+    /// (`direct.rs`); otherwise (and for any other syntax) regex-syntax parses and
+    /// regex-automata's compiler builds the NFA.
+    pub(super) fn build_with_route(
+        pattern: &str,
+        options: &RegexOptions,
+        allow_calls: bool,
+        direct: bool,
+    ) -> Result<Self> {
         let invalid = |message: String| invalid_regex(pattern, message);
-        // The one-pass parser reads what our translators write; regex-syntax the rest.
-        let hir = match super::parse::parse(pattern, !allow_calls, MAX_GROUP_NESTING) {
-            Some(hir) => hir,
-            None => regex_syntax::ParserBuilder::new()
-                .nest_limit(MAX_GROUP_NESTING)
-                .utf8(!allow_calls)
-                .build()
-                .parse(pattern)
-                .map_err(|e| invalid(e.to_string()))?,
-        };
-        let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
-        // No capture groups: we only ever ask "alive?", and captures add states.
-        let config = thompson::Config::new()
-            .nfa_size_limit(Some(options.max_automaton_bytes))
-            .shrink(false)
-            .which_captures(thompson::WhichCaptures::None);
+        let nfa_too_large = || too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes));
         crate::budget::check()?;
-        let nfa =
-            with_nfa_compiler(|compiler| compiler.configure(config).build_from_hir(&whole).map_err(Box::new))
+        let read = match direct {
+            true => {
+                super::direct::compile(pattern, !allow_calls, MAX_GROUP_NESTING, options.max_automaton_bytes)
+            }
+            false => None,
+        };
+        let nfa = match read {
+            Some(nfa) => nfa.map_err(|stop| match stop {
+                super::direct::Stop::Build(e) if e.size_limit().is_some() => nfa_too_large(),
+                super::direct::Stop::Build(e) => invalid(error_chain(&e)),
+                super::direct::Stop::Budget(e) => e,
+            })?,
+            None => {
+                let hir = regex_syntax::ParserBuilder::new()
+                    .nest_limit(MAX_GROUP_NESTING)
+                    .utf8(!allow_calls)
+                    .build()
+                    .parse(pattern)
+                    .map_err(|e| invalid(e.to_string()))?;
+                let whole = Hir::concat(vec![hir, Hir::look(Look::End)]);
+                // No capture groups: we only ever ask "alive?", and captures add states.
+                let config = thompson::Config::new()
+                    .nfa_size_limit(Some(options.max_automaton_bytes))
+                    .shrink(false)
+                    .which_captures(thompson::WhichCaptures::None);
+                crate::budget::check()?;
+                with_nfa_compiler(|compiler| {
+                    compiler.configure(config).build_from_hir(&whole).map_err(Box::new)
+                })
                 .map_err(|e| {
                     if e.size_limit().is_some() {
-                        too_large(format!("the NFA exceeds {} bytes", options.max_automaton_bytes))
+                        nfa_too_large()
                     } else {
                         invalid(error_chain(&e))
                     }
-                })?;
+                })?
+            }
+        };
         crate::budget::charge(nfa.memory_usage(), "the NFA")?;
         if super::subset::applies(&nfa) {
             let table = super::subset::determinize(&nfa, options)?;

@@ -9,6 +9,7 @@
 
 mod analysis;
 mod compile;
+mod direct;
 mod parse;
 mod subset;
 
@@ -192,17 +193,23 @@ impl ByteDfa {
             }
         }
         let kept = next_id as usize;
-        let mut transitions = vec![DEAD; kept * nc];
-        let mut accepting = vec![false; kept];
-        for state in 1..n {
-            if live(state) {
-                let row = new_id[state] as usize;
-                accepting[row] = self.accepting[state];
-                for class in 0..nc {
-                    transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
+        let (transitions, accepting) = if kept == n {
+            // Every state is live (the usual case): ids and table stay as they are.
+            (self.transitions, self.accepting)
+        } else {
+            let mut transitions = vec![DEAD; kept * nc];
+            let mut accepting = vec![false; kept];
+            for state in 1..n {
+                if live(state) {
+                    let row = new_id[state] as usize;
+                    accepting[row] = self.accepting[state];
+                    for class in 0..nc {
+                        transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
+                    }
                 }
             }
-        }
+            (transitions, accepting)
+        };
         let mut class_sizes = vec![0usize; nc];
         let mut class_byte = vec![0u8; nc];
         for byte in 0..=255u8 {

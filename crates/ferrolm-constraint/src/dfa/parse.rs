@@ -12,12 +12,13 @@
 //! refuse) gives `None`, and the caller parses with regex-syntax, which also gives the
 //! errors.
 
-use regex_syntax::hir::{
-    Class, ClassBytes, ClassBytesRange, ClassUnicode, ClassUnicodeRange, Hir, Repetition,
-};
+use regex_syntax::hir::{Class, ClassBytes, ClassBytesRange, ClassUnicode, ClassUnicodeRange};
+#[cfg(test)]
+use regex_syntax::hir::{Hir, Repetition};
 
 /// The HIR of `pattern` as regex-syntax would parse it (`utf8`: its `utf8` option; the
 /// nesting limit as given to it), or `None` if `pattern` is outside the subset read here.
+#[cfg(test)]
 pub(super) fn parse(pattern: &str, utf8: bool, nest_limit: u32) -> Option<Hir> {
     let mut parser = Parser { text: pattern.as_bytes(), pos: 0, utf8, unicode: true };
     let mut stack: Vec<Group> = Vec::new();
@@ -81,6 +82,7 @@ pub(super) fn parse(pattern: &str, utf8: bool, nest_limit: u32) -> Option<Hir> {
 
 /// One group being read: its finished branches, and the current branch's items with
 /// the literal bytes read since the last item (merged as the translator merges them).
+#[cfg(test)]
 struct Group {
     branches: Vec<Hir>,
     items: Vec<Hir>,
@@ -91,6 +93,7 @@ struct Group {
 }
 
 /// What a repetition operator would apply to.
+#[cfg(test)]
 #[derive(Clone, Copy, PartialEq)]
 enum Last {
     Nothing,
@@ -102,6 +105,7 @@ enum Last {
     Repetition,
 }
 
+#[cfg(test)]
 impl Group {
     fn new(unicode_outside: bool) -> Self {
         Group {
@@ -170,6 +174,7 @@ impl Group {
 }
 
 /// As the translator: a concatenation of one item is the item.
+#[cfg(test)]
 fn concat(mut items: Vec<Hir>) -> Hir {
     if items.len() == 1 {
         items.pop().expect("one item")
@@ -178,25 +183,27 @@ fn concat(mut items: Vec<Hir>) -> Hir {
     }
 }
 
-enum Literal {
+pub(super) enum Literal {
     Char(char),
     /// A byte that is not ASCII, in a `(?-u:` group.
     Byte(u8),
 }
 
-struct Parser<'a> {
-    text: &'a [u8],
-    pos: usize,
-    utf8: bool,
-    unicode: bool,
+pub(super) struct Parser<'a> {
+    pub(super) text: &'a [u8],
+    pub(super) pos: usize,
+    /// regex-syntax's `utf8` option: no class or byte that could match invalid UTF-8.
+    pub(super) utf8: bool,
+    /// The Unicode flag (`(?-u:` clears it inside its group).
+    pub(super) unicode: bool,
 }
 
 impl Parser<'_> {
-    fn peek(&self) -> Option<u8> {
+    pub(super) fn peek(&self) -> Option<u8> {
         self.text.get(self.pos).copied()
     }
 
-    fn eat(&mut self, prefix: &[u8]) -> bool {
+    pub(super) fn eat(&mut self, prefix: &[u8]) -> bool {
         let found = self.text[self.pos..].starts_with(prefix);
         if found {
             self.pos += prefix.len();
@@ -205,7 +212,7 @@ impl Parser<'_> {
     }
 
     /// The character at the cursor (the text is a `str`, so it decodes).
-    fn char(&mut self) -> Option<char> {
+    pub(super) fn char(&mut self) -> Option<char> {
         let rest = std::str::from_utf8(&self.text[self.pos..self.text.len().min(self.pos + 4)])
             .or_else(|e| std::str::from_utf8(&self.text[self.pos..self.pos + e.valid_up_to()]))
             .ok()?;
@@ -215,7 +222,7 @@ impl Parser<'_> {
     }
 
     /// `* + ? {n} {n,} {n,m}` at the cursor.
-    fn repetition(&mut self) -> Option<(u32, Option<u32>)> {
+    pub(super) fn repetition(&mut self) -> Option<(u32, Option<u32>)> {
         let b = self.peek()?;
         self.pos += 1;
         match b {
@@ -241,7 +248,7 @@ impl Parser<'_> {
         }
     }
 
-    fn decimal(&mut self) -> Option<u32> {
+    pub(super) fn decimal(&mut self) -> Option<u32> {
         let start = self.pos;
         while self.peek().is_some_and(|b| b.is_ascii_digit()) {
             self.pos += 1;
@@ -250,7 +257,7 @@ impl Parser<'_> {
     }
 
     /// An escape outside a class: a literal, as regex-syntax's translator reads it.
-    fn escape(&mut self) -> Option<Literal> {
+    pub(super) fn escape(&mut self) -> Option<Literal> {
         let (c, hex_byte) = self.escaped_char()?;
         match hex_byte {
             // `(?-u:\xHH)`: a byte; not ASCII, only where invalid UTF-8 is allowed.
@@ -260,7 +267,7 @@ impl Parser<'_> {
     }
 
     /// After a backslash: the character meant and, for `\xHH`, the byte it may stand for.
-    fn escaped_char(&mut self) -> Option<(char, Option<u8>)> {
+    pub(super) fn escaped_char(&mut self) -> Option<(char, Option<u8>)> {
         self.pos += 1; // the backslash
         let b = self.peek()?;
         self.pos += 1;
@@ -302,7 +309,7 @@ impl Parser<'_> {
 
     /// A bracket class of literals and ranges, less (`--`) a bracket class at its end
     /// (the "any name but these" classes of `names.rs`).
-    fn class(&mut self) -> Option<Class> {
+    pub(super) fn class(&mut self) -> Option<Class> {
         self.pos += 1; // `[`
         let negated = self.eat(b"^");
         let mut ranges: Vec<(char, Option<u8>, char, Option<u8>)> = Vec::new();
@@ -381,7 +388,7 @@ impl Parser<'_> {
     }
 
     /// One character of a class, and for `\xHH` the byte it may stand for.
-    fn class_char(&mut self) -> Option<(char, Option<u8>)> {
+    pub(super) fn class_char(&mut self) -> Option<(char, Option<u8>)> {
         match self.peek()? {
             b'\\' => self.escaped_char(),
             _ => Some((self.char()?, None)),

@@ -54,6 +54,10 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     let mut set: Vec<StateID> = Vec::new();
     // Per class: the NFA states one byte of it leads to, in the order of `set`.
     let mut per_class: Vec<Vec<StateID>> = vec![Vec::new(); num_classes];
+    // Lists of NFA states one byte leads to, seen so far, and the DFA state of each
+    // (list 0 is the empty list, never looked up).
+    let mut targets = SetStore::default();
+    let mut target_of: Vec<u32> = vec![DEAD];
     while next_to_expand < sets.len() {
         if next_to_expand % 256 == 0 {
             if started.elapsed() > options.timeout {
@@ -92,8 +96,15 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
             } else if class > 0 && per_class[class] == per_class[class - 1] {
                 *transitions.last().expect("the previous class's target")
             } else {
-                closure.of(nfa, per_class[class].iter().copied(), &mut buffer);
-                intern(&buffer, &mut sets)?
+                // The same NFA states after a byte recur from many DFA states (every
+                // character of a string body leads to the body again): their closure
+                // and its lookup are done once.
+                let (seen, fresh) = targets.intern(&per_class[class]);
+                if fresh {
+                    closure.of(nfa, per_class[class].iter().copied(), &mut buffer);
+                    target_of.push(intern(&buffer, &mut sets)?);
+                }
+                target_of[seen as usize]
             };
             transitions.push(target);
         }
