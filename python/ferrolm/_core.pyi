@@ -776,12 +776,18 @@ class Frontend:
         grammar_threads: int = 2,
         engine_heartbeat_timeout: float = 0.0,
         loading: FrontendLoading | None = None,
+        kv_events_json: str | None = None,
     ) -> Self: ...
     @property
     def port(self) -> int: ...
     @property
     def in_flight(self) -> int:
         """Samples submitted and not finished."""
+    def note_kv_events(self, queued: int, sent: int, dropped: int, replays: int, late: int) -> None:
+        """The KV event publisher's counters (``ferrolm.kv_publisher``; ``late``: steps whose
+        outputs went before the earlier steps' events were sent), as ``/server_info`` and
+        ``/metrics`` show them while ``kv_events_json`` (the stream's description,
+        ``/server_info``'s ``kv_events``) says events are enabled."""
     def wait(self, timeout: float) -> bool:
         """Blocks (GIL released) until a request, abort or call is queued, ``stop`` was
         called, or ``timeout`` seconds pass; True when something is queued."""

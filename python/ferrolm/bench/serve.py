@@ -162,8 +162,8 @@ def _install_forward_timer(path: str) -> None:
 
     loop_init = rust_frontend.StepLoop.__init__
 
-    def timed_loop_init(self: Any, engine: Any, frontend: Any) -> None:
-        loop_init(self, engine, _TimedCommits(frontend, totals, publish))  # type: ignore[arg-type]
+    def timed_loop_init(self: Any, engine: Any, frontend: Any, kv_publisher: Any = None) -> None:
+        loop_init(self, engine, _TimedCommits(frontend, totals, publish), kv_publisher)  # type: ignore[arg-type]
 
     rust_frontend.StepLoop.__init__ = timed_loop_init  # type: ignore[method-assign]
 

@@ -193,9 +193,4 @@ def server_args_from(ns: argparse.Namespace, environ: dict[str, str] | None = No
             settings["kv_events_config"] = parse_kv_events_config(settings["kv_events_config"])
         except InvalidInputError as e:
             raise SystemExit(f"ferrolm serve: --kv-events-config: {e}") from None
-        # the Rust front end's step loop does not publish KV events yet: refusing the
-        # combination beats a router that silently never hears of this replica's blocks
-        if settings["frontend"] == "rust" and settings["kv_events_config"].resolved_publisher != "null":
-            raise SystemExit("ferrolm serve: --kv-events-config (a zmq publisher) needs --frontend python; "
-                             "the Rust front end does not publish KV events yet")
     return ServerArgs(**settings)
