@@ -816,6 +816,15 @@ class FrontendLoading:
     def stop(self) -> None:
         """Stops answering and frees the port (when no ``Frontend`` took it over)."""
 
+def frontend_encode(
+    tokenizer_json: str, texts: list[str], *, add_special_tokens: bool = False
+) -> tuple[list[list[int]], bool]:
+    """Token ids of ``texts`` as the Rust front end tokenizes them (``tokenizer.json`` through
+    the ``tokenizers`` crate, the pre-tokenizer's split regex run by hand when it is
+    cl100k's / Llama 3's, Qwen 2's or GPT-2's), for comparing with the ``tokenizers``
+    package; and whether the hand-written split ran. Raises ``InvalidInputError`` when the
+    file cannot be read."""
+
 def render_chat_template(
     template: str,
     messages_json: str,

@@ -25,6 +25,7 @@ pub mod json_body;
 pub mod kv_events;
 pub mod loading;
 pub mod metrics;
+pub mod pretokenize;
 pub mod protocol;
 pub mod state;
 pub mod structured;

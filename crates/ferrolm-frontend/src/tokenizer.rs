@@ -9,15 +9,31 @@ use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value as JinjaValue};
 use serde::{Deserialize, Serialize};
 
+use crate::pretokenize::FastPreTokenizer;
+
+/// The `tokenizers` crate's tokenizer with the pre-tokenizer's split regex run by hand
+/// where it is one of the common ones (`crate::pretokenize`).
+type Hf = tokenizers::TokenizerImpl<
+    tokenizers::ModelWrapper,
+    tokenizers::NormalizerWrapper,
+    FastPreTokenizer,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
+
 pub struct Tokenizer {
-    hf: tokenizers::Tokenizer,
+    hf: Hf,
 }
 
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        let hf = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| format!("tokenizer.json could not be read: {e}"))?;
+        let hf = Hf::from_file(path).map_err(|e| format!("tokenizer.json could not be read: {e}"))?;
         Ok(Tokenizer { hf })
+    }
+
+    /// Whether the pre-tokenizer's split regex runs by hand (else as the crate runs it).
+    pub fn fast_pre_tokenizer(&self) -> bool {
+        self.hf.get_pre_tokenizer().is_some_and(FastPreTokenizer::is_fast)
     }
 
     /// Token ids; `add_special_tokens` applies the tokenizer's template (e.g. a leading

@@ -298,7 +298,28 @@ fn render_chat_template(
         .map_err(|m| errors::invalid_input(py, m))
 }
 
+/// Token ids of `texts` as the Rust front end tokenizes them (`tokenizer.json` with the
+/// hand-written pre-tokenizer split where it applies), for comparing with the `tokenizers`
+/// package; and whether the hand-written split ran.
+#[pyfunction]
+#[pyo3(signature = (tokenizer_json, texts, *, add_special_tokens = false))]
+fn frontend_encode(
+    py: Python<'_>,
+    tokenizer_json: PathBuf,
+    texts: Vec<String>,
+    add_special_tokens: bool,
+) -> PyResult<(Vec<Vec<u32>>, bool)> {
+    let tokenizer = Tokenizer::from_file(&tokenizer_json).map_err(|m| errors::invalid_input(py, m))?;
+    let ids = py
+        .detach(|| {
+            texts.iter().map(|t| tokenizer.encode(t, add_special_tokens)).collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|m| errors::invalid_input(py, m))?;
+    Ok((ids, tokenizer.fast_pre_tokenizer()))
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(frontend_encode, m)?)?;
     m.add_class::<PyFrontend>()?;
     m.add_class::<PyLoading>()?;
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)
