@@ -233,6 +233,9 @@ def run_rust_server(args: ServerArgs) -> int:
     signal.signal(signal.SIGINT, stop)
     url = f"http://{args.host}:{frontend.port}"
     print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1; Rust front end)", flush=True)
+    from ferrolm.server.launch import print_try
+
+    print_try(args, url)
     try:
         loop.run()
     finally:
