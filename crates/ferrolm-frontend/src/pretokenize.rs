@@ -236,6 +236,45 @@ fn contraction(chars: &[(usize, char, u8)], i: usize, fold: bool) -> Option<usiz
     None
 }
 
+/// GPT-2's byte-to-character table (`ByteLevel`'s): printable Latin-1 bytes stand for
+/// themselves, the others for 256 + n in byte order.
+fn byte_chars() -> &'static [char; 256] {
+    static TABLE: OnceLock<[char; 256]> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut table = ['\0'; 256];
+        let mut n = 0;
+        for b in 0..=255u8 {
+            table[b as usize] = if printable(b) {
+                char::from(b)
+            } else {
+                n += 1;
+                char::from_u32(255 + n).expect("below 512")
+            };
+        }
+        table
+    })
+}
+
+/// The pieces of `text` as `byte_level_only`'s pre-tokenizer hands them to the model:
+/// split, then each piece's bytes as GPT-2's characters; `f` takes each piece.
+pub fn byte_level_pieces(kind: SplitKind, add_prefix_space: bool, text: &str, mut f: impl FnMut(&str)) {
+    let spaced;
+    let text = if add_prefix_space && !text.starts_with(' ') {
+        spaced = format!(" {text}");
+        spaced.as_str()
+    } else {
+        text
+    };
+    let table = byte_chars();
+    let mut piece = String::new();
+    for (start, end) in split(kind, text) {
+        piece.clear();
+        piece.extend(text.as_bytes()[start..end].iter().map(|&b| table[b as usize]));
+        f(&piece);
+    }
+}
+
 /// A pre-tokenizer read from `tokenizer.json` that runs a recognized split regex with
 /// [`FastSplit`], and anything else as the `tokenizers` crate does.
 #[derive(Clone, Debug)]
@@ -255,6 +294,20 @@ impl FastPreTokenizer {
     /// Whether the split regex is the hand-written one.
     pub fn is_fast(&self) -> bool {
         matches!(self, FastPreTokenizer::Fast { .. })
+    }
+
+    /// The split and whether a prefix space is added, when the whole pre-tokenizer is the
+    /// split then GPT-2's byte-to-character mapping (`ByteLevel` without its regex or
+    /// prefix space): what [`byte_level_pieces`] does without the crate's alignment
+    /// bookkeeping.
+    pub fn byte_level_only(&self) -> Option<(SplitKind, bool)> {
+        let FastPreTokenizer::Fast { kind, add_prefix_space, rest, .. } = self else { return None };
+        match rest.as_slice() {
+            [PreTokenizerWrapper::ByteLevel(b)] if !b.use_regex && !b.add_prefix_space => {
+                Some((*kind, *add_prefix_space))
+            }
+            _ => None,
+        }
     }
 
     /// From the `pre_tokenizer` object of `tokenizer.json`.
@@ -437,6 +490,21 @@ mod tests {
                 (0..len).map(|_| alphabet[(next() % alphabet.len() as u64) as usize]).collect();
             check(&text);
         }
+    }
+
+    #[test]
+    fn byte_level_characters_are_gpt2s() {
+        let t = byte_chars();
+        assert_eq!((t[b' ' as usize], t[b'\n' as usize], t[0], t[b'a' as usize]), ('Ġ', 'Ċ', 'Ā', 'a'));
+        assert_eq!((t[0xA0], t[0xAD], t[0xFF]), ('ł', 'Ń', 'ÿ'));
+        let mut pieces = Vec::new();
+        byte_level_pieces(SplitKind::Cl100k { max_digits: 3 }, false, "Hi  é\n", |p| {
+            pieces.push(p.to_string())
+        });
+        assert_eq!(pieces, ["Hi", "Ġ", "ĠÃ©", "Ċ"]);
+        pieces.clear();
+        byte_level_pieces(SplitKind::Gpt2, true, "Hi", |p| pieces.push(p.to_string()));
+        assert_eq!(pieces, ["ĠHi"]);
     }
 
     #[test]
