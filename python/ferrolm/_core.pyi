@@ -37,6 +37,7 @@ __all__ = [
     "Frontend",
     "FrontendLoading",
     "render_chat_template",
+    "frontend_encode",
     "rms_norm",
 ]
 __version__: str
