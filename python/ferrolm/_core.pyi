@@ -37,6 +37,7 @@ __all__ = [
     "Frontend",
     "FrontendLoading",
     "render_chat_template",
+    "frontend_encode",
     "rms_norm",
 ]
 __version__: str
@@ -780,12 +781,18 @@ class Frontend:
         grammar_threads: int = 2,
         engine_heartbeat_timeout: float = 0.0,
         loading: FrontendLoading | None = None,
+        kv_events_json: str | None = None,
     ) -> Self: ...
     @property
     def port(self) -> int: ...
     @property
     def in_flight(self) -> int:
         """Samples submitted and not finished."""
+    def note_kv_events(self, queued: int, sent: int, dropped: int, replays: int, late: int) -> None:
+        """The KV event publisher's counters (``ferrolm.kv_publisher``; ``late``: steps whose
+        outputs went before the earlier steps' events were sent), as ``/server_info`` and
+        ``/metrics`` show them while ``kv_events_json`` (the stream's description,
+        ``/server_info``'s ``kv_events``) says events are enabled."""
     def wait(self, timeout: float) -> bool:
         """Blocks (GIL released) until a request, abort or call is queued, ``stop`` was
         called, or ``timeout`` seconds pass; True when something is queued."""
@@ -813,6 +820,15 @@ class FrontendLoading:
     def port(self) -> int: ...
     def stop(self) -> None:
         """Stops answering and frees the port (when no ``Frontend`` took it over)."""
+
+def frontend_encode(
+    tokenizer_json: str, texts: list[str], *, add_special_tokens: bool = False
+) -> tuple[list[list[int]], bool]:
+    """Token ids of ``texts`` as the Rust front end tokenizes them (``tokenizer.json`` through
+    the ``tokenizers`` crate, the pre-tokenizer's split regex run by hand when it is
+    cl100k's / Llama 3's, Qwen 2's or GPT-2's), for comparing with the ``tokenizers``
+    package; and whether the hand-written split ran. Raises ``InvalidInputError`` when the
+    file cannot be read."""
 
 def render_chat_template(
     template: str,

@@ -48,6 +48,21 @@ class KvEventsConfig:
         return "*" in e or "::" in e or e.startswith(("ipc://", "inproc://"))
 
 
+def describe_stream(config: KvEventsConfig | None, block_size: int) -> dict[str, Any]:
+    """How a router follows this replica's KV events (``/server_info``'s ``kv_events``
+    without the publisher's counters; ``enabled`` false when off): where to subscribe and
+    ask for replays, the topic, the block size its index must use."""
+    if config is None or not config.publishes:
+        return {"enabled": False, "block_size": block_size}
+    return {
+        "enabled": True, "format": "vllm", "publisher": config.resolved_publisher, "endpoint": config.endpoint,
+        "replay_endpoint": config.replay_endpoint, "topic": config.topic, "block_size": block_size,
+        "medium": "GPU", "data_parallel_rank": 0,
+        "bind": config.binds, "buffer_steps": config.buffer_steps, "hwm": config.hwm,
+        "max_queue_size": config.max_queue_size,
+    }
+
+
 def parse_kv_events_config(text: str | dict[str, Any]) -> KvEventsConfig:
     """The config from its JSON text (or an already parsed object). Raises
     ``InvalidInputError`` naming the offending field: not JSON, not an object, an

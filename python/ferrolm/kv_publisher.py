@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ferrolm.kv_events_config import KvEventsConfig
@@ -37,10 +38,14 @@ class KvEventPublisher:
 
     Counters (read from any thread): ``queued`` batches accepted by ``publish``,
     ``handled`` batches the thread is done with (``sent`` of them on the socket),
-    ``dropped`` batches refused because the queue was full."""
+    ``dropped`` batches refused because the queue was full. ``on_change``, when given, is
+    called on the thread each time ``handled``, ``sent`` or ``replays`` moved (the Rust front
+    end copies the counters to where its routes read them)."""
 
-    def __init__(self, config: KvEventsConfig, *, data_parallel_rank: int = 0, medium: str = MEDIUM_GPU) -> None:
+    def __init__(self, config: KvEventsConfig, *, data_parallel_rank: int = 0, medium: str = MEDIUM_GPU,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.config = config
+        self.on_change = on_change
         self.data_parallel_rank = data_parallel_rank
         self.medium = medium
         self.queued = self.handled = self.sent = self.dropped = self.replays = 0
@@ -168,9 +173,17 @@ class KvEventPublisher:
             except Exception:
                 log.exception("publishing a KV event batch failed")
             self.busy_s += time.thread_time() - started
+            self._changed()
             with self._handled:
                 self.handled += 1
                 self._handled.notify_all()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("the KV event counters' callback failed")
 
     def _serve_replay(self, replay: Any) -> None:
         frames = replay.recv_multipart()
@@ -186,3 +199,4 @@ class KvEventPublisher:
             if seq >= first:
                 replay.send_multipart((client, b"", seq_frame(seq), payload))
         replay.send_multipart((client, b"", END_SEQ, b""))
+        self._changed()

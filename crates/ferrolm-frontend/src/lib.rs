@@ -22,8 +22,10 @@ pub mod generation;
 pub mod http;
 pub mod ingress;
 pub mod json_body;
+pub mod kv_events;
 pub mod loading;
 pub mod metrics;
+pub mod pretokenize;
 pub mod protocol;
 pub mod state;
 pub mod structured;
@@ -42,6 +44,7 @@ use tokio::sync::oneshot;
 
 pub use egress::{Egress, RequestStream, SampleUpdate};
 pub use ingress::{Drained, Ingress};
+pub use kv_events::{KvEventCounters, KvEventCounts};
 pub use loading::Loading;
 pub use state::FrontendConfig;
 pub use tokenizer::{ChatTemplate, Tokenizer};
@@ -52,6 +55,7 @@ use crate::state::AppState;
 pub struct Frontend {
     pub ingress: Arc<Ingress>,
     pub egress: Arc<Egress>,
+    pub kv_counters: Arc<KvEventCounters>,
     local_addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -90,6 +94,7 @@ impl Frontend {
             .map_err(|e| format!("the HTTP runtime could not start: {e}"))?;
         let ingress = Arc::new(Ingress::new());
         let egress = Arc::new(Egress::new());
+        let kv_counters = Arc::new(KvEventCounters::default());
         let started_at = http::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
         let grammar_threads = config.grammar_threads;
@@ -111,6 +116,7 @@ impl Frontend {
             named: Mutex::new(HashMap::new()),
             started_at,
             histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
+            kv_counters: kv_counters.clone(),
             unavailable: tokio::sync::watch::Sender::new(None),
         });
         runtime.spawn(egress.clone().pump());
@@ -145,7 +151,7 @@ impl Frontend {
                 tracing::error!("the HTTP server stopped: {e}");
             }
         });
-        Ok(Frontend { ingress, egress, local_addr, runtime: Some(runtime), shutdown: Some(tx) })
+        Ok(Frontend { ingress, egress, kv_counters, local_addr, runtime: Some(runtime), shutdown: Some(tx) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -7,6 +7,8 @@ use std::fmt::Write;
 
 use ferrolm_core::engine::{EngineStats, LatencySamples, Load};
 
+use crate::kv_events::KvEventCounts;
+
 const BUCKETS: [f64; 16] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
@@ -98,7 +100,9 @@ impl Histograms {
         self.grammar.observe(seconds);
     }
 
-    pub fn render(&self) -> String {
+    /// The text of a scrape; `model_name` labels the `vllm:` series, `kv_events` are the
+    /// KV event publisher's counters (`None`: events are off, no series).
+    pub fn render(&self, model_name: &str, kv_events: Option<KvEventCounts>) -> String {
         let mut out = String::new();
         let s = &self.stats;
         let counters: [(&str, &str, u64); 7] = [
@@ -142,6 +146,25 @@ impl Histograms {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", prom_float(v));
         }
+        if let Some(kv) = kv_events {
+            let counters: [(&str, &str, u64); 3] = [
+                ("ferrolm:kv_event_batches_published", "KV event batches sent on the PUB socket.", kv.sent),
+                (
+                    "ferrolm:kv_event_batches_dropped",
+                    "KV event batches dropped because the publisher's queue was full.",
+                    kv.dropped,
+                ),
+                ("ferrolm:kv_event_replays", "Replay requests answered.", kv.replays),
+            ];
+            for (name, help, v) in counters {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total {}",
+                    prom_float(v as f64)
+                );
+            }
+        }
+        self.write_vllm(&mut out, model_name, &l);
         self.ttft.write(
             &mut out,
             "ferrolm:time_to_first_token_seconds",
@@ -176,6 +199,54 @@ impl Histograms {
     }
 }
 
+impl Histograms {
+    /// vLLM's names for the load and prefix-cache figures (its v1 engine's), labelled with
+    /// `model_name` and `engine`, as cache-aware routers scrape them from vLLM replicas.
+    fn write_vllm(&self, out: &mut String, model_name: &str, l: &Load) {
+        let s = &self.stats;
+        let labels = format!("{{engine=\"0\",model_name=\"{}\"}}", label_value(model_name));
+        // as vLLM counts it: cached blocks no request uses are free (evictable on demand)
+        let busy = l.kv_used.saturating_sub(l.evictable_tokens) as f64;
+        let usage = if l.kv_capacity > 0 { busy / l.kv_capacity as f64 } else { 0.0 };
+        let series: [(&str, &str, &str, f64); 5] = [
+            (
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                l.running as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                l.waiting as f64,
+            ),
+            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage),
+            (
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                s.prompt_tokens as f64,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                s.cache_hit_tokens as f64,
+            ),
+        ];
+        for (name, kind, help, v) in series {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {}", prom_float(v));
+        }
+    }
+}
+
+/// A label value as Prometheus' text format escapes it.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +264,21 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"0.25\"} 2.0\n"));
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3.0\n"));
         assert!(out.contains("x_count 3.0\n"));
+    }
+
+    #[test]
+    fn vllm_series_carry_the_model_and_kv_event_counters_only_when_on() {
+        let h = Histograms::new(0.0);
+        let text = h.render("a\"b", None);
+        assert!(
+            text.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"),
+            "{text}"
+        );
+        assert!(text.contains("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"));
+        assert!(!text.contains("kv_event"));
+        let kv = KvEventCounts { queued: 4, sent: 3, dropped: 0, replays: 2, late: 0 };
+        let text = h.render("tiny", Some(kv));
+        assert!(text.contains("ferrolm:kv_event_batches_published_total 3.0\n"));
+        assert!(text.contains("ferrolm:kv_event_replays_total 2.0\n"));
     }
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::egress::{Egress, RequestStream};
 use crate::errors::{ApiError, ApiResult};
 use crate::ingress::Ingress;
+use crate::kv_events::KvEventCounters;
 use crate::metrics::Histograms;
 use crate::structured::{GrammarPool, Structured};
 use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
@@ -50,6 +51,9 @@ pub struct FrontendConfig {
     /// (a step stuck, a frozen loop) makes the server unavailable until it does; `None`:
     /// not watched.
     pub heartbeat_timeout_s: Option<f64>,
+    /// The KV event stream as `/server_info` describes it (`{"enabled": false,
+    /// "block_size": N}` when events are off).
+    pub kv_events: Value,
 }
 
 /// A request in flight by its public id (`/generate`'s rid, the OpenAI response id), for
@@ -73,6 +77,8 @@ pub struct AppState {
     pub named: Mutex<HashMap<String, Named>>,
     pub started_at: u64,
     pub histograms: Mutex<Histograms>,
+    /// The KV event publisher's counters (set by the step loop's side).
+    pub kv_counters: Arc<KvEventCounters>,
     /// Why the engine cannot serve now (its step loop stopped coming round), or `None`.
     pub unavailable: tokio::sync::watch::Sender<Option<String>>,
 }

@@ -9,23 +9,78 @@ use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value as JinjaValue};
 use serde::{Deserialize, Serialize};
 
+use crate::pretokenize::{FastPreTokenizer, SplitKind};
+
+/// The `tokenizers` crate's tokenizer with the pre-tokenizer's split regex run by hand
+/// where it is one of the common ones (`crate::pretokenize`).
+type Hf = tokenizers::TokenizerImpl<
+    tokenizers::ModelWrapper,
+    tokenizers::NormalizerWrapper,
+    FastPreTokenizer,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
+
 pub struct Tokenizer {
-    hf: tokenizers::Tokenizer,
+    hf: Hf,
 }
 
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        let hf = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| format!("tokenizer.json could not be read: {e}"))?;
+        let hf = Hf::from_file(path).map_err(|e| format!("tokenizer.json could not be read: {e}"))?;
         Ok(Tokenizer { hf })
+    }
+
+    /// Whether the pre-tokenizer's split regex runs by hand (else as the crate runs it).
+    pub fn fast_pre_tokenizer(&self) -> bool {
+        self.hf.get_pre_tokenizer().is_some_and(FastPreTokenizer::is_fast)
     }
 
     /// Token ids; `add_special_tokens` applies the tokenizer's template (e.g. a leading
     /// BOS); text rendered from a chat template already has its own.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        let enc =
-            self.hf.encode_fast(text, add_special_tokens).map_err(|e| format!("tokenizing failed: {e}"))?;
-        Ok(enc.get_ids().to_vec())
+        let byte_level = self.hf.get_pre_tokenizer().and_then(FastPreTokenizer::byte_level_only);
+        let enc = match byte_level {
+            Some((kind, prefix)) => self.encode_byte_level(text, kind, prefix, add_special_tokens),
+            None => self.hf.encode_fast(text, add_special_tokens),
+        };
+        Ok(enc.map_err(|e| format!("tokenizing failed: {e}"))?.get_ids().to_vec())
+    }
+
+    /// `encode_fast` for a byte-level BPE whose pre-tokenizer is a recognized split: the
+    /// same steps (added tokens and the normalizer, the split, the byte mapping, the model,
+    /// the post-processor) without the crate's per-byte alignment bookkeeping, which only
+    /// offsets need.
+    fn encode_byte_level(
+        &self,
+        text: &str,
+        kind: SplitKind,
+        add_prefix_space: bool,
+        add_special_tokens: bool,
+    ) -> tokenizers::Result<tokenizers::Encoding> {
+        use tokenizers::{Model, OffsetReferential, OffsetType};
+        let segments = self.hf.get_added_vocabulary().extract_and_normalize(self.hf.get_normalizer(), text);
+        let model = self.hf.get_model();
+        let mut tokens = Vec::new();
+        let mut failed = None;
+        for (segment, _, added) in segments.get_splits(OffsetReferential::Original, OffsetType::None) {
+            if let Some(added) = added {
+                tokens.extend(added.iter().cloned());
+                continue;
+            }
+            crate::pretokenize::byte_level_pieces(kind, add_prefix_space, segment, |piece| {
+                if failed.is_none() {
+                    match model.tokenize(piece) {
+                        Ok(t) => tokens.extend(t),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+            });
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.hf.post_process(tokenizers::Encoding::from_tokens(tokens, 0), None, add_special_tokens)
     }
 
     /// The text of token ids, special tokens kept.

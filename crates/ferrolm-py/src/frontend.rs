@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use ferrolm_core::engine::StepOutputs;
 use ferrolm_frontend::tokenizer::Message;
-use ferrolm_frontend::{ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, Loading, Tokenizer};
+use ferrolm_frontend::{
+    ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, KvEventCounters, KvEventCounts, Loading,
+    Tokenizer,
+};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
@@ -26,6 +29,7 @@ use crate::errors;
 pub struct PyFrontend {
     ingress: Arc<Ingress>,
     egress: Arc<Egress>,
+    kv_counters: Arc<KvEventCounters>,
     port: u16,
     server: Mutex<Option<Frontend>>,
 }
@@ -63,7 +67,7 @@ impl PyFrontend {
         max_running_requests, max_request_bytes, version, model_info_json = "{}", settings_json = "{}",
         api_key = None, chat_template = None, bos_token = None, eos_token = None, max_queued_requests = None,
         queue_timeout = None, chars_per_token = None, http_threads = 2, tokenizer_threads = 2,
-        grammar_threads = 2, engine_heartbeat_timeout = 0.0, loading = None,
+        grammar_threads = 2, engine_heartbeat_timeout = 0.0, loading = None, kv_events_json = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -93,6 +97,7 @@ impl PyFrontend {
         grammar_threads: usize,
         engine_heartbeat_timeout: f64,
         loading: Option<PyRef<'_, PyLoading>>,
+        kv_events_json: Option<&str>,
     ) -> PyResult<Self> {
         let loading = match loading {
             None => None,
@@ -127,6 +132,10 @@ impl PyFrontend {
             tokenizer_threads,
             grammar_threads,
             heartbeat_timeout_s: (engine_heartbeat_timeout > 0.0).then_some(engine_heartbeat_timeout),
+            kv_events: match kv_events_json {
+                Some(text) => json("kv_events_json", text)?,
+                None => serde_json::json!({"enabled": false, "block_size": 16}),
+            },
         };
         let grammars = vocabulary.cache().clone();
         let started = py.detach(move || -> Result<Frontend, String> {
@@ -140,6 +149,7 @@ impl PyFrontend {
         Ok(PyFrontend {
             ingress: server.ingress.clone(),
             egress: server.egress.clone(),
+            kv_counters: server.kv_counters.clone(),
             port: server.local_addr().port(),
             server: Mutex::new(Some(server)),
         })
@@ -155,6 +165,11 @@ impl PyFrontend {
     #[getter]
     fn in_flight(&self) -> usize {
         self.egress.len()
+    }
+
+    /// The KV event publisher's counters, as `/server_info` and `/metrics` show them.
+    fn note_kv_events(&self, queued: u64, sent: u64, dropped: u64, replays: u64, late: u64) {
+        self.kv_counters.set(KvEventCounts { queued, sent, dropped, replays, late });
     }
 
     fn wait(&self, py: Python<'_>, timeout: f64) -> bool {
@@ -283,7 +298,28 @@ fn render_chat_template(
         .map_err(|m| errors::invalid_input(py, m))
 }
 
+/// Token ids of `texts` as the Rust front end tokenizes them (`tokenizer.json` with the
+/// hand-written pre-tokenizer split where it applies), for comparing with the `tokenizers`
+/// package; and whether the hand-written split ran.
+#[pyfunction]
+#[pyo3(signature = (tokenizer_json, texts, *, add_special_tokens = false))]
+fn frontend_encode(
+    py: Python<'_>,
+    tokenizer_json: PathBuf,
+    texts: Vec<String>,
+    add_special_tokens: bool,
+) -> PyResult<(Vec<Vec<u32>>, bool)> {
+    let tokenizer = Tokenizer::from_file(&tokenizer_json).map_err(|m| errors::invalid_input(py, m))?;
+    let ids = py
+        .detach(|| {
+            texts.iter().map(|t| tokenizer.encode(t, add_special_tokens)).collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|m| errors::invalid_input(py, m))?;
+    Ok((ids, tokenizer.fast_pre_tokenizer()))
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(frontend_encode, m)?)?;
     m.add_class::<PyFrontend>()?;
     m.add_class::<PyLoading>()?;
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)

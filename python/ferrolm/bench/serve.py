@@ -162,8 +162,8 @@ def _install_forward_timer(path: str) -> None:
 
     loop_init = rust_frontend.StepLoop.__init__
 
-    def timed_loop_init(self: Any, engine: Any, frontend: Any) -> None:
-        loop_init(self, engine, _TimedCommits(frontend, totals, publish))  # type: ignore[arg-type]
+    def timed_loop_init(self: Any, engine: Any, frontend: Any, kv_publisher: Any = None) -> None:
+        loop_init(self, engine, _TimedCommits(frontend, totals, publish), kv_publisher)  # type: ignore[arg-type]
 
     rust_frontend.StepLoop.__init__ = timed_loop_init  # type: ignore[method-assign]
 
@@ -752,11 +752,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     requests = make_requests(args.num_requests, seed=args.seed, system_prompts=args.system_prompts,
                              output_lens=output_lens, output_weights=output_weights)
-    frontends = [f.strip() for f in args.frontend.split(",") if f.strip()]
+    frontends = [f.strip() for f in (args.frontend or "rust").split(",") if f.strip()]
     if not frontends or any(f not in ("python", "rust") for f in frontends):
         print("error: --frontend takes python, rust or both (python,rust)", file=sys.stderr)
         return 2
-    if args.base_url is not None and frontends != ["python"]:
+    if args.base_url is not None and args.frontend is not None:
         print("error: --frontend is for --launch (a server started here)", file=sys.stderr)
         return 2
     all_points: list[dict[str, Any]] = []
@@ -947,9 +947,9 @@ def add_parser(sub: Any) -> None:
                         "port, measure its CPU time, stop it after")
     target.add_argument("--server-args", help="extra flags for the launched server, as one string")
     target.add_argument("--api-key")
-    target.add_argument("--frontend", default="python",
-                        help="with --launch: the server's front end(s), python, rust or python,rust (both, one "
-                             "after the other, compared in one table)")
+    target.add_argument("--frontend", default=None,
+                        help="with --launch: the server's front end(s), rust (the default), python or python,rust "
+                             "(both, one after the other, compared in one table)")
     target.add_argument("--model", help="the model id to send (default: the first of /v1/models)")
     load = p.add_argument_group("load")
     load.add_argument("--request-rate", type=_parse_rate, help="Poisson arrivals, requests/s (inf: all at once)")

@@ -62,7 +62,7 @@ class ServerArgs:
     # KV cache events for cache-aware routers, vLLM's --kv-events-config (None: off)
     kv_events_config: KvEventsConfig | None = None
     page_size: int = 16  # tokens per KV event block: a router's block size must equal it
-    frontend: str = "python"  # the HTTP front end: FastAPI (python) or axum in the engine's process (rust)
+    frontend: str = "rust"  # the HTTP front end: axum in the engine's process (rust) or FastAPI (python)
     record_trace: str | None = None  # a file recording the engine's calls, for ferrolm replay
 
     @property
@@ -139,9 +139,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per block in the KV events (a router's block size must be the same; "
                              f"default {defaults.page_size}, vLLM's)")
     parser.add_argument("--frontend", choices=FRONTENDS, default=defaults.frontend,
-                        help="the HTTP front end: python (FastAPI, the engine in a child process; the reference) "
-                             "or rust (axum threads in the engine's process, no Python on the request path; "
-                             "no structured output yet)")
+                        help="the HTTP front end: rust (the default: axum threads in the engine's process, no "
+                             "Python on the request path) or python (FastAPI, the engine in a child process; the "
+                             "extensible reference); both serve the same routes and flags")
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,9 +193,4 @@ def server_args_from(ns: argparse.Namespace, environ: dict[str, str] | None = No
             settings["kv_events_config"] = parse_kv_events_config(settings["kv_events_config"])
         except InvalidInputError as e:
             raise SystemExit(f"ferrolm serve: --kv-events-config: {e}") from None
-        # the Rust front end's step loop does not publish KV events yet: refusing the
-        # combination beats a router that silently never hears of this replica's blocks
-        if settings["frontend"] == "rust" and settings["kv_events_config"].resolved_publisher != "null":
-            raise SystemExit("ferrolm serve: --kv-events-config (a zmq publisher) needs --frontend python; "
-                             "the Rust front end does not publish KV events yet")
     return ServerArgs(**settings)

@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 import ferrolm
+from ferrolm.kv_events_config import describe_stream
 from ferrolm.server.engine_client import EngineUnavailable
 from ferrolm.server.errors import APIError
 from ferrolm.server.openai_common import parse_body
@@ -73,16 +74,9 @@ def kv_events_info(args: Any, load: dict[str, Any] | None) -> dict[str, Any]:
     when off): where to subscribe and ask for replays, the topic, the block size its
     index must use, and the publisher's counters (``queued`` batches so far: a subscriber
     that has the sequence numbers below it has everything up to the last step)."""
-    config = args.kv_events_config
-    if config is None or not config.publishes:
-        return {"enabled": False, "block_size": args.page_size}
-    info: dict[str, Any] = {
-        "enabled": True, "format": "vllm", "publisher": config.resolved_publisher, "endpoint": config.endpoint,
-        "replay_endpoint": config.replay_endpoint, "topic": config.topic, "block_size": args.page_size,
-        "medium": "GPU", "data_parallel_rank": 0,
-        "bind": config.binds, "buffer_steps": config.buffer_steps, "hwm": config.hwm,
-        "max_queue_size": config.max_queue_size,
-    }
+    info = describe_stream(args.kv_events_config, args.page_size)
+    if not info["enabled"]:
+        return info
     if load is not None:
         info |= {"queued_batches": load.get("kv_events_queued"), "published_batches": load.get("kv_events_sent"),
                  "dropped_batches": load.get("kv_events_dropped"), "late_steps": load.get("kv_events_late")}

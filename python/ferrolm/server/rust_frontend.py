@@ -21,6 +21,15 @@ are 503 until it does, and what waited on it is answered 503 and aborted.
 The port is bound before the model loads (``_core.FrontendLoading``): until the front end
 takes it over, ``/health`` and every route answer 503, "the engine is starting".
 
+With ``--kv-events-config`` the loop publishes the prefix cache's KV events as the Python
+front end's engine process does (``ferrolm.kv_publisher``, the same thread, wire format and
+replay socket): the events of each step as one batch after its commit, those of aborts and
+flushes after the drain that ran them; and a step's outputs go to the streams only once the
+earlier batches are on the socket (the thread normally has them out while the step
+computes), so a router following the events never lags the outputs by more than the step
+in flight. The publisher's counters reach ``/server_info`` and ``/metrics`` through
+``frontend.note_kv_events``.
+
 Tool calling and reasoning (``tools``, ``tool_choice``, ``parallel_tool_calls``,
 ``--tool-call-parser``, ``--reasoning-parser``) are the Python front end's, built in Rust
 (``crates/ferrolm-frontend/src/tools``).
@@ -31,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -38,10 +48,12 @@ import ferrolm
 from ferrolm import _core
 from ferrolm.engine import Engine, default_blas_threads
 from ferrolm.errors import CorePanicError
+from ferrolm.kv_events_config import describe_stream
+from ferrolm.kv_publisher import KvEventPublisher
 from ferrolm.model import ForwardBatch
 from ferrolm.model.loader import resolve_model_folder
 from ferrolm.server.args import ServerArgs
-from ferrolm.server.engine_process import model_info
+from ferrolm.server.engine_process import KV_EVENTS_WAIT_S, model_info
 from ferrolm.server.prompt_bounds import max_input_chars_per_token
 
 log = logging.getLogger("ferrolm.server")
@@ -62,6 +74,7 @@ def build_engine(args: ServerArgs) -> Engine:
         max_prefill_tokens=args.chunked_prefill_size,
         schedule_policy=args.schedule_policy,
         enable_prefix_cache=not args.disable_radix_cache,
+        eviction_policy=args.radix_eviction_policy,
         seed=args.seed,
         blas_threads=args.blas_threads or default_blas_threads(),
         runner=args.runner,
@@ -69,8 +82,14 @@ def build_engine(args: ServerArgs) -> Engine:
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
         mem_fraction_static=args.mem_fraction_static,
+        enable_kv_events=kv_events_on(args),
+        kv_event_block_size=args.page_size,
         record_trace=args.record_trace,
     )
+
+
+def kv_events_on(args: ServerArgs) -> bool:
+    return args.kv_events_config is not None and args.kv_events_config.publishes
 
 
 def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoading | None = None) -> _core.Frontend:
@@ -104,23 +123,31 @@ def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoad
         grammar_threads=GRAMMAR_THREADS,
         engine_heartbeat_timeout=args.engine_heartbeat_timeout,
         loading=loading,
+        kv_events_json=json.dumps(describe_stream(args.kv_events_config, args.page_size)),
     )
 
 
 class StepLoop:
     """schedule -> forward -> commit, fed and drained by the Rust front end."""
 
-    def __init__(self, engine: Engine, frontend: _core.Frontend) -> None:
+    def __init__(self, engine: Engine, frontend: _core.Frontend, kv_publisher: KvEventPublisher | None = None) -> None:
         self.engine = engine
         self.frontend = frontend
         self.stopping = threading.Event()
+        self.kv_publisher = kv_publisher
+        self.kv_events_late = 0  # steps whose outputs went before the earlier steps' events were sent
+        if kv_publisher is not None:
+            kv_publisher.on_change = self.note_kv_events
 
     def run(self) -> None:
         engine, frontend, core = self.engine, self.frontend, self.engine.core
+        kv = self.kv_publisher is not None
         while not self.stopping.is_set():
             greedy = frontend.drain(core)
             if greedy is not None:
                 engine.note_greedy(*greedy)
+            if kv:
+                self.publish_kv_events()  # those of aborts and flushes, outside a step
             if not core.has_work():
                 frontend.wait(IDLE_WAIT_S)
                 continue
@@ -138,10 +165,13 @@ class StepLoop:
                 if ignore_eos is not None:
                     ids = engine.runner.forward_greedy(  # type: ignore[attr-defined]
                         batch, engine.config.eos_token_ids, ignore_eos, vocab_size=core.vocab_size)
+                    self.wait_kv_events()
                     finished = frontend.commit_tokens(core, ids)
                     engine.device_greedy_steps += 1
                 else:
-                    finished = frontend.commit(core, engine.runner.forward(batch))
+                    logits = engine.runner.forward(batch)
+                    self.wait_kv_events()
+                    finished = frontend.commit(core, logits)
             except CorePanicError:
                 raise  # the core refuses further use: the server ends
             except Exception as e:
@@ -149,8 +179,32 @@ class StepLoop:
                 # get no internals), the loop keeps serving
                 log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
                 finished = frontend.fail_step(core, f"the model forward failed: {type(e).__name__}: {e}")
+        if self.kv_publisher is not None:
+            self.publish_kv_events()
         if len(finished):
             engine.forget_greedy(finished)
+
+    # ---- KV events (--kv-events-config) ----
+
+    def wait_kv_events(self) -> None:
+        """Before a step's outputs go out: the earlier steps' events are on the socket."""
+        p = self.kv_publisher
+        if p is not None and not p.wait_handled(p.queued, KV_EVENTS_WAIT_S):
+            self.kv_events_late += 1
+            self.note_kv_events()
+
+    def publish_kv_events(self) -> None:
+        """The cache's events since the last call, as one batch (none when empty)."""
+        assert self.kv_publisher is not None
+        events = self.engine.core.take_kv_events()
+        if events:
+            self.kv_publisher.publish(events)
+            self.note_kv_events()
+
+    def note_kv_events(self) -> None:
+        p = self.kv_publisher
+        if p is not None:
+            self.frontend.note_kv_events(p.queued, p.sent, p.dropped, p.replays, self.kv_events_late)
 
 
 def run_rust_server(args: ServerArgs) -> int:
@@ -158,12 +212,19 @@ def run_rust_server(args: ServerArgs) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # the port answers at once: /health is 503 ("the engine is starting") while the model loads
     loading = _core.FrontendLoading(args.host, args.port)
+    kv_publisher = None
     try:
         engine = build_engine(args)
+        if args.kv_events_config is not None and kv_events_on(args):
+            try:
+                kv_publisher = KvEventPublisher(args.kv_events_config)
+            except OSError as e:  # the endpoint is taken or not an address
+                print(f"ferrolm serve: {e}", file=sys.stderr, flush=True)
+                return 1
         frontend = start_frontend(engine, args, loading)
     finally:
         loading.stop()  # frees the port if the engine did not start (else a no-op)
-    loop = StepLoop(engine, frontend)
+    loop = StepLoop(engine, frontend, kv_publisher)
 
     def stop(signum: int, _frame: Any) -> None:
         loop.stopping.set()
@@ -172,8 +233,13 @@ def run_rust_server(args: ServerArgs) -> int:
     signal.signal(signal.SIGINT, stop)
     url = f"http://{args.host}:{frontend.port}"
     print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1; Rust front end)", flush=True)
+    from ferrolm.server.launch import print_try
+
+    print_try(args, url)
     try:
         loop.run()
     finally:
         frontend.stop(5.0)
+        if kv_publisher is not None:
+            kv_publisher.shutdown()
     return 0

@@ -76,17 +76,29 @@ async fn ask<T>(state: &AppState, call: impl FnOnce(oneshot::Sender<T>) -> Call)
 
 /// Settings (the API key only as set / not set) and the engine's current load.
 pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
-    let load = match ask(&state, Call::Stats).await {
-        Ok((s, l)) => json!({"steps": s.steps, "prompt_tokens": s.prompt_tokens,
+    let kv_on = crate::kv_events::enabled(&state.config.kv_events);
+    let mut read = false;
+    let mut load = match ask(&state, Call::Stats).await {
+        Ok((s, l)) => {
+            read = true;
+            json!({"steps": s.steps, "prompt_tokens": s.prompt_tokens,
             "generation_tokens": s.generation_tokens, "cache_hit_tokens": s.cache_hit_tokens,
             "retractions": s.retractions, "finished": s.finished, "errors": s.errors,
             "failed_steps": s.failed_steps, "waiting": l.waiting, "running": l.running, "kv_used": l.kv_used,
-            "kv_capacity": l.kv_capacity, "cached_tokens": l.cached_tokens, "evictable_tokens": l.evictable_tokens}),
+            "kv_capacity": l.kv_capacity, "cached_tokens": l.cached_tokens, "evictable_tokens": l.evictable_tokens})
+        }
         Err(_) => Value::Null,
     };
+    // read after the answer: the step loop sets them before it drains the question
+    let counts = (read && kv_on).then(|| state.kv_counters.get());
+    if let (Some(c), Value::Object(m)) = (counts, &mut load) {
+        m.extend(crate::kv_events::load_fields(c));
+    }
+    let kv_events = crate::kv_events::server_info(&state.config.kv_events, counts);
     let ready = state.unavailable().is_none();
     json_response(&json!({"version": state.config.version, "settings": state.config.settings, "ready": ready,
-                          "load": load, "model": state.config.model_info, "frontend": "rust"}))
+                          "load": load, "model": state.config.model_info, "kv_events": kv_events,
+                          "frontend": "rust"}))
 }
 
 /// Drops the prefix cache; refused while requests run (their KV is in use).
@@ -118,7 +130,8 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     if let Ok((stats, load, latencies)) = ask(&state, Call::Metrics).await {
         state.histograms.lock().unwrap().update(stats, load, latencies);
     }
-    let text = state.histograms.lock().unwrap().render();
+    let kv = crate::kv_events::enabled(&state.config.kv_events).then(|| state.kv_counters.get());
+    let text = state.histograms.lock().unwrap().render(&state.config.model_name, kv);
     let mut r = Response::new(Body::from(text));
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
