@@ -498,9 +498,9 @@ impl<'a> Translator<'a> {
             }
         }
         let mut resolved: Vec<String> = Vec::with_capacity(n);
-        for piece in 0..n {
-            let text = match rule_of[piece] {
-                Some(rule) => call(rule),
+        for (piece, rule) in rule_of.iter().enumerate() {
+            let text = match rule {
+                Some(rule) => call(*rule),
                 None => replace_pieces(&self.pieces[piece], &resolved),
             };
             resolved.push(text);
