@@ -46,9 +46,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ => started.elapsed().as_secs_f64() * 1e3,
         };
         let name = std::path::Path::new(&file).file_stem().unwrap_or_default().to_string_lossy().into_owned();
-        rows.push((ms, name, result.err().map(|e| e.to_string())));
+        let states = result.as_ref().map_or(0, |g| g.num_states());
+        rows.push((ms, name, states, result.err().map(|e| e.to_string())));
     }
-    let mut compiled: Vec<f64> = rows.iter().filter(|r| r.2.is_none()).map(|r| r.0).collect();
+    let mut compiled: Vec<f64> = rows.iter().filter(|r| r.3.is_none()).map(|r| r.0).collect();
     compiled.sort_by(f64::total_cmp);
     if !compiled.is_empty() {
         let pct = |q: f64| compiled[((compiled.len() - 1) as f64 * q).round() as usize];
@@ -62,10 +63,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     rows.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for (ms, name, error) in rows.iter() {
+    let states: usize = rows.iter().map(|r| r.2).sum();
+    println!("states in all {states}");
+    for (ms, name, states, error) in rows.iter() {
         let error =
             error.as_deref().map(|e| format!("  ERROR {}", &e[..e.len().min(90)])).unwrap_or_default();
-        println!("{ms:9.1} ms  {name}{error}");
+        println!("{ms:9.1} ms {states:7} st  {name}{error}");
     }
     Ok(())
 }

@@ -522,6 +522,9 @@ fn first_bytes(dfas: &[ByteDfa], calls: &[StateCalls]) -> Vec<[bool; 256]> {
     }
 }
 
+/// How the errors of rules the greedy order cannot run begin (`Rules::new`).
+pub(crate) const AMBIGUOUS_RULES: &str = "recursive grammar:";
+
 /// The bytes that spell a call to rule `k`.
 pub(crate) fn call_bytes(k: usize) -> [u8; 4] {
     debug_assert!(k < MAX_RULES);

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
-use crate::json_schema::{any_json_rules, json_schema_to_rules, JsonSchemaOptions};
-use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
+use crate::json_schema::{any_json_rules, json_schema_to_rules_with, JsonSchemaOptions};
+use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, AMBIGUOUS_RULES, CALL_BASE, NO_FRAME};
 use crate::tags::TokenEdge;
 use crate::vocab::Vocabulary;
 
@@ -76,7 +76,16 @@ impl Grammar {
                     ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
                 }
             })?;
-            Self::from_rule_regexes(vocab, json_schema_to_rules(&schema, options)?)
+            let (rules, shared) = json_schema_to_rules_with(&schema, options, true)?;
+            match Self::from_rule_regexes(vocab.clone(), rules) {
+                // A call where a branch reads the same byte: written out again instead.
+                Err(ConstraintError::UnsupportedSchema { keyword, .. })
+                    if shared && keyword.starts_with(AMBIGUOUS_RULES) =>
+                {
+                    Self::from_rule_regexes(vocab, json_schema_to_rules_with(&schema, options, false)?.0)
+                }
+                result => result,
+            }
         })
     }
 
@@ -221,6 +230,14 @@ impl Grammar {
     pub fn ll1_conflict(&self) -> Option<String> {
         let rules = self.rules.as_ref()?;
         crate::gbnf::check::find_conflict(rules).ok().flatten().map(|c| format!("{c:?}"))
+    }
+
+    /// DFA states in all, over every rule (a measure of what compiling cost).
+    pub fn num_states(&self) -> usize {
+        match &self.rules {
+            None => self.dfa.num_states(),
+            Some(rules) => (0..rules.num_rules()).map(|k| rules.rule(k as u32).num_states()).sum(),
+        }
     }
 
     /// Whether rules call rules (the matcher then keeps a stack).

@@ -41,6 +41,8 @@ mod one_of;
 mod pattern;
 mod values;
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value};
 
 use crate::budget::MAX_REGEX_BYTES;
@@ -171,13 +173,29 @@ pub fn normalized_schema_text(schema: &str) -> Result<String> {
 
 /// Translate a schema into a regex over the JSON text.
 pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
-    Ok(json_schema_to_rules(schema, options)?.swap_remove(0))
+    Ok(json_schema_to_rules_with(schema, options, false)?.0.swap_remove(0))
 }
 
 /// The regexes of a schema's rules: the main one, then, if the schema has positions
 /// that take a value of any type (`{}`, `true`, an array without `items`, ...), the
-/// rule for such a value, which those positions call (see `recursive.rs`).
+/// rule for such a value, which those positions call (see `recursive.rs`), then the
+/// rules of recurring `$ref`s and of shared regexes.
+#[cfg(test)]
 pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) -> Result<Vec<String>> {
+    Ok(json_schema_to_rules_with(schema, options, true)?.0)
+}
+
+/// [`json_schema_to_rules`]; `share_repeats`: a member value or array item written in
+/// several places (the same object schema under many names, a format) becomes one rule
+/// that each place calls (see [`Translator::shared`]). Also says whether that made
+/// rules: calls where the text was written out can make a grammar ambiguous at a rule
+/// boundary (two `anyOf` branches, one calling, one reading the same byte), and then the
+/// caller translates again without.
+pub(crate) fn json_schema_to_rules_with(
+    schema: &Value,
+    options: &JsonSchemaOptions,
+    share_repeats: bool,
+) -> Result<(Vec<String>, bool)> {
     // Another metaschema may switch vocabularies (validation) off or on.
     let draft = match normalize::draft_of(schema) {
         Some(draft) => draft,
@@ -193,6 +211,8 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
     let normalized = normalize::normalize(schema, draft)?;
     let schema = &normalized;
     let ws = whitespace_regex(options.whitespace);
+    // A schema whose text has the placeholder marks (noncharacters) is not shared.
+    let share_repeats = share_repeats && !schema.to_string().contains([MARK_OPEN, MARK_CLOSE]);
     let mut translator = Translator {
         root: schema,
         lenient: options.lenient,
@@ -204,6 +224,9 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
         uses_any_value: false,
         extra_rules: Vec::new(),
         empty: Default::default(),
+        share_repeats,
+        pieces: Vec::new(),
+        piece_ids: HashMap::new(),
     };
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
@@ -221,13 +244,44 @@ pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) 
             ExtraRule::Shared(regex) => ref_rules.push(regex),
         }
     }
+    let (main, ref_rules, shared_any) = translator.resolve_pieces(main, ref_rules)?;
     if !translator.uses_any_value && ref_rules.is_empty() {
-        return Ok(vec![main]);
+        return Ok((vec![main], shared_any));
     }
     // Rule 1 is always the any-value rule, so that reference rules keep their numbers.
     let mut rules = vec![main, any_value_rule(&ws)];
     rules.extend(ref_rules);
-    Ok(rules)
+    Ok((rules, shared_any))
+}
+
+/// Around the number of a piece (a regex `shared` may still make a rule) in the texts
+/// written while translating: noncharacters, which no generated regex contains.
+const MARK_OPEN: char = '\u{FDD0}';
+const MARK_CLOSE: char = '\u{FDD1}';
+
+/// A member value or array item at least this long, written in two places or more,
+/// becomes one rule (shorter ones cost fewer states than a call's bookkeeping).
+const SHARED_REPEAT_BYTES: usize = 256;
+
+/// The pieces `text` refers to, in order (once per mention).
+fn piece_refs(text: &str) -> impl Iterator<Item = usize> + '_ {
+    text.split(MARK_OPEN).skip(1).filter_map(|rest| rest.split(MARK_CLOSE).next()?.parse().ok())
+}
+
+/// `text` with each piece mention replaced by `resolved[piece]`.
+fn replace_pieces(text: &str, resolved: &[String]) -> String {
+    if !text.contains(MARK_OPEN) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split(MARK_OPEN);
+    out.push_str(parts.next().unwrap_or_default());
+    for part in parts {
+        let (number, rest) = part.split_once(MARK_CLOSE).expect("a piece mention is closed");
+        out.push_str(&resolved[number.parse::<usize>().expect("a piece number")]);
+        out.push_str(rest);
+    }
+    out
 }
 
 /// The rule of the first recurring `$ref` or shared regex.
@@ -298,6 +352,12 @@ struct Translator<'a> {
     /// The errors met so far that say a schema allows no value (rather than that it is
     /// malformed): a union drops such a branch.
     empty: std::cell::RefCell<Vec<ConstraintError>>,
+    /// Member values and array items written in several places become rules
+    /// ([`Translator::shared`]).
+    share_repeats: bool,
+    /// The regexes `shared` left to decide (mentioned in texts by number), and their numbers.
+    pieces: Vec<String>,
+    piece_ids: HashMap<String, usize>,
 }
 
 impl<'a> Translator<'a> {
@@ -359,10 +419,113 @@ impl<'a> Translator<'a> {
     /// items, member values; see [`SHARED_RULE_BYTES`]), and so that deeply nested
     /// schemas do not nest groups past what the regex parser takes.
     pub(super) fn shared(&mut self, regex: String) -> String {
-        if regex.len() <= SHARED_RULE_BYTES && group_depth(&regex) <= MAX_INLINE_GROUP_DEPTH {
+        // Its length and depth written out (the pieces in it inlined).
+        // (Without sharing there are no pieces, and a mark is the schema's own text.)
+        let written = match self.share_repeats && regex.contains(MARK_OPEN) {
+            true => self.written_out(&regex, SHARED_RULE_BYTES),
+            false => (regex.len() <= SHARED_RULE_BYTES).then_some(std::borrow::Cow::Borrowed(regex.as_str())),
+        };
+        let Some(written) = written.filter(|w| group_depth(w) <= MAX_INLINE_GROUP_DEPTH) else {
+            return self.as_rule(regex);
+        };
+        if !self.share_repeats || written.len() < SHARED_REPEAT_BYTES {
             return regex;
         }
-        self.as_rule(regex)
+        // A piece: written out where it is used once, a rule where it is used more
+        // (decided once the whole schema is translated: `resolve_pieces`).
+        let piece = match self.piece_ids.get(&regex) {
+            Some(&piece) => piece,
+            None => {
+                self.piece_ids.insert(regex.clone(), self.pieces.len());
+                self.pieces.push(regex);
+                self.pieces.len() - 1
+            }
+        };
+        format!("{MARK_OPEN}{piece}{MARK_CLOSE}")
+    }
+
+    /// `regex` with its pieces written out, if that is at most `limit` bytes long.
+    fn written_out(&self, regex: &str, limit: usize) -> Option<std::borrow::Cow<'_, str>> {
+        if !regex.contains(MARK_OPEN) {
+            return (regex.len() <= limit).then(|| std::borrow::Cow::Owned(regex.to_string()));
+        }
+        let mut out = String::new();
+        let mut parts = regex.split(MARK_OPEN);
+        out.push_str(parts.next().unwrap_or_default());
+        for part in parts {
+            let (number, rest) = part.split_once(MARK_CLOSE)?;
+            let piece = &self.pieces[number.parse::<usize>().ok()?];
+            out.push_str(&self.written_out(piece, limit.checked_sub(out.len())?)?);
+            out.push_str(rest);
+            if out.len() > limit {
+                return None;
+            }
+        }
+        (out.len() <= limit).then_some(std::borrow::Cow::Owned(out))
+    }
+
+    /// The texts with their pieces resolved: a piece used in two places or more (counted
+    /// as written: inside a piece written out twice, twice) becomes a rule each place
+    /// calls, others are written out. Also says whether a piece became a rule.
+    fn resolve_pieces(&mut self, main: String, rules: Vec<String>) -> Result<(String, Vec<String>, bool)> {
+        if self.pieces.is_empty() {
+            return Ok((main, rules, false));
+        }
+        let n = self.pieces.len();
+        let mut uses = vec![0usize; n];
+        for text in std::iter::once(&main).chain(&rules) {
+            for piece in piece_refs(text) {
+                uses[piece] += 1;
+            }
+        }
+        // A piece only mentions pieces made before it: from the last to the first, each
+        // piece's uses are known when it is reached.
+        let mut rule_of: Vec<Option<usize>> = vec![None; n];
+        for piece in (0..n).rev() {
+            if uses[piece] == 0 {
+                continue;
+            }
+            let times = match uses[piece] >= 2 && FIRST_REF_RULE + self.extra_rules.len() < MAX_RULES {
+                true => {
+                    self.extra_rules.push(ExtraRule::Shared(String::new()));
+                    rule_of[piece] = Some(FIRST_REF_RULE + self.extra_rules.len() - 1);
+                    1
+                }
+                false => uses[piece],
+            };
+            for inner in piece_refs(&self.pieces[piece]).collect::<Vec<_>>() {
+                uses[inner] += times;
+            }
+        }
+        let mut resolved: Vec<String> = Vec::with_capacity(n);
+        for (piece, rule) in rule_of.iter().enumerate() {
+            let text = match rule {
+                Some(rule) => call(*rule),
+                None => replace_pieces(&self.pieces[piece], &resolved),
+            };
+            resolved.push(text);
+        }
+        let first_new = FIRST_REF_RULE + rules.len();
+        let mut rules: Vec<String> = rules.iter().map(|r| replace_pieces(r, &resolved)).collect();
+        let mut new_rules: Vec<(usize, String)> = (0..n)
+            .filter_map(|piece| Some((rule_of[piece]?, replace_pieces(&self.pieces[piece], &resolved))))
+            .collect();
+        new_rules.sort_by_key(|(rule, _)| *rule);
+        debug_assert!(new_rules.iter().enumerate().all(|(i, (rule, _))| *rule == first_new + i));
+        rules.extend(new_rules.into_iter().map(|(_, text)| text));
+        let main = replace_pieces(&main, &resolved);
+        for text in std::iter::once(&main).chain(&rules) {
+            if text.len() > MAX_REGEX_BYTES {
+                return Err(ConstraintError::GrammarTooLarge {
+                    message: format!(
+                        "a rule's regex exceeds the limit of {} KiB (repetitions or combinations \
+                         multiply its size)",
+                        MAX_REGEX_BYTES >> 10
+                    ),
+                });
+            }
+        }
+        Ok((main, rules, rule_of.iter().any(Option::is_some)))
     }
 
     fn as_rule(&mut self, regex: String) -> String {

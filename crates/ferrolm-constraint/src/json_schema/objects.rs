@@ -527,7 +527,9 @@ fn uncounted_body(members: &[(String, bool)], extra: Option<String>, some_extra:
             let extras = format!("{extra}(?:{separator}{extra})*");
             match declared {
                 None => format!("(?:{extras})?"),
-                Some(declared) if all_optional => format!("(?:{declared}(?:{separator}{extra})*|{extras})?"),
+                Some(declared) if all_optional => {
+                    format!("(?:(?:{declared}|{extra})(?:{separator}{extra})*)?")
+                }
                 Some(declared) => format!("{declared}(?:{separator}{extra})*"),
             }
         }
