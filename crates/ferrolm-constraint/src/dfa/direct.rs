@@ -545,41 +545,8 @@ mod tests {
 
     #[test]
     fn leaves_other_syntax_and_errors_to_regex_syntax() {
-        let others = [
-            "(a)",
-            "(?i:a)",
-            "(?i)a",
-            "a*?",
-            "a**",
-            "*a",
-            "a|*",
-            "a{2,1}",
-            "a{",
-            "a{x}",
-            "[]a]",
-            "[a-]b-c]",
-            "[[:digit:]]",
-            "[a&&b]",
-            "[a--b]",
-            "[z-a]",
-            r"\d",
-            r"\w",
-            r"\p{L}",
-            r"\b",
-            r"\<",
-            ".",
-            "^a$",
-            "(?:a",
-            "a)",
-            r"\",
-            r"\xZZ",
-            r"\x{110000}",
-            "a]",
-            "a}",
-            r"(?-u:\xFF)",
-            r"(?-u:[^a])",
-        ];
-        for pattern in others {
+        let extra = [r"(?-u:\xFF)", r"(?-u:[^a])"];
+        for pattern in crate::dfa::parse::OTHER_SYNTAX.iter().chain(&extra) {
             assert!(compile(pattern, true, 1024, 1 << 20).is_none(), "{pattern}");
         }
         let nested = |depth: usize| format!("{}a{}", "(?:b|".repeat(depth), ")".repeat(depth));
