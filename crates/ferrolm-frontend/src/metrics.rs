@@ -52,6 +52,17 @@ impl Histogram {
     }
 }
 
+/// Prometheus counters (`name_total`), each with its HELP and TYPE lines.
+fn write_counters(out: &mut String, counters: &[(&str, &str, u64)]) {
+    for &(name, help, v) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total {}",
+            prom_float(v as f64)
+        );
+    }
+}
+
 fn prom_float(x: f64) -> String {
     let s = format!("{x}");
     if s.contains(['.', 'e', 'E']) {
@@ -118,13 +129,7 @@ impl Histograms {
             ("ferrolm:num_request_errors", "Requests that finished with an error.", s.errors),
             ("ferrolm:num_steps", "Engine steps run.", s.steps),
         ];
-        for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total {}",
-                prom_float(v as f64)
-            );
-        }
+        write_counters(&mut out, &counters);
         let l = self.load.unwrap_or_default();
         let gauges: [(&str, &str, f64); 7] = [
             ("ferrolm:num_running_reqs", "Requests running.", l.running as f64),
@@ -156,13 +161,7 @@ impl Histograms {
                 ),
                 ("ferrolm:kv_event_replays", "Replay requests answered.", kv.replays),
             ];
-            for (name, help, v) in counters {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total {}",
-                    prom_float(v as f64)
-                );
-            }
+            write_counters(&mut out, &counters);
         }
         self.write_vllm(&mut out, model_name, &l);
         self.ttft.write(
