@@ -731,30 +731,17 @@ mod tests {
 
     #[test]
     fn every_regex_of_the_corpus_schemas_has_regex_syntax_language() {
-        use crate::json_schema::{json_schema_to_rules, JsonSchemaOptions};
-        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
         let (mut read, mut total) = (0usize, 0usize);
-        for corpus in ["schemastore", "kubernetes", "github"] {
-            let Ok(entries) = std::fs::read_dir(data.join(corpus).join("schemas")) else { continue };
-            for entry in entries {
-                let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-                let Ok(schema) = serde_json::from_str(&text) else { continue };
-                let Ok(rules) = json_schema_to_rules(&schema, &JsonSchemaOptions::default()) else {
-                    continue;
-                };
-                let allow_calls = rules.len() > 1;
-                for rule in rules {
-                    total += rule.len();
-                    let options = RegexOptions::default();
-                    let Ok(general) = ByteDfa::build_with_route(&rule, &options, allow_calls, false) else {
-                        continue; // past a limit either way
-                    };
-                    if compile(&rule, !allow_calls, 1024, usize::MAX).is_some() {
-                        read += rule.len();
-                        let direct = ByteDfa::build_with_route(&rule, &options, allow_calls, true).unwrap();
-                        assert!(same_language(&direct, &general), "{}", &rule[..rule.len().min(300)]);
-                    }
-                }
+        for (rule, allow_calls) in crate::dfa::parse::corpus_rule_regexes() {
+            total += rule.len();
+            let options = RegexOptions::default();
+            let Ok(general) = ByteDfa::build_with_route(&rule, &options, allow_calls, false) else {
+                continue; // past a limit either way
+            };
+            if compile(&rule, !allow_calls, 1024, usize::MAX).is_some() {
+                read += rule.len();
+                let direct = ByteDfa::build_with_route(&rule, &options, allow_calls, true).unwrap();
+                assert!(same_language(&direct, &general), "{}", &rule[..rule.len().min(300)]);
             }
         }
         assert!(total > 1 << 20, "the corpora are present: {total} bytes of regex");
