@@ -193,12 +193,17 @@ def test_batches_go_out_in_vllms_format_in_sequence_and_replay_from_any_point(en
         # from the middle; and past the end only the marker
         assert [int.from_bytes(r[0], "big") for r in ask_replay(ctx, replay_ep, 2)[:-1]] == [2, 3]
         assert ask_replay(ctx, replay_ep, 99) == [[END_SEQ, b""]]
-        # live: once subscribed, the next batch arrives as three frames with the next seq
+        # live: once subscribed, the next batch arrives as three frames with the next seq.
+        # The subscription may have taken effect while the first four went out: those
+        # arrive first, and must be the same batches the replay socket gave.
         deadline = time.monotonic() + 20
         while True:
             publisher.publish([("removed", [7])])
             if sub.poll(200):
                 seq, evs = check_batch(sub.recv_multipart(), b"kv")
+                while seq < len(batches):
+                    assert evs == events[seq], "a batch seen live differs from its replay"
+                    seq, evs = check_batch(recv(sub), b"kv")
                 break
             assert time.monotonic() < deadline, "the subscription never took effect"
         assert seq >= 4 and evs == [{"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU", "group_idx": 0}]
