@@ -199,15 +199,23 @@ def names_a_field(param: str, model: type[BaseModel], body: dict[str, Any]) -> b
         return True
     if any(paths.get(".".join(parts[:i])) for i in range(1, len(parts))):
         return True
-    node: Any = body  # an unknown field: the path exists in what was sent
-    for part in param.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
+    return path_in(body, param)  # an unknown field: the path exists in what was sent
+
+
+def path_in(node: Any, path: str) -> bool:
+    """``path`` walks ``node``: keys joined by dots, where a key may itself hold dots (a
+    sent key ``"."`` under ``cache_prompt`` is named ``cache_prompt..``)."""
+    if isinstance(node, list):
+        head, dot, rest = path.partition(".")
+        if not head.isdigit() or int(head) >= len(node):
             return False
-    return True
+        return not dot or path_in(node[int(head)], rest)
+    if isinstance(node, dict):
+        return any(
+            path == key or (path.startswith(key + ".") and path_in(node[key], path[len(key) + 1:]))
+            for key in node if isinstance(key, str)
+        )
+    return False
 
 
 def check_error(r: httpx.Response, model: type[BaseModel] | None, body: Any) -> None:
