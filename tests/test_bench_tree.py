@@ -5,6 +5,7 @@ benchmark's business, never a test's.)"""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ferrolm.bench.tree import LENGTH_BUCKETS, TARGETS_US, by_prompt_length, replay
 from ferrolm.bench.workload import WorkloadConfig, make_workload
@@ -44,3 +45,29 @@ def test_read_floor_replay_times_one_prompt_read_per_request():
     result = replay("rust", requests, capacity=20_000, page_size=1, policy="lru", read_floor=True)
     assert len(result["times"]["prompt read"]) == len(result["times"]["match_prefix"]) == len(requests)
     assert sorted(result["lengths"]["prompt read"].tolist()) == sorted(len(r.prompt) for r in requests)
+
+
+def test_fresh_arguments_replay_the_same_workload_to_the_same_outcome():
+    # arguments made just before each call: the same matches and the same tree as with
+    # arguments made before the replay, and a timed call per request
+    requests = make_workload(WorkloadConfig(conversations=4, seed=3))
+    cold = replay("rust", requests, capacity=20_000, page_size=1, policy="lru", arguments="cold")
+    fresh = replay("rust", requests, capacity=20_000, page_size=1, policy="lru", arguments="fresh")
+    assert fresh["match_lengths"] == cold["match_lengths"]
+    assert fresh["cached_tokens"] == cold["cached_tokens"]
+    for op in TARGETS_US:
+        assert len(fresh["times"][op]) == len(fresh["lengths"][op]) == len(requests)
+    twin = replay("python", requests, capacity=20_000, page_size=1, policy="lru", arguments="fresh")
+    assert twin["match_lengths"] == cold["match_lengths"]
+
+
+def test_an_unknown_arguments_mode_is_refused():
+    requests = make_workload(WorkloadConfig(conversations=1, seed=3))
+    with pytest.raises(ValueError, match="arguments must be one of"):
+        replay("rust", requests, capacity=20_000, page_size=1, policy="lru", arguments="lukewarm")
+
+
+def test_the_missed_targets_name_the_arguments_mode():
+    slow = fake([1600, 1700, 1800], [2.0, 4.0, 4.0])
+    _, missed = by_prompt_length({"rust": slow, "python": slow}, label="arguments fresh")
+    assert len(missed) == 2 and all(m.endswith("(arguments fresh)") for m in missed)

@@ -245,3 +245,8 @@ def test_the_whole_bench_prints_and_records_the_peer(monkeypatch: pytest.MonkeyP
     assert report["ops"]["match_prefix"]["sglang"]["n"] > 0
     assert report["peer_match_and_indices_p50_us"] > 0
     assert any(row.get("match_prefix sglang p50_us") for row in report["by_prompt_length"])
+    # a by-length table for each way of making the arguments, the peer's in both
+    assert "by prompt length, arguments cold" in out and "by prompt length, arguments fresh" in out
+    assert "sglang 0.0-fake's Rust tree core (its rust_tree_core extension, called as its scheduler's cache " \
+        "calls it), arguments fresh" in out
+    assert any(row.get("match_prefix sglang p50_us") for row in report["by_prompt_length_fresh"])

@@ -19,6 +19,15 @@ them (a second replay reads each one with a binding call that does only that, ju
 its match). A match reads every prompt token once; on a loaded machine that read alone
 can take longer than the target.
 
+How warm a call's token argument is matters at this size: a 1,700-token prompt is
+7 kB of ids, read once by a match. The replay runs twice (``--arguments``, both by
+default), with every backend treated alike in each: ``cold``, every argument is made
+before the replay (thousands of prompts, far more than the caches hold), so each call
+finds its argument in memory; ``fresh``, each argument is made from the request, in the
+form its backend's caller holds it, just before its call and outside the timing, as a
+server calls the tree right after the tokenizer (or its front end) wrote the ids. The
+per-op table is the cold replay's; the by-length table is printed for each.
+
 Where SGLang is installed (``make tree-peer``), its Rust tree core replays the same
 requests in the same run and each table gains its rows, with its time over ferrolm's
 (``ferrolm.bench.tree_peer`` says how it is called); ``--no-peer`` leaves it out, and
@@ -52,6 +61,13 @@ LENGTH_BUCKETS = ((0, 1000), (1000, 1500), (1500, 2000), (2000, 3000), (3000, 1 
 # the issue's targets, p50 through the Python API, for ~1,700-token prompts
 TARGET_BUCKET = (1500, 2000)
 TARGETS_US = {"match_prefix": 1.5, "insert": 3.0}
+# how the calls' token arguments are made (``replay``): long before the call, or just before it
+ARGUMENTS = ("cold", "fresh")
+ARGUMENT_TITLES = {
+    "cold": "arguments made before the replay, cold in cache when the call reads them",
+    "fresh": "each argument made just before its call (outside the timing), warm as a caller "
+             "that has just tokenized holds it",
+}
 
 
 def _timer_overhead() -> int:
@@ -74,16 +90,35 @@ def make_tree(backend: str, page_size: int, policy: str) -> Any:
 
 
 def replay(
-    backend: str, requests: list[Request], capacity: int, page_size: int, policy: str, *, read_floor: bool = False
+    backend: str,
+    requests: list[Request],
+    capacity: int,
+    page_size: int,
+    policy: str,
+    *,
+    read_floor: bool = False,
+    arguments: str = "cold",
 ) -> dict[str, Any]:
     """The workload through one backend. ``read_floor`` (Rust tree only): each prompt is
     first read on its own by a binding call that does what ``match_prefix`` does to it
     (``_read_tokens``), timed as ``prompt read``; the match that follows then finds the
-    prompt in cache, so that replay's match times are not ferrolm's figures."""
+    prompt in cache, so that replay's match times are not ferrolm's figures.
+
+    ``arguments`` (see ``ARGUMENTS``): ``cold``, every call's token argument is made before
+    the replay, so it is cold in cache when its call reads it; ``fresh``, each one is made
+    (copied from the request, in the form the backend's caller holds it) just before its
+    timed call and outside the timing, warm as a caller that has just produced it holds it."""
+    if arguments not in ARGUMENTS:
+        raise ValueError(f"arguments must be one of {ARGUMENTS}, got {arguments!r}")
+    fresh = arguments == "fresh"
     tree = make_tree(backend, page_size, policy)
-    # the arguments in the form each backend's caller holds them, made before the replay
+    # the arguments in the form each backend's caller holds them
     key_of = getattr(tree, "key_of", None)
-    keys = [(key_of(r.prompt), key_of(r.full)) if key_of else (r.prompt, r.full) for r in requests]
+    make_arg = key_of if key_of else np.copy
+    if fresh:
+        keys: list[tuple[Any, Any]] = [(None, None)] * len(requests)  # made in the loop
+    else:  # made before the replay
+        keys = [(key_of(r.prompt), key_of(r.full)) if key_of else (r.prompt, r.full) for r in requests]
     value_of = getattr(tree, "value_of", None)
     free = np.arange(capacity, dtype=np.int32)[::-1].copy()
     free_list: list[np.ndarray] = [free]
@@ -116,6 +151,8 @@ def replay(
                 tree._read_tokens(prompt)
                 times["prompt read"].append(now() - tr - overhead)
                 lengths["prompt read"].append(len(req.prompt))
+            if fresh:
+                prompt = make_arg(req.prompt)
             # arguments are fetched outside the timed calls
             t0 = now()
             m = tree.match_prefix(prompt)
@@ -137,6 +174,8 @@ def replay(
                 continue
             slots = np.concatenate([m.kv_slots, take(need)])
             value = value_of(slots, m.length) if value_of else slots
+            if fresh:
+                full = make_arg(req.full)
             t4 = now()
             cached = tree.insert(full, value)
             t5 = now()
@@ -191,9 +230,11 @@ def _stats(ns: np.ndarray) -> dict[str, float]:
     }
 
 
-def by_prompt_length(results: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def by_prompt_length(
+    results: dict[str, dict[str, Any]], label: str = ""
+) -> tuple[list[dict[str, Any]], list[str]]:
     """p50 of match_prefix and insert per prompt-length bucket, per backend; and the
-    targets the target bucket misses."""
+    targets the target bucket misses (each named with ``label``, where given)."""
     rows, missed = [], []
     for lo, hi in LENGTH_BUCKETS:
         row: dict[str, Any] = {"prompt_tokens": [lo, hi]}
@@ -208,14 +249,17 @@ def by_prompt_length(results: dict[str, dict[str, Any]]) -> tuple[list[dict[str,
             for op, target in TARGETS_US.items():
                 got = row[f"{op} rust p50_us"]
                 if got is not None and not got < target:
-                    missed.append(f"{op} p50 {got:.2f} us >= {target} us at {lo}-{hi} prompt tokens")
+                    missed.append(f"{op} p50 {got:.2f} us >= {target} us at {lo}-{hi} prompt tokens"
+                                  + (f" ({label})" if label else ""))
     return rows, missed
 
 
-def print_by_prompt_length(rows: list[dict[str, Any]], peer: bool = False) -> None:
+def print_by_prompt_length(rows: list[dict[str, Any]], peer: bool = False, title: str = "") -> None:
     """The by-length table: ferrolm's Rust tree, then each other backend with its time
-    over the Rust tree's."""
+    over the Rust tree's; under ``title`` where given."""
     others = ("python", PEER) if peer else ("python",)
+    if title:
+        print(title)
     head = f"{'prompt tokens':<14}{'n':>6}"
     for op in ("match", "insert"):
         head += f"{op + ' rust':>13}" + "".join(f"{b:>9}{'ratio':>7}" for b in others)
@@ -271,13 +315,23 @@ def run(args: argparse.Namespace) -> int:
         f"{cfg.system_prompts} system prompts, {prompt_tokens} prompt tokens; "
         f"KV capacity {args.capacity}, page_size {args.page_size}, policy {args.policy}"
     )
-    results = {b: replay(b, requests, args.capacity, args.page_size, args.policy) for b in ("rust", "python")}
-    rust, py = results["rust"], results["python"]
-    if abs(rust["hit_rate"] - py["hit_rate"]) > 1e-12 or rust["cached_tokens"] != py["cached_tokens"]:
-        raise AssertionError("the backends disagree on the workload's outcome")
-    peer = peer_result(args, requests, rust["match_lengths"])
-    if peer is not None:
-        results[PEER] = peer
+    modes = ARGUMENTS if args.arguments == "both" else (args.arguments,)
+    by_mode: dict[str, dict[str, dict[str, Any]]] = {}
+    for mode in modes:
+        # the backends one after another in each mode, every backend's arguments made alike
+        results = {b: replay(b, requests, args.capacity, args.page_size, args.policy, arguments=mode)
+                   for b in ("rust", "python")}
+        rust, py = results["rust"], results["python"]
+        if abs(rust["hit_rate"] - py["hit_rate"]) > 1e-12 or rust["cached_tokens"] != py["cached_tokens"]:
+            raise AssertionError("the backends disagree on the workload's outcome")
+        peer = peer_result(args, requests, rust["match_lengths"], arguments=mode, quiet=mode != modes[0])
+        if peer is not None:
+            results[PEER] = peer
+        by_mode[mode] = results
+    # the per-op table: the first mode's replay
+    results = by_mode[modes[0]]
+    rust, py, peer = results["rust"], results["python"], results.get(PEER)
+    print(f"per-op table: {ARGUMENT_TITLES[modes[0]]}")
 
     rows = []
     header = f"{'op':<14}{'backend':<8}{'n':>7}{'ops/s':>12}{'p50 us':>10}{'p99 us':>10}{'ratio mean':>12}{'ratio p50':>11}"
@@ -306,8 +360,14 @@ def run(args: argparse.Namespace) -> int:
         report["ops"].setdefault(op, {}).update(rust=s_rust, python=s_py, ratio_mean=ratio_mean, ratio_p50=ratio_p50)
         rows.append(op)
     print()
-    length_rows, missed = by_prompt_length(results)
-    print_by_prompt_length(length_rows, peer=peer is not None)
+    missed: list[str] = []
+    for mode in modes:
+        mode_rows, mode_missed = by_prompt_length(by_mode[mode], label=f"arguments {mode}")
+        print_by_prompt_length(mode_rows, peer=peer is not None,
+                               title=f"by prompt length, arguments {mode}: {ARGUMENT_TITLES[mode]}")
+        print()
+        missed.extend(mode_missed)
+        report["by_prompt_length" if mode == "cold" else f"by_prompt_length_{mode}"] = mode_rows
     if peer is not None:
         # one indices call per admitted request, in the order of the timed matches
         idx_ns = np.array(peer["kv_indices_ns"], dtype=np.int64)
@@ -321,16 +381,19 @@ def run(args: argparse.Namespace) -> int:
               f"(p50 {_stats(idx_ns)['p50_us']:.2f} us, not in its match row). Match and indices at {lo}-{hi} "
               f"prompt tokens: {PEER} {both_us:.2f} us p50, {both_us / ours_us:.1f}x ferrolm's match ({ours_us:.2f} us)")
         report["peer_match_and_indices_p50_us"] = both_us
-    floor_us = prompt_read_floor(args, requests)
-    lo, hi = TARGET_BUCKET
-    ours = rust["times"]["match_prefix"][(rust["lengths"]["match_prefix"] >= lo) & (rust["lengths"]["match_prefix"] < hi)]
-    ours_us = float(np.percentile(ours, 50)) / 1e3 if len(ours) else float("nan")
-    print(f"reading the prompt alone at {lo}-{hi} tokens, cold as a match finds it (a binding call that reads "
-          f"it as match_prefix does, no tree; a second replay): p50 {floor_us:.2f} us, the floor under any "
-          f"match on this machine now; match_prefix {ours_us:.2f} us is {ours_us - floor_us:.2f} us over it")
-    report["prompt_read_p50_us"] = floor_us
+    if "cold" in by_mode:
+        cold = by_mode["cold"]["rust"]
+        floor_us = prompt_read_floor(args, requests)
+        lo, hi = TARGET_BUCKET
+        lengths = cold["lengths"]["match_prefix"]
+        ours = cold["times"]["match_prefix"][(lengths >= lo) & (lengths < hi)]
+        ours_us = float(np.percentile(ours, 50)) / 1e3 if len(ours) else float("nan")
+        print(f"reading the prompt alone at {lo}-{hi} tokens, cold as a match finds it (a binding call that reads "
+              f"it as match_prefix does, no tree; a second replay): p50 {floor_us:.2f} us, the floor under any "
+              f"cold match on this machine now; match_prefix (arguments cold) {ours_us:.2f} us is "
+              f"{ours_us - floor_us:.2f} us over it")
+        report["prompt_read_p50_us"] = floor_us
     failed.extend(missed)
-    report["by_prompt_length"] = length_rows
     print()
     bytes_per_token = rust["memory_bytes"] / max(rust["cached_tokens"], 1)
     py_bytes_per_token = py["memory_bytes"] / max(py["cached_tokens"], 1)
@@ -367,22 +430,33 @@ def prompt_read_floor(args: argparse.Namespace, requests: list[Request]) -> floa
     return float(np.percentile(picked, 50)) / 1e3 if len(picked) else float("nan")
 
 
-def peer_result(args: argparse.Namespace, requests: list[Request], rust_lengths: list[int]) -> dict[str, Any] | None:
-    """The workload replayed on SGLang's Rust tree core, or None (and why, printed)."""
+def peer_result(
+    args: argparse.Namespace,
+    requests: list[Request],
+    rust_lengths: list[int],
+    *,
+    arguments: str = "cold",
+    quiet: bool = False,
+) -> dict[str, Any] | None:
+    """The workload replayed on SGLang's Rust tree core, or None (and why, printed unless
+    ``quiet``); ``arguments`` as ``replay``'s."""
     if args.no_peer:
         return None
     module, version = tree_peer.load()
     if module is None:
-        print(f"peer skipped: {version}")
+        if not quiet:
+            print(f"peer skipped: {version}")
         return None
     if args.policy not in tree_peer.POLICIES:
-        print(f"peer skipped: {PEER} has no eviction policy {args.policy!r}")
+        if not quiet:
+            print(f"peer skipped: {PEER} has no eviction policy {args.policy!r}")
         return None
-    result = replay(PEER, requests, args.capacity, args.page_size, args.policy)
+    result = replay(PEER, requests, args.capacity, args.page_size, args.policy, arguments=arguments)
     lengths = result["match_lengths"]
     same = sum(a == b for a, b in zip(lengths, rust_lengths))
     print(f"peer: {PEER} {version}'s Rust tree core (its rust_tree_core extension, called as its "
-          f"scheduler's cache calls it); the same match length as ferrolm's on {same} of {len(lengths)} requests")
+          f"scheduler's cache calls it), arguments {arguments}; the same match length as ferrolm's on "
+          f"{same} of {len(lengths)} requests")
     return result
 
 
@@ -396,6 +470,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--dump-workload", help="write the requests' token sequences (for ferrolm-tree-replay)")
+    p.add_argument("--arguments", choices=("both",) + ARGUMENTS, default="both",
+                   help="how each call's token argument is made: cold (all made before the replay, cold in "
+                        "cache when read), fresh (each made just before its call, outside the timing, as a "
+                        "caller that has just tokenized holds it), or both (default: the per-op table is "
+                        "cold's, and a by-length table for each)")
     p.add_argument("--strict", action="store_true", help="exit 1 when a floor is missed")
     p.add_argument("--no-peer", action="store_true",
                    help=f"leave out {PEER}'s Rust tree core even where it is installed ({tree_peer.INSTALL_HINT})")

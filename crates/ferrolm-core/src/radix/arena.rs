@@ -3,9 +3,7 @@
 //! handle (index + generation) to a freed node can never alias the node that reuses the
 //! slot. A slot whose generation would wrap is retired instead of reused.
 
-use hashbrown::HashMap;
-use rustc_hash::FxBuildHasher;
-
+pub(crate) use super::children::ChildMap;
 use super::policy::{EvictionKey, EvictionStats};
 
 pub(crate) const NONE: u32 = u32::MAX;
@@ -27,17 +25,21 @@ impl NodeHandle {
     }
 }
 
-pub(crate) type ChildMap = HashMap<u32, u32, FxBuildHasher>;
-
+/// A node, laid out for the match walk: what it reads of each node it passes (the key,
+/// to compare, and the children, to find the next node) is the node's first cache line;
+/// the statistics a match writes are the second; the slots it copies and the structure's
+/// bookkeeping follow.
 #[derive(Debug, Default)]
+#[repr(C, align(64))]
 pub(crate) struct Node {
     /// The tokens on the edge into this node (a whole number of pages; empty for roots).
     pub key: Vec<u32>,
-    /// The KV slot of each token in `key`.
-    pub value: Vec<u32>,
     /// Children by the first token of their key. With pages of more than one token two
     /// children may share a first token; the later ones hang off `alias_next`.
     pub children: ChildMap,
+    pub stats: EvictionStats,
+    /// The KV slot of each token in `key`.
+    pub value: Vec<u32>,
     pub alias_next: u32,
     pub parent: u32,
     /// Position of `key[0]` in the sequence, i.e. tokens on the path above this node.
@@ -51,14 +53,13 @@ pub(crate) struct Node {
     /// Member of the evictable set (unlocked leaf, not a root).
     pub in_evict_set: bool,
     pub is_root: bool,
-    pub stats: EvictionStats,
     /// The keys the node is filed under in the tree's ordered sets: the evictable set
     /// (while `in_evict_set`), `tlru`'s expiry set (deadline, likewise) and `slru`'s
     /// protected segment (last access, while protected). They may lag `stats`: use only
     /// makes keys grow, so the sets are corrected when their front is taken
     /// (`RadixTree::touch`).
-    pub filed_key: EvictionKey,
     pub filed_deadline: u64,
+    pub filed_key: EvictionKey,
     pub filed_access: u64,
     /// Chained hashes of the event blocks that end inside this node (events on only).
     pub block_hashes: Vec<u64>,
@@ -154,6 +155,13 @@ mod tests {
         assert_eq!(a, b, "slot is reused");
         assert_eq!(arena.resolve(old), None);
         assert_eq!(arena.resolve(arena.handle(b)), Some(b));
+    }
+
+    #[test]
+    fn the_walks_fields_share_the_first_cache_line() {
+        assert_eq!(std::mem::align_of::<Node>(), 64);
+        assert!(std::mem::offset_of!(Node, children) + std::mem::size_of::<ChildMap>() <= 64);
+        assert_eq!(std::mem::offset_of!(Node, stats), 64);
     }
 
     #[test]

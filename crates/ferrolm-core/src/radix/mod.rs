@@ -7,6 +7,7 @@
 //! cache-aware routers ([`events`]).
 
 mod arena;
+mod children;
 pub mod clock;
 pub mod events;
 pub mod policy;

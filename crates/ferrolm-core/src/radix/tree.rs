@@ -265,7 +265,10 @@ impl RadixTree {
         if let Some(mut node) = root {
             while pos < aligned {
                 let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { break };
-                let key = &self.arena[child].key;
+                let node_ref = &self.arena[child];
+                // the statistics this match will write, in the node's second cache line
+                prefetch_line(&node_ref.stats);
+                let key = &node_ref.key;
                 prefetch(&key[..key.len().min(aligned - pos)]);
                 let common = self.common_pages(key, &tokens[pos..aligned]);
                 path.nodes.push(child);
@@ -626,7 +629,7 @@ impl RadixTree {
 
     /// The child of `parent` whose key starts with `page`.
     fn find_child(&self, parent: u32, page: &[u32]) -> Option<u32> {
-        let mut child = *self.arena[parent].children.get(&page[0])?;
+        let mut child = self.arena[parent].children.get(page[0])?;
         if page.len() == 1 {
             return Some(child);
         }
@@ -674,10 +677,10 @@ impl RadixTree {
     fn unlink_child(&mut self, parent: u32, child: u32) {
         let first = self.arena[child].key[0];
         let next = self.arena[child].alias_next;
-        let head = self.arena[parent].children[&first];
+        let head = self.arena[parent].children.get(first).expect("child is a child of parent");
         if head == child {
             if next == NONE {
-                self.arena[parent].children.remove(&first);
+                self.arena[parent].children.remove(first);
             } else {
                 self.arena[parent].children.insert(first, next);
             }
@@ -697,7 +700,7 @@ impl RadixTree {
         let first = self.arena[new].key[0];
         self.arena[new].alias_next = self.arena[old].alias_next;
         self.arena[old].alias_next = NONE;
-        let head = self.arena[parent].children.get_mut(&first).expect("old is a child of parent");
+        let head = self.arena[parent].children.get_mut(first).expect("old is a child of parent");
         if *head == old {
             *head = new;
         } else {
@@ -966,7 +969,7 @@ impl RadixTree {
     // ---- integrity ----
 
     fn children_of(&self, idx: u32) -> impl Iterator<Item = u32> + '_ {
-        self.arena[idx].children.values().flat_map(move |&head| {
+        self.arena[idx].children.values().flat_map(move |head| {
             std::iter::successors(Some(head), move |&c| {
                 let next = self.arena[c].alias_next;
                 (next != NONE).then_some(next)
@@ -1069,7 +1072,7 @@ impl RadixTree {
                     }
                 }
                 let mut firsts = hashbrown::HashSet::new();
-                for (&first, &head) in &n.children {
+                for (first, head) in n.children.iter() {
                     let mut c = head;
                     while c != NONE {
                         let child = &self.arena[c];
@@ -1126,6 +1129,19 @@ fn prefetch(data: &[u32]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// Asks the CPU for the cache line that holds `value`.
+#[inline]
+fn prefetch_line<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch never faults, and the address is a live reference
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 /// The nodes a match walked, for [`RadixTree::copy_matched_slots`]; reuse one between
