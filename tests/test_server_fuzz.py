@@ -6,7 +6,9 @@ them to a real ``ferrolm serve`` on a loopback port.
 Whatever is sent: no 5xx; every error in OpenAI's envelope, its ``param`` the dotted path
 of a field of that request; and afterwards the server still serves, with no request
 running or waiting and no KV held beyond the prefix cache. Bounded: a fixed number of
-examples (``FERROLM_FUZZ_EXAMPLES``, default 150), generations of a few tokens.
+examples (``FERROLM_FUZZ_EXAMPLES``, default 150), generations of a few tokens. The
+examples are the same each run (a red CI run must be one that reproduces);
+``FERROLM_FUZZ_RANDOM=1`` draws new ones, for fuzzing on purpose.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ferrolm.server.protocol import (
 from ferrolm.server.testing import FRONTENDS, RunningServer, running_server, wait_until
 
 EXAMPLES = int(os.environ.get("FERROLM_FUZZ_EXAMPLES", "150"))
+RANDOM = os.environ.get("FERROLM_FUZZ_RANDOM", "") not in ("", "0")
 
 
 @pytest.fixture(scope="module", params=FRONTENDS)
@@ -237,7 +240,7 @@ def drain_stream(r: httpx.Response) -> None:
         assert "error" not in event or event["error"]["code"] not in range(500, 600), event
 
 
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                            HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
