@@ -6,7 +6,10 @@ straight to each request's stream, all in Rust: this loop only runs schedule -> 
 commit. ``frontend.drain`` moves what arrived into the core at the start of a step;
 ``frontend.commit`` (and its siblings) commits and hands the outputs to the streams,
 returning only the rids that finished. While there is no work the loop blocks in
-``frontend.wait`` (no busy spin; a request wakes it at once).
+``frontend.wait`` (no busy spin; a request wakes it at once). In the common case (a runner
+that returns logits, no KV events) a step is two calls into the core around the forward:
+``frontend.next_plan`` (drain and schedule) and ``frontend.commit``, with the core's plan
+given to the runner as its batch (``ferrolm.model.runner.Batch``).
 
 Structured output (``response_format``, ``regex``, ``json_schema``, ``ebnf``, ``guided_*``,
 ``grammar``) is read as the Python front end reads it and compiled on the front end's grammar
@@ -140,6 +143,11 @@ class StepLoop:
             kv_publisher.on_change = self.note_kv_events
 
     def run(self) -> None:
+        if self.kv_publisher is None and not self.engine.device_greedy:
+            self.run_plain()
+            return
+        # with KV events (a batch after the drain, another after the commit) or a runner
+        # that picks greedy tokens itself (the drain's greedy rids)
         engine, frontend, core = self.engine, self.frontend, self.engine.core
         kv = self.kv_publisher is not None
         while not self.stopping.is_set():
@@ -152,6 +160,32 @@ class StepLoop:
                 frontend.wait(IDLE_WAIT_S)
                 continue
             self.step()
+
+    def run_plain(self) -> None:
+        """``run`` for a runner that returns logits (no device greedy) without KV events:
+        one call into the core before the forward (``next_plan``: drain and schedule) and
+        one after (``commit``), and the plan goes to the runner as its batch. At low
+        concurrency the Python work between forwards is most of what a token costs the
+        server outside the forward, and it runs on caches the forward has just flushed, so
+        nothing else is done per step."""
+        engine, frontend, core = self.engine, self.frontend, self.engine.core
+        next_plan, forward, commit = frontend.next_plan, engine.runner.forward, frontend.commit
+        stopping = self.stopping
+        while not stopping.is_set():
+            plan = next_plan(core)
+            if plan is None:
+                frontend.wait(IDLE_WAIT_S)
+                continue
+            if not plan:
+                frontend.take_outputs(core)  # aborts and timeouts of waiting requests
+                continue
+            try:
+                commit(core, forward(plan))
+            except CorePanicError:
+                raise  # the core refuses further use: the server ends
+            except Exception as e:
+                log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
+                frontend.fail_step(core, f"the model forward failed: {type(e).__name__}: {e}")
 
     def step(self) -> None:
         engine, frontend, core = self.engine, self.frontend, self.engine.core
