@@ -56,7 +56,7 @@ from ferrolm.kv_publisher import KvEventPublisher
 from ferrolm.model import ForwardBatch
 from ferrolm.model.loader import resolve_model_folder
 from ferrolm.server.args import ServerArgs
-from ferrolm.server.engine_process import KV_EVENTS_WAIT_S, model_info
+from ferrolm.server.engine_process import model_info
 from ferrolm.server.prompt_bounds import max_input_chars_per_token
 
 log = logging.getLogger("ferrolm.server")
@@ -138,7 +138,6 @@ class StepLoop:
         self.frontend = frontend
         self.stopping = threading.Event()
         self.kv_publisher = kv_publisher
-        self.kv_events_late = 0  # steps whose outputs went before the earlier steps' events were sent
         if kv_publisher is not None:
             kv_publisher.on_change = self.note_kv_events
 
@@ -222,23 +221,18 @@ class StepLoop:
 
     def wait_kv_events(self) -> None:
         """Before a step's outputs go out: the earlier steps' events are on the socket."""
-        p = self.kv_publisher
-        if p is not None and not p.wait_handled(p.queued, KV_EVENTS_WAIT_S):
-            self.kv_events_late += 1
-            self.note_kv_events()
+        if self.kv_publisher is not None:
+            self.kv_publisher.wait_earlier()
 
     def publish_kv_events(self) -> None:
         """The cache's events since the last call, as one batch (none when empty)."""
         assert self.kv_publisher is not None
-        events = self.engine.core.take_kv_events()
-        if events:
-            self.kv_publisher.publish(events)
-            self.note_kv_events()
+        self.kv_publisher.publish_from(self.engine.core)
 
     def note_kv_events(self) -> None:
         p = self.kv_publisher
         if p is not None:
-            self.frontend.note_kv_events(p.queued, p.sent, p.dropped, p.replays, self.kv_events_late)
+            self.frontend.note_kv_events(p.queued, p.sent, p.dropped, p.replays, p.late)
 
 
 def run_rust_server(args: ServerArgs) -> int:
