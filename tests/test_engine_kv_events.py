@@ -14,6 +14,7 @@ from conftest import make_engine
 from ferrolm import SamplingParams
 from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, chain_hashes, namespace_seed
+from ferrolm.kv_publisher import KvEventPublisher
 from ferrolm.server.engine_process import EngineLoop
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5, ignore_eos=True)
@@ -54,14 +55,16 @@ def test_events_are_off_unless_asked_and_a_bad_block_size_names_its_field(tiny: 
         assert e.value.field == "kv_event_block_size"
 
 
-class RecordingPublisher:
-    """Stands in for ``KvEventPublisher``: records the calls in order, with the deltas
-    the loop sends, in one log."""
+class RecordingPublisher(KvEventPublisher):
+    """Stands in for ``KvEventPublisher`` (its loop-side calls, ``publish_from`` and
+    ``wait_earlier``, as they are; no thread, no socket): records the calls in order, with
+    the deltas the loop sends, in one log."""
 
-    def __init__(self, log: list[tuple[Any, ...]]) -> None:
-        self.log, self.queued = log, 0
+    def __init__(self, log: list[tuple[Any, ...]]) -> None:  # no super().__init__: no thread
+        self.log, self.on_change = log, None
+        self.queued = self.handled = self.sent = self.dropped = self.replays = self.late = 0
 
-    def publish(self, raw: list[Any]) -> bool:
+    def publish(self, raw: list[Any], ts: float | None = None) -> bool:
         self.queued += 1
         self.log.append(("publish", self.queued, raw))
         return True
@@ -69,9 +72,6 @@ class RecordingPublisher:
     def wait_handled(self, count: int, timeout: float) -> bool:
         self.log.append(("wait", count))
         return True
-
-    def stats(self) -> dict[str, int]:
-        return {"kv_events_queued": self.queued}
 
 
 class LoggingConn:
@@ -85,7 +85,7 @@ class LoggingConn:
 def test_the_loop_publishes_a_steps_events_before_its_deltas_and_waits_for_the_earlier_ones(tiny: Any) -> None:
     engine = make_engine(tiny, kv_capacity=64, enable_kv_events=True, kv_event_block_size=BLOCK)
     log: list[tuple[Any, ...]] = []
-    loop = EngineLoop(engine, LoggingConn(log), kv_publisher=RecordingPublisher(log))  # type: ignore[arg-type]
+    loop = EngineLoop(engine, LoggingConn(log), kv_publisher=RecordingPublisher(log))
     try:
         for i, rid in enumerate((1, 2, 3)):  # 3 x 25 tokens through a 64-slot pool: eviction
             loop._handle(("submit", [rid], list(range(600 + 40 * i, 625 + 40 * i)), GREEDY, {}))
@@ -120,7 +120,7 @@ def test_an_abort_outside_a_step_is_published_with_the_next_loop_pass(tiny: Any)
     engine = make_engine(tiny, kv_capacity=256, enable_kv_events=True, kv_event_block_size=BLOCK)
     log: list[tuple[Any, ...]] = []
     publisher = RecordingPublisher(log)
-    loop = EngineLoop(engine, LoggingConn(log), kv_publisher=publisher)  # type: ignore[arg-type]
+    loop = EngineLoop(engine, LoggingConn(log), kv_publisher=publisher)
     try:
         long = SamplingParams(temperature=0.0, max_new_tokens=50, ignore_eos=True)
         loop._handle(("submit", [1], list(range(700, 720)), long, {}))

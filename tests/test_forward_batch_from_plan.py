@@ -137,3 +137,30 @@ def test_logits_of_any_memory_order_commit_by_their_values(tiny: LoadedModel, or
     out = core.commit(np.asfortranarray(logits) if order == "F" else logits)
     assert out.rids.tolist() == [1, 2]
     assert out.token_ids.tolist() == [100, 200]
+
+
+def test_a_runner_takes_a_core_plan_as_its_batch(tiny: LoadedModel) -> None:
+    # the Rust front end's loop gives the plan to the runner as it is: two engines in
+    # lockstep, one forwarding ForwardBatch.from_plan(plan), the other the plan itself,
+    # give the same logits at every step (prefill chunks, a cached prefix, decodes)
+    engines = [make_engine(tiny, kv_capacity=2048, max_prefill_tokens=24) for _ in range(2)]
+    shared = list(range(300, 340))
+    prompts = [shared + [7, 8, 9], shared + [11], list(range(500, 530))]
+    for engine in engines:
+        for rid, prompt in enumerate(prompts, start=1):
+            engine.core.submit(rid, prompt, max_new_tokens=3 + rid, temperature=0.0)
+    steps = 0
+    while engines[0].core.has_work():
+        plans = [e.core.schedule() for e in engines]
+        if len(plans[0]) == 0:
+            for e in engines:
+                e.core.take_outputs()
+            continue
+        assert plans[1].batch_size == len(plans[1]) and plans[1].num_tokens == plans[0].num_tokens
+        batched = engines[0].runner.forward(ForwardBatch.from_plan(plans[0]))
+        direct = engines[1].runner.forward(plans[1])
+        np.testing.assert_array_equal(batched, direct)
+        outs = [e.core.commit(logits) for e, logits in zip(engines, (batched, direct), strict=True)]
+        assert outs[0].token_ids.tolist() == outs[1].token_ids.tolist()
+        steps += 1
+    assert steps > 5 and not engines[1].core.has_work()

@@ -28,20 +28,28 @@ LONG = {"prompt": "a long one", "max_tokens": 3000, "ignore_eos": True}
 
 
 class HeldLoop(StepLoop):
-    """A step loop whose next step, once ``hold`` is set, waits for ``release``."""
+    """A step loop whose next forward, once ``hold`` is set, waits for ``release`` (as a
+    forward that hangs would hold the loop)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.hold = threading.Event()
         self.held = threading.Event()
         self.release = threading.Event()
+        runner = self.engine.runner
+        for name in ("forward", "forward_greedy"):  # the torch runner may pick greedy tokens itself
+            if hasattr(runner, name):
+                setattr(runner, name, self._held(getattr(runner, name)))
 
-    def step(self) -> None:
-        if self.hold.is_set():
-            self.held.set()
-            self.release.wait()
-            self.hold.clear()
-        super().step()
+    def _held(self, forward: Any) -> Any:
+        def held(*args: Any, **kwargs: Any) -> Any:
+            if self.hold.is_set():
+                self.held.set()
+                self.release.wait()
+                self.hold.clear()
+            return forward(*args, **kwargs)
+
+        return held
 
 
 def server_args(**kw: Any) -> ServerArgs:
@@ -171,3 +179,31 @@ def test_an_idle_loop_is_not_taken_for_a_stuck_one(served: tuple[HeldLoop, str])
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+def test_next_plan_drains_and_schedules_in_one_call() -> None:
+    # the plain loop's step: next_plan (drain + schedule) -> the runner -> commit; None
+    # while the core has no work, and every request still ends as the loop serves it
+    args = server_args()
+    engine = build_engine(args)
+    frontend = start_frontend(engine, args)
+    core = engine.core
+    url = f"http://127.0.0.1:{frontend.port}"
+    out: dict[str, Any] = {}
+    try:
+        assert frontend.next_plan(core) is None
+        client = threading.Thread(target=lambda: out.setdefault("r", httpx.post(
+            f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True}, timeout=60)))
+        client.start()
+        assert frontend.wait(30.0)
+        steps = 0
+        while (plan := frontend.next_plan(core)) is not None:
+            assert len(plan) == plan.batch_size == 1
+            frontend.commit(core, engine.runner.forward(plan))
+            steps += 1
+        client.join(timeout=60)
+        assert out["r"].status_code == 200, out["r"].text
+        assert out["r"].json()["usage"]["completion_tokens"] == 5
+        assert steps >= 5 and not core.has_work()
+    finally:
+        frontend.stop(5.0)

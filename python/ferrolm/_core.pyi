@@ -248,6 +248,10 @@ class BatchPlan:
     @property
     def num_requests(self) -> int: ...
     @property
+    def batch_size(self) -> int:
+        """``num_requests`` under ``ForwardBatch``'s name: a runner's ``forward`` takes the
+        plan as its batch."""
+    @property
     def num_tokens(self) -> int: ...
     def __len__(self) -> int: ...
 
@@ -800,6 +804,10 @@ class Frontend:
         """Moves everything queued into ``engine`` (submissions, each answered to its
         HTTP request; aborts; control calls); returns the rids of the plain-greedy samples
         it submitted and whether each ignores EOS (``None`` when there are none)."""
+    def next_plan(self, engine: Engine) -> BatchPlan | None:
+        """``drain``, then ``engine.schedule()`` in the same call (the GIL released once):
+        the step's plan, ``None`` when the core has no work. Plain-greedy samples are not
+        reported, so it is for a loop whose runner leaves every pick to the core."""
     def commit(self, engine: Engine, logits: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
     def commit_tokens(self, engine: Engine, tokens: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
     def fail_step(self, engine: Engine, message: str) -> npt.NDArray[np.uint64]: ...

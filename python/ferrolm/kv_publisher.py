@@ -31,6 +31,8 @@ STOP_TIMEOUT_S = 1.0  # what shutdown gives the thread to send what is queued
 # how long the idle thread sleeps on the queue before it looks at the replay socket again
 # (vLLM's figure): a replay waits at most this long, and an idle thread wakes 10 times a second
 IDLE_POLL_S = 0.1
+# how long a step loop holds a step's outputs for the earlier batches (``wait_earlier``)
+OUTPUTS_WAIT_S = 0.5
 
 
 class KvEventPublisher:
@@ -38,9 +40,16 @@ class KvEventPublisher:
 
     Counters (read from any thread): ``queued`` batches accepted by ``publish``,
     ``handled`` batches the thread is done with (``sent`` of them on the socket),
-    ``dropped`` batches refused because the queue was full. ``on_change``, when given, is
-    called on the thread each time ``handled``, ``sent`` or ``replays`` moved (the Rust front
-    end copies the counters to where its routes read them)."""
+    ``dropped`` batches refused because the queue was full, ``late`` steps whose outputs
+    went out before the earlier batches were handled. ``on_change``, when given, is called
+    each time a counter moved: on the thread for ``handled``, ``sent`` and ``replays``, on
+    the step loop for what ``publish_from`` and ``wait_earlier`` move (the Rust front end
+    copies the counters to where its routes read them).
+
+    A step loop (the Python front end's engine process and the Rust front end's loop) calls
+    ``publish_from(core)`` after each commit and after whatever else changes the cache
+    (aborts, flushes), and ``wait_earlier`` before a step's outputs go out, so that a
+    router following the events never lags the outputs by more than the step in flight."""
 
     def __init__(self, config: KvEventsConfig, *, data_parallel_rank: int = 0, medium: str = MEDIUM_GPU,
                  on_change: Callable[[], None] | None = None) -> None:
@@ -48,7 +57,7 @@ class KvEventPublisher:
         self.on_change = on_change
         self.data_parallel_rank = data_parallel_rank
         self.medium = medium
-        self.queued = self.handled = self.sent = self.dropped = self.replays = 0
+        self.queued = self.handled = self.sent = self.dropped = self.replays = self.late = 0
         self.busy_s = 0.0  # the thread's CPU time on batches (turning, encoding, sending)
         self._queue: queue.Queue[tuple[float, list[Any]] | None] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=config.buffer_steps)
@@ -90,9 +99,32 @@ class KvEventPublisher:
         with self._handled:
             return self._handled.wait_for(lambda: self.handled >= count, timeout)
 
+    def publish_from(self, core: Any) -> bool:
+        """Queues the core's events since the last call (``take_kv_events``) as one batch;
+        none when there are none. True when a batch was queued."""
+        events = core.take_kv_events()
+        if not events:
+            return False
+        queued = self.publish(events)
+        if self.on_change is not None:
+            self.on_change()
+        return queued
+
+    def wait_earlier(self, count: int | None = None, timeout: float = OUTPUTS_WAIT_S) -> bool:
+        """Before a step's outputs go out: waits until the first ``count`` batches (all those
+        queued so far when None) are handled. False on timeout, and the step counts in
+        ``late``."""
+        if self.wait_handled(self.queued if count is None else count, timeout):
+            return True
+        self.late += 1
+        if self.on_change is not None:
+            self.on_change()
+        return False
+
     def stats(self) -> dict[str, int]:
         return {"kv_events_queued": self.queued, "kv_events_sent": self.sent,
-                "kv_events_dropped": self.dropped, "kv_events_replays": self.replays}
+                "kv_events_dropped": self.dropped, "kv_events_replays": self.replays,
+                "kv_events_late": self.late}
 
     def shutdown(self) -> None:
         """Sends what is queued (for up to ``STOP_TIMEOUT_S``), then closes the sockets."""

@@ -79,7 +79,7 @@ pub struct PyBatchPlan {
 }
 
 impl PyBatchPlan {
-    fn new(py: Python<'_>, p: BatchPlan) -> Self {
+    pub(crate) fn new(py: Python<'_>, p: BatchPlan) -> Self {
         PyBatchPlan {
             num_requests: p.num_requests(),
             num_tokens: p.num_tokens(),
@@ -125,6 +125,11 @@ impl PyBatchPlan {
     }
     #[getter]
     fn num_requests(&self) -> usize {
+        self.num_requests
+    }
+    /// `num_requests` under `ForwardBatch`'s name, so that a runner takes the plan as its batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
         self.num_requests
     }
     #[getter]

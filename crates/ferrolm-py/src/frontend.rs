@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 
 use crate::constraint::PyVocabulary;
 use crate::convert::{ids, logits_rows};
-use crate::engine::PyEngine;
+use crate::engine::{PyBatchPlan, PyEngine};
 use crate::errors;
 
 #[pyclass(module = "ferrolm._core", name = "Frontend", frozen)]
@@ -193,6 +193,27 @@ impl PyFrontend {
             return Ok(None);
         }
         Ok(Some((drained.greedy_rids.into_pyarray(py), drained.greedy_ignore_eos.into_pyarray(py))))
+    }
+
+    /// `drain`, then the core's `schedule` in the same call (one release of the GIL):
+    /// `None` when the core has no work. Plain-greedy samples are not reported, so this is
+    /// for a loop whose runner leaves every pick to the core.
+    fn next_plan(&self, py: Python<'_>, engine: &Bound<'_, PyEngine>) -> PyResult<Option<PyBatchPlan>> {
+        let mut e = engine.borrow_mut();
+        let e = &mut *e;
+        let ingress = &*self.ingress;
+        let plan = e
+            .poison
+            .run(py, &mut e.engine, |core| {
+                ingress.drain(core);
+                if core.has_work() {
+                    core.schedule().map(Some)
+                } else {
+                    Ok(None)
+                }
+            })?
+            .map_err(|err| errors::engine(py, err))?;
+        Ok(plan.map(|p| PyBatchPlan::new(py, p)))
     }
 
     fn commit<'py>(

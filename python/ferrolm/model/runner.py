@@ -11,7 +11,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -173,6 +173,12 @@ class ForwardBatch:
         )
 
 
+# What a runner's ``forward`` takes: a ``ForwardBatch``, or the core's ``BatchPlan`` as it
+# is (the same columns, contiguous int32, which the core holds to the invariants that
+# ``ForwardBatch`` checks): a step loop then builds no Python object per step for it.
+Batch: TypeAlias = ForwardBatch | _core.BatchPlan
+
+
 class ModelRunner(ABC):
     """Runs the model over a paged KV pool of ``num_slots`` token slots it owns."""
 
@@ -180,7 +186,7 @@ class ModelRunner(ABC):
     num_slots: int
 
     @abstractmethod
-    def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+    def forward(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
         """Writes the new tokens' keys and values to their slots and returns float32
         logits ``[B, vocab]`` of each request's last new token, or ``[T, vocab]`` of every
         new token when ``all_logits``."""
@@ -219,7 +225,7 @@ class _AttentionPlan:
     chunks: list[tuple[int, int, np.ndarray]]  # (first token, end token, slots) per prefill
 
     @classmethod
-    def of(cls, batch: ForwardBatch, sliding_window: int | None) -> _AttentionPlan:
+    def of(cls, batch: Batch, sliding_window: int | None) -> _AttentionPlan:
         qo, kvo = batch.qo_offsets, batch.kv_offsets
         new_lengths = np.diff(qo)
         decodes = np.flatnonzero(new_lengths == 1)
@@ -365,11 +371,11 @@ class NumpyRunner(ModelRunner):
             down_bias=weights.get(mlp + "down_proj.bias"),
         )
 
-    def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+    def forward(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
         self._check(batch)
         return self.logits(batch, all_logits=all_logits)
 
-    def logits(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+    def logits(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
         """``forward`` for a batch already checked against this runner (``_check``)."""
         c = self.config
         cos, sin = rotation(self.inv_freq, batch.positions)
@@ -383,7 +389,7 @@ class NumpyRunner(ModelRunner):
             x = x[batch.qo_offsets[1:] - 1]  # each request's last new token
         return _rms_norm(x, self.final_norm, c.rms_norm_eps) @ self.head
 
-    def _check(self, batch: ForwardBatch) -> None:
+    def _check(self, batch: Batch) -> None:
         if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:
             raise InvalidInputError(f"ForwardBatch.input_ids holds an id >= vocab size {self.config.vocab_size}")
         if batch.kv_slots.size and int(batch.kv_slots.max()) >= self.num_slots:
@@ -393,7 +399,7 @@ class NumpyRunner(ModelRunner):
         self,
         layer: _Layer,
         h: np.ndarray,
-        batch: ForwardBatch,
+        batch: Batch,
         plan: _AttentionPlan | None,
         cos: np.ndarray,
         sin: np.ndarray,
@@ -428,7 +434,7 @@ class NumpyRunner(ModelRunner):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        batch: ForwardBatch,
+        batch: Batch,
         k_pool: np.ndarray,
         v_pool: np.ndarray,
     ) -> np.ndarray:
@@ -456,7 +462,7 @@ class NumpyRunner(ModelRunner):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        batch: ForwardBatch,
+        batch: Batch,
         plan: _AttentionPlan,
         k_pool: np.ndarray,
         v_pool: np.ndarray,

@@ -45,7 +45,7 @@ from ferrolm.model.config import ModelConfig
 from ferrolm.model.device_sampler import DeviceDraws
 from ferrolm.model.device_sampler import sample as sample_on_device
 from ferrolm.model.rope import inverse_frequencies, rotation
-from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner, _AttentionPlan, _Layer
+from ferrolm.model.runner import Batch, ModelRunner, NumpyRunner, _AttentionPlan, _Layer
 from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
 
 # torch and torch.nn.functional once loaded (see _load_torch)
@@ -423,7 +423,7 @@ class TorchRunner(ModelRunner):
     def kv_pool_bytes(self) -> int:
         return sum(int(p.numel() * p.element_size()) for p in (*self.k_pool, *self.v_pool))
 
-    def forward(self, batch: ForwardBatch, *, all_logits: bool = False) -> np.ndarray:
+    def forward(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
         self._check(batch)
         if self._numpy is not None:
             return self._numpy.logits(batch, all_logits=all_logits)
@@ -431,7 +431,7 @@ class TorchRunner(ModelRunner):
             logits = self._forward(batch, all_logits)
             return logits.float().cpu().numpy()
 
-    def _logits(self, batch: ForwardBatch) -> Any:
+    def _logits(self, batch: Batch) -> Any:
         """Each request's logits as a tensor on the device (a view of the numpy result on
         the CPU in float32)."""
         if self._numpy is not None:
@@ -440,7 +440,7 @@ class TorchRunner(ModelRunner):
 
     def forward_greedy(
         self,
-        batch: ForwardBatch,
+        batch: Batch,
         eos_token_ids: Sequence[int] = (),
         ignore_eos: np.ndarray | None = None,
         vocab_size: int | None = None,
@@ -467,7 +467,7 @@ class TorchRunner(ModelRunner):
                 logits[rows[:, None], eos[None, :]] = float("-inf")
             return logits[:, :vocab_size].argmax(dim=-1).to(torch.int32).cpu().numpy()
 
-    def forward_sample(self, batch: ForwardBatch, sampling: Any, vocab_size: int | None = None) -> DeviceDraws:
+    def forward_sample(self, batch: Batch, sampling: Any, vocab_size: int | None = None) -> DeviceDraws:
         """As ``forward``, then each request's token drawn on the device under
         ``sampling`` (the step's ``SamplingBatch`` from the engine core; see
         ``device_sampler``): only the ids, and the logprobs asked for, cross to the host.
@@ -478,7 +478,7 @@ class TorchRunner(ModelRunner):
             logits = self._logits(batch)
             return sample_on_device(logits, sampling, vocab_size or logits.shape[1])
 
-    def _check(self, batch: ForwardBatch) -> None:
+    def _check(self, batch: Batch) -> None:
         if batch.num_tokens and int(batch.input_ids.max()) >= self.config.vocab_size:
             raise InvalidInputError(f"ForwardBatch.input_ids holds an id >= vocab size {self.config.vocab_size}")
         if batch.kv_slots.size and int(batch.kv_slots.max()) >= self.num_slots:
@@ -495,7 +495,7 @@ class TorchRunner(ModelRunner):
             return F.linear(x, weight, bias)
         return torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
 
-    def _plan(self, batch: ForwardBatch) -> _TorchPlan | None:
+    def _plan(self, batch: Batch) -> _TorchPlan | None:
         if self.attention == "kernel":
             return None  # the kernel reads the batch's columns as they are
         plan = _AttentionPlan.of(batch, self.config.sliding_window)
@@ -525,7 +525,7 @@ class TorchRunner(ModelRunner):
             chunks.append((q0, q1, self._index(chunk_slots), chunk_mask))
         return _TorchPlan(rows, slots, mask, chunks)
 
-    def _forward(self, batch: ForwardBatch, all_logits: bool) -> Any:
+    def _forward(self, batch: Batch, all_logits: bool) -> Any:
         c = self.config
         cos_np, sin_np = rotation(self.inv_freq, batch.positions)  # float32 [T, 1, d/2], angles in float64
         cos = torch.from_numpy(np.concatenate([cos_np, cos_np], axis=-1)).to(device=self.device, dtype=self.dtype)
@@ -549,7 +549,7 @@ class TorchRunner(ModelRunner):
         self,
         layer: _TorchLayer,
         h: Any,
-        batch: ForwardBatch,
+        batch: Batch,
         plan: _TorchPlan | None,
         cos: Any,
         sin: Any,
@@ -580,7 +580,7 @@ class TorchRunner(ModelRunner):
             out = self._attend_reference(q, plan, k_pool, v_pool)
         return self._linear(out.reshape(num_new, q_width), layer.o, layer.o_bias)
 
-    def _attend_kernel(self, q: Any, batch: ForwardBatch, index: int) -> Any:
+    def _attend_kernel(self, q: Any, batch: Batch, index: int) -> Any:
         """The core's paged-attention kernel over the pool's memory, in place (float32
         queries and output; the pool in its own dtype)."""
         c = self.config

@@ -54,9 +54,6 @@ log = logging.getLogger("ferrolm.engine_process")
 
 HEARTBEAT_INTERVAL_S = 0.5  # the API side counts the engine frozen after --engine-heartbeat-timeout
 GRAMMAR_WORKERS = 2  # threads compiling grammars (each compile is bounded by the vocabulary's timeout)
-# the longest a step's deltas wait for the earlier steps' KV events to be sent (the
-# publisher thread is normally done long before); past it they go anyway, counted
-KV_EVENTS_WAIT_S = 0.5
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,7 +76,6 @@ class EngineLoop:
                  heartbeat_interval: float = HEARTBEAT_INTERVAL_S, kv_publisher: KvEventPublisher | None = None) -> None:
         self.engine = engine
         self.kv_publisher = kv_publisher
-        self.kv_events_late = 0  # steps whose deltas went before the earlier steps' events were sent
         self.conn = conn
         self.running = True
         self.synthetic: list[Delta] = []  # aborts of requests that never reached the core (compiling)
@@ -147,17 +143,15 @@ class EngineLoop:
         if self.kv_publisher is not None:
             earlier = self.kv_publisher.queued
             self._publish_kv_events()
-            if deltas and not self.kv_publisher.wait_handled(earlier, KV_EVENTS_WAIT_S):
-                self.kv_events_late += 1
+            if deltas:
+                self.kv_publisher.wait_earlier(earlier)
         if deltas:
             self._send(("deltas", deltas))
 
     def _publish_kv_events(self) -> None:
         """The cache's events since the last call, as one batch (none when empty)."""
         if self.kv_publisher is not None:
-            events = self.engine.core.take_kv_events()
-            if events:
-                self.kv_publisher.publish(events)
+            self.kv_publisher.publish_from(self.engine.core)
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -307,7 +301,7 @@ class EngineLoop:
     def _stats(self) -> dict[str, int]:
         stats = self.engine.core.stats()
         if self.kv_publisher is not None:
-            stats |= self.kv_publisher.stats() | {"kv_events_late": self.kv_events_late}
+            stats |= self.kv_publisher.stats()
         return stats
 
 

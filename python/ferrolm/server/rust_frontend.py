@@ -6,7 +6,10 @@ straight to each request's stream, all in Rust: this loop only runs schedule -> 
 commit. ``frontend.drain`` moves what arrived into the core at the start of a step;
 ``frontend.commit`` (and its siblings) commits and hands the outputs to the streams,
 returning only the rids that finished. While there is no work the loop blocks in
-``frontend.wait`` (no busy spin; a request wakes it at once).
+``frontend.wait`` (no busy spin; a request wakes it at once). In the common case (a runner
+that returns logits, no KV events) a step is two calls into the core around the forward:
+``frontend.next_plan`` (drain and schedule) and ``frontend.commit``, with the core's plan
+given to the runner as its batch (``ferrolm.model.runner.Batch``).
 
 Structured output (``response_format``, ``regex``, ``json_schema``, ``ebnf``, ``guided_*``,
 ``grammar``) is read as the Python front end reads it and compiled on the front end's grammar
@@ -53,7 +56,7 @@ from ferrolm.kv_publisher import KvEventPublisher
 from ferrolm.model import ForwardBatch
 from ferrolm.model.loader import resolve_model_folder
 from ferrolm.server.args import ServerArgs
-from ferrolm.server.engine_process import KV_EVENTS_WAIT_S, model_info
+from ferrolm.server.engine_process import model_info
 from ferrolm.server.prompt_bounds import max_input_chars_per_token
 
 log = logging.getLogger("ferrolm.server")
@@ -135,11 +138,15 @@ class StepLoop:
         self.frontend = frontend
         self.stopping = threading.Event()
         self.kv_publisher = kv_publisher
-        self.kv_events_late = 0  # steps whose outputs went before the earlier steps' events were sent
         if kv_publisher is not None:
             kv_publisher.on_change = self.note_kv_events
 
     def run(self) -> None:
+        if self.kv_publisher is None and not self.engine.device_greedy:
+            self.run_plain()
+            return
+        # with KV events (a batch after the drain, another after the commit) or a runner
+        # that picks greedy tokens itself (the drain's greedy rids)
         engine, frontend, core = self.engine, self.frontend, self.engine.core
         kv = self.kv_publisher is not None
         while not self.stopping.is_set():
@@ -152,6 +159,32 @@ class StepLoop:
                 frontend.wait(IDLE_WAIT_S)
                 continue
             self.step()
+
+    def run_plain(self) -> None:
+        """``run`` for a runner that returns logits (no device greedy) without KV events:
+        one call into the core before the forward (``next_plan``: drain and schedule) and
+        one after (``commit``), and the plan goes to the runner as its batch. At low
+        concurrency the Python work between forwards is most of what a token costs the
+        server outside the forward, and it runs on caches the forward has just flushed, so
+        nothing else is done per step."""
+        engine, frontend, core = self.engine, self.frontend, self.engine.core
+        next_plan, forward, commit = frontend.next_plan, engine.runner.forward, frontend.commit
+        stopping = self.stopping
+        while not stopping.is_set():
+            plan = next_plan(core)
+            if plan is None:
+                frontend.wait(IDLE_WAIT_S)
+                continue
+            if not plan:
+                frontend.take_outputs(core)  # aborts and timeouts of waiting requests
+                continue
+            try:
+                commit(core, forward(plan))
+            except CorePanicError:
+                raise  # the core refuses further use: the server ends
+            except Exception as e:
+                log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
+                frontend.fail_step(core, f"the model forward failed: {type(e).__name__}: {e}")
 
     def step(self) -> None:
         engine, frontend, core = self.engine, self.frontend, self.engine.core
@@ -188,23 +221,18 @@ class StepLoop:
 
     def wait_kv_events(self) -> None:
         """Before a step's outputs go out: the earlier steps' events are on the socket."""
-        p = self.kv_publisher
-        if p is not None and not p.wait_handled(p.queued, KV_EVENTS_WAIT_S):
-            self.kv_events_late += 1
-            self.note_kv_events()
+        if self.kv_publisher is not None:
+            self.kv_publisher.wait_earlier()
 
     def publish_kv_events(self) -> None:
         """The cache's events since the last call, as one batch (none when empty)."""
         assert self.kv_publisher is not None
-        events = self.engine.core.take_kv_events()
-        if events:
-            self.kv_publisher.publish(events)
-            self.note_kv_events()
+        self.kv_publisher.publish_from(self.engine.core)
 
     def note_kv_events(self) -> None:
         p = self.kv_publisher
         if p is not None:
-            self.frontend.note_kv_events(p.queued, p.sent, p.dropped, p.replays, self.kv_events_late)
+            self.frontend.note_kv_events(p.queued, p.sent, p.dropped, p.replays, p.late)
 
 
 def run_rust_server(args: ServerArgs) -> int:
