@@ -17,11 +17,6 @@ use ferrolm_constraint::json_schema::JsonSchemaOptions;
 use ferrolm_constraint::tokenizer_files::from_tiktoken;
 use ferrolm_constraint::Grammar;
 
-// The allocator of the Python extension (`ferrolm-py`), so the profile is the one the
-// bench sees.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1).peekable();
     if args.peek().map(String::as_str) == Some("--regex") {

@@ -16,14 +16,6 @@ mod norm;
 mod radix;
 mod trace;
 
-/// mimalloc for the core's own allocations: compiling a grammar makes many small,
-/// short-lived ones (NFA states, DFA tables, regex text), where glibc's allocator took
-/// about a sixth of the compile time and returned large tables to the kernel after each
-/// compile (page faults on the next). Memory handed to Python or numpy is freed by the
-/// side that allocated it, so the choice stays inside this library.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
