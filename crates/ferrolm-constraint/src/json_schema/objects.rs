@@ -521,11 +521,10 @@ fn uncounted_body(members: &[(String, bool)], extra: Option<String>, some_extra:
         out.push_str(&members[n - 1].0);
         for (i, (member, is_required)) in members[..n - 1].iter().enumerate().rev() {
             match (*is_required, rest_has_required[i]) {
-                (false, false) => write!(out, ")|{member}"),
-                (false, true) | (true, true) => Ok(out.push(')')),
-                (true, false) => Ok(out.push_str("))?")),
+                (false, false) => write!(out, ")|{member}").expect("writing to a String"),
+                (false, true) | (true, true) => out.push(')'),
+                (true, false) => out.push_str("))?"),
             }
-            .expect("writing to a String");
         }
         out.push(')');
         out
