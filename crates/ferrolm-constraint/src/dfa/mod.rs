@@ -13,6 +13,8 @@ mod direct;
 mod parse;
 mod subset;
 
+use std::sync::Arc;
+
 pub use compile::RegexOptions;
 pub(crate) use compile::MAX_GROUP_NESTING;
 
@@ -34,19 +36,23 @@ pub struct ByteDfa {
     classes: [u8; 256],
     num_classes: usize,
     /// `transitions[state * num_classes + class]`.
-    transitions: Vec<u32>,
+    ///
+    /// The tables are never changed once built, and shared between clones: the memo of
+    /// compiled patterns (`compile.rs`) hands the same rule (a value of any type, a
+    /// string) to every schema, and a grammar keeps its main rule next to its rules.
+    transitions: Arc<[u32]>,
     /// The same table with targets stored as row offsets (`target * num_classes`), so
     /// the mask walk saves a multiply per trie node. Row 0 is still [`DEAD`].
-    row_transitions: Vec<u32>,
-    accepting: Vec<bool>,
+    row_transitions: Arc<[u32]>,
+    accepting: Arc<[bool]>,
     /// The only byte leaving a state alive, if exactly one does (jump-forward).
-    single_byte: Vec<Option<u8>>,
+    single_byte: Arc<[Option<u8>]>,
     /// Whether any byte leaves a state alive.
-    can_continue: Vec<bool>,
+    can_continue: Arc<[bool]>,
     /// Strongly connected component of each state, and whether that component holds a
     /// cycle (a loop the output can go round: the body of a string, free text).
-    component: Vec<u32>,
-    component_has_cycle: Vec<bool>,
+    component: Arc<[u32]>,
+    component_has_cycle: Arc<[bool]>,
     start: u32,
 }
 
@@ -60,19 +66,7 @@ impl ByteDfa {
         accepting: Vec<bool>,
         start: u32,
     ) -> ByteDfa {
-        ByteDfa {
-            classes,
-            num_classes,
-            transitions,
-            row_transitions: Vec::new(),
-            accepting,
-            single_byte: Vec::new(),
-            can_continue: Vec::new(),
-            component: Vec::new(),
-            component_has_cycle: Vec::new(),
-            start,
-        }
-        .keep_live_states()
+        Self::keep_live_states(classes, num_classes, transitions, accepting, start)
     }
 
     /// Bytes held on the heap (for memory budgets).
@@ -153,11 +147,11 @@ impl ByteDfa {
     /// The same automaton with the transitions `(state, byte)` removed (each byte's
     /// whole class), trimmed again to the states that can still reach acceptance.
     pub(crate) fn without_edges(&self, edges: &[(u32, u8)]) -> ByteDfa {
-        let mut transitions = self.transitions.clone();
+        let mut transitions = self.transitions.to_vec();
         for &(state, byte) in edges {
             transitions[state as usize * self.num_classes + self.classes[byte as usize] as usize] = DEAD;
         }
-        ByteDfa::from_table(self.classes, self.num_classes, transitions, self.accepting.clone(), self.start)
+        ByteDfa::from_table(self.classes, self.num_classes, transitions, self.accepting.to_vec(), self.start)
     }
 
     /// How many bytes share `byte`'s class.
@@ -168,10 +162,15 @@ impl ByteDfa {
 
     /// Renumber so that only states that can reach acceptance remain; the others
     /// collapse into [`DEAD`]. Also fills the per-state summaries.
-    fn keep_live_states(self) -> Self {
-        let n = self.num_states();
-        let nc = self.num_classes;
-        let found = analysis::components(n, nc, &self.transitions, &self.accepting);
+    fn keep_live_states(
+        classes: [u8; 256],
+        nc: usize,
+        all_transitions: Vec<u32>,
+        all_accepting: Vec<bool>,
+        start: u32,
+    ) -> Self {
+        let n = all_accepting.len();
+        let found = analysis::components(n, nc, &all_transitions, &all_accepting);
         let live = |state: usize| state != DEAD as usize && found.live[found.of[state] as usize];
         let mut new_id = vec![DEAD; n];
         let mut next_id = 1;
@@ -195,16 +194,16 @@ impl ByteDfa {
         let kept = next_id as usize;
         let (transitions, accepting) = if kept == n {
             // Every state is live (the usual case): ids and table stay as they are.
-            (self.transitions, self.accepting)
+            (all_transitions, all_accepting)
         } else {
             let mut transitions = vec![DEAD; kept * nc];
             let mut accepting = vec![false; kept];
             for state in 1..n {
                 if live(state) {
                     let row = new_id[state] as usize;
-                    accepting[row] = self.accepting[state];
+                    accepting[row] = all_accepting[state];
                     for class in 0..nc {
-                        transitions[row * nc + class] = new_id[self.transitions[state * nc + class] as usize];
+                        transitions[row * nc + class] = new_id[all_transitions[state * nc + class] as usize];
                     }
                 }
             }
@@ -213,8 +212,8 @@ impl ByteDfa {
         let mut class_sizes = vec![0usize; nc];
         let mut class_byte = vec![0u8; nc];
         for byte in 0..=255u8 {
-            class_sizes[self.classes[byte as usize] as usize] += 1;
-            class_byte[self.classes[byte as usize] as usize] = byte;
+            class_sizes[classes[byte as usize] as usize] += 1;
+            class_byte[classes[byte as usize] as usize] = byte;
         }
         let mut single_byte = vec![None; kept];
         let mut can_continue = vec![false; kept];
@@ -230,16 +229,16 @@ impl ByteDfa {
         }
         let row_transitions = transitions.iter().map(|&t| t * nc as u32).collect();
         ByteDfa {
-            classes: self.classes,
+            classes,
             num_classes: nc,
             row_transitions,
-            transitions,
-            accepting,
-            single_byte,
-            can_continue,
-            component,
-            component_has_cycle,
-            start: new_id[self.start as usize],
+            transitions: transitions.into(),
+            accepting: accepting.into(),
+            single_byte: single_byte.into(),
+            can_continue: can_continue.into(),
+            component: component.into(),
+            component_has_cycle: component_has_cycle.into(),
+            start: new_id[start as usize],
         }
     }
 }

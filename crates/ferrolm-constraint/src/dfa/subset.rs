@@ -33,8 +33,13 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     let (classes, num_classes, representative) = super::compile::class_table(nfa.byte_classes());
     let mut closure = Closure::new(nfa.states().len());
     let mut sets = SetStore::default();
-    let mut transitions = vec![DEAD; num_classes];
-    let mut accepting = vec![false];
+    // Sized for about as many DFA states as the NFA has (bounded): growing the table by
+    // doubling copied it several times over.
+    let expected_states = nfa.states().len().clamp(16, 1 << 14);
+    let mut transitions = Vec::with_capacity(expected_states * num_classes);
+    transitions.resize(num_classes, DEAD);
+    let mut accepting = Vec::with_capacity(expected_states);
+    accepting.push(false);
     let mut buffer = Vec::new();
     closure.of(nfa, [nfa.start_anchored()], &mut buffer);
     let intern = |set: &[StateID], sets: &mut SetStore| -> Result<u32> {

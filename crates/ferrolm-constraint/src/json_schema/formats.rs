@@ -63,8 +63,20 @@ fn ipv6() -> String {
     forms.map(|f| format!("(?:{f})")).join("|")
 }
 
-/// The regex of a supported format, or `None`.
+/// The formats [`format_regex`] knows.
+const SUPPORTED: [&str; 9] =
+    ["date", "time", "date-time", "uuid", "ipv4", "email", "hostname", "ipv6", "uri"];
+
+/// Whether `format` is one [`format_regex`] writes (without writing it).
+pub fn is_supported_format(format: &str) -> bool {
+    SUPPORTED.contains(&format)
+}
+
+/// The regex of a supported format, or `None`. The long ones (`uri`, `ipv6`) are
+/// written once per process: a schema may name a format on every string.
 pub fn format_regex(format: &str) -> Option<String> {
+    static IPV6: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static URI: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     Some(match format {
         "date" => format!("(?:{DATE})"),
         "time" => TIME.to_string(),
@@ -73,8 +85,8 @@ pub fn format_regex(format: &str) -> Option<String> {
         "ipv4" => format!(r"{IPV4_OCTET}(?:\.{IPV4_OCTET}){{3}}"),
         "email" => EMAIL.to_string(),
         "hostname" => HOSTNAME.to_string(),
-        "ipv6" => ipv6(),
-        "uri" => uri(),
+        "ipv6" => IPV6.get_or_init(ipv6).clone(),
+        "uri" => URI.get_or_init(uri).clone(),
         _ => return None,
     })
 }
@@ -86,6 +98,17 @@ mod tests {
     fn matches(format: &str, text: &str) -> bool {
         let re = format_regex(format).unwrap();
         regex::Regex::new(&format!("^(?:{re})$")).unwrap().is_match(text)
+    }
+
+    #[test]
+    fn the_supported_formats_are_those_with_a_regex() {
+        for format in SUPPORTED {
+            assert!(format_regex(format).is_some() && is_supported_format(format), "{format}");
+        }
+        for format in ["binary", "uri-reference", "", "URI"] {
+            assert!(format_regex(format).is_none() && !is_supported_format(format), "{format}");
+        }
+        assert_eq!(format_regex("uri"), format_regex("uri"));
     }
 
     #[test]

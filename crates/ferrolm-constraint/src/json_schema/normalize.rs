@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use super::formats::format_regex;
+use super::formats::is_supported_format;
 use crate::error::{ConstraintError, Result};
 
 /// The JSON Schema drafts, picked by `$schema` (2020-12 without one).
@@ -332,7 +332,7 @@ impl<'a> Normalizer<'a> {
                     }
                 }
                 // Unknown formats are annotations; known ones are asserted.
-                "format" if value.as_str().is_none_or(|f| format_regex(f).is_some()) => {
+                "format" if value.as_str().is_none_or(is_supported_format) => {
                     out.insert(key.into(), value.clone());
                 }
                 _ if ONE_SCHEMA.contains(&key) => {

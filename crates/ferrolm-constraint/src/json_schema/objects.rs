@@ -17,6 +17,8 @@
 //! - `minProperties` / `maxProperties` count the members as they are written: a regex
 //!   per (position, count so far), refused when that grows too large.
 
+use std::fmt::Write as _;
+
 use regex_automata::dfa::regex::Regex;
 use serde_json::{json, Map, Value};
 
@@ -496,19 +498,37 @@ impl<'a> Translator<'a> {
 ///   required A:  A(?:,N)?  or  A,N
 fn uncounted_body(members: &[(String, bool)], extra: Option<String>, some_extra: bool, ws: &str) -> String {
     let separator = format!("{ws},{ws}");
-    let mut nonempty: Option<String> = None;
-    let mut rest_has_required = false;
-    for (member, is_required) in members.iter().rev() {
-        nonempty = Some(match (nonempty, *is_required, rest_has_required) {
-            (None, _, _) => member.clone(),
-            (Some(rest), false, false) => format!("(?:{member}{separator})?(?:{rest})|{member}"),
-            (Some(rest), false, true) => format!("(?:{member}{separator})?(?:{rest})"),
-            (Some(rest), true, false) => format!("{member}(?:{separator}(?:{rest}))?"),
-            (Some(rest), true, true) => format!("{member}{separator}(?:{rest})"),
-        });
-        rest_has_required |= *is_required;
-    }
-    let nonempty = nonempty.map(|n| format!("(?:{n})"));
+    // Each member's regex is written around the rest's: its opening part, the rest,
+    // its closing part. Written front to back into one string (formatting each around
+    // the rest copied the rest once per member: quadratic in the members).
+    let nonempty = (!members.is_empty()).then(|| {
+        let n = members.len();
+        // Whether a member after member i is required.
+        let mut rest_has_required = vec![false; n];
+        for i in (0..n - 1).rev() {
+            rest_has_required[i] = rest_has_required[i + 1] || members[i + 1].1;
+        }
+        let mut out = String::with_capacity(members.iter().map(|(m, _)| 2 * m.len() + 16).sum());
+        out.push_str("(?:");
+        for (i, (member, is_required)) in members[..n - 1].iter().enumerate() {
+            match (*is_required, rest_has_required[i]) {
+                (false, _) => write!(out, "(?:{member}{separator})?(?:"),
+                (true, false) => write!(out, "{member}(?:{separator}(?:"),
+                (true, true) => write!(out, "{member}{separator}(?:"),
+            }
+            .expect("writing to a String");
+        }
+        out.push_str(&members[n - 1].0);
+        for (i, (member, is_required)) in members[..n - 1].iter().enumerate().rev() {
+            match (*is_required, rest_has_required[i]) {
+                (false, false) => write!(out, ")|{member}").expect("writing to a String"),
+                (false, true) | (true, true) => out.push(')'),
+                (true, false) => out.push_str("))?"),
+            }
+        }
+        out.push(')');
+        out
+    });
     let all_optional = members.iter().all(|(_, required)| !required);
     match (extra, nonempty) {
         (None, None) => String::new(),
@@ -623,4 +643,47 @@ enum Uncountable {
     /// No number of members the schema allows is within the bounds.
     NoCount,
     TooLarge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `uncounted_body`'s declared part as it was built before (each member formatted
+    /// around the rest): the reference of the one-pass writer, character for character.
+    fn nonempty_reference(members: &[(String, bool)], separator: &str) -> Option<String> {
+        let mut nonempty: Option<String> = None;
+        let mut rest_has_required = false;
+        for (member, is_required) in members.iter().rev() {
+            nonempty = Some(match (nonempty, *is_required, rest_has_required) {
+                (None, _, _) => member.clone(),
+                (Some(rest), false, false) => format!("(?:{member}{separator})?(?:{rest})|{member}"),
+                (Some(rest), false, true) => format!("(?:{member}{separator})?(?:{rest})"),
+                (Some(rest), true, false) => format!("{member}(?:{separator}(?:{rest}))?"),
+                (Some(rest), true, true) => format!("{member}{separator}(?:{rest})"),
+            });
+            rest_has_required |= *is_required;
+        }
+        nonempty.map(|n| format!("(?:{n})"))
+    }
+
+    #[test]
+    fn the_one_pass_body_is_the_nested_one() {
+        let ws = " ?";
+        // Every pattern of required and optional members up to five long.
+        for n in 1..=5usize {
+            for bits in 0..(1u32 << n) {
+                let members: Vec<(String, bool)> =
+                    (0..n).map(|i| (format!("\"m{i}\":{i}"), bits & (1 << i) != 0)).collect();
+                let declared = nonempty_reference(&members, &format!("{ws},{ws}")).unwrap();
+                let all_optional = bits == 0;
+                let expected = if all_optional { format!("(?:{declared})?") } else { declared.clone() };
+                assert_eq!(uncounted_body(&members, None, false, ws), expected, "{members:?}");
+                let extra = "\"x\":0".to_string();
+                let with_extra = uncounted_body(&members, Some(extra.clone()), false, ws);
+                assert!(with_extra.contains(&declared), "{with_extra}");
+            }
+        }
+        assert_eq!(uncounted_body(&[], None, false, ws), "");
+    }
 }
