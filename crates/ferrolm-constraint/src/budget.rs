@@ -1,8 +1,8 @@
 //! What one compilation may take: memory (bytes of regex text, NFAs and DFA tables,
-//! counted as they are built) and, under [`crate::GrammarCache`], time (a cancel flag
-//! the cache sets when it stops waiting). The long loops of a compilation — schema
-//! translation, subset construction, copying tables, rule checks — call [`check`] or
-//! [`charge`], so a compilation past either limit stops with
+//! counted as they are built) and, under [`crate::GrammarCache`], time (a deadline, and
+//! a cancel flag for callers that give up waiting). The long loops of a compilation —
+//! schema translation, subset construction, copying tables, rule checks — call
+//! [`check`] or [`charge`], so a compilation past either limit stops with
 //! [`ConstraintError::GrammarTooLarge`] and frees what it took. (regex-automata's
 //! parser and dense builder cannot be interrupted; they run under size limits.)
 //!
@@ -12,6 +12,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::error::{ConstraintError, Result};
 
@@ -29,6 +30,9 @@ pub struct CancelFlag {
 }
 
 impl CancelFlag {
+    /// Tests stop compilations at a known point with it; the cache stops them by their
+    /// deadline.
+    #[cfg(test)]
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Relaxed);
     }
@@ -42,7 +46,28 @@ struct Budget {
     bytes_left: usize,
     limit: usize,
     cancel: Option<Arc<CancelFlag>>,
+    deadline: Option<Deadline>,
 }
+
+/// When a compilation must stop, and the limit that set it (for the message).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    at: Instant,
+    limit: Duration,
+    /// Checks since the clock was last read: reading it every time would cost more
+    /// than the small compilations it guards.
+    unread: u32,
+}
+
+impl Deadline {
+    pub(crate) fn after(limit: Duration) -> Self {
+        Deadline { at: Instant::now() + limit, limit, unread: 0 }
+    }
+}
+
+/// The clock is read at every this many checks (checks come at most every few hundred
+/// DFA states or schema nodes, so this is well under a millisecond of work).
+const CHECKS_PER_CLOCK_READ: u32 = 16;
 
 thread_local! {
     static CURRENT: RefCell<Option<Budget>> = const { RefCell::new(None) };
@@ -51,15 +76,25 @@ thread_local! {
 /// Runs `compile` under a budget of `limit` bytes and, if given, a cancel flag. Inside
 /// another scope, the outer budget is used as it is (one compilation, one budget).
 pub(crate) fn scope<T>(limit: usize, cancel: Option<Arc<CancelFlag>>, compile: impl FnOnce() -> T) -> T {
+    scope_with_deadline(limit, cancel, None, compile)
+}
+
+/// [`scope`] that also stops the compilation at the first check after `deadline`.
+pub(crate) fn scope_with_deadline<T>(
+    limit: usize,
+    cancel: Option<Arc<CancelFlag>>,
+    deadline: Option<Deadline>,
+    compile: impl FnOnce() -> T,
+) -> T {
     let installed = CURRENT.with(|current| {
         let mut current = current.borrow_mut();
         if current.is_some() {
             return false;
         }
-        *current = Some(Budget { bytes_left: limit, limit, cancel });
+        *current = Some(Budget { bytes_left: limit, limit, cancel, deadline });
         true
     });
-    // Removed again even if `compile` panics (the compile thread survives panics).
+    // Removed again even if `compile` panics (the cache catches panics and the thread goes on).
     struct Uninstall(bool);
     impl Drop for Uninstall {
         fn drop(&mut self) {
@@ -77,17 +112,37 @@ pub(crate) fn entry<T>(compile: impl FnOnce() -> T) -> T {
     scope(MAX_COMPILE_BYTES, None, compile)
 }
 
-/// `Err` once the compilation was cancelled (its waiter gave up).
+/// `Err` once the compilation was cancelled (its waiter gave up) or ran past its
+/// deadline.
 pub(crate) fn check() -> Result<()> {
-    CURRENT.with(|current| match &*current.borrow() {
-        Some(Budget { cancel: Some(flag), .. }) if flag.is_cancelled() => {
-            flag.observed.fetch_add(1, Ordering::Relaxed);
-            Err(ConstraintError::GrammarTooLarge {
-                message: "compilation cancelled: it ran past the compile time limit".into(),
-            })
+    CURRENT.with(|current| {
+        let mut current = current.borrow_mut();
+        let Some(budget) = current.as_mut() else { return Ok(()) };
+        if let Some(flag) = &budget.cancel {
+            if flag.is_cancelled() {
+                flag.observed.fetch_add(1, Ordering::Relaxed);
+                return Err(ConstraintError::GrammarTooLarge {
+                    message: "compilation cancelled: it ran past the compile time limit".into(),
+                });
+            }
         }
-        _ => Ok(()),
+        if let Some(deadline) = &mut budget.deadline {
+            deadline.unread += 1;
+            if deadline.unread >= CHECKS_PER_CLOCK_READ {
+                if Instant::now() >= deadline.at {
+                    // `unread` stays full: every later check reads the clock and fails.
+                    return Err(past_deadline(deadline.limit));
+                }
+                deadline.unread = 0;
+            }
+        }
+        Ok(())
     })
+}
+
+/// The error of a compilation stopped by its deadline.
+pub(crate) fn past_deadline(limit: Duration) -> ConstraintError {
+    ConstraintError::GrammarTooLarge { message: format!("compiling took longer than the limit of {limit:?}") }
 }
 
 /// Accounts `bytes` for `what`; `Err` past the budget (or when cancelled).
@@ -143,5 +198,20 @@ mod tests {
             assert!(err.to_string().contains("cancelled"), "{err}");
         });
         assert_eq!(observed(&flag), 1);
+    }
+
+    #[test]
+    fn a_scope_past_its_deadline_stops_within_a_few_checks() {
+        let deadline = Deadline::after(Duration::from_millis(5));
+        scope_with_deadline(100, None, Some(deadline), || {
+            assert!(check().is_ok());
+            std::thread::sleep(Duration::from_millis(10));
+            let stopped = (0..CHECKS_PER_CLOCK_READ).position(|_| check().is_err());
+            assert!(stopped.is_some(), "no check failed past the deadline");
+            let err = check().unwrap_err();
+            assert!(err.to_string().contains("longer than the limit of 5ms"), "{err}");
+        });
+        // Outside the scope nothing is limited.
+        assert!(check().is_ok());
     }
 }

@@ -31,7 +31,7 @@ pub enum ConstraintError {
     /// look ahead more than one character at a rule boundary, or left recursion through
     /// several rules); `rule` names the rule at fault.
     UnsupportedGrammar { rule: String, message: String },
-    /// A bug: a panic while compiling (on the compile thread), caught and reported.
+    /// A bug: a panic while compiling, caught and reported.
     Internal { message: String },
 }
 

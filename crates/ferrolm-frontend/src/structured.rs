@@ -3,9 +3,8 @@
 //! same fields, the same precedence, the same 400s naming the field.
 //!
 //! A request's grammar is compiled on the grammar pool's threads, never on an HTTP
-//! thread nor on the step loop: the pool's threads only wait on the shared
-//! [`GrammarCache`], which compiles on its own helper threads under the vocabulary's
-//! compile timeout (a schema that takes longer is a 400 naming its field). The cache is
+//! thread nor on the step loop: the pool's threads compile through the shared
+//! [`GrammarCache`] under the vocabulary's compile timeout (a schema that takes longer is a 400 naming its field). The cache is
 //! the engine's own (`_core.Vocabulary`'s), so a grammar is compiled over the vocabulary
 //! the core checks it against, and a source compiled once serves both front ends.
 

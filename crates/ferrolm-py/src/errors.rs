@@ -66,7 +66,7 @@ pub fn engine(py: Python<'_>, err: EngineError) -> PyErr {
 
 pub fn constraint(py: Python<'_>, err: ConstraintError) -> PyErr {
     let field = match &err {
-        // A panic while compiling (on the compile thread): a bug, not bad input.
+        // A panic while compiling: a bug, not bad input.
         ConstraintError::Internal { .. } => return core_panic(py, err.to_string()),
         ConstraintError::InvalidVocabulary(_) | ConstraintError::TokenizerFile { .. } => "vocabulary",
         ConstraintError::InvalidRegex { .. } => "regex",
