@@ -18,8 +18,10 @@
 //!   per (position, count so far), refused when that grows too large.
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use regex_automata::dfa::regex::Regex;
+use rustc_hash::FxHashMap;
 use serde_json::{json, Map, Value};
 
 use super::merge::json_eq;
@@ -39,7 +41,7 @@ struct NamePattern {
     /// The pattern as the schema writes it.
     source: String,
     body: String,
-    matcher: std::cell::OnceCell<Option<Regex>>,
+    matcher: std::cell::OnceCell<Option<Arc<Regex>>>,
 }
 
 impl NamePattern {
@@ -51,13 +53,45 @@ impl NamePattern {
     /// Whether `name` matches (a pattern we cannot build a matcher for matches every
     /// name, and `object` then refuses the schema: see `untestable`).
     fn matches(&self, name: &str) -> bool {
-        let matcher = self.matcher.get_or_init(|| Regex::new(&format!("^(?:{})$", self.body)).ok());
+        let matcher = self.matcher.get_or_init(|| name_matcher(&self.body));
         matcher.as_ref().is_none_or(|m| m.is_match(&canonical_body(name)))
     }
 
     fn untestable(&self) -> bool {
         matches!(self.matcher.get(), Some(None))
     }
+}
+
+/// The matcher of a name pattern's body, `None` if it cannot be built. Remembered
+/// process-wide: schemas repeat their patterns (`^x-` in every OpenAPI object), and
+/// building a DFA over Unicode classes costs more than translating a small object.
+fn name_matcher(body: &str) -> Option<Arc<Regex>> {
+    /// Bytes of matchers kept; the memo is emptied when a new one would pass this.
+    const BUDGET_BYTES: usize = 16 << 20;
+    #[derive(Default)]
+    struct Memo {
+        matchers: FxHashMap<String, Option<Arc<Regex>>>,
+        bytes: usize,
+    }
+    static MEMO: OnceLock<Mutex<Memo>> = OnceLock::new();
+    let memo = MEMO.get_or_init(Default::default);
+    let lock = || memo.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(known) = lock().matchers.get(body) {
+        return known.clone();
+    }
+    // Built without the lock held, so other compilations go on meanwhile.
+    let built = Regex::new(&format!("^(?:{body})$")).ok().map(Arc::new);
+    let bytes =
+        body.len() + built.as_ref().map_or(0, |r| r.forward().memory_usage() + r.reverse().memory_usage());
+    let mut memo = lock();
+    if memo.bytes + bytes > BUDGET_BYTES {
+        memo.matchers.clear();
+        memo.bytes = 0;
+    }
+    if memo.matchers.insert(body.to_string(), built.clone()).is_none() {
+        memo.bytes += bytes;
+    }
+    built
 }
 
 /// A name as serde_json writes it between the quotes.
@@ -648,6 +682,16 @@ enum Uncountable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_matchers_are_built_once_per_pattern() {
+        let first = name_matcher("x-[a-z]+").expect("a small pattern builds");
+        let again = name_matcher("x-[a-z]+").expect("remembered");
+        assert!(Arc::ptr_eq(&first, &again));
+        let pattern = NamePattern::new("^x-").unwrap();
+        assert!(pattern.matches("x-kubernetes") && !pattern.matches("kind"));
+        assert!(!pattern.untestable());
+    }
 
     /// `uncounted_body`'s declared part as it was built before (each member formatted
     /// around the rest): the reference of the one-pass writer, character for character.
