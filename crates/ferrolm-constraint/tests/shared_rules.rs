@@ -144,3 +144,50 @@ fn schemas_with_the_marker_characters_compile() {
     let other = format!("{{\"first\":{short},\"\u{FDD0}0\u{FDD1}\":{short}}}");
     assert!(!accepts(&grammar, &vocab, eos, &other, &mut Rng(3)), "{other}");
 }
+
+/// A short string with a large `maxLength`, used in three places (all members optional
+/// also writes values twice): few bytes of regex, but over a thousand states a copy.
+/// It is shared like a long value, with the same language.
+#[test]
+fn a_short_value_with_a_large_count_is_one_rule() {
+    let (vocab, eos) = vocab();
+    let text = json!({"type": "string", "maxLength": 140});
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": text, "summary": text, "tags": {"type": "array", "items": text}},
+        "additionalProperties": false,
+    });
+    let options = JsonSchemaOptions::default();
+    let shared = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &options).unwrap();
+    let written =
+        Grammar::from_regex(vocab.clone(), &json_schema_to_regex(&schema, &options).unwrap()).unwrap();
+    assert!(shared.is_recursive() && !written.is_recursive());
+    assert!(
+        shared.num_states() * 2 < written.num_states(),
+        "shared {} states, written out {}",
+        shared.num_states(),
+        written.num_states()
+    );
+    let long = "x".repeat(140);
+    let too_long = "y".repeat(141);
+    let valid = [
+        "{}".to_string(),
+        format!(r#"{{"name":"{long}","summary":"a\"b","tags":["","{long}"]}}"#),
+        format!(r#"{{"summary":"{long}"}}"#),
+        r#"{"tags":["\u00e9t\u00e9"]}"#.to_string(),
+    ];
+    let invalid = [
+        format!(r#"{{"name":"{too_long}"}}"#),
+        format!(r#"{{"tags":["{too_long}"]}}"#),
+        format!(r#"{{"summary":"a","name":"b"}}"#),
+    ];
+    let mut rng = Rng(5);
+    for doc in &valid {
+        assert!(accepts(&shared, &vocab, eos, doc, &mut rng), "shared refuses {doc}");
+        assert!(accepts(&written, &vocab, eos, doc, &mut rng), "written out refuses {doc}");
+    }
+    for doc in &invalid {
+        assert!(!accepts(&shared, &vocab, eos, doc, &mut rng), "shared accepts {doc}");
+        assert!(!accepts(&written, &vocab, eos, doc, &mut rng), "written out accepts {doc}");
+    }
+}

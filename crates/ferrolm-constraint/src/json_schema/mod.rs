@@ -263,6 +263,45 @@ const MARK_CLOSE: char = '\u{FDD1}';
 /// becomes one rule (shorter ones cost fewer states than a call's bookkeeping).
 const SHARED_REPEAT_BYTES: usize = 256;
 
+/// A member value or array item repeating a part at least this many times (a string's
+/// `maxLength`, an array's `maxItems`) is shared like a long one, however short its
+/// text: its DFA holds a copy of the part's states per count (140 characters of a
+/// string are some 1,200 states).
+const SHARED_REPEAT_COUNT: u32 = 16;
+
+/// The largest count of a counted repetition in `regex` (`{n}`, `{n,m}`: the larger
+/// number), escapes and character classes skipped.
+fn largest_count(regex: &str) -> u32 {
+    let (mut largest, mut in_class) = (0u32, false);
+    let mut bytes = regex.bytes().peekable();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\\' => {
+                bytes.next();
+            }
+            b'[' if !in_class => in_class = true,
+            b']' if in_class => in_class = false,
+            b'{' if !in_class => {
+                let mut number = 0u32;
+                while let Some(&d) = bytes.peek() {
+                    match d {
+                        b'0'..=b'9' => number = number.saturating_mul(10).saturating_add(u32::from(d - b'0')),
+                        b',' => {
+                            largest = largest.max(number);
+                            number = 0;
+                        }
+                        _ => break,
+                    }
+                    bytes.next();
+                }
+                largest = largest.max(number);
+            }
+            _ => {}
+        }
+    }
+    largest
+}
+
 /// The pieces `text` refers to, in order (once per mention).
 fn piece_refs(text: &str) -> impl Iterator<Item = usize> + '_ {
     text.split(MARK_OPEN).skip(1).filter_map(|rest| rest.split(MARK_CLOSE).next()?.parse().ok())
@@ -428,7 +467,9 @@ impl<'a> Translator<'a> {
         let Some(written) = written.filter(|w| group_depth(w) <= MAX_INLINE_GROUP_DEPTH) else {
             return self.as_rule(regex);
         };
-        if !self.share_repeats || written.len() < SHARED_REPEAT_BYTES {
+        if !self.share_repeats
+            || (written.len() < SHARED_REPEAT_BYTES && largest_count(&written) < SHARED_REPEAT_COUNT)
+        {
             return regex;
         }
         // A piece: written out where it is used once, a rule where it is used more
@@ -865,4 +906,18 @@ fn decode_pointer(pointer: &str) -> String {
 /// `maxLength`) find them from the start.
 pub(crate) fn string_loop_bodies() -> [&'static str; 2] {
     [STRING_CHAR, names::CANONICAL_CHAR]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_count_reads_counts_outside_classes_and_escapes() {
+        assert_eq!(largest_count(r#""(?:[^"\\]|\\u[0-9a-f]{4}){0,140}""#), 140);
+        assert_eq!(largest_count("a{3}b{2,17}"), 17);
+        assert_eq!(largest_count("a{20,}"), 20);
+        assert_eq!(largest_count(r"[{99}]\{50}x"), 0);
+        assert_eq!(largest_count("abc"), 0);
+    }
 }
