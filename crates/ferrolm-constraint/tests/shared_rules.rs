@@ -179,7 +179,7 @@ fn a_short_value_with_a_large_count_is_one_rule() {
     let invalid = [
         format!(r#"{{"name":"{too_long}"}}"#),
         format!(r#"{{"tags":["{too_long}"]}}"#),
-        format!(r#"{{"summary":"a","name":"b"}}"#),
+        r#"{"summary":"a","name":"b"}"#.to_string(),
     ];
     let mut rng = Rng(5);
     for doc in &valid {
