@@ -165,3 +165,25 @@ def test_floors_compare_compiled_schemas_with_llguidance() -> None:
     floors = dict(bc.floor_checks(report))
     assert floors["compiles more schemas than llguidance"] is True
     assert floors["compiles at least 95% of the schemas llguidance compiles (50%)"] is False
+
+
+def test_speed_floors_compare_the_schemas_both_compile() -> None:
+    def engine(p50: float) -> dict[str, object]:
+        return {"compiled": 2, "per_schema": {"a": {}, "b": {}}, "compile_errors": {}, "rejected_valid": 0,
+                "compile_ms": {"p50": p50, "p95": p50}, "mask_us": {"p50": p50, "p99": p50}}
+
+    # Overall, ferrolm looks slower (it also compiled harder schemas); on the schemas
+    # both compile it is faster in compile p50 and mask p99, slower in compile p95.
+    both = {"schemas": 2,
+            "ferrolm": {"compile_ms_p50": 1.0, "compile_ms_p95": 9.0, "mask_us_p50": 1.0, "mask_us_p99": 5.0},
+            "peer": {"compile_ms_p50": 2.0, "compile_ms_p95": 3.0, "mask_us_p50": 8.0, "mask_us_p99": 6.0}}
+    report = {"engines": {"ferrolm": engine(50.0), "llguidance": engine(2.0)}, "head_to_head": {"llguidance": both}}
+    floors = dict(bc.floor_checks(report))
+    on = "on the 2 schemas both compile"
+    assert floors[f"compile p50 no worse than llguidance's {on}"] is True
+    assert floors[f"mask p99 no worse than llguidance's {on}"] is True
+    assert floors[f"compile p95 no worse than llguidance's {on}"] is False
+    assert floors["compile p95 under 50 ms"] is False  # over every schema ferrolm compiled
+    # Without a head-to-head section no speed comparison is claimed.
+    del report["head_to_head"]
+    assert not any("no worse" in name for name in dict(bc.floor_checks(report)))
