@@ -26,10 +26,10 @@ MASKED_TOKENS = 400
 
 # Floors against regressions, per corpus: schemas, instances jsonschema decides valid and
 # invalid, schemas ferrolm compiles and valid instances of those (last raised: SchemaStore
-# 78 of 120 compiled with 145 valid instances; Kubernetes 38 of 38 with 132; GitHub 40 of
+# 79 of 120 compiled with 145+ valid instances; Kubernetes 38 of 38 with 132; GitHub 40 of
 # 40 with 184).
 FLOORS = {
-    "schemastore": {"schemas": 100, "valid": 150, "invalid": 50, "compiled": 76, "valid_checked": 130},
+    "schemastore": {"schemas": 100, "valid": 150, "invalid": 50, "compiled": 79, "valid_checked": 130},
     "kubernetes": {"schemas": 35, "valid": 120, "invalid": 150, "compiled": 35, "valid_checked": 120},
     "github": {"schemas": 40, "valid": 150, "invalid": 150, "compiled": 40, "valid_checked": 150},
 }
