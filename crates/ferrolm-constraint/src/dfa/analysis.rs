@@ -52,6 +52,61 @@ impl Predecessors {
     }
 }
 
+/// The distinct targets of each row of a transition table, other than [`DEAD`], in
+/// one flat array: a row's target is listed once per run of neighbouring classes
+/// leading to it (rows are mostly DEAD, and a target usually spans a run of classes:
+/// walking these is much less than walking the table).
+pub(super) struct Successors {
+    /// Row s is `list[offsets[s]..offsets[s + 1]]`; rows are added in order.
+    offsets: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Successors {
+    pub fn with_capacity(rows: usize, targets: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Successors { offsets, list: Vec::with_capacity(targets) }
+    }
+
+    /// Of a whole table.
+    pub fn of_table(n: usize, nc: usize, transitions: &[u32]) -> Self {
+        let mut out = Successors::with_capacity(n, n * 2);
+        for row in transitions.chunks_exact(nc.max(1)).take(n) {
+            let mut last = DEAD;
+            for &t in row {
+                if t != last && t != DEAD {
+                    out.push(t);
+                }
+                last = t;
+            }
+            out.end_row();
+        }
+        out
+    }
+
+    /// Add a target to the row being written.
+    #[inline]
+    pub fn push(&mut self, target: u32) {
+        self.list.push(target);
+    }
+
+    /// Close the row being written.
+    #[inline]
+    pub fn end_row(&mut self) {
+        self.offsets.push(self.list.len() as u32);
+    }
+
+    pub fn rows(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    #[inline]
+    pub fn of(&self, s: usize) -> &[u32] {
+        &self.list[self.offsets[s] as usize..self.offsets[s + 1] as usize]
+    }
+}
+
 impl ByteDfa {
     /// Classes of states that no byte string of at most `depth` bytes tells apart (each
     /// string leaves both dead or both alive): their token masks are equal when no
@@ -142,9 +197,16 @@ pub(super) struct Components {
 /// Tarjan's algorithm, iteratively, over the states other than [`DEAD`]. It completes a
 /// component only after every component it reaches, so whether one is live (holds an
 /// accepting state, or leads to a live component) is known when it completes: one pass
-/// over the table, with no predecessor lists.
+/// over the successor lists, with no predecessor lists.
+#[cfg(test)]
 pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[bool]) -> Components {
+    components_of(&Successors::of_table(n, nc, transitions), accepting)
+}
+
+/// [`components`] of the table whose successor lists are `successors`.
+pub(super) fn components_of(successors: &Successors, accepting: &[bool]) -> Components {
     const UNVISITED: u32 = u32::MAX;
+    let n = successors.rows();
     let mut index = vec![UNVISITED; n];
     let mut lowlink = vec![0u32; n];
     let mut on_stack = vec![false; n];
@@ -152,9 +214,12 @@ pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[
     let mut reaches_live = vec![false; n];
     let mut self_loop = vec![false; n];
     let mut stack: Vec<u32> = Vec::new();
-    let mut calls: Vec<(u32, usize)> = Vec::new();
+    // A state being visited and the position of its next successor.
+    let mut calls: Vec<(u32, u32)> = Vec::new();
     let mut out = Components { of: vec![UNVISITED; n], has_cycle: vec![false], live: vec![false] };
-    out.of[DEAD as usize] = 0;
+    if n > 0 {
+        out.of[DEAD as usize] = 0;
+    }
     let mut counter = 0u32;
     for root in 1..n {
         if index[root] != UNVISITED {
@@ -165,22 +230,19 @@ pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[
         counter += 1;
         stack.push(root as u32);
         on_stack[root] = true;
-        calls.push((root as u32, 0));
-        while let Some(&mut (state, ref mut next_class)) = calls.last_mut() {
+        calls.push((root as u32, successors.offsets[root]));
+        while let Some(&mut (state, ref mut next)) = calls.last_mut() {
             let s = state as usize;
-            // The next transition that is not to DEAD (rows are mostly DEAD).
-            let row = &transitions[s * nc..(s + 1) * nc];
-            let found = row[*next_class..].iter().position(|&t| t != DEAD);
-            if let Some(offset) = found {
-                let target = row[*next_class + offset] as usize;
-                *next_class += offset + 1;
+            if *next < successors.offsets[s + 1] {
+                let target = successors.list[*next as usize] as usize;
+                *next += 1;
                 if index[target] == UNVISITED {
                     index[target] = counter;
                     lowlink[target] = counter;
                     counter += 1;
                     stack.push(target as u32);
                     on_stack[target] = true;
-                    calls.push((target as u32, 0));
+                    calls.push((target as u32, successors.offsets[target]));
                 } else if on_stack[target] {
                     lowlink[s] = lowlink[s].min(index[target]);
                     self_loop[s] |= target == s;
@@ -189,7 +251,6 @@ pub(super) fn components(n: usize, nc: usize, transitions: &[u32], accepting: &[
                 }
                 continue;
             }
-            *next_class = nc;
             calls.pop();
             if let Some(&(caller, _)) = calls.last() {
                 let c = caller as usize;

@@ -66,7 +66,22 @@ impl ByteDfa {
         accepting: Vec<bool>,
         start: u32,
     ) -> ByteDfa {
-        Self::keep_live_states(classes, num_classes, transitions, accepting, start)
+        let successors = analysis::Successors::of_table(accepting.len(), num_classes, &transitions);
+        Self::keep_live_states(classes, num_classes, transitions, accepting, start, successors)
+    }
+
+    /// [`ByteDfa::from_table`] given the table's successor lists, which the subset
+    /// construction writes as it fills the rows.
+    fn from_table_with_successors(
+        classes: [u8; 256],
+        num_classes: usize,
+        transitions: Vec<u32>,
+        accepting: Vec<bool>,
+        start: u32,
+        successors: analysis::Successors,
+    ) -> ByteDfa {
+        debug_assert_eq!(successors.rows(), accepting.len());
+        Self::keep_live_states(classes, num_classes, transitions, accepting, start, successors)
     }
 
     /// Bytes held on the heap (for memory budgets).
@@ -168,9 +183,10 @@ impl ByteDfa {
         all_transitions: Vec<u32>,
         all_accepting: Vec<bool>,
         start: u32,
+        successors: analysis::Successors,
     ) -> Self {
         let n = all_accepting.len();
-        let found = analysis::components(n, nc, &all_transitions, &all_accepting);
+        let found = analysis::components_of(&successors, &all_accepting);
         let live = |state: usize| state != DEAD as usize && found.live[found.of[state] as usize];
         let mut new_id = vec![DEAD; n];
         let mut next_id = 1;
@@ -218,6 +234,12 @@ impl ByteDfa {
         let mut single_byte = vec![None; kept];
         let mut can_continue = vec![false; kept];
         for row in 0..kept {
+            // Rows untouched by the trim: their successor lists tell which rows lead
+            // anywhere, and only a row with one target can have one live class.
+            if kept == n && successors.of(row).len() != 1 {
+                can_continue[row] = !successors.of(row).is_empty();
+                continue;
+            }
             let mut live_classes = (0..nc).filter(|&c| transitions[row * nc + c] != DEAD);
             let first = live_classes.next();
             can_continue[row] = first.is_some();
@@ -232,7 +254,7 @@ impl ByteDfa {
             classes,
             num_classes: nc,
             row_transitions,
-            transitions: transitions.into(),
+            transitions: transitions.iter().copied().collect(),
             accepting: accepting.into(),
             single_byte: single_byte.into(),
             can_continue: can_continue.into(),

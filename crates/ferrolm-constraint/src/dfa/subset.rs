@@ -7,13 +7,12 @@
 
 use std::time::Instant;
 
+use super::analysis::Successors;
+use super::{ByteDfa, RegexOptions, DEAD};
+use crate::error::{ConstraintError, Result};
 use regex_automata::nfa::thompson::{State, NFA};
 use regex_automata::util::look::Look;
 use regex_automata::util::primitives::StateID;
-use rustc_hash::FxHashMap;
-
-use super::{ByteDfa, RegexOptions, DEAD};
-use crate::error::{ConstraintError, Result};
 
 /// Whether [`determinize`] handles `nfa`: no look-around but end of input.
 pub(super) fn applies(nfa: &NFA) -> bool {
@@ -23,11 +22,12 @@ pub(super) fn applies(nfa: &NFA) -> bool {
 /// The DFA of `nfa` (anchored at the start, accepting where `\z` then a match can be
 /// reached), trimmed to states that can still reach acceptance.
 ///
-/// Each state is expanded in one pass over its NFA states, which spreads their byte
-/// ranges over the byte classes (class numbers grow with the byte, so a range is a run
-/// of classes); neighbouring classes usually reach the same NFA states (every letter
-/// inside a string), and the closure and lookup of such a target are done once. The
-/// NFA state sets live in one flat array.
+/// Each state is expanded in one pass over its NFA states, which collects their byte
+/// ranges as runs of byte classes (class numbers grow with the byte, so a range is a
+/// run of classes). The classes are cut where some run starts or ends; all classes of
+/// a piece reach the same NFA states (every letter inside a string), so the list of
+/// those states, its closure and lookup are done once per piece, and the piece's
+/// row entries are filled at once. The NFA state sets live in one flat array.
 pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> {
     let started = Instant::now();
     let (classes, num_classes, representative) = super::compile::class_table(nfa.byte_classes());
@@ -40,6 +40,11 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     transitions.resize(num_classes, DEAD);
     let mut accepting = Vec::with_capacity(expected_states);
     accepting.push(false);
+    // The distinct targets of each row but DEAD (in class order, a target repeated
+    // over neighbouring classes listed once): the trim and the loop analysis walk
+    // these rather than the whole table.
+    let mut successors = Successors::with_capacity(expected_states, expected_states * 4);
+    successors.end_row(); // DEAD's row: nothing
     let mut buffer = Vec::new();
     closure.of(nfa, [nfa.start_anchored()], &mut buffer);
     let intern = |set: &[StateID], sets: &mut SetStore| -> Result<u32> {
@@ -57,10 +62,15 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     let start = intern(&buffer, &mut sets)?;
     let mut next_to_expand = 1;
     let mut set: Vec<StateID> = Vec::new();
-    // Per class: the NFA states one byte of it leads to, in the order of `set`.
-    let mut per_class: Vec<Vec<StateID>> = vec![Vec::new(); num_classes];
-    // Lists of NFA states one byte leads to, seen so far, and the DFA state of each
-    // (list 0 is the empty list, never looked up).
+    // The byte transitions of the state being expanded: first class, last class, target.
+    let mut edges: Vec<(u16, u16, StateID)> = Vec::new();
+    // The NFA states one byte of the current piece leads to, and of the piece before.
+    let (mut list, mut previous): (Vec<StateID>, Vec<StateID>) = (Vec::new(), Vec::new());
+    let mut key: Vec<StateID> = Vec::new();
+    // The DFA state one byte leads to, by the NFA states it leads to: one NFA state
+    // (the usual case) by index, several by their sorted list. A cache only: the sets
+    // (and so the state numbers) are found by their closure.
+    let mut target_of_one: Vec<u32> = vec![u32::MAX; nfa.states().len()];
     let mut targets = SetStore::default();
     let mut target_of: Vec<u32> = vec![DEAD];
     while next_to_expand < sets.len() {
@@ -73,78 +83,132 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
         set.clear();
         set.extend_from_slice(sets.get(next_to_expand as u32));
         accepting.push(closure.accepts_at_end(nfa, &set));
-        per_class.iter_mut().for_each(Vec::clear);
+        edges.clear();
+        // Where pieces start: every run's first class and the class after its last.
+        let mut cuts = Cuts::default();
+        let mut add = |lo: u8, hi: u8, next: StateID, edges: &mut Vec<(u16, u16, StateID)>| {
+            let (lo, hi) = (u16::from(classes[lo as usize]), u16::from(classes[hi as usize]));
+            cuts.mark(lo);
+            cuts.mark(hi + 1);
+            edges.push((lo, hi, next));
+        };
         for &id in &set {
             match nfa.state(id) {
-                State::ByteRange { trans } => {
-                    spread(&classes, trans.start, trans.end, trans.next, &mut per_class);
-                }
+                State::ByteRange { trans } => add(trans.start, trans.end, trans.next, &mut edges),
                 State::Sparse(sparse) => {
                     for trans in sparse.transitions.iter() {
-                        spread(&classes, trans.start, trans.end, trans.next, &mut per_class);
+                        add(trans.start, trans.end, trans.next, &mut edges);
                     }
                 }
                 State::Dense(dense) => {
-                    for (class, &byte) in representative.iter().enumerate() {
+                    for &byte in representative.iter() {
                         let next = dense.transitions[byte as usize];
                         if next != StateID::ZERO {
-                            per_class[class].push(next);
+                            add(byte, byte, next, &mut edges);
                         }
                     }
                 }
                 _ => {}
             }
         }
-        for class in 0..num_classes {
-            let target = if per_class[class].is_empty() {
+        let row_start = transitions.len();
+        previous.clear();
+        let mut previous_target = DEAD;
+        let mut piece_start = 0u16;
+        for piece_end in cuts.after(0, num_classes as u16) {
+            list.clear();
+            list.extend(edges.iter().filter(|e| e.0 <= piece_start && piece_start <= e.1).map(|e| e.2));
+            let target = if list.is_empty() {
                 DEAD
-            } else if class > 0 && per_class[class] == per_class[class - 1] {
-                *transitions.last().expect("the previous class's target")
+            } else if list == previous {
+                previous_target
             } else {
-                // The same NFA states after a byte recur from many DFA states (every
-                // character of a string body leads to the body again): their closure
-                // and its lookup are done once.
-                let (seen, fresh) = targets.intern(&per_class[class]);
-                if fresh {
-                    closure.of(nfa, per_class[class].iter().copied(), &mut buffer);
-                    target_of.push(intern(&buffer, &mut sets)?);
+                key.clear();
+                key.extend_from_slice(&list);
+                if key.len() > 1 {
+                    key.sort_unstable();
+                    key.dedup();
                 }
-                target_of[seen as usize]
+                if let [one] = key[..] {
+                    let slot = &mut target_of_one[one.as_usize()];
+                    if *slot == u32::MAX {
+                        closure.of(nfa, [one], &mut buffer);
+                        *slot = intern(&buffer, &mut sets)?;
+                    }
+                    *slot
+                } else {
+                    let (seen, fresh) = targets.intern(&key);
+                    if fresh {
+                        closure.of(nfa, key.iter().copied(), &mut buffer);
+                        target_of.push(intern(&buffer, &mut sets)?);
+                    }
+                    target_of[seen as usize]
+                }
             };
-            transitions.push(target);
+            if target != DEAD && target != previous_target {
+                successors.push(target);
+            }
+            transitions.resize(row_start + piece_end as usize, target);
+            std::mem::swap(&mut list, &mut previous);
+            previous_target = target;
+            piece_start = piece_end;
         }
+        successors.end_row();
         next_to_expand += 1;
     }
-    Ok(ByteDfa::from_table(classes, num_classes, transitions, accepting, start))
+    Ok(ByteDfa::from_table_with_successors(classes, num_classes, transitions, accepting, start, successors))
 }
 
-/// Add `next` to the target lists of the classes of bytes `start..=end`.
-#[inline]
-fn spread(classes: &[u8; 256], start: u8, end: u8, next: StateID, per_class: &mut [Vec<StateID>]) {
-    for class in classes[start as usize]..=classes[end as usize] {
-        per_class[class as usize].push(next);
+/// Class numbers where the pieces of a row start (0 ..= 256), as bits.
+#[derive(Default)]
+struct Cuts([u64; 5]);
+
+impl Cuts {
+    #[inline]
+    fn mark(&mut self, class: u16) {
+        self.0[class as usize / 64] |= 1 << (class % 64);
+    }
+
+    /// The marked classes above `from`, up to and including `end` (always given).
+    fn after(mut self, from: u16, end: u16) -> impl Iterator<Item = u16> {
+        self.mark(end);
+        let mut word = from as usize / 64;
+        let mut bits = self.0[word] & (!0u64 << (from % 64)) & !(1u64 << (from % 64));
+        std::iter::from_fn(move || loop {
+            if bits != 0 {
+                let class = (word * 64) as u16 + bits.trailing_zeros() as u16;
+                bits &= bits - 1;
+                if class > end {
+                    return None;
+                }
+                return Some(class);
+            }
+            word += 1;
+            if word >= self.0.len() || (word * 64) as u16 > end {
+                return None;
+            }
+            bits = self.0[word];
+        })
     }
 }
 
 /// NFA state sets, each a DFA state (set k is state k; set 0, empty, is [`DEAD`]),
-/// stored end to end in one array and found again by their hash.
+/// stored end to end in one array and found again by their hash (open addressing).
 struct SetStore {
     states: Vec<StateID>,
     /// Set k is `states[bounds[k]..bounds[k + 1]]`.
     bounds: Vec<usize>,
-    /// Hash of a set -> the first set with that hash; further ones are chained.
-    by_hash: FxHashMap<u64, u32>,
-    next_same_hash: Vec<u32>,
+    /// Hash of each set.
+    hashes: Vec<u32>,
+    /// Set ids by hash, linear probing; [`SetStore::NONE`] where free. Its length is a
+    /// power of two, at least twice the number of sets.
+    slots: Vec<u32>,
 }
 
 impl Default for SetStore {
     fn default() -> Self {
-        let mut store = SetStore {
-            states: Vec::new(),
-            bounds: vec![0],
-            by_hash: FxHashMap::default(),
-            next_same_hash: Vec::new(),
-        };
+        let mut store =
+            SetStore { states: Vec::new(), bounds: vec![0], hashes: Vec::new(), slots: vec![Self::NONE; 64] };
         store.intern(&[]);
         store
     }
@@ -165,27 +229,46 @@ impl SetStore {
         self.states.len() * std::mem::size_of::<StateID>() + self.bounds.len() * 16
     }
 
+    fn hash(set: &[StateID]) -> u32 {
+        let mut hash = set.len() as u64;
+        for id in set {
+            hash = (hash.rotate_left(5) ^ id.as_u32() as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+        (hash >> 32) as u32
+    }
+
     /// The id of `set`, and whether it is new.
     fn intern(&mut self, set: &[StateID]) -> (u32, bool) {
-        let hash = {
-            use std::hash::{Hash, Hasher};
-            let mut hasher = rustc_hash::FxHasher::default();
-            set.hash(&mut hasher);
-            hasher.finish()
-        };
-        let first = *self.by_hash.get(&hash).unwrap_or(&Self::NONE);
-        let mut candidate = first;
-        while candidate != Self::NONE {
-            if self.get(candidate) == set {
+        let hash = Self::hash(set);
+        let mask = self.slots.len() - 1;
+        let mut slot = hash as usize & mask;
+        loop {
+            let candidate = self.slots[slot];
+            if candidate == Self::NONE {
+                break;
+            }
+            if self.hashes[candidate as usize] == hash && self.get(candidate) == set {
                 return (candidate, false);
             }
-            candidate = self.next_same_hash[candidate as usize];
+            slot = (slot + 1) & mask;
         }
         let id = self.len() as u32;
         self.states.extend_from_slice(set);
         self.bounds.push(self.states.len());
-        self.next_same_hash.push(first);
-        self.by_hash.insert(hash, id);
+        self.hashes.push(hash);
+        self.slots[slot] = id;
+        if self.len() * 2 > self.slots.len() {
+            let size = self.slots.len() * 2;
+            self.slots.clear();
+            self.slots.resize(size, Self::NONE);
+            for (id, &hash) in self.hashes.iter().enumerate() {
+                let mut slot = hash as usize & (size - 1);
+                while self.slots[slot] != Self::NONE {
+                    slot = (slot + 1) & (size - 1);
+                }
+                self.slots[slot] = id as u32;
+            }
+        }
         (id, true)
     }
 }
