@@ -67,6 +67,9 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     // The NFA states one byte of the current piece leads to, and of the piece before.
     let (mut list, mut previous): (Vec<StateID>, Vec<StateID>) = (Vec::new(), Vec::new());
     let mut key: Vec<StateID> = Vec::new();
+    // Per class: the ranges (bits, by index in `edges`) that start there, and those
+    // that end just before it. Cleared as they are read.
+    let (mut starting, mut ending) = (vec![0u64; num_classes + 1], vec![0u64; num_classes + 1]);
     // The DFA state one byte leads to, by the NFA states it leads to: one NFA state
     // (the usual case) by index, several by their sorted list. A cache only: the sets
     // (and so the state numbers) are found by their closure.
@@ -115,9 +118,29 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
         previous.clear();
         let mut previous_target = DEAD;
         let mut piece_start = 0u16;
+        // With at most 64 ranges, the ranges covering the current piece are bits (in
+        // the order of `edges`), updated where ranges start and end.
+        let few = edges.len() <= 64;
+        if few {
+            for (i, edge) in edges.iter().enumerate() {
+                starting[edge.0 as usize] |= 1 << i;
+                ending[edge.1 as usize + 1] |= 1 << i;
+            }
+        }
+        let mut covering = 0u64;
         for piece_end in cuts.after(0, num_classes as u16) {
             list.clear();
-            list.extend(edges.iter().filter(|e| e.0 <= piece_start && piece_start <= e.1).map(|e| e.2));
+            if few {
+                let at = piece_start as usize;
+                covering = (covering & !std::mem::take(&mut ending[at])) | std::mem::take(&mut starting[at]);
+                let mut bits = covering;
+                while bits != 0 {
+                    list.push(edges[bits.trailing_zeros() as usize].2);
+                    bits &= bits - 1;
+                }
+            } else {
+                list.extend(edges.iter().filter(|e| e.0 <= piece_start && piece_start <= e.1).map(|e| e.2));
+            }
             let target = if list.is_empty() {
                 DEAD
             } else if list == previous {
@@ -153,6 +176,7 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
             previous_target = target;
             piece_start = piece_end;
         }
+        ending[num_classes] = 0;
         successors.end_row();
         next_to_expand += 1;
     }
@@ -247,7 +271,7 @@ impl SetStore {
             if candidate == Self::NONE {
                 break;
             }
-            if self.hashes[candidate as usize] == hash && self.get(candidate) == set {
+            if self.hashes[candidate as usize] == hash && same(self.get(candidate), set) {
                 return (candidate, false);
             }
             slot = (slot + 1) & mask;
@@ -271,6 +295,12 @@ impl SetStore {
         }
         (id, true)
     }
+}
+
+/// `a == b`, element by element: sets are short, and a call to `memcmp` costs more.
+#[inline]
+fn same(a: &[StateID], b: &[StateID]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 /// Epsilon closures, with a reusable visited mark.
