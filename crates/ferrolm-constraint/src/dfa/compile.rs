@@ -101,11 +101,14 @@ impl ByteDfa {
             false => None,
         };
         let nfa = match read {
-            Some(nfa) => nfa.map_err(|stop| match stop {
-                super::direct::Stop::Build(e) if e.size_limit().is_some() => nfa_too_large(),
-                super::direct::Stop::Build(e) => invalid(error_chain(&e)),
-                super::direct::Stop::Budget(e) => e,
-            })?,
+            Some(nfa) => {
+                let nfa = nfa.map_err(|stop| match stop {
+                    super::direct::Stop::TooLarge => nfa_too_large(),
+                    super::direct::Stop::Budget(e) => e,
+                })?;
+                crate::budget::charge(nfa.memory_usage(), "the NFA")?;
+                nfa
+            }
             None => {
                 let hir = regex_syntax::ParserBuilder::new()
                     .nest_limit(MAX_GROUP_NESTING)
@@ -120,7 +123,7 @@ impl ByteDfa {
                     .shrink(false)
                     .which_captures(thompson::WhichCaptures::None);
                 crate::budget::check()?;
-                with_nfa_compiler(|compiler| {
+                let nfa = with_nfa_compiler(|compiler| {
                     compiler.configure(config).build_from_hir(&whole).map_err(Box::new)
                 })
                 .map_err(|e| {
@@ -129,17 +132,24 @@ impl ByteDfa {
                     } else {
                         invalid(error_chain(&e))
                     }
-                })?
+                })?;
+                crate::budget::charge(nfa.memory_usage(), "the NFA")?;
+                if !super::subset::applies(&nfa) {
+                    return Self::build_dense(&nfa, pattern, options);
+                }
+                super::subset::Nfa::from_thompson(&nfa)
             }
         };
-        crate::budget::charge(nfa.memory_usage(), "the NFA")?;
-        if super::subset::applies(&nfa) {
-            let table = super::subset::determinize(&nfa, options)?;
-            if table.start == DEAD {
-                return Err(invalid(super::MATCHES_NOTHING.into()));
-            }
-            return Ok(table);
+        let table = super::subset::determinize(&nfa, options)?;
+        if table.start == DEAD {
+            return Err(invalid(super::MATCHES_NOTHING.into()));
         }
+        Ok(table)
+    }
+
+    /// regex-automata's dense builder, for NFAs with other look-around than `\z`.
+    fn build_dense(nfa: &thompson::NFA, pattern: &str, options: &RegexOptions) -> Result<Self> {
+        let invalid = |message: String| invalid_regex(pattern, message);
         let dfa = dense::Builder::new()
             .configure(
                 dense::Config::new()
@@ -151,7 +161,7 @@ impl ByteDfa {
                     .dfa_size_limit(Some(options.max_automaton_bytes))
                     .determinize_size_limit(Some(options.max_automaton_bytes)),
             )
-            .build_from_nfa(&nfa)
+            .build_from_nfa(nfa)
             .map_err(|e| {
                 if e.is_size_limit_exceeded() {
                     too_large(format!("the DFA exceeds {} bytes", options.max_automaton_bytes))

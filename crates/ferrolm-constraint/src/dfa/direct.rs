@@ -4,9 +4,12 @@
 //! automaton builder with its own hash map: on JSON Schemas (hundreds of kB of regex,
 //! the string-character class `[^"\\\x00-\x1f]` written once per string and repeated
 //! under every count) those steps took about half of the compile time. Here the NFA
-//! states are added to regex-automata's NFA builder as the text is read, and the UTF-8
+//! states are written into the subset construction's flat NFA (`subset::Nfa`) as the
+//! text is read (regex-automata's NFA builder, used before, copied every state once
+//! more into its final NFA and boxed each sparse and union state), and the UTF-8
 //! automaton of a class is planned once per distinct class text and stamped out at each
-//! occurrence (suffixes shared, as regex-automata's compiler shares them).
+//! occurrence (suffixes shared, as regex-automata's compiler shares them). A character
+//! or a single byte range is its own exit (no empty state after it).
 //!
 //! The subset read is `parse.rs`'s (literals and escapes, bracket classes, `(?:` and
 //! `(?-u:` groups, `|`, greedy `* + ? {n} {n,} {n,m}`); anything else gives `None` and
@@ -14,25 +17,22 @@
 //! repetition is compiled by reading its operand's text again once per copy, as the
 //! compiler compiles the operand's HIR once per copy (an operand that matches only the
 //! empty string at most once, as regex-syntax simplifies it; an operand repeated zero
-//! times, built before its count was read, is closed with a fail state: regex-automata's
-//! builder loops for ever on a cycle of empty states, and an open exit points at state
-//! 0). The tests check, on every regex of the corpus schemas and on random regexes of
+//! times, built before its count was read, is closed with a fail state, as an open exit
+//! points at state 0). The tests check, on every regex of the corpus schemas and on random regexes of
 //! the subset, that the automaton's language is regex-syntax's.
 
-use regex_automata::nfa::thompson::{BuildError, Builder, Transition, NFA};
-use regex_automata::util::look::Look;
-use regex_automata::util::primitives::StateID;
 use regex_syntax::hir::Class;
 use regex_syntax::utf8::Utf8Sequences;
 
 use super::parse::{Literal, Parser};
+use super::subset::{Nfa, NfaTooLarge};
 use crate::error::ConstraintError;
 
 /// The NFA of `pattern` followed by `\z` (anchored; no capture states), as
 /// regex-syntax's parser (its `utf8` option, nesting limit `nest_limit`) and
 /// regex-automata's compiler would give it up to the states' shapes; `None` if
 /// `pattern` is outside the subset read here. `Some(Err)` when the NFA exceeds
-/// `size_limit` bytes ([`Stop::Build`], the builder's error) or the compilation's
+/// `size_limit` bytes ([`Stop::TooLarge`]) or the compilation's
 /// budget stops it ([`Stop::Budget`]: checked at every copy of a repeated operand, the
 /// one place where the states built are not proportional to the text read).
 pub(super) fn compile(
@@ -40,47 +40,27 @@ pub(super) fn compile(
     utf8: bool,
     nest_limit: u32,
     size_limit: usize,
-) -> Option<Result<NFA, Stop>> {
-    thread_local! {
-        // Kept per thread: its state list is reused from one pattern to the next.
-        static BUILDER: std::cell::RefCell<Builder> = std::cell::RefCell::new(Builder::new());
+) -> Option<Result<Nfa, Stop>> {
+    let mut direct = Direct {
+        parser: Parser { text: pattern.as_bytes(), pos: 0, utf8, unicode: true },
+        nfa: Nfa::with_capacity(Some(size_limit), pattern.len() + 8),
+        depth: 0,
+        nest_limit,
+        plans: Vec::new(),
+        ids: Vec::new(),
+    };
+    match direct.whole() {
+        Ok(()) => Some(Ok(direct.nfa)),
+        Err(Fail::Stop(stop)) => Some(Err(stop)),
+        Err(Fail::Syntax) => None,
     }
-    BUILDER.with(|builder| {
-        let mut fresh = Builder::new();
-        let mut kept = builder.try_borrow_mut();
-        let builder = match kept {
-            Ok(ref mut builder) => &mut **builder,
-            Err(_) => &mut fresh,
-        };
-        builder.clear();
-        let mut direct = Direct {
-            parser: Parser { text: pattern.as_bytes(), pos: 0, utf8, unicode: true },
-            builder,
-            depth: 0,
-            nest_limit,
-            plans: Vec::new(),
-        };
-        let result = match direct.whole(size_limit) {
-            Ok(nfa) => Some(Ok(nfa)),
-            Err(Fail::Stop(stop)) => Some(Err(stop)),
-            Err(Fail::Syntax) => None,
-        };
-        // The kept builder keeps its state list's capacity: not that of a huge pattern.
-        if builder.memory_usage() > KEPT_BUILDER_BYTES {
-            *builder = Builder::new();
-        }
-        result
-    })
 }
-
-/// The most memory a thread's kept builder holds on to between patterns.
-const KEPT_BUILDER_BYTES: usize = 4 << 20;
 
 /// Why the direct read stopped with an error.
 #[derive(Debug)]
 pub(super) enum Stop {
-    /// The builder's error (its size limit).
-    Build(Box<BuildError>),
+    /// The NFA grew past its size limit.
+    TooLarge,
     /// The compilation's budget (it was cancelled).
     Budget(ConstraintError),
 }
@@ -91,9 +71,9 @@ enum Fail {
     Stop(Stop),
 }
 
-impl From<BuildError> for Fail {
-    fn from(e: BuildError) -> Self {
-        Fail::Stop(Stop::Build(Box::new(e)))
+impl From<NfaTooLarge> for Fail {
+    fn from(_: NfaTooLarge) -> Self {
+        Fail::Stop(Stop::TooLarge)
     }
 }
 
@@ -103,15 +83,15 @@ type R<T> = std::result::Result<T, Fail>;
 /// follows), whether it matches the empty string and whether it matches nothing else.
 #[derive(Clone, Copy)]
 struct Frag {
-    start: StateID,
-    end: StateID,
+    start: u32,
+    end: u32,
     nullable: bool,
     only_empty: bool,
 }
 
 impl Frag {
     /// Of a piece that matches one character or byte.
-    fn one(start: StateID, end: StateID) -> Self {
+    fn one(start: u32, end: u32) -> Self {
         Frag { start, end, nullable: false, only_empty: false }
     }
 
@@ -145,33 +125,33 @@ const MAX_PLANS: usize = 32;
 
 struct Direct<'a> {
     parser: Parser<'a>,
-    builder: &'a mut Builder,
+    nfa: Nfa,
     depth: usize,
     nest_limit: u32,
     plans: Vec<Plan>,
+    /// Scratch: the suffix states of the class being stamped.
+    ids: Vec<u32>,
 }
 
 impl Direct<'_> {
-    fn whole(&mut self, size_limit: usize) -> R<NFA> {
-        self.builder.set_size_limit(Some(size_limit))?;
-        self.builder.start_pattern()?;
+    fn whole(&mut self) -> R<()> {
         let frag = self.alternation()?;
         if self.parser.peek().is_some() {
             return Err(Fail::Syntax); // an unopened `)`
         }
-        let matched = self.builder.add_match()?;
-        let end = self.builder.add_look(matched, Look::End)?;
-        self.builder.patch(frag.end, end)?;
-        self.builder.finish_pattern(frag.start)?;
-        Ok(self.builder.build(frag.start, frag.start)?)
+        let matched = self.nfa.add_match()?;
+        let end = self.nfa.add_end(matched)?;
+        self.nfa.patch(frag.end, end)?;
+        self.nfa.set_start(frag.start);
+        Ok(())
     }
 
-    fn patch(&mut self, from: StateID, to: StateID) -> R<()> {
-        Ok(self.builder.patch(from, to)?)
+    fn patch(&mut self, from: u32, to: u32) -> R<()> {
+        Ok(self.nfa.patch(from, to)?)
     }
 
     fn empty(&mut self) -> R<Frag> {
-        let id = self.builder.add_empty()?;
+        let id = self.nfa.add_empty()?;
         Ok(Frag { start: id, end: id, nullable: true, only_empty: true })
     }
 
@@ -181,8 +161,8 @@ impl Direct<'_> {
         if self.parser.peek() != Some(b'|') {
             return Ok(first);
         }
-        let union = self.builder.add_union(Vec::new())?;
-        let end = self.builder.add_empty()?;
+        let union = self.nfa.add_union(&[])?;
+        let end = self.nfa.add_empty()?;
         self.patch(union, first.start)?;
         self.patch(first.end, end)?;
         let (mut nullable, mut only_empty) = (first.nullable, first.only_empty);
@@ -276,28 +256,27 @@ impl Direct<'_> {
         match (min, max) {
             (_, Some(0)) => {
                 // The operand was built when it was read, before its count was seen, and no
-                // copy of it is used. Its open end must still be closed: left as it is, it
-                // points at state 0 (a new state's target), and when state 0 is such an open
-                // end too (`(?:a){0}` first in the pattern) the builder's removal of empty
-                // states follows `0 -> 0 -> ...` for ever (`Builder::build` assumes no loop
-                // of empty states). A fail state closes it; nothing reaches it.
-                let fail = self.builder.add_fail()?;
+                // copy of it is used. Its open end is closed with a fail state rather than
+                // left pointing at state 0 (a new state's target; with regex-automata's
+                // builder, used before, a loop of empty states through state 0 hung its
+                // removal of empty states). Nothing reaches it.
+                let fail = self.nfa.add_fail()?;
                 self.patch(first.end, fail)?;
                 self.empty()
             }
             (0, None) if !first.nullable => {
                 let sub = copy(self)?;
-                let union = self.builder.add_union(vec![sub.start])?;
+                let union = self.nfa.add_union(&[sub.start])?;
                 self.patch(sub.end, union)?;
                 Ok(Frag { start: union, end: union, nullable: true, only_empty: false })
             }
             (0, None) => {
                 // (x+)?, as the compiler writes x* when x matches the empty string.
                 let sub = copy(self)?;
-                let plus = self.builder.add_union(vec![sub.start])?;
+                let plus = self.nfa.add_union(&[sub.start])?;
                 self.patch(sub.end, plus)?;
-                let end = self.builder.add_empty()?;
-                let question = self.builder.add_union(vec![sub.start, end])?;
+                let end = self.nfa.add_empty()?;
+                let question = self.nfa.add_union(&[sub.start, end])?;
                 self.patch(plus, end)?;
                 Ok(Frag { start: question, end, nullable: true, only_empty: false })
             }
@@ -305,7 +284,7 @@ impl Direct<'_> {
                 let prefix = exactly(self, n - 1, &mut copy)?;
                 let last = copy(self)?;
                 self.patch(prefix.end, last.start)?;
-                let union = self.builder.add_union(vec![last.start])?;
+                let union = self.nfa.add_union(&[last.start])?;
                 self.patch(last.end, union)?;
                 Ok(Frag { end: union, ..prefix.then(last) })
             }
@@ -314,11 +293,11 @@ impl Direct<'_> {
                 if min == max {
                     return Ok(prefix);
                 }
-                let end = self.builder.add_empty()?;
+                let end = self.nfa.add_empty()?;
                 let mut prev_end = prefix.end;
                 for _ in min..max {
                     let sub = copy(self)?;
-                    let union = self.builder.add_union(vec![sub.start, end])?;
+                    let union = self.nfa.add_union(&[sub.start, end])?;
                     self.patch(prev_end, union)?;
                     prev_end = sub.end;
                 }
@@ -365,24 +344,27 @@ impl Direct<'_> {
         }
     }
 
-    /// One character: its UTF-8 bytes in a row.
+    /// One character: its UTF-8 bytes in a row (the last byte's state is the exit).
     fn char(&mut self, c: char) -> R<Frag> {
         let mut buffer = [0u8; 4];
         let bytes = c.encode_utf8(&mut buffer).as_bytes();
-        let end = self.builder.add_empty()?;
+        let (&last, before) = bytes.split_last().expect("a character has a byte");
+        let end = self.nfa.add_range(last, last, 0)?;
         let mut next = end;
-        for &b in bytes.iter().rev() {
-            next = self.builder.add_range(Transition { start: b, end: b, next })?;
+        for &b in before.iter().rev() {
+            next = self.nfa.add_range(b, b, next)?;
         }
         Ok(Frag::one(next, end))
     }
 
-    /// One byte out of `ranges` (sorted, disjoint): one sparse state.
+    /// One byte out of `ranges` (sorted, disjoint): one state.
     fn bytes(&mut self, ranges: &[(u8, u8)]) -> R<Frag> {
-        let end = self.builder.add_empty()?;
-        let transitions =
-            ranges.iter().map(|&(start, stop)| Transition { start, end: stop, next: end }).collect();
-        let start = self.builder.add_sparse(transitions)?;
+        if let [(start, stop)] = *ranges {
+            let one = self.nfa.add_range(start, stop, 0)?;
+            return Ok(Frag::one(one, one));
+        }
+        let end = self.nfa.add_empty()?;
+        let start = self.nfa.add_sparse(ranges.iter().map(|&(start, stop)| (start, stop, end)))?;
         Ok(Frag::one(start, end))
     }
 
@@ -416,26 +398,28 @@ impl Direct<'_> {
     /// The states of plan `index`.
     fn stamp(&mut self, index: usize) -> R<Frag> {
         let plan = &self.plans[index];
-        let end = self.builder.add_empty()?;
-        let mut ids: Vec<StateID> = Vec::with_capacity(plan.suffixes.len());
-        let target = |ids: &[StateID], next: Option<usize>| next.map_or(end, |i| ids[i]);
+        let end = self.nfa.add_empty()?;
+        self.ids.clear();
+        let target = |ids: &[u32], next: Option<usize>| next.map_or(end, |i| ids[i]);
         for &(start, stop, next) in &plan.suffixes {
-            let next = target(&ids, next);
-            ids.push(self.builder.add_range(Transition { start, end: stop, next })?);
+            let next = target(&self.ids, next);
+            self.ids.push(self.nfa.add_range(start, stop, next)?);
         }
-        let leads: Vec<Transition> = plan
-            .leads
-            .iter()
-            .map(|&(start, stop, next)| Transition { start, end: stop, next: target(&ids, next) })
-            .collect();
+        let ids = &self.ids;
+        let leads = plan.leads.iter().map(|&(start, stop, next)| (start, stop, target(ids, next)));
         let start = if plan.disjoint {
-            self.builder.add_sparse(leads)?
+            self.nfa.add_sparse(leads)?
         } else {
-            let mut alternates = Vec::with_capacity(leads.len());
-            for trans in leads {
-                alternates.push(self.builder.add_range(trans)?);
+            let first = self.nfa.len() as u32;
+            for (start, stop, next) in leads {
+                self.nfa.add_range(start, stop, next)?;
             }
-            self.builder.add_union(alternates)?
+            let last = self.nfa.len() as u32;
+            let union = self.nfa.add_union(&[])?;
+            for alternate in first..last {
+                self.nfa.patch(union, alternate)?;
+            }
+            union
         };
         Ok(Frag::one(start, end))
     }
@@ -557,7 +541,7 @@ mod tests {
     #[test]
     fn a_size_limit_is_an_error() {
         let result = compile("[a-z]{1,500}x[a-z]{200}", true, 1024, 10_000);
-        assert!(matches!(result, Some(Err(Stop::Build(e))) if e.size_limit().is_some()));
+        assert!(matches!(result, Some(Err(Stop::TooLarge))));
     }
 
     /// `f`'s result, or a panic naming `what` if it takes longer than `seconds` (the

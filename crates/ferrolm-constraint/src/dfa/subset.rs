@@ -2,8 +2,9 @@
 //! only look-around is the `\z` appended to every pattern. regex-automata's dense
 //! builder is general (start states per look-behind context, match kinds, quit bytes)
 //! and costs ~35 µs even for `abc`; a JSON Schema compiles several patterns, so this
-//! plain construction (FxHash on state sets, one representative byte per class) is
-//! used whenever it applies, and the dense builder otherwise.
+//! plain construction is used whenever it applies, and the dense builder otherwise.
+//! It reads its own flat NFA ([`Nfa`]), which the direct reader writes and a
+//! regex-automata NFA is copied into.
 
 use std::time::Instant;
 
@@ -28,14 +29,14 @@ pub(super) fn applies(nfa: &NFA) -> bool {
 /// a piece reach the same NFA states (every letter inside a string), so the list of
 /// those states, its closure and lookup are done once per piece, and the piece's
 /// row entries are filled at once. The NFA state sets live in one flat array.
-pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> {
+pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> {
     let started = Instant::now();
-    let (classes, num_classes, representative) = super::compile::class_table(nfa.byte_classes());
-    let mut closure = Closure::new(nfa.states().len());
+    let (classes, num_classes) = nfa.byte_classes();
+    let mut closure = Closure::new(nfa.len());
     let mut sets = SetStore::default();
     // Sized for about as many DFA states as the NFA has (bounded): growing the table by
     // doubling copied it several times over.
-    let expected_states = nfa.states().len().clamp(16, 1 << 14);
+    let expected_states = nfa.len().clamp(16, 1 << 14);
     let mut transitions = Vec::with_capacity(expected_states * num_classes);
     transitions.resize(num_classes, DEAD);
     let mut accepting = Vec::with_capacity(expected_states);
@@ -46,8 +47,8 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     let mut successors = Successors::with_capacity(expected_states, expected_states * 4);
     successors.end_row(); // DEAD's row: nothing
     let mut buffer = Vec::new();
-    closure.of(nfa, [nfa.start_anchored()], &mut buffer);
-    let intern = |set: &[StateID], sets: &mut SetStore| -> Result<u32> {
+    closure.of(nfa, [nfa.start], &mut buffer);
+    let intern = |set: &[u32], sets: &mut SetStore| -> Result<u32> {
         let (id, fresh) = sets.intern(set);
         if fresh {
             if sets.len() > options.max_states {
@@ -61,19 +62,19 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
     };
     let start = intern(&buffer, &mut sets)?;
     let mut next_to_expand = 1;
-    let mut set: Vec<StateID> = Vec::new();
+    let mut set: Vec<u32> = Vec::new();
     // The byte transitions of the state being expanded: first class, last class, target.
-    let mut edges: Vec<(u16, u16, StateID)> = Vec::new();
+    let mut edges: Vec<(u16, u16, u32)> = Vec::new();
     // The NFA states one byte of the current piece leads to, and of the piece before.
-    let (mut list, mut previous): (Vec<StateID>, Vec<StateID>) = (Vec::new(), Vec::new());
-    let mut key: Vec<StateID> = Vec::new();
+    let (mut list, mut previous): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
+    let mut key: Vec<u32> = Vec::new();
     // Per class: the ranges (bits, by index in `edges`) that start there, and those
     // that end just before it. Cleared as they are read.
     let (mut starting, mut ending) = (vec![0u64; num_classes + 1], vec![0u64; num_classes + 1]);
     // The DFA state one byte leads to, by the NFA states it leads to: one NFA state
     // (the usual case) by index, several by their sorted list. A cache only: the sets
     // (and so the state numbers) are found by their closure.
-    let mut target_of_one: Vec<u32> = vec![u32::MAX; nfa.states().len()];
+    let mut target_of_one: Vec<u32> = vec![u32::MAX; nfa.len()];
     let mut targets = SetStore::default();
     let mut target_of: Vec<u32> = vec![DEAD];
     while next_to_expand < sets.len() {
@@ -89,26 +90,18 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
         edges.clear();
         // Where pieces start: every run's first class and the class after its last.
         let mut cuts = Cuts::default();
-        let mut add = |lo: u8, hi: u8, next: StateID, edges: &mut Vec<(u16, u16, StateID)>| {
+        let mut add = |lo: u8, hi: u8, next: u32, edges: &mut Vec<(u16, u16, u32)>| {
             let (lo, hi) = (u16::from(classes[lo as usize]), u16::from(classes[hi as usize]));
             cuts.mark(lo);
             cuts.mark(hi + 1);
             edges.push((lo, hi, next));
         };
         for &id in &set {
-            match nfa.state(id) {
-                State::ByteRange { trans } => add(trans.start, trans.end, trans.next, &mut edges),
-                State::Sparse(sparse) => {
-                    for trans in sparse.transitions.iter() {
-                        add(trans.start, trans.end, trans.next, &mut edges);
-                    }
-                }
-                State::Dense(dense) => {
-                    for &byte in representative.iter() {
-                        let next = dense.transitions[byte as usize];
-                        if next != StateID::ZERO {
-                            add(byte, byte, next, &mut edges);
-                        }
+            match nfa.states[id as usize] {
+                NfaState::Range { start, end, next } => add(start, end, next, &mut edges),
+                NfaState::Sparse { first, len } => {
+                    for &(start, end, next) in &nfa.ranges[first as usize..(first + len) as usize] {
+                        add(start, end, next, &mut edges);
                     }
                 }
                 _ => {}
@@ -153,7 +146,7 @@ pub(super) fn determinize(nfa: &NFA, options: &RegexOptions) -> Result<ByteDfa> 
                     key.dedup();
                 }
                 if let [one] = key[..] {
-                    let slot = &mut target_of_one[one.as_usize()];
+                    let slot = &mut target_of_one[one as usize];
                     if *slot == u32::MAX {
                         closure.of(nfa, [one], &mut buffer);
                         *slot = intern(&buffer, &mut sets)?;
@@ -219,7 +212,7 @@ impl Cuts {
 /// NFA state sets, each a DFA state (set k is state k; set 0, empty, is [`DEAD`]),
 /// stored end to end in one array and found again by their hash (open addressing).
 struct SetStore {
-    states: Vec<StateID>,
+    states: Vec<u32>,
     /// Set k is `states[bounds[k]..bounds[k + 1]]`.
     bounds: Vec<usize>,
     /// Hash of each set.
@@ -245,24 +238,24 @@ impl SetStore {
         self.bounds.len() - 1
     }
 
-    fn get(&self, id: u32) -> &[StateID] {
+    fn get(&self, id: u32) -> &[u32] {
         &self.states[self.bounds[id as usize]..self.bounds[id as usize + 1]]
     }
 
     fn heap_bytes(&self) -> usize {
-        self.states.len() * std::mem::size_of::<StateID>() + self.bounds.len() * 16
+        self.states.len() * std::mem::size_of::<u32>() + self.bounds.len() * 16
     }
 
-    fn hash(set: &[StateID]) -> u32 {
+    fn hash(set: &[u32]) -> u32 {
         let mut hash = set.len() as u64;
-        for id in set {
-            hash = (hash.rotate_left(5) ^ id.as_u32() as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        for &id in set {
+            hash = (hash.rotate_left(5) ^ id as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
         }
         (hash >> 32) as u32
     }
 
     /// The id of `set`, and whether it is new.
-    fn intern(&mut self, set: &[StateID]) -> (u32, bool) {
+    fn intern(&mut self, set: &[u32]) -> (u32, bool) {
         let hash = Self::hash(set);
         let mask = self.slots.len() - 1;
         let mut slot = hash as usize & mask;
@@ -299,7 +292,7 @@ impl SetStore {
 
 /// `a == b`, element by element: sets are short, and a call to `memcmp` costs more.
 #[inline]
-fn same(a: &[StateID], b: &[StateID]) -> bool {
+fn same(a: &[u32], b: &[u32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
@@ -307,7 +300,7 @@ fn same(a: &[StateID], b: &[StateID]) -> bool {
 struct Closure {
     mark: Vec<u32>,
     generation: u32,
-    stack: Vec<StateID>,
+    stack: Vec<u32>,
 }
 
 impl Closure {
@@ -323,17 +316,26 @@ impl Closure {
         }
     }
 
-    fn visit(&mut self, id: StateID) -> bool {
-        let slot = &mut self.mark[id.as_usize()];
+    fn visit(&mut self, id: u32) -> bool {
+        let slot = &mut self.mark[id as usize];
         let fresh = *slot != self.generation;
         *slot = self.generation;
         fresh
     }
 
-    /// The states reachable from `roots` without reading a byte, stopping at looks
-    /// (kept in the set: they are tried at the end of input); the states that read
-    /// bytes, the looks and matches, sorted.
-    fn of(&mut self, nfa: &NFA, roots: impl IntoIterator<Item = StateID>, set: &mut Vec<StateID>) {
+    /// Push the alternatives of the union whose list starts at `entry`.
+    fn push_alternates(&mut self, nfa: &Nfa, mut entry: u32) {
+        while entry != Nfa::NONE {
+            let (to, next) = nfa.alternates[entry as usize];
+            self.stack.push(to);
+            entry = next;
+        }
+    }
+
+    /// The states reachable from `roots` without reading a byte, stopping at `\z`
+    /// (kept in the set: it is tried at the end of input); the states that read
+    /// bytes, the `\z` states and matches, sorted.
+    fn of(&mut self, nfa: &Nfa, roots: impl IntoIterator<Item = u32>, set: &mut Vec<u32>) {
         self.fresh();
         set.clear();
         self.stack.extend(roots);
@@ -341,23 +343,20 @@ impl Closure {
             if !self.visit(id) {
                 continue;
             }
-            match nfa.state(id) {
-                State::Union { alternates } => self.stack.extend(alternates.iter().rev()),
-                State::BinaryUnion { alt1, alt2 } => self.stack.extend([*alt2, *alt1]),
-                State::Capture { next, .. } => self.stack.push(*next),
-                State::Fail => {}
-                State::ByteRange { .. }
-                | State::Sparse(_)
-                | State::Dense(_)
-                | State::Look { .. }
-                | State::Match { .. } => set.push(id),
+            match nfa.states[id as usize] {
+                NfaState::Empty { next } => self.stack.push(next),
+                NfaState::Union { head } => self.push_alternates(nfa, head),
+                NfaState::Fail => {}
+                NfaState::Range { .. } | NfaState::Sparse { .. } | NfaState::End { .. } | NfaState::Match => {
+                    set.push(id)
+                }
             }
         }
         set.sort_unstable();
     }
 
-    /// Whether a match is reached from `set` at the end of input (every look is `\z`).
-    fn accepts_at_end(&mut self, nfa: &NFA, set: &[StateID]) -> bool {
+    /// Whether a match is reached from `set` at the end of input.
+    fn accepts_at_end(&mut self, nfa: &Nfa, set: &[u32]) -> bool {
         self.fresh();
         self.stack.extend(set.iter().copied());
         let mut found = false;
@@ -365,17 +364,248 @@ impl Closure {
             if found || !self.visit(id) {
                 continue;
             }
-            match nfa.state(id) {
-                State::Match { .. } => found = true,
-                State::Look { next, .. } => self.stack.push(*next),
-                State::Union { alternates } => self.stack.extend(alternates.iter()),
-                State::BinaryUnion { alt1, alt2 } => self.stack.extend([*alt1, *alt2]),
-                State::Capture { next, .. } => self.stack.push(*next),
+            match nfa.states[id as usize] {
+                NfaState::Match => found = true,
+                NfaState::End { next } | NfaState::Empty { next } => self.stack.push(next),
+                NfaState::Union { head } => self.push_alternates(nfa, head),
                 _ => {}
             }
         }
         self.stack.clear();
         found
+    }
+}
+
+/// A Thompson NFA in flat arrays, for [`determinize`]: what the direct reader
+/// (`direct.rs`) writes, with no pass after it (regex-automata's `Builder::build`
+/// copied every state into its NFA, boxing each sparse and union state, and freeing
+/// them again cost as much), and what a regex-automata NFA is copied into.
+///
+/// Empty states are kept (the closure steps over them); the only look-around is `\z`.
+pub(super) struct Nfa {
+    states: Vec<NfaState>,
+    /// The byte ranges of sparse states, end to end.
+    ranges: Vec<(u8, u8, u32)>,
+    /// The alternatives of union states, each a linked list (target, next entry).
+    alternates: Vec<(u32, u32)>,
+    /// Where byte classes end (bit b: b and b + 1 are in different classes).
+    class_ends: [u64; 4],
+    start: u32,
+    /// Bytes the NFA may take before it is too large (`None`: no limit).
+    size_limit: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum NfaState {
+    /// An epsilon transition.
+    Empty {
+        next: u32,
+    },
+    Range {
+        start: u8,
+        end: u8,
+        next: u32,
+    },
+    /// Ranges `ranges[first..first + len]` (sorted, disjoint).
+    Sparse {
+        first: u32,
+        len: u32,
+    },
+    /// Alternatives from entry `head` of `alternates` ([`Nfa::NONE`]: none).
+    Union {
+        head: u32,
+    },
+    /// `\z`, then `next`.
+    End {
+        next: u32,
+    },
+    Match,
+    Fail,
+}
+
+/// The NFA grew past its size limit.
+#[derive(Debug)]
+pub(super) struct NfaTooLarge;
+
+type Built = std::result::Result<u32, NfaTooLarge>;
+
+impl Nfa {
+    const NONE: u32 = u32::MAX;
+
+    /// An empty NFA with room for `states` states.
+    pub fn with_capacity(size_limit: Option<usize>, states: usize) -> Self {
+        Nfa {
+            states: Vec::with_capacity(states),
+            ranges: Vec::new(),
+            alternates: Vec::new(),
+            class_ends: [0; 4],
+            start: 0,
+            size_limit,
+        }
+    }
+
+    /// Heap bytes (the size limit's measure).
+    pub fn memory_usage(&self) -> usize {
+        use std::mem::size_of;
+        self.states.len() * size_of::<NfaState>()
+            + self.ranges.len() * size_of::<(u8, u8, u32)>()
+            + self.alternates.len() * size_of::<(u32, u32)>()
+    }
+
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn set_start(&mut self, start: u32) {
+        self.start = start;
+    }
+
+    fn add(&mut self, state: NfaState) -> Built {
+        let id = self.states.len() as u32;
+        self.states.push(state);
+        match self.size_limit {
+            Some(limit) if self.memory_usage() > limit => Err(NfaTooLarge),
+            _ => Ok(id),
+        }
+    }
+
+    fn mark_range(&mut self, start: u8, end: u8) {
+        if start > 0 {
+            let b = start - 1;
+            self.class_ends[b as usize / 64] |= 1 << (b % 64);
+        }
+        self.class_ends[end as usize / 64] |= 1 << (end % 64);
+    }
+
+    pub fn add_empty(&mut self) -> Built {
+        self.add(NfaState::Empty { next: 0 })
+    }
+
+    pub fn add_range(&mut self, start: u8, end: u8, next: u32) -> Built {
+        self.mark_range(start, end);
+        self.add(NfaState::Range { start, end, next })
+    }
+
+    /// One state over `ranges` (sorted, disjoint).
+    pub fn add_sparse(&mut self, ranges: impl IntoIterator<Item = (u8, u8, u32)>) -> Built {
+        let first = self.ranges.len();
+        for (start, end, next) in ranges {
+            self.mark_range(start, end);
+            self.ranges.push((start, end, next));
+        }
+        let len = (self.ranges.len() - first) as u32;
+        self.add(NfaState::Sparse { first: first as u32, len })
+    }
+
+    pub fn add_union(&mut self, alternates: &[u32]) -> Built {
+        let id = self.add(NfaState::Union { head: Self::NONE })?;
+        for &to in alternates {
+            self.patch(id, to)?;
+        }
+        Ok(id)
+    }
+
+    pub fn add_end(&mut self, next: u32) -> Built {
+        self.add(NfaState::End { next })
+    }
+
+    pub fn add_match(&mut self) -> Built {
+        self.add(NfaState::Match)
+    }
+
+    pub fn add_fail(&mut self) -> Built {
+        self.add(NfaState::Fail)
+    }
+
+    /// Point the exit `from` (an empty, range or end state) at `to`, or add `to` to the
+    /// alternatives of the union `from`.
+    pub fn patch(&mut self, from: u32, to: u32) -> std::result::Result<(), NfaTooLarge> {
+        match &mut self.states[from as usize] {
+            NfaState::Empty { next } | NfaState::Range { next, .. } | NfaState::End { next } => *next = to,
+            NfaState::Union { head } => {
+                let entry = self.alternates.len() as u32;
+                self.alternates.push((to, *head));
+                *head = entry;
+                if matches!(self.size_limit, Some(limit) if self.memory_usage() > limit) {
+                    return Err(NfaTooLarge);
+                }
+            }
+            NfaState::Sparse { .. } | NfaState::Match | NfaState::Fail => {}
+        }
+        Ok(())
+    }
+
+    /// Byte -> class, as regex-automata's NFA gives them: bytes that no range of any
+    /// state tells apart share a class.
+    fn byte_classes(&self) -> ([u8; 256], usize) {
+        let mut classes = [0u8; 256];
+        let mut class = 0u8;
+        for b in 0..=255u8 {
+            classes[b as usize] = class;
+            if b < 255 && self.class_ends[b as usize / 64] & (1 << (b % 64)) != 0 {
+                class += 1;
+            }
+        }
+        (classes, class as usize + 1)
+    }
+
+    /// A regex-automata NFA whose only look-around is `\z` (see [`applies`]), copied.
+    pub fn from_thompson(nfa: &NFA) -> Self {
+        let mut out = Nfa::with_capacity(None, nfa.states().len());
+        for state in nfa.states() {
+            let copied = match state {
+                State::ByteRange { trans } => {
+                    NfaState::Range { start: trans.start, end: trans.end, next: trans.next.as_u32() }
+                }
+                State::Sparse(sparse) => {
+                    let first = out.ranges.len() as u32;
+                    out.ranges.extend(sparse.transitions.iter().map(|t| (t.start, t.end, t.next.as_u32())));
+                    NfaState::Sparse { first, len: sparse.transitions.len() as u32 }
+                }
+                State::Dense(dense) => {
+                    let first = out.ranges.len() as u32;
+                    let mut byte = 0usize;
+                    while byte < 256 {
+                        let next = dense.transitions[byte];
+                        let mut end = byte;
+                        while end < 255 && dense.transitions[end + 1] == next {
+                            end += 1;
+                        }
+                        if next != StateID::ZERO {
+                            out.ranges.push((byte as u8, end as u8, next.as_u32()));
+                        }
+                        byte = end + 1;
+                    }
+                    NfaState::Sparse { first, len: out.ranges.len() as u32 - first }
+                }
+                State::Look { next, .. } => NfaState::End { next: next.as_u32() },
+                State::Union { alternates } => {
+                    let mut head = Self::NONE;
+                    for alt in alternates.iter() {
+                        out.alternates.push((alt.as_u32(), head));
+                        head = out.alternates.len() as u32 - 1;
+                    }
+                    NfaState::Union { head }
+                }
+                State::BinaryUnion { alt1, alt2 } => {
+                    out.alternates.push((alt1.as_u32(), Self::NONE));
+                    out.alternates.push((alt2.as_u32(), out.alternates.len() as u32 - 1));
+                    NfaState::Union { head: out.alternates.len() as u32 - 1 }
+                }
+                State::Capture { next, .. } => NfaState::Empty { next: next.as_u32() },
+                State::Match { .. } => NfaState::Match,
+                State::Fail => NfaState::Fail,
+            };
+            out.states.push(copied);
+        }
+        out.start = nfa.start_anchored().as_u32();
+        let classes = nfa.byte_classes();
+        for b in 0..255u8 {
+            if classes.get(b) != classes.get(b + 1) {
+                out.class_ends[b as usize / 64] |= 1 << (b % 64);
+            }
+        }
+        out
     }
 }
 
@@ -395,7 +625,7 @@ mod tests {
     #[test]
     fn the_construction_loop_stops_when_cancelled() {
         // Thousands of states: the loop reaches its periodic check.
-        let nfa = thompson::NFA::new(r"[a-z]{1,30}x[a-z]{8}").unwrap();
+        let nfa = Nfa::from_thompson(&thompson::NFA::new(r"[a-z]{1,30}x[a-z]{8}").unwrap());
         assert!(determinize(&nfa, &RegexOptions::default()).unwrap().num_states() > 1024);
         let flag = Arc::new(CancelFlag::default());
         flag.cancel();
