@@ -45,7 +45,7 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
     // over neighbouring classes listed once): the trim and the loop analysis walk
     // these rather than the whole table.
     let mut successors = Successors::with_capacity(expected_states, expected_states * 4);
-    successors.end_row(); // DEAD's row: nothing
+    successors.end_row(Successors::NOT_ONE); // DEAD's row: nothing
     let mut buffer = Vec::new();
     closure.of(nfa, [nfa.start], &mut buffer);
     let intern = |set: &[u32], sets: &mut SetStore| -> Result<u32> {
@@ -108,6 +108,10 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
             }
         }
         let row_start = transitions.len();
+        // The row starts all DEAD (a fill the compiler turns into `memset`) and each
+        // live piece is then filled as a slice: extending the table piece by piece
+        // wrote it one entry at a time.
+        transitions.resize(row_start + num_classes, DEAD);
         previous.clear();
         let mut previous_target = DEAD;
         let mut piece_start = 0u16;
@@ -121,6 +125,8 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
             }
         }
         let mut covering = 0u64;
+        // Classes of the row leading anywhere, and the first of them.
+        let (mut live_classes, mut first_live) = (0u16, Successors::NOT_ONE);
         for piece_end in cuts.after(0, num_classes as u16) {
             list.clear();
             if few {
@@ -164,13 +170,19 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
             if target != DEAD && target != previous_target {
                 successors.push(target);
             }
-            transitions.resize(row_start + piece_end as usize, target);
+            if target != DEAD {
+                if live_classes == 0 {
+                    first_live = piece_start;
+                }
+                live_classes += piece_end - piece_start;
+                transitions[row_start + piece_start as usize..row_start + piece_end as usize].fill(target);
+            }
             std::mem::swap(&mut list, &mut previous);
             previous_target = target;
             piece_start = piece_end;
         }
         ending[num_classes] = 0;
-        successors.end_row();
+        successors.end_row(if live_classes == 1 { first_live } else { Successors::NOT_ONE });
         next_to_expand += 1;
     }
     Ok(ByteDfa::from_table_with_successors(classes, num_classes, transitions, accepting, start, successors))
