@@ -77,6 +77,8 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
     let mut target_of_one: Vec<u32> = vec![u32::MAX; nfa.len()];
     let mut targets = SetStore::default();
     let mut target_of: Vec<u32> = vec![DEAD];
+    // Per `\z` state: whether a match follows it (see [`Closure::accepts_at_end`]).
+    let mut end_accepts = vec![EndAccepts::Unknown; nfa.len()];
     while next_to_expand < sets.len() {
         if next_to_expand % 256 == 0 {
             if started.elapsed() > options.timeout {
@@ -86,7 +88,7 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
         }
         set.clear();
         set.extend_from_slice(sets.get(next_to_expand as u32));
-        accepting.push(closure.accepts_at_end(nfa, &set));
+        accepting.push(closure.accepts_at_end(nfa, &set, &mut end_accepts));
         edges.clear();
         // Where pieces start: every run's first class and the class after its last.
         let mut cuts = Cuts::default();
@@ -367,10 +369,28 @@ impl Closure {
         set.sort_unstable();
     }
 
-    /// Whether a match is reached from `set` at the end of input.
-    fn accepts_at_end(&mut self, nfa: &Nfa, set: &[u32]) -> bool {
+    /// Whether a match is reached from `set` (a closure: states that read bytes, `\z`
+    /// states and matches) at the end of input. Only a match or a `\z` state leads
+    /// there; whether a `\z` state does is walked once and kept in `ends`: walking
+    /// from the whole set for every DFA state cost a second closure walk per state.
+    fn accepts_at_end(&mut self, nfa: &Nfa, set: &[u32], ends: &mut [EndAccepts]) -> bool {
+        set.iter().any(|&id| match nfa.states[id as usize] {
+            NfaState::Match => true,
+            NfaState::End { .. } => {
+                if ends[id as usize] == EndAccepts::Unknown {
+                    ends[id as usize] =
+                        if self.reaches_match(nfa, id) { EndAccepts::Yes } else { EndAccepts::No };
+                }
+                ends[id as usize] == EndAccepts::Yes
+            }
+            _ => false,
+        })
+    }
+
+    /// Whether a match is reached from `root` at the end of input.
+    fn reaches_match(&mut self, nfa: &Nfa, root: u32) -> bool {
         self.fresh();
-        self.stack.extend(set.iter().copied());
+        self.stack.push(root);
         let mut found = false;
         while let Some(id) = self.stack.pop() {
             if found || !self.visit(id) {
@@ -386,6 +406,14 @@ impl Closure {
         self.stack.clear();
         found
     }
+}
+
+/// Whether a `\z` state leads to a match (at the end of input).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EndAccepts {
+    Unknown,
+    No,
+    Yes,
 }
 
 /// A Thompson NFA in flat arrays, for [`determinize`]: what the direct reader
