@@ -60,13 +60,20 @@ pub(super) struct Successors {
     /// Row s is `list[offsets[s]..offsets[s + 1]]`; rows are added in order.
     offsets: Vec<u32>,
     list: Vec<u32>,
+    /// Per row: the one class not leading to [`DEAD`], or [`Successors::NOT_ONE`] (none,
+    /// or several). Known to whoever writes the rows, and the single-byte summary needs
+    /// it: finding it again scanned whole rows.
+    only_class: Vec<u16>,
 }
 
 impl Successors {
+    /// In [`Successors::only_class`]: no class, or more than one, leaves the row alive.
+    pub const NOT_ONE: u16 = u16::MAX;
+
     pub fn with_capacity(rows: usize, targets: usize) -> Self {
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
-        Successors { offsets, list: Vec::with_capacity(targets) }
+        Successors { offsets, list: Vec::with_capacity(targets), only_class: Vec::with_capacity(rows) }
     }
 
     /// Of a whole table.
@@ -74,13 +81,20 @@ impl Successors {
         let mut out = Successors::with_capacity(n, n * 2);
         for row in transitions.chunks_exact(nc.max(1)).take(n) {
             let mut last = DEAD;
-            for &t in row {
-                if t != last && t != DEAD {
-                    out.push(t);
+            let (mut live, mut first) = (0usize, Self::NOT_ONE);
+            for (class, &t) in row.iter().enumerate() {
+                if t != DEAD {
+                    if live == 0 {
+                        first = class as u16;
+                    }
+                    live += 1;
+                    if t != last {
+                        out.push(t);
+                    }
                 }
                 last = t;
             }
-            out.end_row();
+            out.end_row(if live == 1 { first } else { Self::NOT_ONE });
         }
         out
     }
@@ -91,10 +105,19 @@ impl Successors {
         self.list.push(target);
     }
 
-    /// Close the row being written.
+    /// Close the row being written, given its only live class (or
+    /// [`Successors::NOT_ONE`]).
     #[inline]
-    pub fn end_row(&mut self) {
+    pub fn end_row(&mut self, only_class: u16) {
         self.offsets.push(self.list.len() as u32);
+        self.only_class.push(only_class);
+    }
+
+    /// The only class of row `s` not leading to [`DEAD`], if exactly one does not.
+    #[inline]
+    pub fn only_class(&self, s: usize) -> Option<usize> {
+        let class = self.only_class[s];
+        (class != Self::NOT_ONE).then_some(class as usize)
     }
 
     pub fn rows(&self) -> usize {

@@ -235,9 +235,14 @@ impl ByteDfa {
         let mut can_continue = vec![false; kept];
         for row in 0..kept {
             // Rows untouched by the trim: their successor lists tell which rows lead
-            // anywhere, and only a row with one target can have one live class.
-            if kept == n && successors.of(row).len() != 1 {
+            // anywhere, and whoever wrote them which have one live class.
+            if kept == n {
                 can_continue[row] = !successors.of(row).is_empty();
+                if let Some(only) = successors.only_class(row) {
+                    if class_sizes[only] == 1 {
+                        single_byte[row] = Some(class_byte[only]);
+                    }
+                }
                 continue;
             }
             let mut live_classes = (0..nc).filter(|&c| transitions[row * nc + c] != DEAD);

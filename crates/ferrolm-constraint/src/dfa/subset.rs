@@ -45,7 +45,7 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
     // over neighbouring classes listed once): the trim and the loop analysis walk
     // these rather than the whole table.
     let mut successors = Successors::with_capacity(expected_states, expected_states * 4);
-    successors.end_row(); // DEAD's row: nothing
+    successors.end_row(Successors::NOT_ONE); // DEAD's row: nothing
     let mut buffer = Vec::new();
     closure.of(nfa, [nfa.start], &mut buffer);
     let intern = |set: &[u32], sets: &mut SetStore| -> Result<u32> {
@@ -77,6 +77,8 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
     let mut target_of_one: Vec<u32> = vec![u32::MAX; nfa.len()];
     let mut targets = SetStore::default();
     let mut target_of: Vec<u32> = vec![DEAD];
+    // Per `\z` state: whether a match follows it (see [`Closure::accepts_at_end`]).
+    let mut end_accepts = vec![EndAccepts::Unknown; nfa.len()];
     while next_to_expand < sets.len() {
         if next_to_expand % 256 == 0 {
             if started.elapsed() > options.timeout {
@@ -86,7 +88,7 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
         }
         set.clear();
         set.extend_from_slice(sets.get(next_to_expand as u32));
-        accepting.push(closure.accepts_at_end(nfa, &set));
+        accepting.push(closure.accepts_at_end(nfa, &set, &mut end_accepts));
         edges.clear();
         // Where pieces start: every run's first class and the class after its last.
         let mut cuts = Cuts::default();
@@ -108,6 +110,10 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
             }
         }
         let row_start = transitions.len();
+        // The row starts all DEAD (a fill the compiler turns into `memset`) and each
+        // live piece is then filled as a slice: extending the table piece by piece
+        // wrote it one entry at a time.
+        transitions.resize(row_start + num_classes, DEAD);
         previous.clear();
         let mut previous_target = DEAD;
         let mut piece_start = 0u16;
@@ -121,6 +127,8 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
             }
         }
         let mut covering = 0u64;
+        // Classes of the row leading anywhere, and the first of them.
+        let (mut live_classes, mut first_live) = (0u16, Successors::NOT_ONE);
         for piece_end in cuts.after(0, num_classes as u16) {
             list.clear();
             if few {
@@ -164,13 +172,19 @@ pub(super) fn determinize(nfa: &Nfa, options: &RegexOptions) -> Result<ByteDfa> 
             if target != DEAD && target != previous_target {
                 successors.push(target);
             }
-            transitions.resize(row_start + piece_end as usize, target);
+            if target != DEAD {
+                if live_classes == 0 {
+                    first_live = piece_start;
+                }
+                live_classes += piece_end - piece_start;
+                transitions[row_start + piece_start as usize..row_start + piece_end as usize].fill(target);
+            }
             std::mem::swap(&mut list, &mut previous);
             previous_target = target;
             piece_start = piece_end;
         }
         ending[num_classes] = 0;
-        successors.end_row();
+        successors.end_row(if live_classes == 1 { first_live } else { Successors::NOT_ONE });
         next_to_expand += 1;
     }
     Ok(ByteDfa::from_table_with_successors(classes, num_classes, transitions, accepting, start, successors))
@@ -355,10 +369,28 @@ impl Closure {
         set.sort_unstable();
     }
 
-    /// Whether a match is reached from `set` at the end of input.
-    fn accepts_at_end(&mut self, nfa: &Nfa, set: &[u32]) -> bool {
+    /// Whether a match is reached from `set` (a closure: states that read bytes, `\z`
+    /// states and matches) at the end of input. Only a match or a `\z` state leads
+    /// there; whether a `\z` state does is walked once and kept in `ends`: walking
+    /// from the whole set for every DFA state cost a second closure walk per state.
+    fn accepts_at_end(&mut self, nfa: &Nfa, set: &[u32], ends: &mut [EndAccepts]) -> bool {
+        set.iter().any(|&id| match nfa.states[id as usize] {
+            NfaState::Match => true,
+            NfaState::End { .. } => {
+                if ends[id as usize] == EndAccepts::Unknown {
+                    ends[id as usize] =
+                        if self.reaches_match(nfa, id) { EndAccepts::Yes } else { EndAccepts::No };
+                }
+                ends[id as usize] == EndAccepts::Yes
+            }
+            _ => false,
+        })
+    }
+
+    /// Whether a match is reached from `root` at the end of input.
+    fn reaches_match(&mut self, nfa: &Nfa, root: u32) -> bool {
         self.fresh();
-        self.stack.extend(set.iter().copied());
+        self.stack.push(root);
         let mut found = false;
         while let Some(id) = self.stack.pop() {
             if found || !self.visit(id) {
@@ -374,6 +406,14 @@ impl Closure {
         self.stack.clear();
         found
     }
+}
+
+/// Whether a `\z` state leads to a match (at the end of input).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EndAccepts {
+    Unknown,
+    No,
+    Yes,
 }
 
 /// A Thompson NFA in flat arrays, for [`determinize`]: what the direct reader
