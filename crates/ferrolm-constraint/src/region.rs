@@ -28,9 +28,17 @@ use crate::trie::TokenTrie;
 /// A simulation shallower than this is not worth it: the walk of the longer tokens
 /// would cost about as much as a full walk.
 pub(crate) const MIN_SIMULATION_DEPTH: usize = 8;
-/// Simulations are not followed deeper than this: few tokens are longer (266 of
-/// o200k's 200k), and the search costs more with every level.
-pub(crate) const MAX_SIMULATION_DEPTH: usize = 32;
+/// Simulations are not followed deeper than this (o200k's longest token): the search
+/// costs more with every level. It is followed that deep, not only as far as most
+/// tokens go, so that the searches of a grammar's states can complete, proving that no
+/// byte string tells the state from the loop: their pairs are then remembered, and
+/// the searches from the states that lead into the same loop (every state of a trie
+/// of member names longer than 32 bytes, say) stop at once.
+pub(crate) const MAX_SIMULATION_DEPTH: usize = 128;
+
+/// What [`LoopIndex::simulation_depth`] returns for a state that simulates the loop
+/// whatever the depth: every pair of states it can reach has been checked.
+pub(crate) const NEVER_BREAKS: usize = usize::MAX;
 
 /// Loops with more states than this are not indexed (their keys would be large).
 const MAX_LOOP_STATES: usize = 32;
@@ -114,6 +122,13 @@ pub(crate) struct LoopIndex {
     pub exits: Vec<(u32, u32)>,
     /// Per exit: a token under it, whose bytes spell the path to it.
     pub exit_tokens: Vec<u32>,
+    /// Trie nodes under the exits, in all: what a mask from this index may still have to
+    /// walk with the real automaton (a loop that most bytes leave at once, such as
+    /// whitespace, saves nothing over a full walk).
+    pub exit_nodes: usize,
+    /// Fewer than half the trie's nodes lie under exits: a state that only simulates
+    /// the loop gains from it (else its mask is as cheap by a plain walk).
+    saves_work: bool,
     /// The loop's canonical transitions (see [`Loop::key`]).
     key: Box<[u32]>,
     /// Bytes with the same column in `key` share a group (simulation reads one byte
@@ -141,6 +156,7 @@ impl LoopIndex {
             &mut inside,
         );
         let exit_tokens = exits.iter().map(|&(node, _)| trie.token_under(node)).collect();
+        let exit_nodes = exits.iter().map(|&(node, _)| trie.subtree_size(node)).sum();
         let num_states = key.len() / 256;
         let mut byte_group = [0u8; 256];
         let mut columns: Vec<Vec<u32>> = Vec::new();
@@ -158,6 +174,8 @@ impl LoopIndex {
             inside: inside.into(),
             exits,
             exit_tokens,
+            exit_nodes,
+            saves_work: exit_nodes * 2 < trie.num_nodes(),
             key: key.into(),
             byte_group,
             bytes_inside_from_start,
@@ -185,11 +203,37 @@ impl LoopIndex {
 
     /// How deep `state` of `side` simulates this loop from its first state: the
     /// largest `d <= limit` such that no byte string of at most `d` bytes is followed
-    /// by one and refused by the other while the loop has not been left. (Where the
-    /// side may leave by a call or a return, it must agree with the loop's exits.)
-    pub(crate) fn simulation_depth(&self, side: &impl SimulatingSide, state: u32, limit: usize) -> usize {
+    /// by one and refused by the other while the loop has not been left (where the
+    /// side may leave by a call or a return, it must agree with the loop's exits), or
+    /// [`NEVER_BREAKS`] when no byte string of any length tells them apart.
+    ///
+    /// `safe` (one bit per pair of a side state and a loop state, kept by the caller
+    /// for this side and this loop) marks the pairs known to simulate at every depth:
+    /// their searches are not repeated. A search that checks every pair it can reach
+    /// and finds no disagreement marks them all, so the states of a member-name trie,
+    /// which all lead into the same string body, search once between them.
+    #[inline(never)]
+    pub(crate) fn simulation_depth(
+        &self,
+        side: &impl SimulatingSide,
+        state: u32,
+        limit: usize,
+        safe: &mut Vec<u64>,
+    ) -> usize {
+        let loop_states = (self.key.len() / 256) as u32;
+        let words = (side.num_states() * loop_states as usize).div_ceil(64);
+        if safe.len() < words {
+            safe.resize(words, 0);
+        }
+        let is_safe = |safe: &[u64], bit: usize| safe[bit / 64] >> (bit % 64) & 1 == 1;
+        if limit == 0 {
+            return 0;
+        }
+        if is_safe(safe, (state * loop_states) as usize) {
+            return NEVER_BREAKS;
+        }
         // Most candidates fail on the first byte: check it plainly before any setup.
-        if limit == 0 || (0..=255u8).any(|byte| self.pair_step(side, state, 0, byte).is_err()) {
+        if (0..=255u8).any(|byte| self.pair_step(side, state, 0, byte).is_err()) {
             return 0;
         }
         // Then one byte per (side's byte class, loop column group).
@@ -198,16 +242,20 @@ impl LoopIndex {
         joint.sort_unstable();
         joint.dedup_by_key(|(key, _)| *key);
         let bytes: Vec<u8> = joint.into_iter().map(|(_, b)| b).collect();
-        // Pairs already checked (a pair breaks the simulation at any depth or never).
-        let loop_states = (self.key.len() / 256) as u32;
-        let mut visited = vec![0u64; (side.num_states() * loop_states as usize).div_ceil(64)];
-        let mut first_visit = |(q, l): (u32, u32)| {
+        // Pairs already checked (a pair breaks the simulation at any depth or never),
+        // or known safe.
+        let mut visited = vec![0u64; words];
+        let mut checked: Vec<u32> = Vec::new();
+        let mut first_visit = |(q, l): (u32, u32), safe: &[u64]| {
             let bit = (q * loop_states + l) as usize;
-            let fresh = visited[bit / 64] >> (bit % 64) & 1 == 0;
+            let fresh = visited[bit / 64] >> (bit % 64) & 1 == 0 && !is_safe(safe, bit);
             visited[bit / 64] |= 1 << (bit % 64);
+            if fresh {
+                checked.push(bit as u32);
+            }
             fresh
         };
-        first_visit((state, 0));
+        first_visit((state, 0), safe);
         let mut level = vec![(state, 0u32)];
         let mut next_level = Vec::new();
         for depth in 0..limit {
@@ -216,7 +264,7 @@ impl LoopIndex {
                     match self.pair_step(side, q, l, byte) {
                         Err(()) => return depth,
                         Ok(Some(pair)) => {
-                            if first_visit(pair) {
+                            if first_visit(pair, safe) {
                                 next_level.push(pair);
                             }
                         }
@@ -225,8 +273,12 @@ impl LoopIndex {
                 }
             }
             if next_level.is_empty() {
-                // Every pair reachable has been checked: the simulation never breaks.
-                return limit;
+                // Every pair reachable has been checked (or was known safe): the
+                // simulation never breaks, from any of them.
+                for bit in checked {
+                    safe[bit as usize / 64] |= 1 << (bit % 64);
+                }
+                return NEVER_BREAKS;
             }
             std::mem::swap(&mut level, &mut next_level);
             next_level.clear();
@@ -234,6 +286,12 @@ impl LoopIndex {
         limit
     }
 }
+
+/// Per automaton that simulates loops (a plain grammar, or one rule of a recursive one
+/// with or without a caller to return to), per loop index (by address: indexes live
+/// as long as their vocabulary): the pairs known to simulate it at every depth (see
+/// [`LoopIndex::simulation_depth`]).
+pub(crate) type SimulationMemo = HashMap<usize, Vec<u64>>;
 
 /// Where a byte takes the simulating automaton.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,9 +331,6 @@ impl SimulatingSide for ByteDfa {
 #[derive(Debug, Default)]
 pub(crate) struct LoopIndexCache {
     indexes: Mutex<HashMap<Box<[u32]>, Arc<LoopIndex>>>,
-    /// The index the last successful simulation used: tried first, since the states
-    /// of one grammar (the fields of one schema) mostly simulate the same loop.
-    last_simulated: Mutex<Option<Arc<LoopIndex>>>,
     /// The JSON string loops have been indexed.
     json_primed: std::sync::OnceLock<()>,
 }
@@ -288,13 +343,16 @@ impl LoopIndexCache {
 
     /// The indexed loop that `state` simulates deepest, with that depth, if it reaches
     /// [`MIN_SIMULATION_DEPTH`]; `limit` (the longest token's length) and
-    /// [`MAX_SIMULATION_DEPTH`] cap the search.
+    /// [`MAX_SIMULATION_DEPTH`] cap the search, and a state proven to simulate a loop
+    /// at every depth gets `limit` itself (its mask needs no walk of the long tokens).
     pub(crate) fn simulated(
         &self,
         side: &impl SimulatingSide,
         state: u32,
         limit: usize,
+        memo: &mut SimulationMemo,
     ) -> Option<(Arc<LoopIndex>, usize)> {
+        let longest = limit;
         let limit = limit.min(MAX_SIMULATION_DEPTH);
         // Structural states (after `{`, between members) step on a handful of bytes
         // and are ruled out here, before any search.
@@ -304,31 +362,28 @@ impl LoopIndexCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .filter(|index| index.bytes_inside_from_start <= stepping)
+            .filter(|index| index.saves_work && index.bytes_inside_from_start <= stepping)
             .cloned()
             .collect();
         if candidates.is_empty() {
             return None;
         }
-        // The last index that served goes first; then the others, deepest winning and,
-        // among equals, the fewest exits (each exit is a walk from a real state), so
-        // they go in that order and the first to reach the limit wins.
-        let last = self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let last = last.filter(|index| index.bytes_inside_from_start <= stepping);
-        candidates.retain(|index| !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, index)));
-        candidates.sort_by_key(|index| index.exits.len());
+        // The cheapest first (the fewest trie nodes under exits, each exit being a walk
+        // from a real state): the first to reach the limit wins, else the deepest.
+        candidates.sort_by_key(|index| index.exit_nodes);
         let mut best: Option<(Arc<LoopIndex>, usize)> = None;
-        for index in last.into_iter().chain(candidates) {
-            let depth = index.simulation_depth(side, state, limit);
+        for index in candidates {
+            let safe = memo.entry(Arc::as_ptr(&index) as usize).or_default();
+            let depth = match index.simulation_depth(side, state, limit, safe) {
+                NEVER_BREAKS => longest,
+                depth => depth,
+            };
             if depth >= MIN_SIMULATION_DEPTH && best.as_ref().is_none_or(|(_, d)| depth > *d) {
                 best = Some((index, depth));
-                if depth == limit {
+                if depth >= limit {
                     break;
                 }
             }
-        }
-        if let Some((index, _)) = &best {
-            *self.last_simulated.lock().unwrap_or_else(|e| e.into_inner()) = Some(index.clone());
         }
         best
     }

@@ -165,6 +165,11 @@ impl TokenTrie {
         self.nodes[node as usize].depth()
     }
 
+    /// Nodes in the subtree of `node`, itself included (what a walk of it may visit).
+    pub(crate) fn subtree_size(&self, node: u32) -> usize {
+        self.nodes[node as usize].subtree_end as usize - node as usize
+    }
+
     /// A token in the subtree of `node` (its bytes begin with the node's path).
     pub(crate) fn token_under(&self, node: u32) -> u32 {
         let end = self.nodes[node as usize].subtree_end as usize;
@@ -175,6 +180,7 @@ impl TokenTrie {
     /// [`TokenTrie::walk_into_mask`] for the tokens longer than `min_len` bytes only
     /// (shorter ones reached on the way are set too): subtrees whose tokens are all
     /// short are skipped whole.
+    #[inline(never)]
     pub(crate) fn walk_long_tokens_into_mask<S: Copy>(
         &self,
         start: S,

@@ -34,7 +34,13 @@ pub struct Vocabulary {
     loop_indexes: LoopIndexCache,
     /// `(length, id)` of every token, longest first (built on first use).
     by_length: std::sync::OnceLock<Vec<(u32, u32)>>,
+    /// The trie of the tokens longer than [`LONG_TOKEN_BYTES`] (built on first use).
+    long_trie: std::sync::OnceLock<TokenTrie>,
 }
+
+/// Tokens longer than this many bytes also go into [`Vocabulary::long_token_trie`]
+/// (3,987 of o200k's 200k tokens).
+pub(crate) const LONG_TOKEN_BYTES: usize = 16;
 
 impl Vocabulary {
     /// A vocabulary whose token `i` has bytes `tokens[i]`; `special_ids` never match
@@ -101,6 +107,20 @@ impl Vocabulary {
 
     pub fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    /// The trie of the text tokens longer than [`LONG_TOKEN_BYTES`], with their ids: a
+    /// walk for the long tokens only (a mask from a loop simulated that deep) then skips
+    /// the short tokens' nodes without visiting them. Tokens with equal bytes keep the
+    /// id they have in [`Vocabulary::trie`].
+    pub(crate) fn long_token_trie(&self) -> &TokenTrie {
+        self.long_trie.get_or_init(|| {
+            TokenTrie::build((0..self.size() as u32).filter_map(|id| {
+                let bytes = self.token_bytes(id)?;
+                (self.kinds[id as usize] == TokenKind::Normal && bytes.len() > LONG_TOKEN_BYTES)
+                    .then_some((id, bytes))
+            }))
+        })
     }
 
     pub(crate) fn loop_indexes(&self) -> &LoopIndexCache {
@@ -247,6 +267,7 @@ impl VocabularyBuilder {
             trie,
             loop_indexes: LoopIndexCache::default(),
             by_length: Default::default(),
+            long_trie: Default::default(),
         })
     }
 }

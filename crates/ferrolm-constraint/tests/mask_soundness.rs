@@ -190,14 +190,40 @@ fn counted_repetition_simulates_the_indexed_loop() {
     let counted = Grammar::from_regex(vocab.clone(), "[ab]{0,40}\"").unwrap();
     let dfa = counted.dfa();
     let start = dfa.start();
-    assert_eq!(counted.simulated_depth(start), Some(32), "capped at the maximum simulation depth");
+    assert_eq!(counted.simulated_depth(start), Some(39), "capped at the longest token");
     let near_end = dfa.run(start, &[b'a'; 36]);
     assert_eq!(counted.simulated_depth(near_end), None, "4 bytes left: too shallow");
     let middle = dfa.run(start, &[b'a'; 25]);
     assert_eq!(counted.simulated_depth(middle), Some(15));
+    let deep = dfa.run(start, &[b'a'; 20]);
+    assert_eq!(counted.simulated_depth(deep), Some(20), "the long tokens walked from the long-token trie");
     for state in 1..dfa.num_states() as u32 {
         counted.compute_mask(state, &mut mask).unwrap();
         assert_eq!(mask, brute_force_mask(&counted, &vocab, state), "state {state}");
+    }
+}
+
+/// States outside the loop that no byte string tells from it (here the states that
+/// read the first bytes of `ab` or `ba`, whose futures differ only past the quote)
+/// simulate it at every depth: their masks need no walk of the long tokens, and the
+/// second state's search is answered by what the first proved. Every mask equals the
+/// brute-force one.
+#[test]
+fn states_that_always_simulate_the_loop_take_its_index_whole() {
+    let long: Vec<Vec<u8>> = (2..40).map(|n| "ab".repeat(n).into_bytes()[..n].to_vec()).collect();
+    let (vocab, _) = small_vocab(&long);
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    let looping = Grammar::from_regex(vocab.clone(), "[ab]*\"").unwrap();
+    looping.compute_mask(looping.dfa().start(), &mut mask).unwrap();
+    let grammar = Grammar::from_regex(vocab.clone(), "[ab]*\"x|ab[ab]*\"y|ba[ab]*\"z").unwrap();
+    let dfa = grammar.dfa();
+    let start = dfa.start();
+    let after_a = dfa.next(start, b'a');
+    assert_eq!(grammar.simulated_depth(start), Some(39), "as deep as the longest token");
+    assert_eq!(grammar.simulated_depth(after_a), Some(39));
+    for state in 1..dfa.num_states() as u32 {
+        grammar.compute_mask(state, &mut mask).unwrap();
+        assert_eq!(mask, brute_force_mask(&grammar, &vocab, state), "state {state}");
     }
 }
 

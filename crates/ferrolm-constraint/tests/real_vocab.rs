@@ -117,3 +117,40 @@ fn recursive_masks_equal_trying_every_token_on_a_real_vocabulary() {
         assert!(matcher.can_end());
     }
 }
+
+/// An open object whose member names are longer than 32 bytes, as in GitHub's and
+/// detekt's schemas: the states of the name trie simulate the string loop at every
+/// depth (proven by the first search and remembered for the others), so their masks
+/// skip the walk of the long tokens. Every mask along the document equals trying every
+/// token.
+#[test]
+#[ignore = "needs FERROLM_TIKTOKEN_FILE"]
+fn open_object_name_masks_equal_trying_every_token_on_a_real_vocabulary() {
+    let Some(vocab) = load() else {
+        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
+        return;
+    };
+    let schema = r#"{"type":"object","properties":{
+        "allowedPatternsForUndocumentedPublicProperties":{"type":"string"},
+        "allowedPatternsForUndocumentedPublicFunctions":{"type":"object","properties":{
+            "ignoreOverriddenFunctionsInInterfacesAndClasses":{"type":"boolean"}}},
+        "active":{"type":"boolean"}},
+        "additionalProperties":{"type":["string","object"]}}"#;
+    let grammar = Grammar::from_json_schema(vocab.clone(), schema, &Default::default()).unwrap();
+    let document = concat!(
+        r#"{"allowedPatternsForUndocumentedPublicFunctions":{"ignoreOverriddenFunctionsInInterfacesAndClasses":true,"#,
+        r#""allowedPatternsForUndocumentedPublicFunctionsToo":"x"},"active":false,"#,
+        r#""allowedPatternsForUndocumentedPublicPropertiesAsWell":{"a":"====================================="}}"#
+    );
+    let mut matcher = Matcher::new(grammar);
+    let mut mask = vec![0u32; vocab.bitmask_words()];
+    for &byte in document.as_bytes() {
+        matcher.fill_next_token_bitmask(&mut mask).unwrap();
+        for id in 0..vocab.size() as u32 {
+            let got = mask[id as usize / 32] >> (id % 32) & 1 == 1;
+            assert_eq!(got, matcher.is_token_allowed(id), "token {id} at depth {}", matcher.stack_depth());
+        }
+        assert!(matcher.accept_bytes(&[byte]), "{document}");
+    }
+    assert!(matcher.can_end());
+}

@@ -18,7 +18,12 @@ use crate::dfa::DEAD;
 use crate::error::{ConstraintError, Result};
 use crate::recursive::RuleSide;
 use crate::recursive::{Config, Frame, Rules, ScratchFrames, CALL_BASE, NO_FRAME};
-use crate::region::{Loop, LoopIndex, Override};
+use crate::region::{Loop, LoopIndex, Override, SimulationMemo};
+use crate::vocab::LONG_TOKEN_BYTES;
+
+/// The simulation memo key of a plain grammar's DFA: apart from every rule's, since a
+/// memo's bits hold only for the automaton whose searches set them.
+const PLAIN_DFA: (u32, bool) = (u32::MAX, false);
 
 impl Grammar {
     /// [`Grammar::fill_mask`] for any configuration.
@@ -86,7 +91,10 @@ impl Grammar {
             }
             None => {
                 let side = RuleSide { rules, rule: config.rule, may_return };
-                match self.vocab.loop_indexes().simulated(&side, config.state, trie.max_depth()) {
+                let simulated = self.with_simulation_memo((config.rule, may_return), |memo| {
+                    self.vocab.loop_indexes().simulated(&side, config.state, trie.max_depth(), memo)
+                });
+                match simulated {
                     Some((index, depth)) => self.fill_from_simulation(
                         &index,
                         depth,
@@ -103,6 +111,13 @@ impl Grammar {
                 set_bit(out, other);
             }
         }
+    }
+
+    /// Run `search` with the simulation memo of `side`: `(rule, may_return)` for a rule
+    /// of a recursive grammar, [`PLAIN_DFA`] for the DFA of a plain one (see `region.rs`).
+    fn with_simulation_memo<T>(&self, side: (u32, bool), search: impl FnOnce(&mut SimulationMemo) -> T) -> T {
+        let mut memos = self.simulation_memos.lock().unwrap_or_else(|e| e.into_inner());
+        search(memos.entry(side).or_default())
     }
 
     fn lock_stack_masks(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u32>, Arc<[u32]>>> {
@@ -218,9 +233,9 @@ impl Grammar {
     /// deep enough (`region.rs`); `false`, with `out` untouched, when there is none.
     fn simulate_loop(&self, state: u32, out: &mut [u32]) -> bool {
         let dfa = &self.dfa;
-        let Some((index, depth)) =
-            self.vocab.loop_indexes().simulated(dfa, state, self.vocab.trie().max_depth())
-        else {
+        let Some((index, depth)) = self.with_simulation_memo(PLAIN_DFA, |memo| {
+            self.vocab.loop_indexes().simulated(dfa, state, self.vocab.trie().max_depth(), memo)
+        }) else {
             return false;
         };
         let step = |row: u32, byte: u8| {
@@ -235,6 +250,7 @@ impl Grammar {
     /// the loop's inside tokens no longer than that, its exits within that depth walked
     /// from the real states their paths lead to, and the longer tokens walked alone.
     /// Duplicate ids are left to the caller.
+    #[inline(never)]
     fn fill_from_simulation<S: Copy>(
         &self,
         index: &LoopIndex,
@@ -263,7 +279,10 @@ impl Grammar {
             }
         }
         if depth < trie.max_depth() {
-            trie.walk_long_tokens_into_mask(start, &mut step, out, depth);
+            // Only tokens longer than `depth` are left to walk: from the trie of the
+            // long tokens when they all are in it.
+            let long = if depth >= LONG_TOKEN_BYTES { vocab.long_token_trie() } else { trie };
+            long.walk_long_tokens_into_mask(start, &mut step, out, depth);
         }
     }
 
@@ -291,7 +310,10 @@ impl Grammar {
             return None;
         }
         let trie = self.vocab.trie();
-        self.vocab.loop_indexes().simulated(&self.dfa, state, trie.max_depth()).map(|(_, depth)| depth)
+        self.with_simulation_memo(PLAIN_DFA, |memo| {
+            self.vocab.loop_indexes().simulated(&self.dfa, state, trie.max_depth(), memo)
+        })
+        .map(|(_, depth)| depth)
     }
 
     /// Number of distinct mask-cache entries the grammar can have (at most one per state).

@@ -10,6 +10,7 @@ use crate::dfa::{ByteDfa, RegexOptions, DEAD};
 use crate::error::{ConstraintError, Result};
 use crate::json_schema::{any_json_rules, json_schema_to_rules_with, JsonSchemaOptions};
 use crate::recursive::{Config, Frame, Frames, Rules, ScratchFrames, AMBIGUOUS_RULES, CALL_BASE, NO_FRAME};
+use crate::region::SimulationMemo;
 use crate::tags::TokenEdge;
 use crate::vocab::Vocabulary;
 
@@ -35,6 +36,10 @@ pub struct Grammar {
     /// configuration (rule, state and the whole stack).
     rules: Option<Rules>,
     stack_masks: Mutex<HashMap<Vec<u32>, Arc<[u32]>>>,
+    /// Per (rule, whether it may return), or for the plain DFA: the states known to simulate indexed loops at
+    /// every depth, so that a mask's search for a loop to start from is not repeated
+    /// over the states that lead into one (`region.rs`).
+    simulation_memos: Mutex<HashMap<(u32, bool), SimulationMemo>>,
     /// Special tokens the grammar takes as whole steps (a trigger such as `[TOOL_CALLS]`
     /// that the tokenizer has as a special token: `tags.rs`).
     token_edges: Vec<TokenEdge>,
@@ -204,6 +209,7 @@ impl Grammar {
             cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
             rules: None,
             stack_masks: Mutex::new(HashMap::new()),
+            simulation_memos: Mutex::new(HashMap::new()),
             token_edges: Vec::new(),
         }
     }
@@ -218,6 +224,7 @@ impl Grammar {
             cache_bytes_left: AtomicUsize::new(DEFAULT_MASK_CACHE_BYTES),
             rules: Some(rules),
             stack_masks: Mutex::new(HashMap::new()),
+            simulation_memos: Mutex::new(HashMap::new()),
             token_edges: Vec::new(),
         }
     }
