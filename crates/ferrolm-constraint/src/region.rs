@@ -192,7 +192,13 @@ impl LoopIndex {
         l: u32,
         byte: u8,
     ) -> Result<Option<(u32, u32)>, ()> {
-        match (self.key[l as usize * 256 + byte as usize], side.step(q, byte)) {
+        self.pair_outcome(l, byte, side.step(q, byte))
+    }
+
+    /// [`LoopIndex::pair_step`] once the side's step is known.
+    #[inline]
+    fn pair_outcome(&self, l: u32, byte: u8, step: SideStep) -> Result<Option<(u32, u32)>, ()> {
+        match (self.key[l as usize * 256 + byte as usize], step) {
             (EXIT_MARK, _) => Ok(None),
             (DEAD_MARK, SideStep::Dead) => Ok(None),
             (DEAD_MARK, _) => Err(()),
@@ -207,9 +213,10 @@ impl LoopIndex {
     /// side may leave by a call or a return, it must agree with the loop's exits), or
     /// [`NEVER_BREAKS`] when no byte string of any length tells them apart.
     ///
-    /// `safe` (one bit per pair of a side state and a loop state, kept by the caller
-    /// for this side and this loop) marks the pairs known to simulate at every depth:
-    /// their searches are not repeated. A search that checks every pair it can reach
+    /// `first` holds the side's step from `state` on every byte (the caller computes
+    /// it once for all the loops it tries). `memo` (kept by the caller for this side and
+    /// this loop) marks the pairs known to simulate at every depth, whose searches are
+    /// not repeated, and keeps the bytes the search reads. A search that checks every pair it can reach
     /// and finds no disagreement marks them all, so the states of a member-name trie,
     /// which all lead into the same string body, search once between them.
     #[inline(never)]
@@ -217,9 +224,11 @@ impl LoopIndex {
         &self,
         side: &impl SimulatingSide,
         state: u32,
+        first: &[SideStep; 256],
         limit: usize,
-        safe: &mut Vec<u64>,
+        memo: &mut SideMemo,
     ) -> usize {
+        let SideMemo { safe, bytes } = memo;
         let loop_states = (self.key.len() / 256) as u32;
         let words = (side.num_states() * loop_states as usize).div_ceil(64);
         if safe.len() < words {
@@ -233,15 +242,19 @@ impl LoopIndex {
             return NEVER_BREAKS;
         }
         // Most candidates fail on the first byte: check it plainly before any setup.
-        if (0..=255u8).any(|byte| self.pair_step(side, state, 0, byte).is_err()) {
+        if (0..=255u8).any(|byte| self.pair_outcome(0, byte, first[byte as usize]).is_err()) {
             return 0;
         }
-        // Then one byte per (side's byte class, loop column group).
-        let mut joint: Vec<(u32, u8)> =
-            (0..=255u8).map(|b| (side.byte_class(b) << 8 | self.byte_group[b as usize] as u32, b)).collect();
-        joint.sort_unstable();
-        joint.dedup_by_key(|(key, _)| *key);
-        let bytes: Vec<u8> = joint.into_iter().map(|(_, b)| b).collect();
+        // Then one byte per (side's byte class, loop column group): the same for every
+        // search of this side in this loop, so sorted out once.
+        if bytes.is_empty() {
+            let mut joint: Vec<(u32, u8)> = (0..=255u8)
+                .map(|b| (side.byte_class(b) << 8 | self.byte_group[b as usize] as u32, b))
+                .collect();
+            joint.sort_unstable();
+            joint.dedup_by_key(|(key, _)| *key);
+            *bytes = joint.into_iter().map(|(_, b)| b).collect();
+        }
         // Pairs already checked (a pair breaks the simulation at any depth or never),
         // or known safe.
         let mut visited = vec![0u64; words];
@@ -260,7 +273,7 @@ impl LoopIndex {
         let mut next_level = Vec::new();
         for depth in 0..limit {
             for &(q, l) in &level {
-                for &byte in &bytes {
+                for &byte in bytes.iter() {
                     match self.pair_step(side, q, l, byte) {
                         Err(()) => return depth,
                         Ok(Some(pair)) => {
@@ -288,10 +301,31 @@ impl LoopIndex {
 }
 
 /// Per automaton that simulates loops (a plain grammar, or one rule of a recursive one
-/// with or without a caller to return to), per loop index (by address: indexes live
-/// as long as their vocabulary): the pairs known to simulate it at every depth (see
-/// [`LoopIndex::simulation_depth`]).
-pub(crate) type SimulationMemo = HashMap<usize, Vec<u64>>;
+/// with or without a caller to return to): what its searches found.
+#[derive(Debug, Default)]
+pub(crate) struct SimulationMemo {
+    /// Per loop index (by address: indexes live as long as their vocabulary).
+    per_loop: HashMap<usize, SideMemo>,
+    /// Per state searched: the answer of [`LoopIndexCache::simulated`], with how many
+    /// loops were indexed then. A rule's state comes back under every stack it is
+    /// reached with (each a mask of its own), and its search would find the same again
+    /// unless more loops have been indexed since: it depends on the automata only.
+    answers: HashMap<u32, (usize, Simulated)>,
+}
+
+/// A loop that a state simulates, and how deep (see [`LoopIndexCache::simulated`]).
+pub(crate) type Simulated = Option<(Arc<LoopIndex>, usize)>;
+
+/// What the searches of one side in one loop keep.
+#[derive(Debug, Default)]
+pub(crate) struct SideMemo {
+    /// One bit per pair of a side state and a loop state: set when the pair is known to
+    /// simulate the loop at every depth.
+    safe: Vec<u64>,
+    /// One byte per (side's byte class, loop column group); empty until the first
+    /// search that needs it.
+    bytes: Vec<u8>,
+}
 
 /// Where a byte takes the simulating automaton.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -352,11 +386,31 @@ impl LoopIndexCache {
         limit: usize,
         memo: &mut SimulationMemo,
     ) -> Option<(Arc<LoopIndex>, usize)> {
+        let indexed = self.indexes.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if let Some((then, answer)) = memo.answers.get(&state) {
+            if *then == indexed {
+                return answer.clone();
+            }
+        }
+        let answer = self.search_simulated(side, state, limit, &mut memo.per_loop);
+        memo.answers.insert(state, (indexed, answer.clone()));
+        answer
+    }
+
+    /// [`LoopIndexCache::simulated`], searched.
+    fn search_simulated(
+        &self,
+        side: &impl SimulatingSide,
+        state: u32,
+        limit: usize,
+        memo: &mut HashMap<usize, SideMemo>,
+    ) -> Option<(Arc<LoopIndex>, usize)> {
         let longest = limit;
         let limit = limit.min(MAX_SIMULATION_DEPTH);
         // Structural states (after `{`, between members) step on a handful of bytes
         // and are ruled out here, before any search.
-        let stepping = (0..=255u8).filter(|&b| matches!(side.step(state, b), SideStep::To(_))).count();
+        let first: [SideStep; 256] = std::array::from_fn(|b| side.step(state, b as u8));
+        let stepping = first.iter().filter(|step| matches!(step, SideStep::To(_))).count();
         let mut candidates: Vec<Arc<LoopIndex>> = self
             .indexes
             .lock()
@@ -373,8 +427,8 @@ impl LoopIndexCache {
         candidates.sort_by_key(|index| index.exit_nodes);
         let mut best: Option<(Arc<LoopIndex>, usize)> = None;
         for index in candidates {
-            let safe = memo.entry(Arc::as_ptr(&index) as usize).or_default();
-            let depth = match index.simulation_depth(side, state, limit, safe) {
+            let side_memo = memo.entry(Arc::as_ptr(&index) as usize).or_default();
+            let depth = match index.simulation_depth(side, state, &first, limit, side_memo) {
                 NEVER_BREAKS => longest,
                 depth => depth,
             };
