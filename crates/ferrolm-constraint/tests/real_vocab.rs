@@ -10,8 +10,12 @@ use std::sync::Arc;
 use ferrolm_constraint::tokenizer_files::from_tiktoken;
 use ferrolm_constraint::{Grammar, Matcher, TokenKind, Vocabulary, DEAD};
 
+/// The vocabulary of `FERROLM_TIKTOKEN_FILE`; `None` (saying so) when it is not set.
 fn load() -> Option<Arc<Vocabulary>> {
-    let path = std::env::var("FERROLM_TIKTOKEN_FILE").ok()?;
+    let Ok(path) = std::env::var("FERROLM_TIKTOKEN_FILE") else {
+        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
+        return None;
+    };
     let text = std::fs::read_to_string(path).expect("readable tiktoken file");
     let mut builder = from_tiktoken(&text).unwrap();
     let eos = text.lines().count() as u32;
@@ -22,10 +26,7 @@ fn load() -> Option<Arc<Vocabulary>> {
 #[test]
 #[ignore = "needs FERROLM_TIKTOKEN_FILE"]
 fn trie_mask_equals_brute_force_on_a_real_vocabulary() {
-    let Some(vocab) = load() else {
-        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
-        return;
-    };
+    let Some(vocab) = load() else { return };
     let cases = [
         (r#"\{"name":"[^"\\]{0,30}","age":[0-9]{1,3}\}"#, r#"{"name":"Grace Hopper","age":85}"#),
         (r"[^\n]*\n", "Über naïve café — 日本語のテキスト\n"),
@@ -62,10 +63,7 @@ fn trie_mask_equals_brute_force_on_a_real_vocabulary() {
 #[test]
 #[ignore = "needs FERROLM_TIKTOKEN_FILE"]
 fn loop_index_masks_equal_full_walks_on_a_real_vocabulary() {
-    let Some(vocab) = load() else {
-        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
-        return;
-    };
+    let Some(vocab) = load() else { return };
     let schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array",
         "items":{"type":"string","format":"email"}},"c":{"type":"number"},
         "d":{"type":"string","maxLength":60},"e":{"type":"string","minLength":3}},"required":["a"]}"#;
@@ -81,10 +79,7 @@ fn loop_index_masks_equal_full_walks_on_a_real_vocabulary() {
 #[test]
 #[ignore = "needs FERROLM_TIKTOKEN_FILE"]
 fn recursive_masks_equal_trying_every_token_on_a_real_vocabulary() {
-    let Some(vocab) = load() else {
-        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
-        return;
-    };
+    let Some(vocab) = load() else { return };
     // Values of any type, then strings of counted length inside them (their states
     // simulate the string loop rather than sit in it).
     let counted = r#"{"minLength":2,"maxLength":40}"#;
@@ -126,10 +121,7 @@ fn recursive_masks_equal_trying_every_token_on_a_real_vocabulary() {
 #[test]
 #[ignore = "needs FERROLM_TIKTOKEN_FILE"]
 fn open_object_name_masks_equal_trying_every_token_on_a_real_vocabulary() {
-    let Some(vocab) = load() else {
-        eprintln!("FERROLM_TIKTOKEN_FILE not set; skipping");
-        return;
-    };
+    let Some(vocab) = load() else { return };
     let schema = r#"{"type":"object","properties":{
         "allowedPatternsForUndocumentedPublicProperties":{"type":"string"},
         "allowedPatternsForUndocumentedPublicFunctions":{"type":"object","properties":{

@@ -115,6 +115,8 @@ impl Grammar {
 
     /// Run `search` with the simulation memo of `side`: `(rule, may_return)` for a rule
     /// of a recursive grammar, [`PLAIN_DFA`] for the DFA of a plain one (see `region.rs`).
+    /// The lock is held through the search: two threads filling cold masks of one grammar
+    /// at once take turns, and the second finds what the first proved.
     fn with_simulation_memo<T>(&self, side: (u32, bool), search: impl FnOnce(&mut SimulationMemo) -> T) -> T {
         let mut memos = self.simulation_memos.lock().unwrap_or_else(|e| e.into_inner());
         search(memos.entry(side).or_default())
