@@ -130,7 +130,10 @@ pub const COMPILE_STACK_BYTES: usize = 16 << 20;
 impl GrammarCache {
     /// At most `capacity` entries are kept (the cache is cleared when full: grammars in
     /// use stay alive through their `Arc`s); each compilation may take `timeout`.
+    /// The vocabulary's JSON string loops are indexed here, once, rather than in the
+    /// first request's compilation ([`Grammar::prime_json_loops`]).
     pub fn new(vocab: Arc<Vocabulary>, capacity: usize, timeout: Duration) -> Self {
+        Grammar::prime_json_loops(&vocab);
         GrammarCache {
             vocab,
             timeout,
@@ -219,6 +222,28 @@ mod tests {
 
     fn tiny_vocab() -> Arc<Vocabulary> {
         Arc::new(Vocabulary::new(vec![b"a".to_vec(), b"<eos>".to_vec()], &[], &[1]).unwrap())
+    }
+
+    /// The JSON string loops are indexed when the cache is made, not by the first
+    /// request's compilation (which then finds them, and indexes nothing new).
+    #[test]
+    fn a_new_cache_has_indexed_the_json_string_loops() {
+        let tokens: Vec<Vec<u8>> =
+            (0u8..128).map(|b| vec![b]).chain([b"\"ab".to_vec(), b"<eos>".to_vec()]).collect();
+        let vocab = Arc::new(Vocabulary::new(tokens, &[], &[129]).unwrap());
+        assert_eq!(vocab.loop_indexes().len(), 0);
+        let cache = GrammarCache::new(vocab.clone(), 8, Duration::from_secs(60));
+        let primed = vocab.loop_indexes().len();
+        assert!(primed > 0, "no loop indexed by GrammarCache::new");
+        let schema = GrammarSource::JsonSchema(
+            r#"{"type":"object","properties":{"a":{"type":"string"}}}"#.into(),
+            JsonSchemaOptions::default(),
+        );
+        let mut m = crate::Matcher::new(cache.get_or_compile(&schema).unwrap());
+        let mut mask = vec![0u32; vocab.bitmask_words()];
+        assert!(m.accept_bytes(br#"{"a":"x"#));
+        m.fill_next_token_bitmask(&mut mask).unwrap();
+        assert_eq!(vocab.loop_indexes().len(), primed, "the string loop was indexed again");
     }
 
     #[test]

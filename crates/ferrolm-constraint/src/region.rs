@@ -375,6 +375,12 @@ impl LoopIndexCache {
         self.json_primed.get_or_init(prime);
     }
 
+    /// Loops indexed so far.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.indexes.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The indexed loop that `state` simulates deepest, with that depth, if it reaches
     /// [`MIN_SIMULATION_DEPTH`]; `limit` (the longest token's length) and
     /// [`MAX_SIMULATION_DEPTH`] cap the search, and a state proven to simulate a loop
