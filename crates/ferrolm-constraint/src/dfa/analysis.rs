@@ -19,11 +19,12 @@ pub(super) struct Predecessors {
 }
 
 impl Predecessors {
-    pub fn new(n: usize, nc: usize, transitions: &[u32]) -> Self {
+    /// Of the table whose entry `state * nc + class` is `target(index)`.
+    pub fn new(n: usize, nc: usize, target: impl Fn(usize) -> u32) -> Self {
         let mut offsets = vec![0u32; n + 1];
         let mut last_source = vec![u32::MAX; n];
         for s in 1..n {
-            for &t in &transitions[s * nc..(s + 1) * nc] {
+            for t in (s * nc..(s + 1) * nc).map(&target) {
                 if std::mem::replace(&mut last_source[t as usize], s as u32) != s as u32 {
                     offsets[t as usize + 1] += 1;
                 }
@@ -36,7 +37,7 @@ impl Predecessors {
         let mut list = vec![0u32; offsets[n] as usize];
         last_source.fill(u32::MAX);
         for s in 1..n {
-            for &t in &transitions[s * nc..(s + 1) * nc] {
+            for t in (s * nc..(s + 1) * nc).map(&target) {
                 if std::mem::replace(&mut last_source[t as usize], s as u32) != s as u32 {
                     list[fill[t as usize] as usize] = s as u32;
                     fill[t as usize] += 1;
@@ -143,13 +144,13 @@ impl ByteDfa {
     pub fn equivalence_up_to(&self, depth: usize) -> Vec<u32> {
         let n = self.num_states();
         let nc = self.num_classes;
-        let predecessors = Predecessors::new(n, nc, &self.transitions);
+        let predecessors = Predecessors::new(n, nc, |i| self.target(i));
         let mut class: Vec<u32> = (0..n).map(|s| u32::from(s != DEAD as usize)).collect();
         let mut members: Vec<Vec<u32>> = vec![vec![DEAD], (1..n as u32).collect()];
         let mut changed: Vec<u32> = (0..n as u32).collect();
         let mut touched_mark = vec![false; n];
         let signature = |class: &[u32], s: u32| -> Vec<u32> {
-            (0..nc).map(|c| class[self.transitions[s as usize * nc + c] as usize]).collect()
+            (0..nc).map(|c| class[self.target(s as usize * nc + c) as usize]).collect()
         };
         for _ in 0..depth {
             // States with a successor whose class changed, grouped by their own class,

@@ -35,15 +35,20 @@ pub struct ByteDfa {
     /// Byte -> equivalence class (bytes no regex construct distinguishes share a class).
     classes: [u8; 256],
     num_classes: usize,
-    /// `transitions[state * num_classes + class]`.
+    /// `row_transitions[state * num_classes + class]` is the target's row offset,
+    /// `target * num_classes`, so the mask walk saves a multiply per trie node; row 0
+    /// is [`DEAD`]. [`ByteDfa::next`] divides by `num_classes` with `row_divisor`. One
+    /// table, not one of targets beside one of offsets: a compiled grammar's tables are
+    /// fresh memory, and the page faults of writing a second copy cost more than the
+    /// multiply saves (a tenth of a median schema's compile).
     ///
     /// The tables are never changed once built, and shared between clones: the memo of
     /// compiled patterns (`compile.rs`) hands the same rule (a value of any type, a
     /// string) to every schema, and a grammar keeps its main rule next to its rules.
-    transitions: Arc<[u32]>,
-    /// The same table with targets stored as row offsets (`target * num_classes`), so
-    /// the mask walk saves a multiply per trie node. Row 0 is still [`DEAD`].
     row_transitions: Arc<[u32]>,
+    /// `ceil(2^32 / num_classes)`: a row offset times this, shifted right by 32, is its
+    /// state (exact for every multiple of `num_classes` below 2^32).
+    row_divisor: u64,
     accepting: Arc<[bool]>,
     /// The only byte leaving a state alive, if exactly one does (jump-forward).
     single_byte: Arc<[Option<u8>]>,
@@ -87,7 +92,7 @@ impl ByteDfa {
     /// Bytes held on the heap (for memory budgets).
     pub(crate) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        (self.transitions.len() + self.row_transitions.len()) * size_of::<u32>()
+        self.row_transitions.len() * size_of::<u32>()
             + self.accepting.len() * (size_of::<bool>() * 3 + size_of::<Option<u8>>() + size_of::<u32>())
             + self.component_has_cycle.len()
     }
@@ -108,7 +113,19 @@ impl ByteDfa {
 
     #[inline(always)]
     pub fn next(&self, state: u32, byte: u8) -> u32 {
-        self.transitions[state as usize * self.num_classes + self.classes[byte as usize] as usize]
+        self.target(state as usize * self.num_classes + self.classes[byte as usize] as usize)
+    }
+
+    /// The target state at `index` (`state * num_classes + class`) of the table.
+    #[inline(always)]
+    pub(crate) fn target(&self, index: usize) -> u32 {
+        self.state_of_row(self.row_transitions[index])
+    }
+
+    /// The state whose row starts at `row` (the inverse of [`ByteDfa::row_of`]).
+    #[inline(always)]
+    fn state_of_row(&self, row: u32) -> u32 {
+        divide_row(row, self.row_divisor)
     }
 
     /// The row offset of `state` in the row table (see [`ByteDfa::next_row`]).
@@ -162,7 +179,7 @@ impl ByteDfa {
     /// The same automaton with the transitions `(state, byte)` removed (each byte's
     /// whole class), trimmed again to the states that can still reach acceptance.
     pub(crate) fn without_edges(&self, edges: &[(u32, u8)]) -> ByteDfa {
-        let mut transitions = self.transitions.to_vec();
+        let mut transitions: Vec<u32> = (0..self.row_transitions.len()).map(|i| self.target(i)).collect();
         for &(state, byte) in edges {
             transitions[state as usize * self.num_classes + self.classes[byte as usize] as usize] = DEAD;
         }
@@ -254,12 +271,15 @@ impl ByteDfa {
                 }
             }
         }
-        let row_transitions = transitions.iter().map(|&t| t * nc as u32).collect();
+        let mut row_transitions = transitions;
+        for target in &mut row_transitions {
+            *target *= nc as u32;
+        }
         ByteDfa {
             classes,
             num_classes: nc,
-            row_transitions,
-            transitions: transitions.iter().copied().collect(),
+            row_transitions: row_transitions.into(),
+            row_divisor: row_divisor(nc),
             accepting: accepting.into(),
             single_byte: single_byte.into(),
             can_continue: can_continue.into(),
@@ -267,5 +287,48 @@ impl ByteDfa {
             component_has_cycle: component_has_cycle.into(),
             start: new_id[start as usize],
         }
+    }
+}
+
+/// `ceil(2^32 / num_classes)`, for [`divide_row`].
+fn row_divisor(num_classes: usize) -> u64 {
+    (1u64 << 32).div_ceil(num_classes as u64)
+}
+
+/// `row / num_classes` for a multiple `row = k * num_classes` below 2^32: with
+/// `m = ceil(2^32 / n) = (2^32 + e) / n`, `e < n`, `row * m = k * 2^32 + k * e`, and
+/// `k * e < k * n = row < 2^32`, so the high half is exactly `k`.
+#[inline(always)]
+fn divide_row(row: u32, row_divisor: u64) -> u32 {
+    ((u64::from(row) * row_divisor) >> 32) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every class count a table can have, with states at both ends of the range the
+    /// row offsets allow.
+    #[test]
+    fn row_offsets_divide_back_to_their_states() {
+        for nc in 1..=257u32 {
+            let divisor = row_divisor(nc as usize);
+            let top = u32::MAX / nc;
+            for state in (0..4096).chain(top - 4096..=top).chain((0..top).step_by(1 + top as usize / 9973)) {
+                assert_eq!(divide_row(state * nc, divisor), state, "{state} * {nc}");
+            }
+        }
+    }
+
+    #[test]
+    fn next_reads_the_row_table_back() {
+        let dfa = ByteDfa::from_regex("(ab|ac)*d[0-9]{2}", &RegexOptions::default()).unwrap();
+        let mut state = dfa.start();
+        for &b in b"abacd42" {
+            let row = dfa.next_row(dfa.row_of(state), b);
+            state = dfa.next(state, b);
+            assert_eq!(row, dfa.row_of(state));
+        }
+        assert!(dfa.is_accepting(state));
     }
 }
