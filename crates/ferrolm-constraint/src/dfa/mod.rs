@@ -271,14 +271,11 @@ impl ByteDfa {
                 }
             }
         }
-        let mut row_transitions = transitions;
-        for target in &mut row_transitions {
-            *target *= nc as u32;
-        }
         ByteDfa {
             classes,
             num_classes: nc,
-            row_transitions: row_transitions.into(),
+            // One pass: an exact-size iterator is written straight into the Arc.
+            row_transitions: transitions.iter().map(|&t| t * nc as u32).collect(),
             row_divisor: row_divisor(nc),
             accepting: accepting.into(),
             single_byte: single_byte.into(),
