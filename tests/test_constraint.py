@@ -49,14 +49,15 @@ def test_vocabulary_from_tiktoken_marks_eos_and_refuses_bad_lines() -> None:
     assert e.value.field == "vocabulary"
 
 
-def test_vocabulary_compile_timeout_must_be_a_number() -> None:
+def test_vocabulary_compile_timeout_must_be_a_positive_number() -> None:
     for make in (
         lambda t: _core.Vocabulary([b"a", b"<eos>"], eos_token_ids=[1], compile_timeout_s=t),
         lambda t: _core.Vocabulary.from_tiktoken("YQ== 0\nIg== 1\nYg== 2\n", eos_token_ids=[2], compile_timeout_s=t),
     ):
-        with pytest.raises(InvalidInputError) as e:
-            make(float("nan"))
-        assert e.value.field == "compile_timeout_s"
+        for bad in (float("nan"), 0.0, -1.0):
+            with pytest.raises(InvalidInputError) as e:
+                make(bad)
+            assert e.value.field == "compile_timeout_s"
         assert make(1e9).json_schema('{"type": "string"}').matcher().accept_string('"a"')
 
 

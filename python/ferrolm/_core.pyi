@@ -527,7 +527,8 @@ class Vocabulary:
         compile_timeout_s: float = 10.0,
     ) -> Self:
         """Special tokens never match grammar bytes (but a trigger of ``after_trigger`` may be
-        one); EOS ids are allowed exactly where the document may end. Raises ``InvalidInputError`` (field ``vocabulary``)."""
+        one); EOS ids are allowed exactly where the document may end. Raises ``InvalidInputError`` (field ``vocabulary``,
+        or ``compile_timeout_s`` unless it is a positive number of seconds)."""
     @staticmethod
     def from_tokenizer_json(
         text: str, *, eos_token_ids: list[int] = ..., vocab_size: int | None = None, compile_timeout_s: float = 10.0

@@ -47,11 +47,12 @@ impl PyVocabulary {
         build: impl FnOnce() -> ferrolm_constraint::Result<Vocabulary> + Send,
         compile_timeout_s: f64,
     ) -> PyResult<Self> {
-        if compile_timeout_s.is_nan() {
+        // NaN, zero and negative: refused (clamped, they made every compile time out).
+        if compile_timeout_s.is_nan() || compile_timeout_s <= 0.0 {
             return Err(errors::invalid_field(
                 py,
                 "compile_timeout_s",
-                "compile_timeout_s must be a number of seconds, got NaN".into(),
+                format!("compile_timeout_s must be a positive number of seconds, got {compile_timeout_s}"),
             ));
         }
         let timeout = Duration::from_secs_f64(compile_timeout_s.clamp(0.001, 3600.0));
