@@ -995,6 +995,48 @@ def test_negative_token_message_names_the_index(make):
     assert_invalid(lambda: t.insert(np.array([0, -1], dtype=np.int32), [0, 1]), "tokens[1]")
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_negative_int32_tokens_are_refused_wherever_the_match_ends(make, page_size):
+    # the Rust tree checks an int32 prompt's sign only past the tokens it matched while
+    # every key is below 2^31; each place a negative value can sit is refused the same
+    t = make(page_size=page_size)
+    cached = np.arange(1, 41, dtype=np.int32)
+    t.insert(cached, np.arange(40, dtype=np.int32))
+    before = sizes(t)
+    for at, length in ((40, 41), (41, 44), (20, 40), (0, 40), (39, 40)):
+        bad = np.resize(cached, length).astype(np.int32)
+        bad[at] = -5
+        assert_invalid(lambda: t.match_prefix(bad), f"tokens[{at}]", "-5")
+    assert sizes(t) == before
+    assert len(t.match_prefix(cached).kv_slots) == 40
+    check(t)
+
+
+@pytest.mark.parametrize(
+    "high",
+    [
+        pytest.param(lambda tokens: np.array(tokens, dtype=np.uint32), id="uint32"),
+        pytest.param(list, id="list"),
+        pytest.param(lambda tokens: np.array(tokens, dtype=np.int64), id="int64"),
+    ],
+)
+def test_an_int32_prompt_never_matches_a_key_of_2_31_or_more(make, high):
+    # -1 as int32 has the bits of 2^32 - 1: equal bits, different tokens
+    t = make()
+    t.insert(np.array([1, 2], dtype=np.int32), [5, 6])
+    t.insert(high([2**32 - 1, 7, 2**31]), [1, 2, 3])
+    assert arr(t.match_prefix(high([2**32 - 1, 7, 2**31])).kv_slots) == [1, 2, 3]
+    assert_invalid(lambda: t.match_prefix(np.array([-1, 7], dtype=np.int32)), "tokens[0]", "-1")
+    assert_invalid(lambda: t.match_prefix(np.array([-1, 7, -(2**31)], dtype=np.int32)), "tokens[0]")
+    check(t)
+    # emptied, the tree again checks only past the match, and still refuses every negative
+    t.reset()
+    t.insert(np.array([3, 4, 5], dtype=np.int32), [0, 1, 2])
+    assert_invalid(lambda: t.match_prefix(np.array([3, 4, 5, -1], dtype=np.int32)), "tokens[3]")
+    assert_invalid(lambda: t.match_prefix(np.array([-1], dtype=np.int32)), "tokens[0]")
+    assert arr(t.match_prefix(np.array([3, 4, 5, 6], dtype=np.int32)).kv_slots) == [0, 1, 2]
+
+
 @pytest.mark.parametrize(
     "bad",
     [

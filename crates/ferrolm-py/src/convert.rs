@@ -96,7 +96,12 @@ pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'
 /// [`sign_error`] for the error.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum SignCheck {
+    /// Checked: every value is in `0..=max`, and below 2^31 (an `int32` array).
+    BelowHalf,
+    /// Checked: every value is in `0..=max`, which may reach 2^31 and beyond (a `uint32`
+    /// array, a list, another dtype).
     Done,
+    /// An `int32` array whose sign is still to be checked.
     Deferred,
 }
 
@@ -137,6 +142,8 @@ pub fn tree_ids<'py>(
                 // asked for now, read by the caller's first pass
                 prefetch(s);
                 SignCheck::Deferred
+            } else if kind == b'i' {
+                SignCheck::BelowHalf
             } else {
                 SignCheck::Done
             };

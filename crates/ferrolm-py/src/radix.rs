@@ -27,6 +27,9 @@ pub struct PyRadixTree {
     poison: Poison,
     /// The nodes of the last match, reused between calls.
     path: MatchedPath,
+    /// No key holds a token of 2^31 or more (none came from a `uint32` array or a list
+    /// with one): the tokens a match finds equal to keys then need no sign check.
+    keys_below_half: bool,
 }
 
 /// A clock for the `tlru` policy that moves only when told to, so that tests of
@@ -212,7 +215,12 @@ impl PyRadixTree {
             ttl,
         };
         let tree = RadixTree::with_clock(config, time).map_err(|e| errors::tree(py, e))?;
-        Ok(PyRadixTree { tree, poison: Poison::default(), path: MatchedPath::default() })
+        Ok(PyRadixTree {
+            tree,
+            poison: Poison::default(),
+            path: MatchedPath::default(),
+            keys_below_half: true,
+        })
     }
 
     #[pyo3(signature = (tokens, namespace = None))]
@@ -227,12 +235,16 @@ impl PyRadixTree {
         // prompt that is usually cold (tokenized a while ago), overlapping the reads of
         // the node keys it compares with, and the check runs on values in cache. A check
         // before the walk waited for the whole prompt on its own, a sixth of the call.
+        // The matched tokens equal keys, so while every key is below 2^31 only the rest
+        // of the prompt is checked (for a cache hit, little or nothing).
         let (tokens, sign) = tree_ids(tokens, "tokens", u32::MAX, true)?;
         let tokens = tokens.as_slice();
         let namespace = namespace.as_ref().map(|n| n.0.as_str());
+        let keys_below_half = self.keys_below_half;
         let matched = self.poison.run(py, (&mut self.tree, &mut self.path), |(t, path)| {
-            t.match_prefix_path_if(tokens, namespace, path, || {
-                sign == SignCheck::Done || non_negative(tokens)
+            t.match_prefix_path_if(tokens, namespace, path, |matched| {
+                let unchecked = if keys_below_half { &tokens[matched..] } else { tokens };
+                sign != SignCheck::Deferred || non_negative(unchecked)
             })
         })?;
         let Some((length, node)) = matched else { return Err(sign_error(py, tokens, "tokens")) };
@@ -264,7 +276,11 @@ impl PyRadixTree {
         ttl_seconds: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let (namespace, priority) = (namespace.as_ref().map(|n| n.0.as_str()), priority.0);
-        let (tokens, _) = tree_ids(tokens, "tokens", u32::MAX, false)?;
+        let (tokens, sign) = tree_ids(tokens, "tokens", u32::MAX, false)?;
+        if sign != SignCheck::BelowHalf && self.keys_below_half {
+            // before the insert, so that no key can hold such a token while the flag is set
+            self.keys_below_half = non_negative(tokens.as_slice());
+        }
         let (kv_slots, _) = tree_ids(kv_slots, "kv_slots", MAX_SLOT, false)?;
         let ttl = match ttl_seconds {
             Some(obj) => Some(Duration::from_nanos(seconds_to_ns(py, obj, "ttl_seconds", false)?)),
@@ -297,7 +313,9 @@ impl PyRadixTree {
     }
 
     fn reset(&mut self, py: Python<'_>) -> PyResult<()> {
-        self.poison.run(py, &mut self.tree, |t| t.reset())
+        self.poison.run(py, &mut self.tree, |t| t.reset())?;
+        self.keys_below_half = true; // no keys left
+        Ok(())
     }
 
     fn evictable_size(&mut self, py: Python<'_>) -> PyResult<usize> {
@@ -380,7 +398,7 @@ impl PyRadixTree {
         let (ids, sign) = tree_ids(tokens, "tokens", u32::MAX, true)?;
         let ids = ids.as_slice();
         // the values read with the GIL released, as a match reads them
-        let ok = self.poison.run(py, (), |()| sign == SignCheck::Done || non_negative(ids))?;
+        let ok = self.poison.run(py, (), |()| sign != SignCheck::Deferred || non_negative(ids))?;
         if !ok {
             return Err(sign_error(py, ids, "tokens"));
         }

@@ -240,20 +240,21 @@ impl RadixTree {
         namespace: Option<&str>,
         path: &mut MatchedPath,
     ) -> (usize, NodeHandle) {
-        self.match_prefix_path_if(tokens, namespace, path, || true).expect("accepted")
+        self.match_prefix_path_if(tokens, namespace, path, |_| true).expect("accepted")
     }
 
-    /// [`match_prefix_path`](Self::match_prefix_path) that asks `accept` once the matched
-    /// path is found and before anything in the tree changes (no access marked, no split,
-    /// the clock as it was): `None`, with an empty `path`, where it says no. The binding
-    /// checks a prompt's values there, when the walk has brought them into cache, rather
-    /// than reading a cold prompt once for the check and again for the walk.
+    /// [`match_prefix_path`](Self::match_prefix_path) that asks `accept`, with the matched
+    /// length, once the matched path is found and before anything in the tree changes (no
+    /// access marked, no split, the clock as it was): `None`, with an empty `path`, where
+    /// it says no. The binding checks a prompt's values there, when the walk has brought
+    /// them into cache, rather than reading a cold prompt once for the check and again for
+    /// the walk; the first `matched` tokens are equal to keys of the tree.
     pub fn match_prefix_path_if(
         &mut self,
         tokens: &[u32],
         namespace: Option<&str>,
         path: &mut MatchedPath,
-        accept: impl FnOnce() -> bool,
+        accept: impl FnOnce(usize) -> bool,
     ) -> Option<(usize, NodeHandle)> {
         path.nodes.clear();
         let page = self.config.page_size;
@@ -280,7 +281,7 @@ impl RadixTree {
                 node = child;
             }
         }
-        if !accept() {
+        if !accept(pos) {
             path.nodes.clear();
             return None;
         }

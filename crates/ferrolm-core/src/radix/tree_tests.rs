@@ -548,8 +548,9 @@ fn a_refused_match_changes_nothing() {
         let mut path = MatchedPath::default();
         // [1, 2, 9] would split [1, 2, 3, 4] and mark it used
         let mut asked = false;
-        let refused = t.match_prefix_path_if(&[1, 2, 9], None, &mut path, || {
+        let refused = t.match_prefix_path_if(&[1, 2, 9], None, &mut path, |matched| {
             asked = true;
+            assert_eq!(matched, 2, "told the matched length");
             false
         });
         assert!(asked && refused.is_none() && path.nodes.is_empty());
@@ -560,7 +561,7 @@ fn a_refused_match_changes_nothing() {
         // accepted, the same call splits and marks
         let mut t = tree(1, policy);
         t.insert(&[1, 2, 3, 4], &slots(0..4), None, 0).unwrap();
-        let (length, node) = t.match_prefix_path_if(&[1, 2, 9], None, &mut path, || true).unwrap();
+        let (length, node) = t.match_prefix_path_if(&[1, 2, 9], None, &mut path, |_| true).unwrap();
         assert_eq!(length, 2);
         assert_eq!(t.sizes().nodes, 2);
         assert_eq!(t.lock(node).unwrap(), 2);
