@@ -91,9 +91,11 @@ pub fn ids<'py>(obj: &Bound<'py, PyAny>, what: &str, max: u32) -> PyResult<Ids<'
     checked(py, values.into_iter(), what, max).map(Ids::Owned)
 }
 
-/// Whether a signed array's sign is still to be checked: [`tree_ids`] leaves it to the
-/// caller when asked to, who then calls [`non_negative`] before using the values and
-/// [`sign_error`] for the error.
+/// What [`tree_ids`] checked of the values' range: whether a signed array's sign is still
+/// to be checked (left to the caller when asked, who then calls [`non_negative`] before
+/// using the values and [`sign_error`] for the error), and, when checked, whether every
+/// value is known to be below 2^31 (the radix tree's match skips the sign check of tokens
+/// equal to keys only while every key is).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum SignCheck {
     /// Checked: every value is in `0..=max`, and below 2^31 (an `int32` array).
