@@ -240,10 +240,14 @@ def test_the_whole_bench_prints_and_records_the_peer(monkeypatch: pytest.MonkeyP
     assert "peer: sglang 0.0-fake's Rust tree core" in out
     for op in ("match_prefix", "insert", "evict", "lock+unlock", "request cycle"):
         assert any(line.startswith(op) and "(sglang / rust)" in line for line in out.splitlines()), op
-    assert "sglang's match returns no KV indices" in out
+    # match and indices side by side in each way of making the arguments
+    for mode in ("cold", "fresh"):
+        assert any(line.startswith("sglang's match returns no KV indices") and f"arguments {mode}: sglang " in line
+                   for line in out.splitlines()), mode
     report = json.loads(out_json.read_text())
     assert report["ops"]["match_prefix"]["sglang"]["n"] > 0
     assert report["peer_match_and_indices_p50_us"] > 0
+    assert report["peer_match_and_indices_p50_us_fresh"] > 0
     assert any(row.get("match_prefix sglang p50_us") for row in report["by_prompt_length"])
     # a by-length table for each way of making the arguments, the peer's in both
     assert "by prompt length, arguments cold" in out and "by prompt length, arguments fresh" in out
