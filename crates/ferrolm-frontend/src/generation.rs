@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferrolm_core::detok::StopReason;
-use ferrolm_core::engine::{Constraint, FinishReason, Finished, RequestParams};
+use ferrolm_core::engine::{Constraint, ErrorKind, FinishReason, Finished, RequestParams};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -241,12 +241,12 @@ pub fn matched_stop(f: &Finished) -> Value {
 /// in the queue (the server is overloaded; a retry may succeed), else 500.
 pub fn error_of(f: &Finished) -> ApiError {
     match &f.reason {
-        FinishReason::Error { kind, message } if kind.as_str() == "queue_timeout" => {
+        FinishReason::Error { kind: ErrorKind::QueueTimeout, message } => {
             ApiError::new(503, format!("the server is overloaded: the request {message}"))
-                .with_code("queue_timeout")
+                .with_code(ErrorKind::QueueTimeout.as_str())
         }
-        FinishReason::Error { kind, message } if kind.as_str() == "step_failed" => {
-            let _ = message; // the engine logged the cause; clients get no internals
+        // the engine logged the cause; clients get no internals
+        FinishReason::Error { kind: ErrorKind::StepFailed, .. } => {
             ApiError::new(500, "generation failed: the engine step failed (see the server log)")
         }
         FinishReason::Error { message, .. } => ApiError::new(500, format!("generation failed: {message}")),

@@ -146,7 +146,7 @@ pub struct StreamOptions {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(try_from = "Value")]
 pub enum OneOrMany {
     One(String),
     Many(Vec<String>),
@@ -215,7 +215,7 @@ fn yes() -> bool {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(try_from = "Value")]
 pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
@@ -247,7 +247,7 @@ pub enum TextKind {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(try_from = "Value")]
 pub enum Content {
     Text(String),
     Parts(Vec<TextPart>),
@@ -434,7 +434,7 @@ pub fn typed<T: DeserializeOwned>(value: &Value, prefix: &str) -> ApiResult<T> {
             })
             .collect();
         let path = json_body::field_path(&parts);
-        let inner = plain(&e.into_inner().to_string());
+        let inner = e.into_inner().to_string();
         match (prefix, path.as_str()) {
             ("", "") => ApiError::new(400, inner),
             (_, "") => {
@@ -449,13 +449,81 @@ pub fn typed<T: DeserializeOwned>(value: &Value, prefix: &str) -> ApiResult<T> {
     })
 }
 
-/// serde's message without its "did not match any variant of untagged enum X" jargon.
-fn plain(message: &str) -> String {
-    if message.starts_with("data did not match any variant") {
-        "not a value of an accepted type".to_string()
-    } else {
-        message.to_string()
+// The fields that take one of several JSON shapes are told apart by the value's type
+// (not by trying each shape in turn, as serde's untagged enums do), so that a value of no
+// accepted shape is refused with a message of ours that says which shapes are accepted.
+
+impl TryFrom<Value> for OneOrMany {
+    type Error = String;
+    fn try_from(value: Value) -> Result<Self, String> {
+        const SHAPES: &str = "expected a string or a list of strings";
+        match value {
+            Value::String(s) => Ok(OneOrMany::One(s)),
+            Value::Array(items) => strings(items).map(OneOrMany::Many).map_err(|_| SHAPES.into()),
+            _ => Err(SHAPES.into()),
+        }
     }
+}
+
+impl TryFrom<Value> for Prompt {
+    type Error = String;
+    fn try_from(value: Value) -> Result<Self, String> {
+        const SHAPES: &str =
+            "expected a string, a list of strings, a list of token ids or a list of lists of token ids";
+        let items = match value {
+            Value::String(s) => return Ok(Prompt::Text(s)),
+            Value::Array(items) => items,
+            _ => return Err(SHAPES.into()),
+        };
+        match items.first() {
+            None | Some(Value::Number(_)) => token_ids(&items).map(Prompt::Ids),
+            Some(Value::String(_)) => strings(items).map(Prompt::Texts).map_err(|_| SHAPES.into()),
+            Some(Value::Array(_)) => items
+                .iter()
+                .map(|list| match list {
+                    Value::Array(ids) => token_ids(ids),
+                    _ => Err(SHAPES.into()),
+                })
+                .collect::<Result<_, _>>()
+                .map(Prompt::IdLists),
+            Some(_) => Err(SHAPES.into()),
+        }
+    }
+}
+
+impl TryFrom<Value> for Content {
+    type Error = String;
+    fn try_from(value: Value) -> Result<Self, String> {
+        match value {
+            Value::String(s) => Ok(Content::Text(s)),
+            Value::Array(_) => serde_json::from_value(value)
+                .map(Content::Parts)
+                .map_err(|e| format!("a content part is not {{\"type\": \"text\", \"text\": ...}}: {e}")),
+            _ => Err("expected a string or a list of content parts".into()),
+        }
+    }
+}
+
+fn strings(items: Vec<Value>) -> Result<Vec<String>, String> {
+    items
+        .into_iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s),
+            _ => Err("expected strings".to_string()),
+        })
+        .collect()
+}
+
+/// Token ids: integers in 0..2^32, as the core takes them.
+fn token_ids(items: &[Value]) -> Result<Vec<u32>, String> {
+    items
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| format!("token ids are integers in 0..2^32, got {v}"))
+        })
+        .collect()
 }
 
 pub struct CompletionRequest {
@@ -810,5 +878,59 @@ pub fn core_field_error(e: EngineError, names: &dyn Fn(&str) -> Option<String>) 
             ApiError::bad_request(format!("{param}: {message}"), param)
         }
         other => ApiError::new(500, format!("the engine could not take the request: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(body: &str) -> ApiResult<Prompt> {
+        parse_completion(body.as_bytes()).map(|r| r.fields.prompt)
+    }
+
+    #[test]
+    fn each_prompt_shape_is_told_apart_by_its_type() {
+        assert!(matches!(prompt(r#"{"prompt": "hi"}"#), Ok(Prompt::Text(t)) if t == "hi"));
+        assert!(matches!(prompt(r#"{"prompt": [1, 2]}"#), Ok(Prompt::Ids(ids)) if ids == [1, 2]));
+        assert!(matches!(prompt(r#"{"prompt": []}"#), Ok(Prompt::Ids(ids)) if ids.is_empty()));
+        assert!(matches!(prompt(r#"{"prompt": ["a", "b"]}"#), Ok(Prompt::Texts(t)) if t == ["a", "b"]));
+        assert!(matches!(prompt(r#"{"prompt": [[1], [4294967295]]}"#),
+            Ok(Prompt::IdLists(l)) if l == [vec![1], vec![u32::MAX]]));
+    }
+
+    #[test]
+    fn a_value_of_no_accepted_shape_names_the_field_and_the_shapes() {
+        for (body, says) in [
+            (r#"{"prompt": 3}"#, "expected a string, a list of strings"),
+            (r#"{"prompt": [1, "a"]}"#, "token ids are integers in 0..2^32, got \"a\""),
+            (r#"{"prompt": [4294967296]}"#, "token ids are integers in 0..2^32, got 4294967296"),
+            (r#"{"prompt": [[1], 2]}"#, "expected a string, a list of strings"),
+            (r#"{"prompt": ["a", 1]}"#, "expected a string, a list of strings"),
+            (r#"{"prompt": "a", "stop": [1]}"#, "stop: expected a string or a list of strings"),
+        ] {
+            let err = prompt(body).expect_err(body);
+            assert_eq!(err.status, 400, "{body}");
+            assert!(err.message.contains(says), "{body}: {}", err.message);
+            let field = if body.contains("stop") { "stop" } else { "prompt" };
+            assert_eq!(err.param.as_deref(), Some(field), "{body}");
+        }
+    }
+
+    #[test]
+    fn message_content_is_text_or_text_parts() {
+        let chat = |content: &str| {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": {content}}}]}}"#);
+            parse_chat(body.as_bytes()).map(|r| r.fields.messages.into_iter().next().unwrap().content)
+        };
+        assert!(matches!(chat(r#""hi""#), Ok(Some(Content::Text(t))) if t == "hi"));
+        assert!(
+            matches!(chat(r#"[{"type": "text", "text": "a"}]"#), Ok(Some(Content::Parts(p))) if p.len() == 1)
+        );
+        let err = chat(r#"[{"type": "image", "text": "a"}]"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages.0.content"));
+        assert!(err.message.contains("a content part is not"), "{}", err.message);
+        let err = chat("7").unwrap_err();
+        assert!(err.message.contains("expected a string or a list of content parts"), "{}", err.message);
     }
 }

@@ -22,10 +22,21 @@ use crate::errors::{ApiError, ApiResult};
 
 /// A JSON Schema field: the schema itself, or its JSON text.
 #[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
+#[serde(try_from = "Value")]
 pub enum SchemaField {
     Text(String),
     Object(Map<String, Value>),
+}
+
+impl TryFrom<Value> for SchemaField {
+    type Error = String;
+    fn try_from(value: Value) -> Result<Self, String> {
+        match value {
+            Value::String(s) => Ok(SchemaField::Text(s)),
+            Value::Object(o) => Ok(SchemaField::Object(o)),
+            _ => Err("expected a JSON Schema (an object) or its JSON text".into()),
+        }
+    }
 }
 
 impl SchemaField {
