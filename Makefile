@@ -16,7 +16,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
 		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "threadpoolctl>=3.1" "bpe-openai>=0.1.4" \
 		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pyzmq>=25" "msgpack>=1.0" "httpx>=0.27" "openai>=1.30" \
-		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "jsonschema>=4" "matplotlib>=3.7"
+		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "ruff>=0.6" "jsonschema>=4" "matplotlib>=3.7"
 	touch $@
 
 # the torch runner's tests (the `torch` extra, transformers from `dev`): about 2 minutes
@@ -38,7 +38,7 @@ build: $(DEPS_STAMP)
 build-dev: $(DEPS_STAMP)
 	$(BIN)/maturin develop --quiet
 
-.PHONY: test  ## Rust tests, Python tests, the stub check and the wheel: what CI runs
+.PHONY: test  ## lint, Rust tests, Python tests, the stub check and the wheel: what CI runs
 test: build test-rust test-python test-torch stubtest test-wheel
 
 .PHONY: test-rust  ## cargo test of the core crates and the Rust front end (no Python needed)
@@ -100,10 +100,21 @@ SGLANG_PEER := sglang==0.5.23
 tree-peer: $(TORCH_STAMP)
 	$(BIN)/pip install --quiet --no-deps "$(SGLANG_PEER)"
 
-.PHONY: lint  ## rustfmt and clippy
-lint:
+PY_SOURCES := python tests scripts
+
+.PHONY: lint  ## rustfmt, clippy, ruff (lint and format) and mypy: fails on any finding
+lint: $(DEPS_STAMP)
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(BIN)/ruff check $(PY_SOURCES)
+	$(BIN)/ruff format --check $(PY_SOURCES)
+	$(BIN)/mypy
+
+.PHONY: format  ## rustfmt and ruff: rewrite the sources as lint wants them
+format: $(DEPS_STAMP)
+	cargo fmt --all
+	$(BIN)/ruff check --fix $(PY_SOURCES)
+	$(BIN)/ruff format $(PY_SOURCES)
 
 .PHONY: clean  ## remove build outputs and the virtualenv
 clean:

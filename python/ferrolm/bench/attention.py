@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         total = sum(p + n for p, n in requests)
         slots = rng.permutation(need)[:total].astype(np.int32)
         batch = ForwardBatch.from_requests(
-            [[0] * n for _, n in requests], np.split(slots, np.cumsum([p + n for p, n in requests])[:-1])
+            [[0] * n for _, n in requests], [s.tolist() for s in np.split(slots, np.cumsum([p + n for p, n in requests])[:-1])]
         )
         plan = _AttentionPlan.of(batch, config.sliding_window)
         shape = (batch.num_tokens, config.num_heads, config.head_dim)

@@ -10,6 +10,7 @@ on the CPU in float32 the two compute the same thing, and the numpy runner needs
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import LoadedModel
@@ -98,7 +99,7 @@ def build_runner(
     # the runner's compute dtype
     on_cpu = resolve_device(device).type == "cpu"
     kv = numpy_kv_cache_dtype(kv_cache_dtype) if on_cpu else (None if kv_cache_dtype == "auto" else kv_cache_dtype)
-    options = {"device": device, "dtype": dtype, "mem_fraction_static": mem_fraction_static, "kv_cache_dtype": kv}
+    options: dict[str, Any] = {"device": device, "dtype": dtype, "mem_fraction_static": mem_fraction_static, "kv_cache_dtype": kv}
     if model.weights:
         return TorchRunner(model.config, model.weights, slots, **options)
     if model.folder is None:
