@@ -25,8 +25,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
 # up to 7 bytes each with the separator, are under 1 MiB; as text, ~4 bytes a token) many
-# times over. Parsing holds the GIL, so this also bounds how long one body can hold up the
-# event loop: 8 MiB of token ids validate in ~0.15 s on a small machine, text in ~5 ms.
+# times over; it also bounds the memory and parse time one body can take from the HTTP
+# threads.
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
