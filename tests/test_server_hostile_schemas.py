@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, running_server, wait_until
+from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, wait_until
 
 
 def nested_arrays(depth: int) -> dict[str, Any]:
@@ -45,9 +44,8 @@ HOSTILE = [
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", "8192") as s:
-        yield s
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 def load(server: RunningServer) -> dict[str, int]:

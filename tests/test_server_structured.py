@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,16 +11,15 @@ import pytest
 
 import jsonschema
 
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import RunningServer
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
           "required": ["ok", "n"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server() as s:
-        yield s
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 def test_regex_completion_matches(server: RunningServer) -> None:

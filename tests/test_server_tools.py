@@ -36,9 +36,8 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server() as s:
-        yield s
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 def client_of(server: RunningServer) -> openai.OpenAI:
