@@ -15,7 +15,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
 		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "jinja2>=3.1" "threadpoolctl>=3.1" "bpe-openai>=0.1.4" \
-		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "pyzmq>=25" "msgpack>=1.0" "httpx>=0.27" "openai>=1.30" \
+		"prometheus-client>=0.20" "pyzmq>=25" "msgpack>=1.0" "httpx>=0.27" "openai>=1.30" \
 		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "ruff>=0.6" "jsonschema>=4" "matplotlib>=3.7"
 	touch $@
 
@@ -64,11 +64,18 @@ wheel: $(DEPS_STAMP)
 test-wheel: wheel
 	PYTHON=$(PYTHON) scripts/test_wheel.sh
 
-# the engine and server suites again, the engines of make_engine and the servers of
-# running_server on the torch runner (CPU): ~3 minutes on 2 cores
-TORCH_RUNNER_SUITES := tests/test_engine_*.py tests/test_server_*.py
+# the engine suites and the server suites whose outcome depends on the runner again, the
+# engines of make_engine and the servers of running_server on the torch runner (CPU): the
+# server's tokens and log-probabilities against the offline Engine's, greedy (the runner's
+# device greedy), seeded and structured (openai); the step loop held, failing and dying
+# around the runner's forward (engine_health); KV events per step (kv_events); grammar
+# masks over the runner's logits (structured); 64 streams in one batch, disconnects and
+# the soak (load). The others test HTTP, validation and parsing, which never see the
+# runner: they run once.
+TORCH_RUNNER_SUITES := tests/test_engine_*.py tests/test_server_openai.py tests/test_server_engine_health.py \
+	tests/test_server_kv_events.py tests/test_server_structured.py tests/test_server_load.py
 
-.PHONY: test-torch  ## the engine and server suites on the torch runner
+.PHONY: test-torch  ## the engine suites and the runner-dependent server suites on the torch runner
 test-torch: build $(TORCH_STAMP)
 	FERROLM_TEST_RUNNER=torch $(BIN)/python -m pytest $(TORCH_RUNNER_SUITES)
 

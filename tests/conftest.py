@@ -86,3 +86,15 @@ def make_engine(tiny: Any, kv_capacity: int = 4096, **kw: Any) -> Any:
         # a few ulps apart to different halves now and then, which moves a sampled token
         kw.setdefault("kv_cache_dtype", "float32")
     return Engine(tiny, kv_capacity=kv_capacity, **kw)
+
+
+@pytest.fixture(scope="session")
+def shared_server() -> Any:
+    """One ``ferrolm serve`` (a KV pool of 8192 tokens, every other flag its default) for the
+    server suites that need no flags of their own and leave it idle after each test
+    (structured output, grammars, hostile schemas, tools): started once, by the first test
+    that asks, and stopped at the end of the run, which saves a start per suite."""
+    from ferrolm.server.testing import running_server
+
+    with running_server("--max-total-tokens", "8192") as s:
+        yield s

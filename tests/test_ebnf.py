@@ -7,7 +7,6 @@ The constraint crate's own tests check the translation against an independent or
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from ferrolm.engine import Engine
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import LoadedModel
 from ferrolm.model.tiny import tiny_folder
-from ferrolm.server.testing import RunningServer, running_server
+from ferrolm.server.testing import RunningServer
 
 GRAMMARS = Path(__file__).resolve().parents[1] / "crates" / "ferrolm-constraint" / "tests" / "data" / "gbnf"
 
@@ -119,9 +118,8 @@ def test_sampling_params_take_one_constraint() -> None:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server() as s:
-        yield s
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 FIELDS = [

@@ -84,17 +84,12 @@ def test_serve_flags_reach_the_server_args() -> None:
         parser.parse_args(["--device", "tpu"])
 
 
-def test_engine_process_reports_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    from multiprocessing import Pipe
+def test_serve_refuses_a_runner_it_cannot_build(capsys: pytest.CaptureFixture) -> None:
+    from ferrolm.cli import main
 
-    from ferrolm.server import engine_process
-    from ferrolm.server.args import ServerArgs
-
-    monkeypatch.setattr(engine_process.signal, "signal", lambda *_: None)  # not this test process's SIGINT
-    ours, theirs = Pipe()
-    engine_process.engine_main(ServerArgs(runner="numpy", device="cuda"), theirs)
-    kind, message = ours.recv()
-    assert kind == "failed" and "the numpy runner runs on the CPU only" in message
+    # refused while the model loads, before the front end serves: the port goes free again
+    assert main(["serve", "--runner", "numpy", "--device", "cuda", "--port", "0"]) == 2
+    assert "the numpy runner runs on the CPU only" in capsys.readouterr().err
 
 
 def test_generate_refuses_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

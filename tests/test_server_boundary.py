@@ -13,18 +13,16 @@ import httpx
 import openai
 import pytest
 
-from ferrolm.server.protocol import IGNORED_FIELDS
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
+from ferrolm.server.testing import RunningServer, running_server
 
 MAX_BODY = 1024 * 1024
 MSG = [{"role": "user", "content": "hi"}]
 C, CHAT, G = "/v1/completions", "/v1/chat/completions", "/generate"
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--max-request-bytes", str(MAX_BODY), "--max-total-tokens", "8192",
-                        frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-request-bytes", str(MAX_BODY), "--max-total-tokens", "8192") as s:
         yield s
 
 
@@ -87,8 +85,6 @@ def test_openai_fields_that_change_nothing_are_accepted(server: RunningServer) -
     assert ignored.choices[0].message.content == plain.choices[0].message.content
     completion = client.completions.create(prompt="hi", user="u-1", **kw)
     assert completion.choices[0].finish_reason in ("length", "stop")
-    assert set(IGNORED_FIELDS) == {"user", "store", "metadata", "service_tier", "safety_identifier",
-                                   "prompt_cache_key", "cache_prompt"}
     # llama.cpp's clients (and the e2e benchmark against its server) send cache_prompt
     body = {"model": "tiny", "max_tokens": 4, "temperature": 0, "messages": MSG}
     cached = post(server, CHAT, {**body, "cache_prompt": True})
@@ -189,7 +185,7 @@ def test_cache_salt_must_be_a_non_empty_string(server: RunningServer) -> None:
 def test_a_body_over_the_limit_is_a_413(server: RunningServer) -> None:
     body = {"prompt": "x" * MAX_BODY, "max_tokens": 1}
     error = assert_error(post(server, C, body), 413, None)
-    assert str(MAX_BODY) in error["message"]
+    assert str(MAX_BODY) in error["message"] and error["code"] == "request_too_large"
     assert httpx.get(f"{server.url}/v1/models").status_code == 200
 
 
@@ -234,7 +230,7 @@ def test_a_post_that_is_not_json_is_a_415(server: RunningServer, path: str, body
                                           content_type: str | None) -> None:
     headers = {} if content_type is None else {"content-type": content_type}
     r = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=60)
-    assert_error(r, 415, None)
+    assert assert_error(r, 415, None)["code"] == "unsupported_media_type"
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",

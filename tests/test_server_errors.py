@@ -10,15 +10,15 @@ import httpx
 import pytest
 
 from ferrolm.sampling_params import SamplingParams
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
+from ferrolm.server.testing import RunningServer, running_server
 
 CONTEXT = 4096  # the tiny model's context
 KV = 1024
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", str(KV), frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", str(KV)) as s:
         yield s
 
 

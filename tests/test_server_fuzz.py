@@ -1,7 +1,8 @@
-"""Fuzzing the HTTP API: hypothesis builds request bodies for every route from the request
-models themselves (each field's value drawn from a mix of valid values, boundary numbers
-around the core's integer widths, non-finite floats, wrong types, unknown fields) and sends
-them to a real ``ferrolm serve`` on a loopback port.
+"""Fuzzing the HTTP API: hypothesis builds request bodies for every route from a catalog of
+the request bodies' fields (``BODIES``: each field's type and bounds as the API documents
+them; each value drawn from a mix of valid values, boundary numbers around the core's
+integer widths, non-finite floats, wrong types, unknown fields) and sends them to a real
+``ferrolm serve`` on a loopback port.
 
 Whatever is sent: no 5xx; every error in OpenAI's envelope, its ``param`` the dotted path
 of a field of that request; and afterwards the server still serves, with no request
@@ -16,9 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import types
-import typing
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -26,22 +26,16 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
 
-from ferrolm.server.protocol import (
-    AbortRequest, ChatCompletionRequest, ChatMessage, CompletionRequest, FlushCacheRequest, GenerateRequest,
-    NativeSamplingParams, ResponseFormat, StreamOptions, TextPart,
-)
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server, wait_until
+from ferrolm.server.testing import RunningServer, running_server, wait_until
 
 EXAMPLES = int(os.environ.get("FERROLM_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("FERROLM_FUZZ_RANDOM", "") not in ("", "0")
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", "4096", "--max-request-bytes", str(1 << 20),
-                        frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", "4096", "--max-request-bytes", str(1 << 20)) as s:
         yield s
 
 
@@ -50,6 +44,80 @@ def http(server: RunningServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
 
+
+# ---- the request bodies: each field's type and bounds ----
+
+U32_MAX, U64_MAX, I64_MIN, I64_MAX = 2**32 - 1, 2**64 - 1, -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class F:
+    """A field: ``kind`` is bool, int, float, str, a tuple of the strings it takes, or None
+    (anything: only nasty values are drawn); ``lo``/``hi`` its bounds (``lo_open``: lo
+    itself excluded); ``nested`` the bodies its value may be (or a list of); ``free``: a
+    free-form object whose keys are the client's (a JSON Schema, ``logit_bias``)."""
+
+    kind: Any = None
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    nested: tuple[str, ...] = ()
+    free: bool = False
+
+
+TOKEN_COUNT = F(int, 0, U64_MAX)
+SCHEMA_FIELD = F(str, free=True)  # a JSON Schema as text or an object
+PENALTY = F(float, -2.0, 2.0)
+TOOL_CHOICE = F(("none", "auto", "required"), nested=("NamedToolChoice",))
+OPENAI_SAMPLING: dict[str, F] = {
+    "model": F(str), "n": F(int, 1, 128), "temperature": F(float, 0.0), "top_p": F(float, 0.0, 1.0, lo_open=True),
+    "stop": F(), "seed": F(int, 0, U64_MAX), "logit_bias": F(free=True), "frequency_penalty": PENALTY,
+    "presence_penalty": PENALTY, "stream": F(bool), "stream_options": F(nested=("StreamOptions",)),
+    "max_tokens": F(int, 1, U64_MAX), "top_k": F(int, -1, U32_MAX), "min_p": F(float, 0.0, 1.0),
+    "repetition_penalty": F(float, 0.0, lo_open=True), "ignore_eos": F(bool), "min_tokens": TOKEN_COUNT,
+    "stop_token_ids": F(), "skip_special_tokens": F(bool), "include_stop_str_in_output": F(bool),
+    "priority": F(int, I64_MIN, I64_MAX), "cache_salt": F(str), "response_format": F(nested=("ResponseFormat",)),
+    "regex": F(str), "json_schema": SCHEMA_FIELD, "ebnf": F(str), "guided_json": SCHEMA_FIELD,
+    "guided_regex": F(str), "guided_choice": F(), "guided_grammar": F(str), "grammar": F(str),
+    "user": F(str), "cache_prompt": F(bool),
+}
+BODIES: dict[str, dict[str, F]] = {
+    "StreamOptions": {"include_usage": F(bool)},
+    "ResponseFormat": {"type": F(("text", "json_object", "json_schema")), "json_schema": F(free=True)},
+    "CompletionRequest": {**OPENAI_SAMPLING, "prompt": F(), "logprobs": F(int, 0, 20), "echo": F(bool),
+                          "suffix": F(str), "best_of": F(int, 1, U32_MAX)},
+    "TextPart": {"type": F(("text",)), "text": F(str)},
+    "FunctionDefinition": {"name": F(str), "description": F(str), "parameters": F(free=True), "strict": F(bool)},
+    "Tool": {"type": F(("function",)), "function": F(nested=("FunctionDefinition",))},
+    "FunctionName": {"name": F(str)},
+    "NamedToolChoice": {"type": F(("function",)), "function": F(nested=("FunctionName",))},
+    "CalledFunction": {"name": F(str), "arguments": F(str, free=True)},
+    "ToolCallMessagePart": {"id": F(str), "type": F(("function",)), "function": F(nested=("CalledFunction",)),
+                            "index": F(int)},
+    "ChatMessage": {"role": F(("system", "developer", "user", "assistant", "tool")),
+                    "content": F(str, nested=("TextPart",)), "name": F(str), "tool_call_id": F(str),
+                    "tool_calls": F(nested=("ToolCallMessagePart",)), "refusal": F(str), "annotations": F(),
+                    "reasoning_content": F(str)},
+    "ChatCompletionRequest": {**OPENAI_SAMPLING, "messages": F(nested=("ChatMessage",)),
+                              "max_completion_tokens": F(int, 1, U64_MAX), "logprobs": F(bool),
+                              "top_logprobs": F(int, 0, 20), "tools": F(nested=("Tool",)), "tool_choice": TOOL_CHOICE,
+                              "parallel_tool_calls": F(bool), "chat_template_kwargs": F(free=True),
+                              "safety_identifier": F(str), "store": F(bool), "metadata": F(free=True),
+                              "service_tier": F(str), "prompt_cache_key": F(str)},
+    "NativeSamplingParams": {
+        "max_new_tokens": F(int, 1, U64_MAX), "min_new_tokens": TOKEN_COUNT, "temperature": F(float, 0.0),
+        "top_p": F(float, 0.0, 1.0, lo_open=True), "top_k": F(int, -1, U32_MAX), "min_p": F(float, 0.0, 1.0),
+        "repetition_penalty": F(float, 0.0, lo_open=True), "frequency_penalty": PENALTY,
+        "presence_penalty": PENALTY, "stop": F(), "stop_token_ids": F(), "ignore_eos": F(bool),
+        "skip_special_tokens": F(bool), "no_stop_trim": F(bool), "seed": F(int, 0, U64_MAX), "n": F(int, 1, 128),
+        "logit_bias": F(free=True), "regex": F(str), "json_schema": SCHEMA_FIELD, "ebnf": F(str)},
+    "GenerateRequest": {"text": F(str), "input_ids": F(), "sampling_params": F(nested=("NativeSamplingParams",)),
+                        "stream": F(bool), "rid": F(str), "return_logprob": F(bool), "top_logprobs_num": F(int, 0, 20),
+                        "priority": F(int, I64_MIN, I64_MAX), "cache_salt": F(str), "tools": F(nested=("Tool",)),
+                        "tool_choice": TOOL_CHOICE, "parallel_tool_calls": F(bool), "separate_reasoning": F(bool)},
+    "AbortRequest": {"rid": F(str), "abort_all": F(bool)},
+    "FlushCacheRequest": {},
+}
 
 # ---- values ----
 
@@ -97,59 +165,44 @@ UNKNOWN = st.sampled_from(["max_tokenz", "lora_path", "guided_grammars", "guided
                            "logprob_start_len", "image_data", "Temperature", "functions", "x" * 40])
 
 
-def nested_models(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
-        return [m for arg in typing.get_args(annotation) for m in nested_models(arg)]
-    return []
-
-
-def valid_for(info: Any) -> st.SearchStrategy[Any] | None:
+def valid_for(f: F) -> st.SearchStrategy[Any] | None:
     """Values the field's own type and bounds allow (small ones), where simple to say."""
-    bounds: dict[str, Any] = {}
-    for m in info.metadata:
-        for key in ("ge", "gt", "le", "lt"):
-            if getattr(m, key, None) is not None:
-                bounds[key] = getattr(m, key)
-    kinds = [a for a in (typing.get_args(info.annotation) or (info.annotation,)) if a is not type(None)]
-    kind = kinds[0] if kinds else None
-    if kind is bool:
+    if f.kind is bool:
         return st.booleans()
-    if kind is int:
-        lo = bounds.get("ge", bounds.get("gt", -11) + 1)
-        return st.integers(lo, min(bounds.get("le", lo + 20), lo + 20))
-    if kind is float:
-        lo = float(bounds.get("ge", bounds.get("gt", -1.0)))
-        return st.floats(lo, float(bounds.get("le", lo + 3.0)), exclude_min="gt" in bounds)
-    if kind is str:
+    if f.kind is int:
+        lo = int(f.lo) if f.lo is not None else -10
+        return st.integers(lo, min(int(f.hi) if f.hi is not None else lo + 20, lo + 20))
+    if f.kind is float:
+        lo = f.lo if f.lo is not None else -1.0
+        return st.floats(lo, f.hi if f.hi is not None else lo + 3.0, exclude_min=f.lo_open)
+    if f.kind is str:
         return TEXT
-    if typing.get_origin(kind) is typing.Literal:
-        return st.sampled_from(typing.get_args(kind))
+    if isinstance(f.kind, tuple):
+        return st.sampled_from(f.kind)
     return None
 
 
-def value_for(name: str, info: Any, depth: int) -> st.SearchStrategy[Any]:
+def value_for(name: str, f: F, depth: int) -> st.SearchStrategy[Any]:
     if name in SPECIAL:
         return SPECIAL[name]
-    valid = valid_for(info)
+    valid = valid_for(f)
     options = [nasty] if valid is None else [valid, valid, valid, nasty]
-    for model in nested_models(info.annotation):
+    for model in f.nested:
         if depth < 2:
             one = body_of(model, {}, depth + 1)
             options += [one, one, st.lists(one, min_size=1, max_size=2)]
     return st.one_of(*options)
 
 
-def body_of(model: type[BaseModel], base: dict[str, Any], depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
+def body_of(model: str, base: dict[str, Any], depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
     """``base`` with some of ``model``'s fields set (or removed), maybe an unknown one added."""
-    fields = sorted(model.model_fields)
+    fields = sorted(BODIES[model])
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, Any]:
         body = dict(base)
         for name in draw(st.lists(st.sampled_from(fields), max_size=4, unique=True)) if fields else []:
-            body[name] = draw(value_for(name, model.model_fields[name], depth))
+            body[name] = draw(value_for(name, BODIES[model][name], depth))
         if base and draw(st.integers(0, 9)) == 0:
             body.pop(draw(st.sampled_from(sorted(base))), None)
         if draw(st.integers(0, 7)) == 0:
@@ -160,12 +213,12 @@ def body_of(model: type[BaseModel], base: dict[str, Any], depth: int = 0) -> st.
 
 
 MSG = [{"role": "user", "content": "hi"}]
-ROUTES: list[tuple[str, type[BaseModel], dict[str, Any]]] = [
-    ("/v1/completions", CompletionRequest, {"prompt": "Hello", "max_tokens": 4}),
-    ("/v1/chat/completions", ChatCompletionRequest, {"messages": MSG, "max_tokens": 4}),
-    ("/generate", GenerateRequest, {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}),
-    ("/abort_request", AbortRequest, {"rid": "nothing-runs-by-this-name"}),
-    ("/flush_cache", FlushCacheRequest, {}),
+ROUTES: list[tuple[str, str, dict[str, Any]]] = [
+    ("/v1/completions", "CompletionRequest", {"prompt": "Hello", "max_tokens": 4}),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": MSG, "max_tokens": 4}),
+    ("/generate", "GenerateRequest", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}),
+    ("/abort_request", "AbortRequest", {"rid": "nothing-runs-by-this-name"}),
+    ("/flush_cache", "FlushCacheRequest", {}),
 ]
 MODELS_OF_ROUTE = {path: model for path, model, _ in ROUTES}
 # the chat route's budget stays set: a chat without one runs to the end of the context
@@ -179,20 +232,20 @@ gets: st.SearchStrategy[tuple[str, dict[str, str]]] = st.one_of(
 )
 
 
-def field_paths(model: type[BaseModel], prefix: str = "", depth: int = 0) -> dict[str, bool]:
+def field_paths(model: str, prefix: str = "", depth: int = 0) -> dict[str, bool]:
     """Every dotted path of a field of ``model`` (list indices as ``N``), and whether the
     field is a free-form object (whose keys are the client's: ``json_schema.schema``)."""
     out: dict[str, bool] = {}
-    for name, info in model.model_fields.items():
-        out[prefix + name] = "dict[" in str(info.annotation)
-        for nested in nested_models(info.annotation):
+    for name, f in BODIES[model].items():
+        out[prefix + name] = f.free
+        for nested in f.nested:
             if depth < 2:
                 out |= field_paths(nested, f"{prefix}{name}.", depth + 1)
                 out |= field_paths(nested, f"{prefix}{name}.N.", depth + 1)
     return out
 
 
-def names_a_field(param: str, model: type[BaseModel], body: dict[str, Any]) -> bool:
+def names_a_field(param: str, model: str, body: dict[str, Any]) -> bool:
     """``param`` is a field of the model (or a member of one that is a free-form object),
     or a key the request sent (an unknown field), where numeric path parts are list
     indices."""
@@ -221,7 +274,7 @@ def path_in(node: Any, path: str) -> bool:
     return False
 
 
-def check_error(r: httpx.Response, model: type[BaseModel] | None, body: Any) -> None:
+def check_error(r: httpx.Response, model: str | None, body: Any) -> None:
     assert r.status_code < 500, (r.status_code, r.text, body)
     if r.status_code < 400:
         return

@@ -1,19 +1,18 @@
 """Hostile JSON Schemas against a live server (issue 9, defects 1, 2 and 4): each small
 request is answered (a document or a 400 naming the schema), none takes the engine's
-memory with it, and a stream running meanwhile keeps going to its end; against both
-front ends (the Rust one compiles on its grammar threads, in the step loop's process)."""
+memory with it, and a stream running meanwhile keeps going to its end (the front end
+compiles on its grammar threads, in the step loop's process)."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from ferrolm.server.testing import FRONTENDS, RunningServer, engine_pid, rss_bytes, running_server, wait_until
+from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, wait_until
 
 
 def nested_arrays(depth: int) -> dict[str, Any]:
@@ -44,10 +43,9 @@ HOSTILE = [
 ]
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", "8192", frontend=request.param) as s:
-        yield s
+@pytest.fixture(scope="module")
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 def load(server: RunningServer) -> dict[str, int]:

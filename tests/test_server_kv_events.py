@@ -1,4 +1,4 @@
-"""``ferrolm serve --kv-events-config``, on both front ends: the stream a real server publishes, decoded by
+"""``ferrolm serve --kv-events-config``: the stream a real server publishes, decoded by
 ``msgpack_strict`` and checked against vLLM's format (``test_kv_events_wire.check_batch``)
 for inserts, evictions, namespaces (``cache_salt``), ``/flush_cache`` and a subscriber
 that joins late; the block hashes against the Python twin's; ``/server_info`` and the
@@ -19,7 +19,7 @@ zmq = pytest.importorskip("zmq", reason="pyzmq is a dependency of ferrolm (make 
 
 from ferrolm.kv_events import chain_hashes, namespace_seed  # noqa: E402
 from ferrolm.kv_wire import END_SEQ  # noqa: E402
-from ferrolm.server.testing import FRONTENDS, RunningServer, free_port, running_server  # noqa: E402
+from ferrolm.server.testing import RunningServer, free_port, running_server  # noqa: E402
 from test_kv_events_wire import check_batch  # noqa: E402
 
 BLOCK = 4
@@ -84,23 +84,18 @@ def replay(ctx: Any, endpoint: str, start: int) -> list[tuple[int, bytes]]:
         dealer.close()
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def frontend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture(scope="module")
-def ports(frontend: str) -> tuple[int, int]:
+def ports() -> tuple[int, int]:
     return free_port(), free_port()
 
 
 @pytest.fixture(scope="module")
-def server(ports: tuple[int, int], frontend: str) -> Iterator[RunningServer]:
+def server(ports: tuple[int, int]) -> Iterator[RunningServer]:
     pub, rep = ports
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{rep}",
               "topic": TOPIC.decode()}
     with running_server("--kv-events-config", json.dumps(config), "--page-size", str(BLOCK),
-                        "--max-total-tokens", str(KV_TOKENS), "--chunked-prefill-size", "64", frontend=frontend) as s:
+                        "--max-total-tokens", str(KV_TOKENS), "--chunked-prefill-size", "64") as s:
         yield s
 
 
@@ -218,19 +213,8 @@ def test_metrics_export_vllms_load_and_cache_names(http: httpx.Client) -> None:
     assert values["ferrolm:kv_event_batches_dropped_total"] == 0
 
 
-@pytest.mark.parametrize("frontend_", FRONTENDS)
-def test_without_the_flag_nothing_is_published_but_the_metrics_are_there(frontend_: str) -> None:
-    with running_server("--max-total-tokens", "512", frontend=frontend_) as s:
-        with httpx.Client(base_url=s.url, timeout=60) as c:
-            info = c.get("/server_info").json()
-            assert info["kv_events"] == {"enabled": False, "block_size": 16}
-            assert "kv_events_queued" not in info["load"]
-            assert 'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0' in c.get("/metrics").text
-
-
-def serve_fails(*flags: str, timeout: float = 120, frontend: str = "python") -> str:
-    r = subprocess.run([sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(free_port()),
-                        "--frontend", frontend, *flags],
+def serve_fails(*flags: str, timeout: float = 120) -> str:
+    r = subprocess.run([sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(free_port()), *flags],
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode != 0
     return r.stdout + r.stderr
@@ -245,14 +229,13 @@ def test_a_bad_config_stops_serve_naming_the_field(config: str, field: str) -> N
     assert field in serve_fails("--kv-events-config", config, timeout=60)
 
 
-@pytest.mark.parametrize("frontend_", FRONTENDS)
-def test_an_endpoint_in_use_stops_serve_naming_it(frontend_: str) -> None:
+def test_an_endpoint_in_use_stops_serve_naming_it() -> None:
     ctx = zmq.Context()
     taken = ctx.socket(zmq.PUB)
     port = taken.bind_to_random_port("tcp://127.0.0.1")
     try:
         config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"})
-        out = serve_fails("--kv-events-config", config, frontend=frontend_)
+        out = serve_fails("--kv-events-config", config)
         assert f"kv_events_config: cannot open 'tcp://*:{port}'" in out
     finally:
         taken.close(linger=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -15,14 +16,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ferrolm.server.testing import FRONTENDS, RunningServer, engine_pid, rss_bytes, running_server, wait_until
+from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, running_server, wait_until
 
 CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--max-running-requests", "64", "--max-total-tokens", "16384", frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-running-requests", "64", "--max-total-tokens", "16384") as s:
         yield s
 
 
@@ -229,7 +230,7 @@ def soak(server: RunningServer, count: int, seed: int) -> dict[str, int]:
 
 
 def test_soak_with_random_disconnects_and_aborts_leaks_nothing(server: RunningServer) -> None:
-    processes = {"api": server.process.pid, "engine": engine_pid(server)}
+    processes = {"server": engine_pid(server)}  # the HTTP threads and the step loop share it
     soak(server, SOAK_WARMUP, seed=1)  # allocators, caches and the token table settle first
     assert_no_request_holds_kv(server)
     before = {name: rss_bytes(pid) for name, pid in processes.items()}
@@ -242,3 +243,58 @@ def test_soak_with_random_disconnects_and_aborts_leaks_nothing(server: RunningSe
         assert after[name] <= before[name] * 1.25 + (64 << 20), (name, before[name] >> 20, after[name] >> 20)
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "after the soak", "max_tokens": 2}, timeout=30)
     assert r.status_code == 200
+
+
+def test_without_kv_events_nothing_is_published_but_the_metrics_are_there(server: RunningServer) -> None:
+    # the server here runs without --kv-events-config (test_server_kv_events.py: with it)
+    info = httpx.get(f"{server.url}/server_info", timeout=30).json()
+    assert info["kv_events"] == {"enabled": False, "block_size": 16}
+    assert "kv_events_queued" not in info["load"]
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    assert 'vllm:num_requests_running{engine="0",model_name="tiny"}' in metrics
+    assert "ferrolm:kv_event_batches_published_total" not in metrics
+
+
+# what /metrics declares, by name and type (the server README lists them)
+METRIC_TYPES = {
+    "ferrolm:prompt_tokens_total": "counter", "ferrolm:generation_tokens_total": "counter",
+    "ferrolm:cache_hit_tokens_total": "counter", "ferrolm:num_retractions_total": "counter",
+    "ferrolm:num_requests_finished_total": "counter", "ferrolm:num_request_errors_total": "counter",
+    "ferrolm:num_steps_total": "counter", "ferrolm:num_running_reqs": "gauge", "ferrolm:num_queue_reqs": "gauge",
+    "ferrolm:kv_used_tokens": "gauge", "ferrolm:kv_capacity_tokens": "gauge", "ferrolm:cached_tokens": "gauge",
+    "ferrolm:kv_cache_usage": "gauge", "ferrolm:cache_hit_rate": "gauge",
+    "ferrolm:time_to_first_token_seconds": "histogram", "ferrolm:inter_token_latency_seconds": "histogram",
+    "ferrolm:e2e_request_latency_seconds": "histogram", "ferrolm:queue_time_seconds": "histogram",
+    "ferrolm:grammar_compile_seconds": "histogram",
+    # as Prometheus's Python client writes a histogram's creation time
+    "ferrolm:time_to_first_token_seconds_created": "gauge", "ferrolm:inter_token_latency_seconds_created": "gauge",
+    "ferrolm:e2e_request_latency_seconds_created": "gauge", "ferrolm:queue_time_seconds_created": "gauge",
+    "ferrolm:grammar_compile_seconds_created": "gauge",
+    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
+}
+
+
+def test_the_metrics_declared_by_name_and_type(server: RunningServer) -> None:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    declared = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert declared == METRIC_TYPES
+    # and Prometheus's own parser reads every family
+    assert {f.name for f in text_string_to_metric_families(text)} >= {"ferrolm:num_steps", "vllm:num_requests_running"}
+
+
+def test_an_idle_server_does_not_spin(server: RunningServer) -> None:
+    assert_no_request_holds_kv(server)
+    pid = engine_pid(server)
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    before, t0 = cpu_s(), time.monotonic()
+    time.sleep(2.0)
+    used, elapsed = cpu_s() - before, time.monotonic() - t0
+    # a loop that polled would use a whole core; blocking leaves (almost) nothing
+    assert used / elapsed < 0.05, f"{used:.3f} s of CPU in {elapsed:.1f} s idle"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server, wait_until
+from ferrolm.server.testing import RunningServer, running_server, wait_until
 
 SECRET = "s3cret-key-never-shown"
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--max-total-tokens", "8192", "--chunked-prefill-size", "512", api_key=SECRET,
-                        frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--max-total-tokens", "8192", "--chunked-prefill-size", "512", api_key=SECRET) as s:
         yield s
 
 
@@ -115,10 +113,13 @@ def test_server_info_never_shows_the_key(http: httpx.Client) -> None:
 def test_auth(server: RunningServer) -> None:
     body = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": SECRET}, {"Authorization": f"Basic {SECRET}"}):
-        r = httpx.post(f"{server.url}/generate", json=body, headers=headers)
-        assert r.status_code == 401, headers
-        assert r.json()["error"]["type"] == "authentication_error"
-        assert httpx.get(f"{server.url}/v1/models", headers=headers).status_code == 401
+        for path, payload in (("/generate", body), ("/v1/completions", {"prompt": "x", "max_tokens": 1})):
+            r = httpx.post(f"{server.url}{path}", json=payload, headers=headers)
+            assert r.status_code == 401, headers
+            assert r.json()["error"]["type"] == "authentication_error"
+            assert r.json()["error"]["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
+        for path in ("/v1/models", "/server_info", "/get_model_info"):
+            assert httpx.get(f"{server.url}{path}", headers=headers).status_code == 401, path
     # probes and scrapers need no key
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 200

@@ -4,6 +4,7 @@ against a real ``ferrolm serve`` of the tiny model."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,14 +12,14 @@ import httpx
 import openai
 import pytest
 
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
+from ferrolm.server.testing import RunningServer, running_server
 
 MODEL = "tiny-served"
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--served-model-name", MODEL, "--max-total-tokens", "8192", frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with running_server("--served-model-name", MODEL, "--max-total-tokens", "8192") as s:
         yield s
 
 
@@ -182,3 +183,173 @@ def test_models(client: openai.OpenAI, server: RunningServer) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
     assert info.value.body["param"] == "model"  # type: ignore[index]
+
+
+# ---- the server's tokens are the offline Engine's ----
+# Each request below is sent to the server and run by an offline ``Engine`` built as the
+# server builds its own (``build_engine``), with the SamplingParams the fields stand for;
+# both caches flushed first, so both compute the same batches. The same tokens, text,
+# finish and log-probabilities, greedy and seeded, say the server reads every field into
+# the right parameter (structured-output fields included) and formats what comes back
+# without loss.
+
+OBJECT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"enum": [1, 2, 3]}},
+          "required": ["name", "n"]}
+C, G = "/v1/completions", "/v1/chat/completions"
+CHAT_MSGS: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"}]
+JSON_PLEASE: list[Any] = [{"role": "user", "content": "JSON please"}]
+OFFLINE = [
+    pytest.param(C, {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0},
+                 "The quick brown fox", dict(max_new_tokens=16, temperature=0), id="greedy"),
+    pytest.param(C, {"prompt": ["one", "two"], "max_tokens": 6, "temperature": 0.9, "seed": 7, "n": 2},
+                 ["one", "two"], dict(max_new_tokens=6, temperature=0.9, seed=7, n=2), id="seeded-n2-two-prompts"),
+    pytest.param(C, {"prompt": [1, 2, 3, 4], "max_tokens": 5, "temperature": 0, "logprobs": 2},
+                 [1, 2, 3, 4], dict(max_new_tokens=5, temperature=0, logprobs=True, top_logprobs=2), id="ids-logprobs"),
+    pytest.param(C, {"prompt": "Counting:", "max_tokens": 16, "temperature": 0, "stop": [" the", "ing"],
+                     "include_stop_str_in_output": True}, "Counting:",
+                 dict(max_new_tokens=16, temperature=0, stop=[" the", "ing"], include_stop_str=True), id="stop"),
+    pytest.param(C, {"prompt": "code:", "regex": "[a-z]{3}-[0-9]{2}", "max_tokens": 12, "temperature": 0},
+                 "code:", dict(max_new_tokens=12, temperature=0, regex="[a-z]{3}-[0-9]{2}"), id="regex-greedy"),
+    pytest.param(C, {"prompt": ["a", "b"], "guided_regex": "(yes|no|maybe)!", "max_tokens": 8, "temperature": 1.0,
+                     "seed": 4, "n": 2}, ["a", "b"],
+                 dict(max_new_tokens=8, temperature=1.0, seed=4, n=2, regex="(yes|no|maybe)!"), id="guided_regex-n2"),
+    pytest.param(C, {"prompt": "JSON:", "json_schema": OBJECT, "max_tokens": 40, "temperature": 0.8, "seed": 11,
+                     "logprobs": 1}, "JSON:",
+                 dict(max_new_tokens=40, temperature=0.8, seed=11, json_schema=OBJECT, logprobs=True, top_logprobs=1),
+                 id="json_schema-seeded-logprobs"),
+    pytest.param(C, {"prompt": "JSON:", "guided_json": json.dumps(OBJECT), "max_tokens": 40, "temperature": 0},
+                 "JSON:", dict(max_new_tokens=40, temperature=0, json_schema=json.dumps(OBJECT)), id="guided_json-text"),
+    pytest.param(C, {"prompt": "pick", "guided_choice": ["alpha", "beta", "gamma"], "max_tokens": 8,
+                     "temperature": 1.0, "seed": 2}, "pick",
+                 dict(max_new_tokens=8, temperature=1.0, seed=2, choice=["alpha", "beta", "gamma"]), id="guided_choice"),
+    pytest.param(C, {"prompt": "g", "guided_grammar": 'root ::= "(" [a-c]* ")"', "max_tokens": 10,
+                     "temperature": 0.9, "seed": 5}, "g",
+                 dict(max_new_tokens=10, temperature=0.9, seed=5, ebnf='root ::= "(" [a-c]* ")"'), id="guided_grammar"),
+    pytest.param(C, {"prompt": "g", "grammar": 'root ::= "x" | "y" root', "max_tokens": 10, "temperature": 0.9,
+                     "seed": 6}, "g", dict(max_new_tokens=10, temperature=0.9, seed=6, ebnf='root ::= "x" | "y" root'),
+                 id="grammar"),
+    pytest.param("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 10, "temperature": 0}},
+                 "Once upon a time", dict(max_new_tokens=10, temperature=0), id="generate"),
+    pytest.param("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 1,
+                               "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "seed": 1, "n": 2}},
+                 [5, 6, 7], dict(max_new_tokens=4, temperature=0.7, seed=1, n=2, logprobs=True, top_logprobs=1),
+                 id="generate-seeded-n2"),
+    pytest.param("/generate", {"text": "JSON:", "sampling_params": {"json_schema": OBJECT, "max_new_tokens": 40,
+                                                                    "temperature": 0.7, "seed": 3, "n": 2}},
+                 "JSON:", dict(max_new_tokens=40, temperature=0.7, seed=3, n=2, json_schema=OBJECT),
+                 id="generate-json_schema-n2"),
+    pytest.param("/generate", {"text": "E:", "sampling_params": {"ebnf": 'root ::= [0-9]+ "." [0-9]',
+                                                                 "max_new_tokens": 8, "temperature": 0}},
+                 "E:", dict(max_new_tokens=8, temperature=0, ebnf='root ::= [0-9]+ "." [0-9]'), id="generate-ebnf"),
+    pytest.param(G, {"messages": CHAT_MSGS, "max_tokens": 12, "temperature": 0}, CHAT_MSGS,
+                 dict(max_new_tokens=12, temperature=0), id="chat-greedy"),
+    pytest.param(G, {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                     "max_completion_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 3, "logprobs": True,
+                     "top_logprobs": 2}, [{"role": "user", "content": "Hi"}],
+                 dict(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3, logprobs=True, top_logprobs=2),
+                 id="chat-seeded-logprobs"),
+    pytest.param(G, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0,
+                     "chat_template_kwargs": {"enable_thinking": False}}, [{"role": "user", "content": "Hi"}],
+                 dict(max_new_tokens=8, temperature=0), id="chat-template-kwargs"),
+    pytest.param(G, {"messages": JSON_PLEASE, "max_tokens": 30, "temperature": 1.0, "seed": 9,
+                     "response_format": {"type": "json_object"}}, JSON_PLEASE,
+                 dict(max_new_tokens=30, temperature=1.0, seed=9, json_object=True), id="chat-json_object"),
+    pytest.param(G, {"messages": JSON_PLEASE, "max_tokens": 40, "temperature": 0, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": OBJECT, "strict": True}}}, JSON_PLEASE,
+                 dict(max_new_tokens=40, temperature=0, json_schema=OBJECT, json_schema_strict=True),
+                 id="chat-json_schema-strict"),
+    pytest.param(G, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
+                     "response_format": {"type": "text"}}, [{"role": "user", "content": "hi"}],
+                 dict(max_new_tokens=6, temperature=0), id="chat-response_format-text"),
+]
+
+
+@pytest.fixture(scope="module")
+def offline() -> Any:
+    from ferrolm.server.args import ServerArgs
+    from ferrolm.server.rust_frontend import build_engine
+
+    # the server's flags (its runner too, under FERROLM_TEST_RUNNER): the same engine
+    args = ServerArgs(max_total_tokens=8192)
+    runner = os.environ.get("FERROLM_TEST_RUNNER")
+    if runner:
+        args.runner, args.device = runner, "cpu"
+    return build_engine(args)
+
+
+def close(got: list[float], want: list[float]) -> bool:
+    return got == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize(("path", "body", "prompt", "params"), OFFLINE)
+def test_the_server_gives_the_offline_engines_tokens(server: RunningServer, offline: Any, path: str,
+                                                     body: dict[str, Any], prompt: Any, params: dict[str, Any]) -> None:
+    from ferrolm.sampling_params import SamplingParams
+
+    assert httpx.post(f"{server.url}/flush_cache", json={}, timeout=60).status_code == 200
+    offline.core.flush_cache()
+    r = httpx.post(f"{server.url}{path}", json={"model": MODEL, **body} if path != "/generate" else body, timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    sampling = SamplingParams(**params)
+    if path == G:
+        kwargs = {"chat_template_kwargs": body["chat_template_kwargs"]} if "chat_template_kwargs" in body else {}
+        chats = offline.chat(prompt, sampling, **kwargs)
+        assert [(c["message"]["content"], c["finish_reason"]) for c in answer["choices"]] == \
+            [(c.content, c.finish_reason) for c in chats]
+        assert answer["usage"]["completion_tokens"] == sum(len(c.token_ids) for c in chats)
+        if body.get("logprobs"):
+            [choice], [chat] = answer["choices"], chats
+            assert [e["token"] for e in choice["logprobs"]["content"]] == [
+                offline.tokenizer.decode([t]) for t in chat.token_ids]
+        return
+    results = offline.generate(prompt, sampling)
+    if path == "/generate":
+        items = answer if isinstance(answer, list) else [answer]
+        assert [(a["output_ids"], a["text"], a["meta_info"]["finish_reason"]["type"]) for a in items] == \
+            [(x.token_ids, x.text, x.finish_reason) for x in results]
+        if body.get("return_logprob"):
+            for a, x in zip(items, results):
+                assert close([lp for lp, *_ in a["meta_info"]["output_token_logprobs"]], x.logprobs)
+        return
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in answer["choices"]] == \
+        [(i, x.text, x.finish_reason) for i, x in enumerate(results)]
+    assert answer["usage"]["completion_tokens"] == sum(len(x.token_ids) for x in results)
+    if "logprobs" in body:
+        for c, x in zip(answer["choices"], results):
+            assert close(c["logprobs"]["token_logprobs"], x.logprobs)
+            assert [len(top) for top in c["logprobs"]["top_logprobs"]] == [len(top) for top in x.top_logprobs]
+
+
+# (plain completions and chat: test_streamed_equals_non_streamed_at_temperature_0; a regex:
+# test_server_structured)
+@pytest.mark.parametrize(("path", "body"), [(p.values[0], p.values[1]) for p in OFFLINE
+                                            if p.id in ("guided_choice", "chat-json_schema-strict")])
+def test_a_stream_carries_the_same_answer(server: RunningServer, path: str, body: dict[str, Any]) -> None:
+    whole = httpx.post(f"{server.url}{path}", json=body, timeout=120).json()
+    r = httpx.post(f"{server.url}{path}", json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                   timeout=120)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    text = "".join((c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "")
+                   for c in chunks if c["choices"])
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    choice = whole["choices"][0]
+    assert text == choice.get("text", (choice.get("message") or {}).get("content"))
+    assert finishes == [choice["finish_reason"]]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert {k: chunks[-1]["usage"][k] for k in counts} == {k: whole["usage"][k] for k in counts}
+
+
+TRICKY_TEXTS = ["Hello, world!", "  leading and trailing  ", "tabs\tand\nnew\n\n\nlines\r\n", "123456789 3.14159",
+                "é ü ñ 中文 日本語 한국어", "emoji \U0001F600\U0001F44D\U0001F3FD", "<|im_start|>user\nhi<|im_end|>",
+                "don't you're we'll I'm", "a" * 300, "x = f(y) -> {z: [1, 2]};", "\u200b zero\u00a0width"]
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_prompts_are_tokenized_as_the_models_tokenizer_does(server: RunningServer, tiny: Any, text: str) -> None:
+    body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    r = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+    assert r["meta_info"]["prompt_tokens"] == len(tiny.tokenizer.encode(text))

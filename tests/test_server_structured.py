@@ -1,27 +1,25 @@
-"""Structured output through the HTTP API (regex, json_schema, response_format), against
-both front ends."""
+"""Structured output through the HTTP API (regex, json_schema, response_format)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 import jsonschema
 
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
+from ferrolm.server.testing import RunningServer
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
           "required": ["ok", "n"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server(frontend=request.param) as s:
-        yield s
+@pytest.fixture(scope="module")
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 def test_regex_completion_matches(server: RunningServer) -> None:
@@ -97,12 +95,55 @@ def test_strict_in_response_format_closes_objects(server: RunningServer) -> None
     assert r.status_code == 400 and "strict" in r.text, r.text
 
 
-def test_strict_maps_to_sampling_params() -> None:
-    from ferrolm.server.protocol import ResponseFormat
-    from ferrolm.server.structured_output import constraint_kwargs
+# (strict true, false or absent onto the grammar's options: structured.rs's unit tests)
 
-    strict = ResponseFormat(type="json_schema", json_schema={"name": "a", "schema": OPEN, "strict": True})
-    kwargs, _ = constraint_kwargs(response_format=strict)
-    assert kwargs == {"json_schema": OPEN, "json_schema_strict": True}
-    default = ResponseFormat(type="json_schema", json_schema={"name": "a", "schema": OPEN})
-    assert constraint_kwargs(response_format=default)[0] == {"json_schema": OPEN}
+# refused naming the field, with the reason (the grammar's own message where it fails to compile)
+REFUSED = [
+    ("/v1/completions", {"prompt": "x", "regex": "(("}, "regex", 'invalid regex "((": regex parse error'),
+    ("/v1/completions", {"prompt": "x", "guided_regex": "a", "regex": "b"}, "guided_regex",
+     "guided_regex: only one of regex, guided_regex may be given"),
+    ("/v1/completions", {"prompt": "x", "guided_json": {"type": 5}}, "guided_json",
+     "invalid JSON Schema at #: `type` must be a string or a non-empty array"),
+    ("/v1/completions", {"prompt": "x", "json_schema": "{not json"}, "json_schema", "invalid JSON Schema at #: not JSON"),
+    ("/v1/completions", {"prompt": "x", "json_schema": {"type": "string", "pattern": "(("}}, "json_schema",
+     'unsupported JSON Schema keyword "pattern'),
+    ("/v1/completions", {"prompt": "x", "guided_grammar": "root ::= 'a'"}, "guided_grammar",
+     "invalid grammar at line 1, column 10: single-quoted strings are not supported"),
+    ("/v1/completions", {"prompt": "x", "grammar": 'root ::= "a" missing'}, "grammar",
+     "invalid grammar at line 1, column 14: undefined rule `missing`"),
+    ("/v1/completions", {"prompt": "x", "ebnf": 'root ::= "a"', "response_format": {"type": "json_object"}},
+     "response_format", "response_format: only one of ebnf, response_format may be given"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "response_format.json_schema.schema: a JSON Schema object is required"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": 1}}},
+     "response_format.json_schema.strict", "response_format.json_schema.strict: must be a boolean"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"minimum": "3"}}}},
+     "response_format", "invalid JSON Schema at #: `minimum` must be a number"),
+    ("/generate", {"text": "x", "sampling_params": {"regex": "a{2,1}"}}, "sampling_params.regex",
+     'invalid regex "a{2,1}": regex parse error'),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": {"$ref": "#/nowhere"}}},
+     "sampling_params.json_schema", 'invalid JSON Schema at #: unknown $ref "#/nowhere"'),
+    ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= (", "regex": "a"}}, "sampling_params.ebnf",
+     "sampling_params.ebnf: only one of sampling_params.regex, sampling_params.ebnf may be given"),
+    # of the wrong shape
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object", "json_schema": 5}},
+     "response_format.json_schema", "response_format.json_schema: "),
+    ("/v1/completions", {"prompt": "x", "response_format": "json"}, "response_format", "response_format: "),
+    ("/v1/completions", {"prompt": "x", "guided_json": 5}, "guided_json", "guided_json: "),
+    ("/v1/completions", {"prompt": "x", "guided_choice": []}, "guided_choice", "guided_choice: "),
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": ["a"]}}, "sampling_params.json_schema",
+     "sampling_params.json_schema: "),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), REFUSED)
+def test_structured_output_refused_naming_the_field(server: RunningServer, path: str, body: dict[str, Any],
+                                                   param: str, message: str) -> None:
+    r = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert message in error["message"], error

@@ -1,9 +1,8 @@
 """Tool calls and reasoning over the HTTP API, on ``ferrolm serve --model tiny`` (random
 weights; its chat template writes tools Hermes-style, so the server finds the format by
 itself): with ``required`` or a named function every call parses and validates against
-the function's schema, streamed and not, through the official ``openai`` client. Every test
-runs against both front ends (Python and Rust), and the two answer alike: the same seed
-gives the same calls from either."""
+the function's schema, streamed and not, through the official ``openai`` client; a stream
+put together gives the same message, reasoning, calls and usage as the answer whole."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from ferrolm.server.testing import FRONTENDS, RunningServer, running_server
+from ferrolm.server.testing import RunningServer, running_server
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
@@ -36,10 +35,9 @@ TOOL_CALL, THINK_END, IM_END = "32004", "32007", "32003"  # the tiny model's <to
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server(frontend=request.param) as s:
-        yield s
+@pytest.fixture(scope="module")
+def server(shared_server: RunningServer) -> RunningServer:
+    return shared_server
 
 
 def client_of(server: RunningServer) -> openai.OpenAI:
@@ -139,6 +137,13 @@ def test_native_generate_returns_parsed_calls(server: RunningServer) -> None:
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
     assert out["meta_info"]["finish_reason"]["type"] == "tool_calls"
     assert json.loads(out["text"])["arguments"] == json.loads(call["function"]["arguments"])
+    # auto over token ids, the trigger forced: the calls come parsed too
+    body = {"input_ids": [5, 6, 7], "tools": TOOLS, "sampling_params": {"max_new_tokens": 120, "temperature": 0,
+                                                                        "logit_bias": {TOOL_CALL: 100}}}
+    out = httpx.post(f"{server.url}/generate", json=body, timeout=120).json()
+    assert out["tool_calls"] and out["meta_info"]["finish_reason"]["type"] == "tool_calls", out
+    for call in out["tool_calls"]:
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
 
 
 BAD_PATTERN = {"type": "function", "function": {"name": "bad", "parameters": {
@@ -151,6 +156,9 @@ BAD_PATTERN = {"type": "function", "function": {"name": "bad", "parameters": {
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": "none"}, "tool_choice"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]}, "tools.0.function.extra"),
     ({"tools": []}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
     ({"tools": [TOOLS[2], TOOLS[2]]}, "tools.1.function.name"),
@@ -158,6 +166,9 @@ BAD_PATTERN = {"type": "function", "function": {"name": "bad", "parameters": {
         "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}}, "response_format"),
     ({"tools": TOOLS, "regex": "<[a-z]+>"}, "regex"),  # an answer that could begin as a call does
     ({"tools": TOOLS, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"bos_token": "<x>", "messages": []}}, "chat_template_kwargs"),
+    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "ping"}}]}]},
+     "messages.1.tool_calls.0.function.arguments"),
     ({"messages": [*MSG, {"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}]}]},
      "messages.1.tool_calls.0.function.arguments"),
@@ -209,6 +220,80 @@ def test_auto_with_response_format_answers_in_it_or_calls(client: openai.OpenAI)
         assert calls_of(streamed(client, **kw)) == calls_of(whole)
 
 
+HISTORY: list[Any] = [*MSG, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+    {"role": "tool", "tool_call_id": "call_x", "content": "sunny"}]
+# answers asked whole and streamed that the tests above do not ask both ways (required,
+# named, auto with the trigger forced, not parallel, auto with response_format: above)
+ANSWERS = [
+    pytest.param({"tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 200, "n": 2,
+                  "logit_bias": {IM_END: -3}}, id="required-greedy-n2"),
+    pytest.param({"tools": TOOLS, "temperature": 1.0, "seed": 2, "max_tokens": 12}, id="auto-free"),
+    pytest.param({"tools": TOOLS, "tool_choice": "none", "temperature": 0, "max_tokens": 8}, id="none"),
+    pytest.param({"messages": HISTORY, "tools": TOOLS, "temperature": 0, "max_tokens": 8,
+                  "logit_bias": {TOOL_CALL: -100}}, id="history"),
+]
+
+
+def streamed_choices(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each choice of a raw stream put together (content, reasoning, calls, finish reason),
+    checking OpenAI's shape of streamed calls: a call's first delta carries its id, name
+    and empty arguments at the next index, later ones only arguments."""
+    r = httpx.post(f"{server.url}{CHAT}", json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    out: dict[int, dict[str, Any]] = {}
+    usage = None
+    for line in r.text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            got = out.setdefault(choice["index"], {"content": "", "reasoning": "", "calls": [], "finish": None})
+            delta = choice["delta"]
+            got["content"] += delta.get("content") or ""
+            got["reasoning"] += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                if "id" in call:
+                    assert call["index"] == len(got["calls"]) and call["function"]["arguments"] == ""
+                    got["calls"].append([call["function"]["name"], ""])
+                else:
+                    got["calls"][call["index"]][1] += call["function"]["arguments"]
+            got["finish"] = choice["finish_reason"] or got["finish"]
+    return [*(out[i] for i in sorted(out)), {"usage": usage}]
+
+
+def check_whole_and_streamed_agree(server: RunningServer, body: dict[str, Any]) -> dict[str, Any]:
+    body = {"messages": MSG, **body}
+    r = httpx.post(f"{server.url}{CHAT}", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    *streams, usage = streamed_choices(server, body)
+    # the same counts (the stream's prompt was cached by the answer asked first)
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert {k: usage["usage"][k] for k in counts} == {k: whole["usage"][k] for k in counts}
+    assert len(streams) == len(whole["choices"]) == body.get("n", 1)
+    for choice, stream in zip(whole["choices"], streams):
+        message = choice["message"]
+        calls = message.get("tool_calls") or []
+        assert all(c["id"].startswith("call_") for c in calls)
+        assert stream["content"] == (message["content"] or "")
+        assert stream["reasoning"] == (message.get("reasoning_content") or "")
+        assert stream["calls"] == [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
+        assert stream["finish"] == choice["finish_reason"]
+        if calls:
+            assert choice["finish_reason"] == "tool_calls"
+            for c in calls:
+                jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+    return whole
+
+
+@pytest.mark.parametrize("body", ANSWERS)
+def test_whole_and_streamed_answers_agree(server: RunningServer, body: dict[str, Any]) -> None:
+    check_whole_and_streamed_agree(server, body)
+
+
 def test_the_server_still_serves_after_refusals(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0,
                                        max_tokens=120)
@@ -217,15 +302,22 @@ def test_the_server_still_serves_after_refusals(client: openai.OpenAI) -> None:
 
 # ---- reasoning, and calls without the constraint ----
 
-@pytest.fixture(scope="module", params=FRONTENDS)
-def thinking_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
-    with running_server("--reasoning-parser", "deepseek_r1", frontend=request.param) as s:
+@pytest.fixture(scope="module")
+def thinking_server() -> Iterator[RunningServer]:
+    with running_server("--reasoning-parser", "deepseek_r1") as s:
         yield s
 
 
 def test_reasoning_comes_apart_and_structure_applies_after_it(thinking_server: RunningServer) -> None:
     with client_of(thinking_server) as client:
         check_reasoning(client)
+
+
+def test_reasoning_alone_whole_and_streamed_agree(thinking_server: RunningServer) -> None:
+    # (then a document, then calls: check_reasoning)
+    body = {"temperature": 1.0, "seed": 2, "max_tokens": 60, "logit_bias": {THINK_END: 8}}
+    message = check_whole_and_streamed_agree(thinking_server, body)["choices"][0]["message"]
+    assert message["reasoning_content"] and "</think>" not in message["reasoning_content"], message
 
 
 def check_reasoning(client: openai.OpenAI) -> None:
@@ -252,10 +344,9 @@ def check_reasoning(client: openai.OpenAI) -> None:
     assert calls_of(streamed(client, **kw)) == calls_of(whole)
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_the_constraint_can_be_turned_off(frontend: str) -> None:
-    with running_server("--disable-tool-call-constraint", "--tool-call-parser", "hermes",
-                        frontend=frontend) as s, client_of(s) as client:
+def test_the_constraint_can_be_turned_off() -> None:
+    with running_server("--disable-tool-call-constraint", "--tool-call-parser", "hermes") as s, \
+            client_of(s) as client:
         r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0,
                                            max_tokens=6)
         # the random model's free text is no call: parsed as content, not forced into one

@@ -1,16 +1,14 @@
-"""Parts of the HTTP layer checked without a server: the prompt length bound, where the
-API key comes from, and that tokenizing happens off the event loop."""
+"""Parts of the server checked without one: the prompt length bound (which the front end
+takes as its ``chars_per_token``) and the flags (where the API key comes from, the body
+size limit)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import threading
 import unicodedata
 from typing import Any
 
-import numpy as np
 import pytest
 import tokenizers
 from hypothesis import given
@@ -128,45 +126,17 @@ def test_max_request_bytes_flag() -> None:
         _parse("--max-request-bytes", "0", environ={})
 
 
-# ---- tokenizing happens off the event loop ----
+def test_the_eviction_policy_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferrolm.server import rust_frontend
 
-class _RecordingTokenizer:
-    def __init__(self, inner: Tokenizer) -> None:
-        self.inner = inner
-        self.threads: list[int] = []
+    assert _parse(environ={}).radix_eviction_policy == "lru"
+    with pytest.raises(SystemExit):
+        _parse("--radix-eviction-policy", "arc", environ={})
+    seen: dict[str, Any] = {}
 
-    def encode(self, text: str, **kw: Any) -> np.ndarray:
-        self.threads.append(threading.get_ident())
-        return self.inner.encode(text, **kw)
+    def fake_engine(*a: Any, **kw: Any) -> None:
+        seen.update(kw)
 
-    def apply_chat_template(self, messages: Any) -> str:
-        self.threads.append(threading.get_ident())
-        return self.inner.apply_chat_template(messages)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class _Client:
-    info = {"max_context_length": 4096, "kv_capacity": 8192}
-
-
-def test_prompts_are_tokenized_and_templated_off_the_event_loop(tiny_tokenizer: Tokenizer) -> None:
-    from ferrolm.server.args import ServerArgs
-    from ferrolm.server.state import ServerState
-
-    recording = _RecordingTokenizer(tiny_tokenizer)
-    state = ServerState(ServerArgs(), _Client(), recording)  # type: ignore[arg-type]
-
-    async def go() -> int:
-        await state.encode("hello there", "prompt")
-        await state.chat_prompt([{"role": "user", "content": "hi"}], "messages")
-        return threading.get_ident()
-
-    try:
-        loop_thread = asyncio.run(go())
-    finally:
-        state.executor.shutdown()
-    assert len(recording.threads) == 3
-    assert loop_thread not in recording.threads
-
+    monkeypatch.setattr(rust_frontend, "Engine", fake_engine)
+    rust_frontend.build_engine(_parse("--radix-eviction-policy", "slru", environ={}))
+    assert seen["eviction_policy"] == "slru"

@@ -741,7 +741,7 @@ def paged_attention(
 
 @final
 class Frontend:
-    """The Rust HTTP front end (``ferrolm serve --frontend rust``): the OpenAI and native
+    """The Rust HTTP front end (``ferrolm serve``): the OpenAI and native
     routes on axum/tokio threads that never take the GIL, in the process that runs the
     step loop. Starts serving on construction; ``port`` is where it listens (``port=0``:
     one the system picks). Requests are validated, rendered and tokenized on those

@@ -46,7 +46,7 @@ class KvEventPublisher:
     the step loop for what ``publish_from`` and ``wait_earlier`` move (the Rust front end
     copies the counters to where its routes read them).
 
-    A step loop (the Python front end's engine process and the Rust front end's loop) calls
+    The step loop (``ferrolm.server.rust_frontend.StepLoop``) calls
     ``publish_from(core)`` after each commit and after whatever else changes the cache
     (aborts, flushes), and ``wait_earlier`` before a step's outputs go out, so that a
     router following the events never lags the outputs by more than the step in flight."""

@@ -1,5 +1,4 @@
-//! HTTP errors in OpenAI's envelope: `{"error": {"message", "type", "param", "code"}}`,
-//! as the Python front end writes them (`ferrolm/server/errors.py`).
+//! HTTP errors in OpenAI's envelope: `{"error": {"message", "type", "param", "code"}}`.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -1,7 +1,6 @@
 //! A request body as JSON. JSON has no NaN or infinity, but Python's `json` (and other
 //! writers) send `NaN`, `Infinity` and `-Infinity`, and `1e400` overflows to infinity: such
-//! a number is a 400 naming the field it sits in, as the Python front end answers, not
-//! a bare "invalid JSON".
+//! a number is a 400 naming the field it sits in, not a bare "invalid JSON".
 
 use serde_json::Value;
 

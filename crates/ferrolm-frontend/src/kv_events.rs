@@ -58,7 +58,7 @@ pub fn enabled(info: &Value) -> bool {
     info.get("enabled").and_then(Value::as_bool).unwrap_or(false)
 }
 
-/// The counters as the load on `/server_info` has them (the Python front end's names).
+/// The counters as the load on `/server_info` has them (`bench kv-events` reads these names).
 pub fn load_fields(c: KvEventCounts) -> Map<String, Value> {
     let v = json!({"kv_events_queued": c.queued, "kv_events_sent": c.sent, "kv_events_dropped": c.dropped,
                    "kv_events_replays": c.replays, "kv_events_late": c.late});
@@ -69,7 +69,7 @@ pub fn load_fields(c: KvEventCounts) -> Map<String, Value> {
 }
 
 /// `/server_info`'s `kv_events`: the description, with the counters when the load was
-/// read (as the Python front end's `kv_events_info`).
+/// read.
 pub fn server_info(info: &Value, counts: Option<KvEventCounts>) -> Value {
     let mut out = info.clone();
     if let (Some(c), Value::Object(m)) = (counts.filter(|_| enabled(info)), &mut out) {

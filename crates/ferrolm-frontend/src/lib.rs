@@ -135,8 +135,8 @@ impl Frontend {
         let local_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let (tx, rx) = oneshot::channel::<()>();
         let app = http::router(state);
-        // every SSE frame goes out when written (as asyncio's transports, and so the
-        // Python front end, do): without it a frame written while the last is unacked
+        // every SSE frame goes out when written (as asyncio's transports do): without it
+        // a frame written while the last is unacked
         // waits for the client's (possibly delayed) ACK
         let listener = listener.tap_io(|tcp| {
             if let Err(e) = tcp.set_nodelay(true) {

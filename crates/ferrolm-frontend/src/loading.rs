@@ -1,5 +1,5 @@
 //! The port while the model loads: bound at once, so that a probe sees the server starting
-//! (`/health` 503, "the engine is starting", as the Python front end answers) rather than
+//! (`/health` 503, "the engine is starting") rather than
 //! a refused connection; handed over to [`crate::Frontend`] once the engine is built.
 
 use std::net::SocketAddr;

@@ -1,4 +1,4 @@
-//! `GET /metrics`: Prometheus text with the Python front end's `ferrolm:` names. The core
+//! `GET /metrics`: Prometheus text with the `ferrolm:` names (and vLLM's). The core
 //! keeps the counters and latency samples; each scrape takes them once (between steps),
 //! feeds the new samples into the histograms here and reports counters and gauges as the
 //! core has them.

@@ -1,6 +1,5 @@
 //! Structured output (regex, JSON Schema, `response_format`, EBNF, vLLM's `guided_*`,
-//! llama.cpp's `grammar`) as the Python front end reads it (`structured_output.py`): the
-//! same fields, the same precedence, the same 400s naming the field.
+//! llama.cpp's `grammar`): the fields, their precedence, and 400s naming the field.
 //!
 //! A request's grammar is compiled on the grammar pool's threads, never on an HTTP
 //! thread nor on the step loop: the pool's threads compile through the shared
@@ -58,7 +57,7 @@ pub struct Structured {
     pub field: String,
 }
 
-/// The structured-output fields of a body, in the Python front end's order of precedence
+/// The structured-output fields of a body, in their order of precedence
 /// (the first two given name the error when more than one is).
 #[derive(Default)]
 pub struct Asked<'a> {
@@ -135,7 +134,7 @@ fn response_format(rf: &Value) -> ApiResult<Option<GrammarSource>> {
             "response_format.type",
         ));
     }
-    // an object or null whatever the type (as the Python front end's model has it)
+    // an object or null whatever the type
     let spec = match rf.get("json_schema") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),

@@ -1,7 +1,8 @@
 """``ferrolm bench kv-events``: what publishing KV events costs the engine's step.
 
-First in this process, where the machine's noise is smallest: two server engine loops
-(``EngineLoop``, the loop ``ferrolm serve`` runs) over the same model, one with events off,
+First in this process, where the machine's noise is smallest: two engines stepped as the
+server's step loop steps them (``_Loop``: each step's events taken from the core and queued
+as one batch, the earlier batches waited for), over the same model, one with events off,
 one with them on and published (``KvEventPublisher`` on a loopback port, a subscriber
 draining it), run the same multi-turn workload (token ids, a small KV pool so the cache
 stores and evicts) turn by turn, ``--rounds`` times, alternating which goes first. Per
@@ -73,23 +74,33 @@ def _one_run(server: Any, requests: list[Any], args: argparse.Namespace) -> dict
     }
 
 
-class _Collect:
-    """The loop's pipe: keeps each request's output tokens and finish."""
+class _Loop:
+    """The server step loop's KV-event work around ``Engine.step`` (``StepLoop.step`` in
+    ``ferrolm.server.rust_frontend``): before a step's outputs go out the earlier batches are
+    on the socket, and the step's events are queued as one batch. Keeps each request's
+    output tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Any, kv_publisher: Any) -> None:
+        self.engine = engine
+        self.kv_publisher = kv_publisher
         self.tokens: dict[int, list[int]] = {}
-        self.done: set[int] = set()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "deltas":
-            for d in msg[1]:
-                self.tokens.setdefault(d.rid, []).extend(d.token_ids)
-                if d.finish_reason is not None:
-                    self.done.add(d.rid)
+    def step(self) -> None:
+        deltas = self.engine.step()
+        if self.kv_publisher is not None:
+            self.kv_publisher.wait_earlier()
+        self.publish_kv_events()
+        for d in deltas:
+            self.tokens.setdefault(d.rid, []).extend(d.token_ids)
+
+    def publish_kv_events(self) -> None:
+        """The cache's events since the last call, as one batch (none when empty)."""
+        if self.kv_publisher is not None:
+            self.kv_publisher.publish_from(self.engine.core)
 
 
-def _loop_run(loop: Any, conn: _Collect, openings: list[list[int]], turns: int, users: list[list[list[int]]],
-              max_new: int, rid0: int) -> tuple[float, float, int]:
+def _loop_run(loop: _Loop, openings: list[list[int]], turns: int, users: list[list[list[int]]],
+              max_new: int) -> tuple[float, float, int]:
     """The workload through one loop, every conversation's turn t at once; returns the
     seconds spent in steps (wall, and the loop thread's CPU) and the steps."""
     import time
@@ -98,23 +109,21 @@ def _loop_run(loop: Any, conn: _Collect, openings: list[list[int]], turns: int, 
 
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new, ignore_eos=True)
     history = [list(o) for o in openings]
-    seconds, cpu, steps, rid = 0.0, 0.0, 0, rid0
+    seconds, cpu, steps = 0.0, 0.0, 0
     for t in range(turns):
         rids = {}
         for c in range(len(history)):
             prompt = history[c] + users[c][t]
-            loop._handle(("submit", [rid], prompt, params, {}))
+            rid = loop.engine.submit(prompt, params)
             rids[rid] = (c, prompt)
-            rid += 1
-        while loop._busy():
+        while loop.engine.has_work():
             t0, c0 = time.perf_counter(), time.thread_time()
-            loop._step()
-            loop._publish_kv_events()  # what the loop does after a step (aborts, flushes)
+            loop.step()
             seconds += time.perf_counter() - t0
             cpu += time.thread_time() - c0
             steps += 1
         for r, (c, prompt) in rids.items():
-            history[c] = prompt + conn.tokens.pop(r)
+            history[c] = prompt + loop.tokens.pop(r)
     return seconds, cpu, steps
 
 
@@ -126,7 +135,6 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     from ferrolm.kv_events_config import KvEventsConfig
     from ferrolm.kv_publisher import KvEventPublisher
     from ferrolm.model import load_model
-    from ferrolm.server.engine_process import EngineLoop
     from ferrolm.server.testing import free_port
 
     model = load_model(args.model)
@@ -152,27 +160,24 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
                 on_events[slot] += time.perf_counter() - t0
         return wrapper
 
-    # _publish_kv_events takes the core's events and queues them; wait_handled is called
-    # apart from it, in _step: the two do not overlap
+    # publish_kv_events takes the core's events and queues them; wait_handled is called
+    # apart from it, in step: the two do not overlap
     publisher.wait_handled = timed(publisher.wait_handled, 1)  # type: ignore[method-assign]
-    loops, conns = {}, {}
+    loops = {}
     for name in ("off", "on"):
         engine = Engine(model, kv_capacity=args.loop_kv_tokens, enable_kv_events=name == "on",
                         kv_event_block_size=args.page_size, blas_threads=1)
-        conns[name] = _Collect()
-        loops[name] = EngineLoop(engine, conns[name], kv_publisher=publisher if name == "on" else None)  # type: ignore[arg-type]
-        loops[name]._publish_kv_events = timed(loops[name]._publish_kv_events, 0)  # type: ignore[method-assign]
+        loops[name] = _Loop(engine, publisher if name == "on" else None)
+        loops[name].publish_kv_events = timed(loops[name].publish_kv_events, 0)  # type: ignore[method-assign]
     runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     try:
-        rid = 0
         for r in range(args.rounds + 1):  # the first round warms up, unmeasured
             for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
                 on_events[:] = [0.0, 0.0]
                 busy = publisher.busy_s
-                seconds, cpu, steps = _loop_run(loops[name], conns[name], openings, turns, users, 16, rid)
-                rid += 10_000
+                seconds, cpu, steps = _loop_run(loops[name], openings, turns, users, 16)
                 loops[name].engine.core.flush_cache()
-                loops[name]._publish_kv_events()
+                loops[name].publish_kv_events()
                 if r:
                     runs[name].append({"ms_per_step": seconds * 1e3 / steps, "steps": steps,
                                        "loop_cpu_ms_per_step": cpu * 1e3 / steps,
@@ -181,8 +186,6 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
                                        "wait_ms_per_step": on_events[1] * 1e3 / steps})
     finally:
         stop.set()
-        for loop in loops.values():
-            loop.close()
         publisher.shutdown()
     return {"runs": runs, "batches_sent": publisher.sent, "batches_received": counts["batches"]}
 

@@ -1,18 +1,14 @@
-"""The HTTP server: an OpenAI-compatible and a native API over the engine, which runs in
-its own process. ``ferrolm serve`` starts it; ``create_app`` builds the app for tests and
-embedding."""
+"""The HTTP server: an OpenAI-compatible and a native API served by the Rust front end
+(``_core.Frontend``) in the process that runs the step loop. ``ferrolm serve`` starts it;
+``run_server`` runs it from Python; ``testing.running_server`` starts one in a subprocess."""
 
 from ferrolm.server.args import ServerArgs
 
-__all__ = ["ServerArgs", "create_app", "run_server"]
+__all__ = ["ServerArgs", "run_server"]
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    # FastAPI and uvicorn load only when a server is wanted
-    if name == "create_app":
-        from ferrolm.server.app import create_app
-
-        return create_app
+    # the engine and the front end load only when a server is wanted
     if name == "run_server":
         from ferrolm.server.launch import run_server
 

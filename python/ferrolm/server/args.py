@@ -22,12 +22,11 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-FRONTENDS = ("python", "rust")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
 # up to 7 bytes each with the separator, are under 1 MiB; as text, ~4 bytes a token) many
-# times over. Parsing holds the GIL, so this also bounds how long one body can hold up the
-# event loop: 8 MiB of token ids validate in ~0.15 s on a small machine, text in ~5 ms.
+# times over; it also bounds the memory and parse time one body can take from the HTTP
+# threads.
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
@@ -62,7 +61,6 @@ class ServerArgs:
     # KV cache events for cache-aware routers, vLLM's --kv-events-config (None: off)
     kv_events_config: KvEventsConfig | None = None
     page_size: int = 16  # tokens per KV event block: a router's block size must equal it
-    frontend: str = "rust"  # the HTTP front end: axum in the engine's process (rust) or FastAPI (python)
     record_trace: str | None = None  # a file recording the engine's calls, for ferrolm replay
 
     @property
@@ -138,10 +136,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=defaults.page_size,
                         help="tokens per block in the KV events (a router's block size must be the same; "
                              f"default {defaults.page_size}, vLLM's)")
-    parser.add_argument("--frontend", choices=FRONTENDS, default=defaults.frontend,
-                        help="the HTTP front end: rust (the default: axum threads in the engine's process, no "
-                             "Python on the request path) or python (FastAPI, the engine in a child process; the "
-                             "extensible reference); both serve the same routes and flags")
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""``ferrolm serve --frontend rust``: the Rust HTTP front end (``_core.Frontend``, axum and
+"""``ferrolm serve``: the Rust HTTP front end (``_core.Frontend``, axum and
 tokio threads that never take the GIL) in the process that runs the step loop.
 
 Requests go from the HTTP threads into the core's queue and the core's step outputs go
@@ -12,7 +12,7 @@ that returns logits, no KV events) a step is two calls into the core around the 
 given to the runner as its batch (``ferrolm.model.runner.Batch``).
 
 Structured output (``response_format``, ``regex``, ``json_schema``, ``ebnf``, ``guided_*``,
-``grammar``) is read as the Python front end reads it and compiled on the front end's grammar
+``grammar``) is read by the front end and compiled on its grammar
 threads in the engine vocabulary's grammar cache (its compile timeout included); the core
 takes the compiled grammar with the request.
 
@@ -24,9 +24,8 @@ are 503 until it does, and what waited on it is answered 503 and aborted.
 The port is bound before the model loads (``_core.FrontendLoading``): until the front end
 takes it over, ``/health`` and every route answer 503, "the engine is starting".
 
-With ``--kv-events-config`` the loop publishes the prefix cache's KV events as the Python
-front end's engine process does (``ferrolm.kv_publisher``, the same thread, wire format and
-replay socket): the events of each step as one batch after its commit, those of aborts and
+With ``--kv-events-config`` the loop publishes the prefix cache's KV events
+(``ferrolm.kv_publisher``: its thread, vLLM's wire format and the replay socket): the events of each step as one batch after its commit, those of aborts and
 flushes after the drain that ran them; and a step's outputs go to the streams only once the
 earlier batches are on the socket (the thread normally has them out while the step
 computes), so a router following the events never lags the outputs by more than the step
@@ -34,7 +33,7 @@ in flight. The publisher's counters reach ``/server_info`` and ``/metrics`` thro
 ``frontend.note_kv_events``.
 
 Tool calling and reasoning (``tools``, ``tool_choice``, ``parallel_tool_calls``,
-``--tool-call-parser``, ``--reasoning-parser``) are the Python front end's, built in Rust
+``--tool-call-parser``, ``--reasoning-parser``) are the front end's
 (``crates/ferrolm-frontend/src/tools``).
 """
 
@@ -56,7 +55,6 @@ from ferrolm.kv_publisher import KvEventPublisher
 from ferrolm.model import ForwardBatch
 from ferrolm.model.loader import resolve_model_folder
 from ferrolm.server.args import ServerArgs
-from ferrolm.server.engine_process import model_info
 from ferrolm.server.prompt_bounds import max_input_chars_per_token
 
 log = logging.getLogger("ferrolm.server")
@@ -66,7 +64,7 @@ IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop f
 # second one, woken to steal, cost each token's wake again and saved no time at 64 streams)
 HTTP_THREADS = 1
 TOKENIZER_THREADS = 2  # chat templates and tokenizing, off the workers
-GRAMMAR_THREADS = 2  # threads waiting on grammar compiles (as the Python front end's GRAMMAR_WORKERS)
+GRAMMAR_THREADS = 2  # grammar compiles run here, never on an HTTP thread or the step loop
 
 
 def build_engine(args: ServerArgs) -> Engine:
@@ -89,6 +87,20 @@ def build_engine(args: ServerArgs) -> Engine:
         kv_event_block_size=args.page_size,
         record_trace=args.record_trace,
     )
+
+
+def model_info(engine: Engine) -> dict[str, Any]:
+    """What ``/get_model_info`` and ``/server_info`` say of the model."""
+    c = engine.config
+    return {
+        "model_type": c.model_type,
+        "vocab_size": engine.core.vocab_size,
+        "max_context_length": c.max_position_embeddings,
+        "hidden_size": c.hidden_size,
+        "num_layers": c.num_layers,
+        "eos_token_ids": list(c.eos_token_ids),
+        "kv_capacity": engine.core.kv_capacity,
+    }
 
 
 def kv_events_on(args: ServerArgs) -> bool:
@@ -260,14 +272,22 @@ def run_rust_server(args: ServerArgs) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     url = f"http://{args.host}:{frontend.port}"
-    print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1; Rust front end)", flush=True)
+    print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1)", flush=True)
     from ferrolm.server.launch import print_try
 
     print_try(args, url)
+    serve(loop)
+    return 0
+
+
+def serve(loop: StepLoop) -> None:
+    """Runs the step loop until it is stopped or fails (a core panic: the core refuses
+    further use). Either way the front end then stops, answering what still waits with 503
+    (streams end with an error event), and the KV publisher shuts down; a failure goes on
+    up, so ``ferrolm serve`` exits with it rather than linger half-alive."""
     try:
         loop.run()
     finally:
-        frontend.stop(5.0)
-        if kv_publisher is not None:
-            kv_publisher.shutdown()
-    return 0
+        loop.frontend.stop(5.0)
+        if loop.kv_publisher is not None:
+            loop.kv_publisher.shutdown()

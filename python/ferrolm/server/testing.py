@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# the HTTP front ends (``--frontend``): suites whose routes both serve run against each
-FRONTENDS = ("python", "rust")
-STARTUP_TIMEOUT_S = 90.0  # the engine process imports numpy and builds the model: slow on a busy machine
+STARTUP_TIMEOUT_S = 90.0  # the server imports numpy and builds the model: slow on a busy machine
 
 
 @dataclass(frozen=True)
@@ -25,7 +23,6 @@ class RunningServer:
     url: str  # http://127.0.0.1:PORT
     process: subprocess.Popen[bytes]
     api_key: str | None = None
-    frontend: str = "python"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -44,18 +41,9 @@ def wait_until(check: Any, timeout: float = 20.0) -> Any:
 
 
 def engine_pid(server: RunningServer) -> int:
-    """The server's engine process (its other child is multiprocessing's resource tracker);
-    with the Rust front end, the server's own process, which runs the step loop."""
-    if server.frontend == "rust":
-        return server.process.pid
-    found = []
-    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                found.append(int(child))
-    [engine] = found
-    return engine
+    """The process that runs the engine: the server's own (the step loop and the HTTP
+    threads share it)."""
+    return server.process.pid
 
 
 def rss_bytes(pid: int) -> int:
@@ -74,25 +62,24 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(*flags: str, api_key: str | None = None, log_path: str | None = None,
-                   env: dict[str, str] | None = None, frontend: str = "python") -> Iterator[RunningServer]:
+                   env: dict[str, str] | None = None) -> Iterator[RunningServer]:
     """Starts the server with ``flags`` (and ``env`` added to the environment) and waits
     until /health says ready; stops it (SIGTERM, then SIGKILL) however the block ends.
-    ``api_key`` goes in through ``FERROLM_API_KEY``, as it should in production;
-    ``frontend`` is ``--frontend`` (python or rust)."""
+    ``api_key`` goes in through ``FERROLM_API_KEY``, as it should in production."""
     port = free_port()
     # FERROLM_TEST_RUNNER=torch runs a suite's servers on the torch runner (flags still win)
     runner = os.environ.get("FERROLM_TEST_RUNNER")
     runner_flags = ["--runner", runner, "--device", "cpu"] if runner and "--runner" not in flags else []
     cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--frontend", frontend, *runner_flags, *flags]
+           "--log-level", "warning", *runner_flags, *flags]
     environ = {k: v for k, v in os.environ.items() if k != "FERROLM_API_KEY"}
     environ.update(env or {})
     if api_key:
         environ["FERROLM_API_KEY"] = api_key
     log = open(log_path or os.devnull, "wb")
-    # its own process group: stopping it stops the engine process too
+    # its own process group: whatever it started goes with it
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environ)
-    server = RunningServer(f"http://127.0.0.1:{port}", process, api_key, frontend)
+    server = RunningServer(f"http://127.0.0.1:{port}", process, api_key)
     try:
         _wait_healthy(server)
         yield server
@@ -125,6 +112,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             pass
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left (the engine)
+        os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)

@@ -104,8 +104,7 @@ fn too_large(state: &AppState) -> ApiError {
     .with_code("request_too_large")
 }
 
-/// What every request passes before a route sees it (the Python front end's
-/// `APIKeyMiddleware` and `RequestGuard`): the API key, then for a POST a JSON content
+/// What every request passes before a route sees it: the API key, then for a POST a JSON content
 /// type (so that a web page cannot drive the API with a "simple" cross-origin request)
 /// and a declared length within the limit.
 async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {

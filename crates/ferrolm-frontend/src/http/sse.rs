@@ -1,6 +1,6 @@
 //! Server-sent events as OpenAI frames them: `data: <json>\n\n` per chunk, then
-//! `data: [DONE]\n\n`. The hot chunks are written by hand in the Python front end's key
-//! order (no JSON tree per token).
+//! `data: [DONE]\n\n`. The hot chunks are written by hand, keys in a fixed order (no JSON
+//! tree per token).
 
 use std::future::Future;
 
