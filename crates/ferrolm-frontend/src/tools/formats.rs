@@ -130,6 +130,11 @@ impl ToolCallFormat {
 pub const FORMATS: &[ToolCallFormat] =
     &[ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, ToolCallFormat::Mistral];
 
+/// The names `tool_call_parser` takes: `auto` (the chat template's), `none`, the formats,
+/// and the names other servers give them.
+pub const PARSER_CHOICES: &[&str] =
+    &["auto", "none", "hermes", "llama3_json", "mistral", "qwen25", "qwen", "qwen3", "llama3", "llama"];
+
 fn by_name(name: &str) -> Option<ToolCallFormat> {
     let name = match name {
         "qwen25" | "qwen" | "qwen3" => "hermes",

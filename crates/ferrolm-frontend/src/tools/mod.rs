@@ -52,6 +52,35 @@ impl ServerTools {
             special_tokens: special_token_texts(vocab),
         }
     }
+
+    /// The parsers by name, as the offline `Engine.chat` takes them: a name that is not
+    /// one of [`formats::PARSER_CHOICES`] (or [`reasoning::REASONING_CHOICES`]) is an error
+    /// naming `tool_call_parser` (`reasoning_parser`).
+    pub fn named(
+        tool_call_parser: &str,
+        reasoning_parser: &str,
+        constrain: bool,
+        chat_template: Option<&str>,
+        special_tokens: HashSet<String>,
+    ) -> Result<Self, crate::errors::ApiError> {
+        for (name, field, choices) in [
+            (tool_call_parser, "tool_call_parser", formats::PARSER_CHOICES),
+            (reasoning_parser, "reasoning_parser", reasoning::REASONING_CHOICES),
+        ] {
+            if !choices.contains(&name) {
+                return Err(crate::errors::ApiError::bad_request(
+                    format!("{field}: {name:?} is not one of {}", choices.join(", ")),
+                    field,
+                ));
+            }
+        }
+        Ok(ServerTools {
+            tool_format: formats::tool_call_format(tool_call_parser, chat_template),
+            reasoning: reasoning::reasoning_format(reasoning_parser, chat_template),
+            constrain,
+            special_tokens,
+        })
+    }
 }
 
 /// The texts of the vocabulary's special tokens (end-of-sequence ones included).

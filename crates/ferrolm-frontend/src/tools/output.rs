@@ -327,7 +327,7 @@ pub fn parse_whole(plan: &super::ChatPlan, text: &str) -> MessageBuilder {
 }
 
 /// `tool_calls` when the output ended by itself with calls.
-pub fn final_reason(finish_reason: &'static str, has_calls: bool) -> &'static str {
+pub fn final_reason(finish_reason: &str, has_calls: bool) -> &str {
     if has_calls && finish_reason == "stop" {
         "tool_calls"
     } else {

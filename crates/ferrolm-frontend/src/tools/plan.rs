@@ -119,6 +119,7 @@ impl ChatPlan {
     }
 }
 
+#[derive(Clone)]
 pub struct PlanInput<'a> {
     pub tools: &'a [FunctionTool],
     pub choice: &'a ToolChoice,

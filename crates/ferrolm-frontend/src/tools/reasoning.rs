@@ -66,6 +66,9 @@ impl ReasoningFormat {
     }
 }
 
+/// The names `reasoning_parser` takes: `auto` (the chat template's), `none`, the formats.
+pub const REASONING_CHOICES: &[&str] = &["auto", "none", "qwen3", "deepseek_r1", "deepseek-r1"];
+
 /// The format `--reasoning-parser` names; `auto`: the chat template's, if it shows one;
 /// `none` (or a name not known): no parsing.
 pub fn reasoning_format(name: &str, chat_template: Option<&str>) -> Option<ReasoningFormat> {
