@@ -7,6 +7,8 @@ engine in Python: the Rust core schedules and commits, the runner computes logit
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -15,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +27,6 @@ from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from ferrolm.chat import ChatResult
 
 Prompt = str | Sequence[int] | np.ndarray
 
@@ -86,6 +85,32 @@ class Output:
 class GenerationResult(Output):
     rid: int = -1
     prompt_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A call the model made: the function's name and its arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class ChatResult:
+    """One sample's answer: ``content`` (None when there are only calls), the thinking
+    (with a reasoning parser), the calls, and the raw generation."""
+
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None  # as OpenAI: "tool_calls" when it ended with calls
+    text: str = ""  # what the model wrote, unparsed
+    token_ids: list[int] = field(default_factory=list)
+    prompt: str = ""  # the rendered prompt, with what the tools added
 
 
 def deltas_of(out: _core.StepOutputs) -> list[Delta]:
@@ -500,19 +525,19 @@ class Engine:
         return self.core.abort(rid)
 
     def generate(
-        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None, **core_kw: Any
     ) -> list[GenerationResult]:
         """Runs prompts to completion, ``params.n`` samples each, in one batch; results
         by prompt, then by sample. Every prompt is checked before any is queued; the
         other samples of a prompt start once its first has cached the prompt, so they
-        share it."""
+        share it. ``core_kw``: further ``_core.Engine.submit`` arguments (``grammar``...)."""
         params = params or SamplingParams()
         batch: list[Prompt] = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item,arg-type]
         encoded = [self.encode(p) for p in batch]
         results: dict[int, GenerationResult] = {}
         try:
             for ids in encoded:
-                for rid in self._submit(ids, params, {}, claim=True, n=params.n):
+                for rid in self._submit(ids, params, core_kw, claim=True, n=params.n):
                     results[rid] = GenerationResult(rid=rid, prompt_ids=[int(i) for i in ids])
             while any(r.finish_reason is None for r in results.values()):
                 for d in self._step_claimed(set(results)):
@@ -541,13 +566,38 @@ class Engine:
         functions' schemas unless ``constrain_tool_calls`` is off. ``reasoning_parser``
         (``qwen3``, ``deepseek_r1``; ``auto``: the chat template's, if it writes
         ``</think>``; ``none``) splits off the thinking. Bad input raises
-        ``InvalidInputError`` naming the field (``tools.0.function.parameters``, ...)."""
-        from ferrolm.chat import chat
+        ``InvalidInputError`` naming the field (``tools.0.function.parameters``, ...).
 
-        return chat(self, messages, params, tools=tools, tool_choice=tool_choice,
-                    parallel_tool_calls=parallel_tool_calls, tool_call_parser=tool_call_parser,
-                    reasoning_parser=reasoning_parser, constrain_tool_calls=constrain_tool_calls,
-                    chat_template_kwargs=chat_template_kwargs)
+        The request core is the server's (``_core.ChatCore``): template, tool plan,
+        grammar and output parser are the same as ``/v1/chat/completions``'s."""
+        params = params or SamplingParams(max_new_tokens=256)
+        request = {"messages": list(messages), "tools": tools, "tool_choice": tool_choice,
+                   "parallel_tool_calls": parallel_tool_calls, "chat_template_kwargs": chat_template_kwargs}
+        constraint = params.constraint_fields()
+        prepared = self.chat_core.prepare(
+            json.dumps(request), constraint_json=json.dumps(constraint) if constraint else None,
+            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser or "none",
+            constrain_tool_calls=constrain_tool_calls,
+        )
+        # the prepared grammar stands for the caller's constraint (which the plan took in)
+        run = params.without_constraint()
+        if prepared.skip_special_tokens is not None:
+            run = dataclasses.replace(run, skip_special_tokens=prepared.skip_special_tokens)
+        grammar = prepared.grammar
+        results = self.generate(prepared.prompt_ids, run, **({} if grammar is None else {"grammar": grammar}))
+        answers = []
+        for r in results:
+            content, reasoning, calls, finish = prepared.parse(r.text, r.finish_reason)
+            answers.append(ChatResult(content, reasoning, [ToolCall(*c) for c in calls], finish, r.text,
+                                      list(r.token_ids), prepared.prompt))
+        return answers
+
+    @functools.cached_property
+    def chat_core(self) -> _core.ChatCore:
+        """The request core of ``chat``, over this engine's vocabulary and tokenizer."""
+        tok = self.tokenizer
+        return _core.ChatCore(self.vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token,
+                              eos_token=tok.eos_token)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Delta]:
         """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep
