@@ -40,6 +40,7 @@ __all__ = [
     "ChatCore",
     "PreparedChat",
     "ChatOutputParser",
+    "request_grammar",
     "TOOL_CALL_PARSERS",
     "REASONING_PARSERS",
     "frontend_encode",
@@ -861,6 +862,15 @@ def render_chat_template(
     Python's string methods). ``tools_json`` (a JSON list of tools) is the template's
     ``tools``; ``variables_json`` (a JSON object) more variables, a null one left
     undefined. Raises ``InvalidInputError`` when the template does not compile or fails."""
+
+def request_grammar(vocabulary: Vocabulary, constraint_json: str) -> Grammar | None:
+    """The grammar of ``SamplingParams``' structured-output fields (a JSON object, as
+    ``SamplingParams.constraint_fields()`` gives them): the body (``regex``,
+    ``json_schema``, ``json_object``, ``choice``, ``ebnf``) after ``structured_after``'s
+    triggers, between ``structured_tags``, or beside ``structured_or``'s answer, composed as
+    the request core composes a chat's and cached in ``vocabulary``'s cache; None when
+    none is asked for. Raises ``InvalidInputError`` naming the field at fault (a
+    ``json_schema_parts`` key when that part alone does not compile, ``structured_or``...)."""
 
 TOOL_CALL_PARSERS: tuple[str, ...]
 """The names ``tool_call_parser`` takes: ``auto`` (the format the chat template shows),

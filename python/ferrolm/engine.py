@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +30,6 @@ from ferrolm.sampling_params import SamplingParams
 Prompt = str | Sequence[int] | np.ndarray
 
 log = logging.getLogger("ferrolm.engine")
-
-SEGMENT_CACHE_SIZE = 64  # grammars behind triggers kept for reuse (see Engine.grammar)
 
 
 @dataclass(slots=True)
@@ -247,10 +244,6 @@ class Engine:
         self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
         self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
-        # grammars behind triggers (the core caches what it compiles, not these segments,
-        # whose masks are built anew per grammar): reused while requests repeat them
-        self._segments: dict[tuple[Any, ...], _core.Grammar] = {}
-        self._segments_lock = threading.Lock()
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
         self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
@@ -421,80 +414,18 @@ class Engine:
         return rid
 
     def grammar(self, params: SamplingParams) -> _core.Grammar | None:
-        """The compiled grammar of a request's structured-output fields (cached by source)."""
-        source = params.grammar_source()
-        if source is None:
+        """The compiled grammar of a request's structured-output fields: the body, after
+        its triggers, between its tags or beside its alternative answer, composed by the
+        request core (``_core.request_grammar``, as a chat's) and cached by source.
+        Errors name the field at fault (``structured_or``, a ``json_schema_parts`` key)."""
+        fields = params.constraint_fields()
+        if not fields:
             return None
-        kind, value = source
-        v = self.vocabulary
         started = time.perf_counter()
-        g = self._source_grammar(kind, value, params)
-        triggers = params.triggers()
-        tags, alternative = params.structured_tags, params.structured_or
-        if triggers or tags or alternative:
-            key = (tuple(triggers), params.structured_optional, kind, json.dumps(value, sort_keys=True),
-                   params.whitespace, params.json_schema_strict, json.dumps(tags, sort_keys=True),
-                   json.dumps(alternative, sort_keys=True))
-            with self._segments_lock:  # grammars compile on several threads in the server
-                segmented = self._segments.get(key)
-            if segmented is None:
-                if tags:
-                    g = v.structural_tags(g, begin=tags["begin"], end=tags["end"],
-                                          separator=tags.get("separator", ""), begun=tags.get("begun", ""),
-                                          repeated=tags.get("repeated", True))
-                if alternative:
-                    answer = self._alternative_grammar(alternative, params)
-                    try:
-                        g = v.either(answer, g)
-                    except InvalidInputError as e:  # an answer that could begin as the calls do
-                        raise InvalidInputError(f"structured_or: cannot be told apart from the structured part "
-                                                f"by its first character ({e})", "structured_or") from None
-                # innermost first: the last trigger leads to the grammar, each earlier one to the next
-                for k, trigger in enumerate(reversed(triggers)):
-                    g = v.after_trigger(trigger, g, optional=params.structured_optional and k == 0)
-                with self._segments_lock:
-                    segmented = self._segments.setdefault(key, g)
-                    while len(self._segments) > SEGMENT_CACHE_SIZE:
-                        del self._segments[next(iter(self._segments))]
-            g = segmented
-        self._grammar_seconds.append(time.perf_counter() - started)
+        g = _core.request_grammar(self.vocabulary, json.dumps(fields))
+        if g is not None:
+            self._grammar_seconds.append(time.perf_counter() - started)
         return g
-
-    def _source_grammar(self, kind: str, value: Any, params: SamplingParams) -> _core.Grammar:
-        v = self.vocabulary
-        if kind == "regex":
-            return v.regex(value)
-        if kind == "json_schema":
-            return self._json_schema_grammar(value, params)
-        if kind == "json_object":
-            return v.json_object(whitespace=params.whitespace)
-        if kind == "ebnf":
-            return v.ebnf(value)
-        return v.choice(value)
-
-    def _alternative_grammar(self, alternative: dict[str, Any], params: SamplingParams) -> _core.Grammar:
-        """``structured_or``'s grammar; its errors name ``structured_or``."""
-        inner = SamplingParams(**alternative, whitespace=params.whitespace)
-        source = inner.grammar_source()
-        assert source is not None  # checked by SamplingParams
-        try:
-            return self._source_grammar(*source, inner)
-        except InvalidInputError as e:
-            raise InvalidInputError(f"structured_or: {e}", "structured_or") from None
-
-    def _json_schema_grammar(self, schema: str, params: SamplingParams) -> _core.Grammar:
-        """A JSON Schema's grammar; when it does not compile and was assembled from parts
-        (the functions of ``tools``), the error names the first part that fails alone."""
-        v = self.vocabulary
-        try:
-            return v.json_schema(schema, whitespace=params.whitespace, strict=params.json_schema_strict)
-        except InvalidInputError:
-            for field_name, part in (params.json_schema_parts or {}).items():
-                try:
-                    v.json_schema(json.dumps(part), whitespace=params.whitespace, strict=params.json_schema_strict)
-                except InvalidInputError as e:
-                    raise InvalidInputError(f"{field_name}: {e}", field_name) from None
-            raise
 
     def take_grammar_seconds(self) -> list[float]:
         """Seconds each structured request waited for its grammar (a compile, or a cache

@@ -217,6 +217,28 @@ impl PyChatOutputParser {
     }
 }
 
+/// The grammar of the offline API's structured-output fields (`SamplingParams`' as a JSON
+/// object): the body, and the triggers, tags and alternative answer around it, composed
+/// and cached as the request core composes a chat's; `None` when none is asked for.
+#[pyfunction]
+fn request_grammar(
+    py: Python<'_>,
+    vocabulary: PyRef<'_, PyVocabulary>,
+    constraint_json: &str,
+) -> PyResult<Option<PyGrammar>> {
+    let cache = vocabulary.cache();
+    let compiled = contain(py, || -> Result<_, ApiError> {
+        let value: serde_json::Value = serde_json::from_str(constraint_json).map_err(|e| {
+            ApiError::bad_request(format!("constraint_json: not JSON: {e}"), "constraint_json")
+        })?;
+        match typed::<ConstraintFields>(&value, "")?.planned()? {
+            None => Ok(None),
+            Some(c) => Ok(Some(chat_request::compile_planned(cache, &c)?.0)),
+        }
+    })?;
+    Ok(compiled.map_err(|e| api_error(py, e))?.map(|grammar| PyGrammar { grammar }))
+}
+
 /// Renders chat messages (a JSON list of `{"role", "content"}`, with `name`,
 /// `tool_call_id`, `reasoning_content` and `tool_calls` as templates take them) with a chat
 /// template as the server does (minijinja); `tools_json` and `variables_json` (a JSON
@@ -258,6 +280,7 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPreparedChat>()?;
     m.add_class::<PyChatOutputParser>()?;
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)?;
+    m.add_function(wrap_pyfunction!(request_grammar, m)?)?;
     let py = m.py();
     m.add("TOOL_CALL_PARSERS", PyTuple::new(py, tools::formats::PARSER_CHOICES)?)?;
     m.add("REASONING_PARSERS", PyTuple::new(py, tools::reasoning::REASONING_CHOICES)?)?;
