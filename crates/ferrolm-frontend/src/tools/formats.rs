@@ -1,5 +1,4 @@
-//! How model families write tool calls, and how to tell them from a chat template
-//! (`ferrolm/tools/formats.py`):
+//! How model families write tool calls, and how to tell them from a chat template:
 //!
 //! - `hermes` (Qwen 2.5 and 3, Hermes, ferrolm's `tiny`): `<tool_call>\n{"name": "f",
 //!   "arguments": {...}}\n</tool_call>`, once per call, text allowed around them.

@@ -1,10 +1,9 @@
-//! Tool calling and reasoning for chat, as the Python front end has them
-//! (`ferrolm/tools/`): the functions a request offers and how a call is chosen
-//! (`definitions`), how model families write calls (`formats`, `call_scanner`) and
+//! Tool calling and reasoning for chat: the functions a request offers and how a call is
+//! chosen (`definitions`), how model families write calls (`formats`, `call_scanner`) and
 //! thinking (`reasoning`), reading an output as it streams (`output`), what a request
 //! changes about the prompt and the grammar (`plan`), and the history as chat templates
-//! take it (`messages`). The same inputs give the same prompt, grammar and parse as the
-//! Python front end, so both answer alike.
+//! take it (`messages`). The request core (`crate::chat_request`) runs them for the HTTP
+//! server and, through the binding, for the offline `Engine.chat`, so both answer alike.
 
 pub mod call_scanner;
 pub mod definitions;

@@ -1,6 +1,5 @@
 //! Reasoning models think between `<think>` and `</think>` before they answer; the parser
-//! splits an output into reasoning and content as it streams
-//! (`ferrolm/tools/reasoning.py`).
+//! splits an output into reasoning and content as it streams.
 //!
 //! - `qwen3`: the thinking is there when the output opens with `<think>`, or when the
 //!   prompt already opened it.
