@@ -449,7 +449,8 @@ class Engine:
         except BaseException:
             self._claimed.difference_update(rids)
             raise
-        self.note_submitted(rids, params)
+        if core_kw.get("grammar") is None:  # a grammar given as such masks the logits too
+            self.note_submitted(rids, params)
         return rids
 
     def abort(self, rid: int) -> bool:
