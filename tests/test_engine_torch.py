@@ -179,3 +179,14 @@ def test_pool_sized_from_memory_becomes_the_engines_kv_capacity(monkeypatch: pyt
     assert engine.runner.num_slots == engine.core.kv_capacity == (total // 2 - total // 4) // per_slot
     [result] = engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert len(result.token_ids) == 4
+
+
+def test_a_chat_under_its_prepared_grammar_is_never_picked_greedily_on_the_device(tiny: LoadedModel) -> None:
+    # Engine.chat submits the request core's compiled grammar as such (not as SamplingParams
+    # fields): the runner's argmax, which sees no mask, must not pick its tokens
+    engine = torch_engine(tiny)
+    tools = [{"type": "function", "function": {"name": "ping"}}]
+    [answer] = engine.chat([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=64, temperature=0.0),
+                           tools=tools, tool_choice="required")
+    assert answer.finish_reason == "tool_calls" and [c.name for c in answer.tool_calls] == ["ping"], answer
+    assert engine.device_greedy_steps == 0

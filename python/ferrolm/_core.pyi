@@ -37,6 +37,12 @@ __all__ = [
     "Frontend",
     "FrontendLoading",
     "render_chat_template",
+    "ChatCore",
+    "PreparedChat",
+    "ChatOutputParser",
+    "request_grammar",
+    "TOOL_CALL_PARSERS",
+    "REASONING_PARSERS",
     "frontend_encode",
     "rms_norm",
 ]
@@ -847,13 +853,109 @@ def render_chat_template(
     eos_token: str | None = None,
     add_generation_prompt: bool = True,
     tools_json: str | None = None,
+    variables_json: str | None = None,
 ) -> str:
     """Chat messages (JSON: a list of ``{"role", "content"}``, optionally ``name``,
-    ``tool_call_id``, ``reasoning_content`` and ``tool_calls``) and ``tools_json`` (a JSON
-    list of tools, the template's ``tools``) rendered with ``template`` as the Rust front end renders them
-    (minijinja, with jinja2's trim_blocks and lstrip_blocks, ``raise_exception``,
-    ``tojson``, ``strftime_now`` and Python's string methods). Raises
-    ``InvalidInputError`` when the template does not compile or fails."""
+    ``tool_call_id``, ``reasoning_content`` and ``tool_calls``; a null ``content`` is
+    empty) rendered with ``template`` as the server renders them (minijinja, with jinja2's
+    trim_blocks and lstrip_blocks, ``raise_exception``, ``tojson``, ``strftime_now`` and
+    Python's string methods). ``tools_json`` (a JSON list of tools) is the template's
+    ``tools``; ``variables_json`` (a JSON object) more variables, a null one left
+    undefined. Raises ``InvalidInputError`` when the template does not compile or fails."""
+
+def request_grammar(vocabulary: Vocabulary, constraint_json: str) -> Grammar | None:
+    """The grammar of ``SamplingParams``' structured-output fields (a JSON object, as
+    ``SamplingParams.constraint_fields()`` gives them): the body (``regex``,
+    ``json_schema``, ``json_object``, ``choice``, ``ebnf``) after ``structured_after``'s
+    triggers, between ``structured_tags``, or beside ``structured_or``'s answer, composed as
+    the request core composes a chat's and cached in ``vocabulary``'s cache; None when
+    none is asked for. Raises ``InvalidInputError`` naming the field at fault (a
+    ``json_schema_parts`` key when that part alone does not compile, ``structured_or``...)."""
+
+TOOL_CALL_PARSERS: tuple[str, ...]
+"""The names ``tool_call_parser`` takes: ``auto`` (the format the chat template shows),
+``none``, ``hermes``, ``llama3_json``, ``mistral`` and other servers' names for them."""
+REASONING_PARSERS: tuple[str, ...]
+"""The names ``reasoning_parser`` takes: ``auto`` (the chat template's, if it writes
+``</think>``), ``none``, ``qwen3``, ``deepseek_r1``."""
+
+@final
+class ChatCore:
+    """The request core of chat, the one the HTTP server runs
+    (``crates/ferrolm-frontend/src/chat_request.rs``), for ``Engine.chat``: messages,
+    tools and the caller's structured output in; the prompt, its ids, its grammar and the
+    output parser out. ``tokenizer_json`` is the text of ``tokenizer.json``
+    (``tokenizers.Tokenizer.to_str()``); grammars compile in ``vocabulary``'s cache.
+    Raises ``InvalidInputError`` when the tokenizer or the template cannot be read."""
+
+    def __new__(
+        cls,
+        vocabulary: Vocabulary,
+        tokenizer_json: str,
+        chat_template: str | None = None,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> Self: ...
+    def prepare(
+        self,
+        request_json: str,
+        *,
+        constraint_json: str | None = None,
+        tool_call_parser: str = "auto",
+        reasoning_parser: str = "auto",
+        constrain_tool_calls: bool = True,
+    ) -> PreparedChat:
+        """Renders, plans, tokenizes and compiles one chat. ``request_json``: a JSON object
+        with ``messages`` (OpenAI's, ``tool_calls`` and ``tool`` messages included), and
+        optionally ``tools``, ``tool_choice``, ``parallel_tool_calls`` and
+        ``chat_template_kwargs``, checked as ``/v1/chat/completions`` checks them.
+        ``constraint_json``: the caller's structured output as ``SamplingParams``' fields
+        (``SamplingParams.constraint_fields()``). Bad input raises ``InvalidInputError``
+        whose ``field`` names it (``tools.0.function.parameters``, ``messages.1.role``,
+        ``tool_call_parser``, ``regex``...)."""
+
+@final
+class PreparedChat:
+    """A chat ready to submit."""
+
+    @property
+    def prompt(self) -> str:
+        """The rendered prompt, with what the tools add (a forced call's opening)."""
+    @property
+    def prompt_ids(self) -> npt.NDArray[np.uint32]:
+        """The prompt's token ids (the template writes its own BOS and markers)."""
+    @property
+    def grammar(self) -> Grammar | None:
+        """The output's grammar (the tools' calls, the caller's constraint), for
+        ``Engine.submit(grammar=...)``; None when unconstrained."""
+    @property
+    def skip_special_tokens(self) -> bool | None:
+        """False where the markers the parser reads are special tokens; None: the
+        caller's setting stands."""
+    @property
+    def parses(self) -> bool:
+        """Whether outputs are parsed (a tool-call or reasoning format applies)."""
+    def output_parser(self) -> ChatOutputParser:
+        """A parser of one output as it streams."""
+    def parse(
+        self, text: str, finish_reason: str | None = None
+    ) -> tuple[str | None, str | None, list[tuple[str, str, str]], str | None]:
+        """A whole output read: content (None when empty, or there are only calls), the
+        reasoning (None without a reasoning format), the calls as ``(id, name,
+        arguments)`` with the arguments as JSON text, and the finish reason
+        (``tool_calls`` for ``stop`` with calls, as OpenAI)."""
+
+@final
+class ChatOutputParser:
+    """One output read as it streams: ``feed`` each new text, then ``finish``; each gives
+    the pieces certain by then, as ``(kind, text, call index, call id)``: kind
+    ``reasoning``, ``content``, ``call`` (text: the function's name; the call's id) or
+    ``arguments`` (a fragment of the call's arguments)."""
+
+    def feed(self, text: str) -> list[tuple[str, str, int, str]]: ...
+    def finish(self) -> list[tuple[str, str, int, str]]: ...
+
 def rms_norm(
     x: npt.NDArray[np.float32],
     weight: npt.NDArray[np.float32],

@@ -7,15 +7,16 @@ engine in Python: the Rust core schedules and commits, the runner computes logit
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,14 +27,9 @@ from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from ferrolm.chat import ChatResult
-
 Prompt = str | Sequence[int] | np.ndarray
 
 log = logging.getLogger("ferrolm.engine")
-
-SEGMENT_CACHE_SIZE = 64  # grammars behind triggers kept for reuse (see Engine.grammar)
 
 
 @dataclass(slots=True)
@@ -86,6 +82,32 @@ class Output:
 class GenerationResult(Output):
     rid: int = -1
     prompt_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A call the model made: the function's name and its arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class ChatResult:
+    """One sample's answer: ``content`` (None when there are only calls), the thinking
+    (with a reasoning parser), the calls, and the raw generation."""
+
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None  # as OpenAI: "tool_calls" when it ended with calls
+    text: str = ""  # what the model wrote, unparsed
+    token_ids: list[int] = field(default_factory=list)
+    prompt: str = ""  # the rendered prompt, with what the tools added
 
 
 def deltas_of(out: _core.StepOutputs) -> list[Delta]:
@@ -222,10 +244,6 @@ class Engine:
         self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
         self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
-        # grammars behind triggers (the core caches what it compiles, not these segments,
-        # whose masks are built anew per grammar): reused while requests repeat them
-        self._segments: dict[tuple[Any, ...], _core.Grammar] = {}
-        self._segments_lock = threading.Lock()
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
         self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
@@ -396,80 +414,18 @@ class Engine:
         return rid
 
     def grammar(self, params: SamplingParams) -> _core.Grammar | None:
-        """The compiled grammar of a request's structured-output fields (cached by source)."""
-        source = params.grammar_source()
-        if source is None:
+        """The compiled grammar of a request's structured-output fields: the body, after
+        its triggers, between its tags or beside its alternative answer, composed by the
+        request core (``_core.request_grammar``, as a chat's) and cached by source.
+        Errors name the field at fault (``structured_or``, a ``json_schema_parts`` key)."""
+        fields = params.constraint_fields()
+        if not fields:
             return None
-        kind, value = source
-        v = self.vocabulary
         started = time.perf_counter()
-        g = self._source_grammar(kind, value, params)
-        triggers = params.triggers()
-        tags, alternative = params.structured_tags, params.structured_or
-        if triggers or tags or alternative:
-            key = (tuple(triggers), params.structured_optional, kind, json.dumps(value, sort_keys=True),
-                   params.whitespace, params.json_schema_strict, json.dumps(tags, sort_keys=True),
-                   json.dumps(alternative, sort_keys=True))
-            with self._segments_lock:  # grammars compile on several threads in the server
-                segmented = self._segments.get(key)
-            if segmented is None:
-                if tags:
-                    g = v.structural_tags(g, begin=tags["begin"], end=tags["end"],
-                                          separator=tags.get("separator", ""), begun=tags.get("begun", ""),
-                                          repeated=tags.get("repeated", True))
-                if alternative:
-                    answer = self._alternative_grammar(alternative, params)
-                    try:
-                        g = v.either(answer, g)
-                    except InvalidInputError as e:  # an answer that could begin as the calls do
-                        raise InvalidInputError(f"structured_or: cannot be told apart from the structured part "
-                                                f"by its first character ({e})", "structured_or") from None
-                # innermost first: the last trigger leads to the grammar, each earlier one to the next
-                for k, trigger in enumerate(reversed(triggers)):
-                    g = v.after_trigger(trigger, g, optional=params.structured_optional and k == 0)
-                with self._segments_lock:
-                    segmented = self._segments.setdefault(key, g)
-                    while len(self._segments) > SEGMENT_CACHE_SIZE:
-                        del self._segments[next(iter(self._segments))]
-            g = segmented
-        self._grammar_seconds.append(time.perf_counter() - started)
+        g = _core.request_grammar(self.vocabulary, json.dumps(fields))
+        if g is not None:
+            self._grammar_seconds.append(time.perf_counter() - started)
         return g
-
-    def _source_grammar(self, kind: str, value: Any, params: SamplingParams) -> _core.Grammar:
-        v = self.vocabulary
-        if kind == "regex":
-            return v.regex(value)
-        if kind == "json_schema":
-            return self._json_schema_grammar(value, params)
-        if kind == "json_object":
-            return v.json_object(whitespace=params.whitespace)
-        if kind == "ebnf":
-            return v.ebnf(value)
-        return v.choice(value)
-
-    def _alternative_grammar(self, alternative: dict[str, Any], params: SamplingParams) -> _core.Grammar:
-        """``structured_or``'s grammar; its errors name ``structured_or``."""
-        inner = SamplingParams(**alternative, whitespace=params.whitespace)
-        source = inner.grammar_source()
-        assert source is not None  # checked by SamplingParams
-        try:
-            return self._source_grammar(*source, inner)
-        except InvalidInputError as e:
-            raise InvalidInputError(f"structured_or: {e}", "structured_or") from None
-
-    def _json_schema_grammar(self, schema: str, params: SamplingParams) -> _core.Grammar:
-        """A JSON Schema's grammar; when it does not compile and was assembled from parts
-        (the functions of ``tools``), the error names the first part that fails alone."""
-        v = self.vocabulary
-        try:
-            return v.json_schema(schema, whitespace=params.whitespace, strict=params.json_schema_strict)
-        except InvalidInputError:
-            for field_name, part in (params.json_schema_parts or {}).items():
-                try:
-                    v.json_schema(json.dumps(part), whitespace=params.whitespace, strict=params.json_schema_strict)
-                except InvalidInputError as e:
-                    raise InvalidInputError(f"{field_name}: {e}", field_name) from None
-            raise
 
     def take_grammar_seconds(self) -> list[float]:
         """Seconds each structured request waited for its grammar (a compile, or a cache
@@ -493,26 +449,27 @@ class Engine:
         except BaseException:
             self._claimed.difference_update(rids)
             raise
-        self.note_submitted(rids, params)
+        if core_kw.get("grammar") is None:  # a grammar given as such masks the logits too
+            self.note_submitted(rids, params)
         return rids
 
     def abort(self, rid: int) -> bool:
         return self.core.abort(rid)
 
     def generate(
-        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None, **core_kw: Any
     ) -> list[GenerationResult]:
         """Runs prompts to completion, ``params.n`` samples each, in one batch; results
         by prompt, then by sample. Every prompt is checked before any is queued; the
         other samples of a prompt start once its first has cached the prompt, so they
-        share it."""
+        share it. ``core_kw``: further ``_core.Engine.submit`` arguments (``grammar``...)."""
         params = params or SamplingParams()
         batch: list[Prompt] = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item,arg-type]
         encoded = [self.encode(p) for p in batch]
         results: dict[int, GenerationResult] = {}
         try:
             for ids in encoded:
-                for rid in self._submit(ids, params, {}, claim=True, n=params.n):
+                for rid in self._submit(ids, params, core_kw, claim=True, n=params.n):
                     results[rid] = GenerationResult(rid=rid, prompt_ids=[int(i) for i in ids])
             while any(r.finish_reason is None for r in results.values()):
                 for d in self._step_claimed(set(results)):
@@ -541,13 +498,38 @@ class Engine:
         functions' schemas unless ``constrain_tool_calls`` is off. ``reasoning_parser``
         (``qwen3``, ``deepseek_r1``; ``auto``: the chat template's, if it writes
         ``</think>``; ``none``) splits off the thinking. Bad input raises
-        ``InvalidInputError`` naming the field (``tools.0.function.parameters``, ...)."""
-        from ferrolm.chat import chat
+        ``InvalidInputError`` naming the field (``tools.0.function.parameters``, ...).
 
-        return chat(self, messages, params, tools=tools, tool_choice=tool_choice,
-                    parallel_tool_calls=parallel_tool_calls, tool_call_parser=tool_call_parser,
-                    reasoning_parser=reasoning_parser, constrain_tool_calls=constrain_tool_calls,
-                    chat_template_kwargs=chat_template_kwargs)
+        The request core is the server's (``_core.ChatCore``): template, tool plan,
+        grammar and output parser are the same as ``/v1/chat/completions``'s."""
+        params = params or SamplingParams(max_new_tokens=256)
+        request = {"messages": list(messages), "tools": tools, "tool_choice": tool_choice,
+                   "parallel_tool_calls": parallel_tool_calls, "chat_template_kwargs": chat_template_kwargs}
+        constraint = params.constraint_fields()
+        prepared = self.chat_core.prepare(
+            json.dumps(request), constraint_json=json.dumps(constraint) if constraint else None,
+            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser or "none",
+            constrain_tool_calls=constrain_tool_calls,
+        )
+        # the prepared grammar stands for the caller's constraint (which the plan took in)
+        run = params.without_constraint()
+        if prepared.skip_special_tokens is not None:
+            run = dataclasses.replace(run, skip_special_tokens=prepared.skip_special_tokens)
+        grammar = prepared.grammar
+        results = self.generate(prepared.prompt_ids, run, **({} if grammar is None else {"grammar": grammar}))
+        answers = []
+        for r in results:
+            content, reasoning, calls, finish = prepared.parse(r.text, r.finish_reason)
+            answers.append(ChatResult(content, reasoning, [ToolCall(*c) for c in calls], finish, r.text,
+                                      list(r.token_ids), prepared.prompt))
+        return answers
+
+    @functools.cached_property
+    def chat_core(self) -> _core.ChatCore:
+        """The request core of ``chat``, over this engine's vocabulary and tokenizer."""
+        tok = self.tokenizer
+        return _core.ChatCore(self.vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token,
+                              eos_token=tok.eos_token)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Delta]:
         """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep

@@ -4,7 +4,7 @@ for ranges by the Rust core (which names the field at fault)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ferrolm.errors import InvalidInputError
@@ -156,10 +156,30 @@ class SamplingParams:
             return ("ebnf", self.ebnf)
         return None
 
+    def constraint_fields(self) -> dict[str, Any]:
+        """The structured-output fields that are set, as the request core
+        (``_core.ChatCore.prepare``'s ``constraint_json``) takes them."""
+        out: dict[str, Any] = {}
+        for name in _CONSTRAINT_FIELDS:
+            value = getattr(self, name)
+            if value not in (None, False) and not (name == "whitespace" and value == "compact"):
+                out[name] = value
+        return out
+
+    def without_constraint(self) -> SamplingParams:
+        """The same parameters with no structured-output field set."""
+        return replace(self, regex=None, json_schema=None, json_schema_strict=False, json_object=False, choice=None,
+                       ebnf=None, structured_after=None, structured_optional=False, structured_tags=None,
+                       structured_or=None, json_schema_parts=None, whitespace="compact")
+
     def core_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``_core.Engine.submit``."""
         kw = asdict(self)
-        for name in ("n", "regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf", "structured_after",
-                     "structured_optional", "structured_tags", "structured_or", "json_schema_parts", "whitespace"):
+        for name in ("n", *_CONSTRAINT_FIELDS):
             del kw[name]
         return kw
+
+
+# the fields that ask for structured output (a grammar), not of the core's submit
+_CONSTRAINT_FIELDS = ("regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf", "structured_after",
+                      "structured_optional", "structured_tags", "structured_or", "json_schema_parts", "whitespace")

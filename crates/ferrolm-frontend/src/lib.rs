@@ -16,6 +16,7 @@
 //! commit and hands the core's outputs to [`Egress::publish`] without a Python object
 //! per request.
 
+pub mod chat_request;
 pub mod egress;
 pub mod errors;
 pub mod generation;

@@ -145,7 +145,7 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, Clone)]
 #[serde(try_from = "Value")]
 pub enum OneOrMany {
     One(String),
@@ -566,20 +566,8 @@ pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
     if !obj.contains_key("messages") {
         return Err(ApiError::bad_request("messages: Field required", "messages"));
     }
-    if let Some(Value::Array(messages)) = obj.get("messages") {
-        for (i, m) in messages.iter().enumerate() {
-            if let Value::Object(m) = m {
-                check_fields(m, &[MESSAGE_FIELDS], &format!("messages.{i}."))?;
-                crate::tools::definitions::check_message_calls(m, i)?;
-                if let Some(Value::Array(parts)) = m.get("content") {
-                    for (j, part) in parts.iter().enumerate() {
-                        if let Value::Object(part) = part {
-                            check_fields(part, &[&["type", "text"]], &format!("messages.{i}.content.{j}."))?;
-                        }
-                    }
-                }
-            }
-        }
+    if let Some(messages) = obj.get("messages") {
+        check_messages(messages)?;
     }
     crate::tools::definitions::check_tool_shapes(obj, "")?;
     let fields: ChatFields = typed(&value, "")?;
@@ -598,6 +586,58 @@ pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
         return Err(ApiError::bad_request("top_logprobs: must be at most 20", "top_logprobs"));
     }
     Ok(ChatRequest { sampling, fields })
+}
+
+/// The fields of each chat message (unknown ones refused, the calls' shapes checked),
+/// before they are read as [`ChatMessage`]s.
+fn check_messages(messages: &Value) -> ApiResult<()> {
+    let Value::Array(messages) = messages else { return Ok(()) };
+    for (i, m) in messages.iter().enumerate() {
+        if let Value::Object(m) = m {
+            check_fields(m, &[MESSAGE_FIELDS], &format!("messages.{i}."))?;
+            crate::tools::definitions::check_message_calls(m, i)?;
+            if let Some(Value::Array(parts)) = m.get("content") {
+                for (j, part) in parts.iter().enumerate() {
+                    if let Value::Object(part) = part {
+                        check_fields(part, &[&["type", "text"]], &format!("messages.{i}.content.{j}."))?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The chat fields of the offline API (`Engine.chat`), as one JSON object: `messages`,
+/// `tools`, `tool_choice`, `parallel_tool_calls`, `chat_template_kwargs`; checked as the
+/// HTTP body's are, errors naming the same fields.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct OfflineChat {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+pub fn parse_offline_chat(value: &Value) -> ApiResult<OfflineChat> {
+    let obj = object(value)?;
+    check_fields(
+        obj,
+        &[&["messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"]],
+        "",
+    )?;
+    match obj.get("messages") {
+        None => return Err(ApiError::bad_request("messages: Field required", "messages")),
+        Some(m) => check_messages(m)?,
+    }
+    crate::tools::definitions::check_tool_shapes(obj, "")?;
+    let chat: OfflineChat = typed(value, "")?;
+    if chat.messages.is_empty() {
+        return Err(ApiError::bad_request("messages: at least one message is required", "messages"));
+    }
+    Ok(chat)
 }
 
 pub struct Generate {

@@ -5,16 +5,17 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use ferrolm_constraint::{Grammar, GrammarSource, Vocabulary};
+use ferrolm_constraint::{Grammar, Vocabulary};
 use serde_json::Value;
 
+use crate::chat_request::{self, ChatInput, ChatModel, PreparedChat};
 use crate::egress::{Egress, RequestStream};
 use crate::errors::{ApiError, ApiResult};
 use crate::ingress::Ingress;
 use crate::kv_events::KvEventCounters;
 use crate::metrics::Histograms;
 use crate::structured::{GrammarPool, Structured};
-use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::tools::PlannedConstraint;
 
 /// The settings the front end needs (the rest of the server's settings are shown on
@@ -150,83 +151,27 @@ impl AppState {
         ids.map_err(|m| ApiError::bad_request(format!("{param}: {m}"), param))
     }
 
-    /// Chat messages rendered with the template and tokenized, on the tokenizer pool.
-    pub async fn chat_prompt(self: &Arc<Self>, messages: Vec<Message>) -> ApiResult<Vec<u32>> {
-        let Some(template) = self.template.clone() else {
-            return Err(ApiError::bad_request(
-                "messages: this model has no chat template (tokenizer_config.json 'chat_template')",
-                "messages",
-            ));
-        };
-        let text = tokio::task::spawn_blocking(move || template.render(&messages, true))
-            .await
-            .map_err(|e| ApiError::new(500, format!("rendering the chat template failed: {e}")))?
-            .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))?;
-        // the template writes its own BOS and markers
-        self.encode(text, "messages", false).await
-    }
-
-    /// Chat messages rendered with the template and more variables (the request's
-    /// `tools`, its `chat_template_kwargs`), on the tokenizer pool; the prompt's text.
-    pub async fn chat_text(
-        self: &Arc<Self>,
-        messages: Vec<Message>,
-        variables: serde_json::Map<String, Value>,
-    ) -> ApiResult<String> {
-        let Some(template) = self.template.clone() else {
-            return Err(ApiError::bad_request(
-                "messages: this model has no chat template (tokenizer_config.json 'chat_template')",
-                "messages",
-            ));
-        };
-        tokio::task::spawn_blocking(move || template.render_with(&messages, true, &variables))
-            .await
-            .map_err(|e| ApiError::new(500, format!("rendering the chat template failed: {e}")))?
-            .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))
+    /// A chat rendered with the template, planned and tokenized by the request core
+    /// ([`crate::chat_request::prepare_chat`]), on the tokenizer pool.
+    pub async fn prepare_chat(self: &Arc<Self>, input: ChatInput) -> ApiResult<PreparedChat> {
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let model = ChatModel {
+                template: state.template.as_deref(),
+                tokenizer: &state.tokenizer,
+                tools: &state.tools,
+            };
+            chat_request::prepare_chat(input, &model, &|text| state.check_text_length(text, "messages"))
+        })
+        .await
+        .map_err(|e| ApiError::new(500, format!("preparing the chat failed: {e}")))?
     }
 
     /// The grammar of a plan's constraint, compiled in the engine's grammar cache on the
-    /// grammar pool: each part first (so a failure names the request field at fault: a
-    /// function's parameters, the answer's format), then the whole.
+    /// grammar pool (its errors name the request field at fault).
     pub async fn planned_grammar(&self, c: &PlannedConstraint) -> ApiResult<Arc<Grammar>> {
-        let mut seconds = 0.0;
-        let compile = |s: Structured| async move { self.grammars.compile(&s).await };
-        match compile(c.body.clone()).await {
-            Ok((_, t)) => seconds += t,
-            Err(e) if e.status == 400 && !c.parts.is_empty() => {
-                for (field, schema) in &c.parts {
-                    let GrammarSource::JsonSchema(_, options) = &c.body.source else { break };
-                    let part = Structured {
-                        source: GrammarSource::JsonSchema(schema.clone(), options.clone()),
-                        field: field.clone(),
-                    };
-                    if let Err(mut e) = compile(part).await {
-                        e.message = format!("{field}: {}", e.message);
-                        return Err(e);
-                    }
-                }
-                return Err(e);
-            }
-            Err(e) => return Err(e),
-        }
-        if let Some(answer) = &c.answer {
-            seconds += compile(answer.clone()).await?.1;
-            let either = Structured { source: c.alternatives(), field: answer.field.clone() };
-            seconds += compile(either)
-                .await
-                .map_err(|mut e| {
-                    if e.status == 400 {
-                        e.message = format!(
-                            "{}: cannot be told apart from the tool calls by its first character ({})",
-                            answer.field, e.message
-                        );
-                    }
-                    e
-                })?
-                .1;
-        }
-        let (grammar, t) = compile(Structured { source: c.source(), field: c.body.field.clone() }).await?;
-        self.histograms.lock().unwrap().observe_grammar(seconds + t);
+        let (grammar, seconds) = self.grammars.compile_planned(c).await?;
+        self.histograms.lock().unwrap().observe_grammar(seconds);
         Ok(grammar)
     }
 

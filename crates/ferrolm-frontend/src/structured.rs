@@ -184,19 +184,20 @@ pub fn compile_error(e: &ConstraintError, field: &str) -> ApiError {
     }
 }
 
-type Reply = oneshot::Sender<(ferrolm_constraint::Result<Arc<Grammar>>, f64)>;
+/// A compile to run on a grammar thread, with the cache.
+type Job = Box<dyn FnOnce(&GrammarCache) + Send>;
 
 /// Threads that compile grammars for the HTTP handlers (each waits on the cache, whose
 /// compile is bounded by the vocabulary's timeout), so a slow schema holds neither an
 /// HTTP thread nor the tokenizer pool.
 pub struct GrammarPool {
     cache: Arc<GrammarCache>,
-    jobs: Mutex<Option<mpsc::Sender<(GrammarSource, Reply)>>>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
 }
 
 impl GrammarPool {
     pub fn new(cache: Arc<GrammarCache>, threads: usize) -> Self {
-        let (tx, rx) = mpsc::channel::<(GrammarSource, Reply)>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
             let (rx, cache) = (rx.clone(), cache.clone());
@@ -205,13 +206,8 @@ impl GrammarPool {
                 .spawn(move || loop {
                     // ends when the pool is dropped (its sender with it)
                     let job = rx.lock().unwrap().recv();
-                    let Ok((source, reply)) = job else { return };
-                    if reply.is_closed() {
-                        continue; // its client went away while it queued
-                    }
-                    let started = Instant::now();
-                    let result = cache.get_or_compile(&source);
-                    let _ = reply.send((result, started.elapsed().as_secs_f64()));
+                    let Ok(job) = job else { return };
+                    job(&cache);
                 })
                 .expect("a grammar thread starts");
         }
@@ -222,12 +218,20 @@ impl GrammarPool {
         &self.cache
     }
 
-    /// The compiled grammar and the seconds it took (a compile, or a cache hit); the
-    /// error as the client sees it.
-    pub async fn compile(&self, s: &Structured) -> ApiResult<(Arc<Grammar>, f64)> {
+    /// `work` on a grammar thread; its answer, or a 503 once the pool has stopped. Work
+    /// whose client went away while it queued is skipped.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&GrammarCache) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
         let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |cache| {
+            if !tx.is_closed() {
+                let _ = tx.send(work(cache));
+            }
+        });
         let sent = match &*self.jobs.lock().unwrap() {
-            Some(jobs) => jobs.send((s.source.clone(), tx)).is_ok(),
+            Some(jobs) => jobs.send(job).is_ok(),
             None => false,
         };
         let stopped = || {
@@ -237,8 +241,27 @@ impl GrammarPool {
         if !sent {
             return Err(stopped());
         }
-        let (result, seconds) = rx.await.map_err(|_| stopped())?;
-        result.map(|g| (g, seconds)).map_err(|e| compile_error(&e, &s.field))
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// The compiled grammar and the seconds it took (a compile, or a cache hit); the
+    /// error as the client sees it.
+    pub async fn compile(&self, s: &Structured) -> ApiResult<(Arc<Grammar>, f64)> {
+        let s = s.clone();
+        self.run(move |cache| {
+            let started = Instant::now();
+            crate::chat_request::compile_structured(cache, &s).map(|g| (g, started.elapsed().as_secs_f64()))
+        })
+        .await
+    }
+
+    /// A planned constraint's grammar ([`crate::chat_request::compile_planned`]).
+    pub async fn compile_planned(
+        &self,
+        c: &crate::tools::PlannedConstraint,
+    ) -> ApiResult<(Arc<Grammar>, f64)> {
+        let c = c.clone();
+        self.run(move |cache| crate::chat_request::compile_planned(cache, &c)).await
     }
 
     /// Lets the threads end once they finish what they hold.

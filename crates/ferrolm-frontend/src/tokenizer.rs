@@ -31,6 +31,14 @@ impl Tokenizer {
         Ok(Tokenizer { hf })
     }
 
+    /// From the text of a `tokenizer.json` (what Python's `tokenizers.Tokenizer.to_str()`
+    /// gives, for a tokenizer that was not read from a file).
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let hf: Hf =
+            serde_json::from_str(text).map_err(|e| format!("tokenizer.json could not be read: {e}"))?;
+        Ok(Tokenizer { hf })
+    }
+
     /// Whether the pre-tokenizer's split regex runs by hand (else as the crate runs it).
     pub fn fast_pre_tokenizer(&self) -> bool {
         self.hf.get_pre_tokenizer().is_some_and(FastPreTokenizer::is_fast)
@@ -93,6 +101,8 @@ impl Tokenizer {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Message {
     pub role: String,
+    /// Absent or null: empty, as an assistant turn with only calls has it.
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -103,6 +113,10 @@ pub struct Message {
     /// An assistant's calls as templates take them (`arguments` a mapping).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 pub struct ChatTemplate {
@@ -166,10 +180,18 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        let ctx = if variables.is_empty() {
+        // a variable given as null stays undefined, as transformers leaves `tools=None`
+        let defined: std::borrow::Cow<'_, serde_json::Map<String, serde_json::Value>> =
+            if variables.values().any(serde_json::Value::is_null) {
+                let kept = variables.iter().filter(|(_, v)| !v.is_null());
+                std::borrow::Cow::Owned(kept.map(|(k, v)| (k.clone(), v.clone())).collect())
+            } else {
+                std::borrow::Cow::Borrowed(variables)
+            };
+        let ctx = if defined.is_empty() {
             base
         } else {
-            minijinja::context! { ..base, ..JinjaValue::from_serialize(variables) }
+            minijinja::context! { ..base, ..JinjaValue::from_serialize(&*defined) }
         };
         template.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with("chat template:")) => {

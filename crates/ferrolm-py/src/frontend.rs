@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferrolm_core::engine::StepOutputs;
-use ferrolm_frontend::tokenizer::Message;
 use ferrolm_frontend::{
     ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, KvEventCounters, KvEventCounts, Loading,
     Tokenizer,
@@ -291,34 +290,6 @@ impl PyLoading {
     }
 }
 
-/// Renders chat messages (a JSON list of `{"role", "content"}`, with `name`,
-/// `tool_call_id`, `reasoning_content` and `tool_calls` as templates take them) and
-/// `tools` (a JSON list, OpenAI's form) with a chat template as the Rust front end does
-/// (minijinja), for comparing with jinja2.
-#[pyfunction]
-#[pyo3(signature = (template, messages_json, *, bos_token = None, eos_token = None, add_generation_prompt = true, tools_json = None))]
-fn render_chat_template(
-    py: Python<'_>,
-    template: &str,
-    messages_json: &str,
-    bos_token: Option<&str>,
-    eos_token: Option<&str>,
-    add_generation_prompt: bool,
-    tools_json: Option<&str>,
-) -> PyResult<String> {
-    let messages: Vec<Message> = serde_json::from_str(messages_json)
-        .map_err(|e| errors::invalid_field(py, "messages_json", format!("messages_json: {e}")))?;
-    let mut variables = serde_json::Map::new();
-    if let Some(tools) = tools_json {
-        let tools: serde_json::Value = serde_json::from_str(tools)
-            .map_err(|e| errors::invalid_field(py, "tools_json", format!("tools_json: {e}")))?;
-        variables.insert("tools".into(), tools);
-    }
-    let t = ChatTemplate::new(template, bos_token, eos_token).map_err(|m| errors::invalid_input(py, m))?;
-    py.detach(|| t.render_with(&messages, add_generation_prompt, &variables))
-        .map_err(|m| errors::invalid_input(py, m))
-}
-
 /// Token ids of `texts` as the Rust front end tokenizes them (`tokenizer.json` with the
 /// hand-written pre-tokenizer split where it applies), for comparing with the `tokenizers`
 /// package; and whether the hand-written split ran.
@@ -343,5 +314,5 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(frontend_encode, m)?)?;
     m.add_class::<PyFrontend>()?;
     m.add_class::<PyLoading>()?;
-    m.add_function(wrap_pyfunction!(render_chat_template, m)?)
+    Ok(())
 }

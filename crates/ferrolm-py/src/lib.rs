@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 mod attention;
+mod chat;
 mod constraint;
 mod convert;
 mod engine;
@@ -25,6 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     constraint::init(m)?;
     attention::init(m)?;
     frontend::init(m)?;
+    chat::init(m)?;
     norm::init(m)?;
     trace::init(m)?;
     Ok(())

@@ -6,7 +6,8 @@ whose arguments are valid for the function's schema (checked with ``jsonschema``
 is installed, else only parsed), and the seconds each way; then answers of several calls
 (``parallel_tool_calls``, structural tags): how many end complete, how many hold more than
 one call, and how many calls are valid; then the streaming parser's
-cost per delta on a Hermes output of several calls. On the random ``tiny`` model the
+cost per delta on a Hermes output of several calls (the request core's parser, the
+server's, through the binding). On the random ``tiny`` model the
 unconstrained share shows what a parser alone gets from a model that does not follow the
 format; on a real model, how often its calls break.
 """
@@ -43,7 +44,6 @@ def _valid(arguments: str) -> bool | None:
 
 def run(args: argparse.Namespace) -> int:
     from ferrolm.engine import Engine, default_blas_threads
-    from ferrolm.tools import FORMATS, ChatOutputParser
 
     engine = Engine(args.model, blas_threads=default_blas_threads())
     print(f"model {args.model}, {args.seeds} seeds, tool_choice required, max_tokens {args.max_tokens}")
@@ -86,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
     output = "Let me check.\n" + "".join(call % (i, "x y " * 40) for i in range(8))
     deltas = [output[i:i + 4] for i in range(0, len(output), 4)]  # ~ a token each
     repeats = 5 if args.quick else 50
+    # auto: the output may be text, then calls, as this one is
+    prepared = engine.chat_core.prepare(json.dumps({"messages": MESSAGES, "tools": TOOLS}), tool_call_parser="hermes",
+                                        reasoning_parser="none")
     started = time.perf_counter()
     for _ in range(repeats):
-        parser = ChatOutputParser(tool_format=FORMATS["hermes"])
+        parser = prepared.output_parser()
         for delta in deltas:
             parser.feed(delta)
         parser.finish()

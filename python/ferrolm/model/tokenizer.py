@@ -4,17 +4,16 @@ the chat template."""
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tokenizers
 
+from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.bpe_from_ranks import byte_alphabet
 
@@ -123,37 +122,15 @@ class Tokenizer:
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **variables: Any
     ) -> str:
         """Renders chat messages (``{"role": ..., "content": ...}``) into the prompt text
-        the model was trained on, as transformers does (sandboxed Jinja)."""
+        the model was trained on, as transformers does, with the server's template engine
+        (``_core.render_chat_template``); ``variables`` are more template variables
+        (``tools``, ``chat_template_kwargs``)."""
         if self.chat_template is None:
             raise InvalidInputError("this model has no chat template (tokenizer_config.json 'chat_template')")
-        import jinja2
-
-        try:
-            template = _compiled_template(self.chat_template)
-            return template.render(
-                messages=list(messages),
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                **variables,
-            )
-        except jinja2.TemplateError as exc:
-            raise InvalidInputError(f"chat template failed: {exc}") from None
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled_template(source: str) -> Any:
-    """A chat template compiled once (compiling costs milliseconds; rendering far less)."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise InvalidInputError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+        return _core.render_chat_template(
+            self.chat_template, json.dumps(list(messages)), bos_token=self.bos_token, eos_token=self.eos_token,
+            add_generation_prompt=add_generation_prompt, variables_json=json.dumps(variables) if variables else None,
+        )
 
 
 def _token_text(value: Any) -> str | None:

@@ -8,8 +8,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ferrolm.tools.formats import PARSER_CHOICES
-from ferrolm.tools.reasoning import REASONING_CHOICES
+from ferrolm._core import REASONING_PARSERS as REASONING_CHOICES
+from ferrolm._core import TOOL_CALL_PARSERS as PARSER_CHOICES
 from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events_config import KvEventsConfig, parse_kv_events_config
 

@@ -6,25 +6,22 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::Response;
-use ferrolm_core::engine::Constraint;
+use ferrolm_constraint::Grammar;
+use ferrolm_core::engine::{Constraint, RequestParams};
 use serde_json::{json, Value};
 
+use crate::chat_request::{ChatInput, PreparedChat};
 use crate::egress::SampleUpdate;
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::{error_of, finish_reason, Generation, Sample};
 use crate::http::sse::{self, json_str, DONE};
 use crate::http::{json_response, public_id, unix_now, Tracked};
-use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Prompt};
+use crate::protocol::{self, ChatFields, ChatRequest, CompletionRequest, OpenAISampling, Prompt};
 use crate::state::AppState;
-use crate::tokenizer::Message;
 use crate::tools::output as tools_output;
-use crate::tools::plan::PlanInput;
-use crate::tools::{self, ChatOutputParser};
+use crate::tools::ChatOutputParser;
 
 const DEFAULT_MAX_TOKENS: u64 = 16; // OpenAI's default for completions
-/// Chat template variables a request may not set through `chat_template_kwargs`.
-const RESERVED_TEMPLATE_VARIABLES: &[&str] =
-    &["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
 
 fn completion_field(core: &str) -> Option<String> {
     Some(
@@ -167,8 +164,31 @@ fn chat_field(max_tokens_field: &'static str) -> impl Fn(&str) -> Option<String>
     }
 }
 
+/// `POST /v1/chat/completions`: parse → prepare → submit → respond.
 pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
-    let ChatRequest { sampling, fields } = protocol::parse_chat(&body)?;
+    let req = protocol::parse_chat(&body)?;
+    let job = prepare(&state, req).await?;
+    let gen = submit(&state, &job).await?;
+    respond(state, job, gen).await
+}
+
+/// A chat completion ready to submit: the request core's prepared chat, its grammar, the
+/// core's parameters, and how to answer.
+struct ChatJob {
+    prepared: PreparedChat,
+    grammar: Option<Arc<Grammar>>,
+    params: RequestParams,
+    n: usize,
+    /// The body field that set the budget (`max_completion_tokens` or `max_tokens`).
+    max_tokens_field: &'static str,
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+/// The request's checks, its plan, its grammar and its parameters.
+async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResult<ChatJob> {
+    let ChatRequest { sampling, fields } = req;
     state.check_model(sampling.model.as_deref())?;
     if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
         return Err(ApiError::bad_request("top_logprobs: requires logprobs to be true", "top_logprobs"));
@@ -180,139 +200,125 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     if let Some(m) = max_tokens {
         state.check_max_tokens(m, max_tokens_field)?;
     }
-    let tools = tools::parse_tools(fields.tools.as_ref())?;
-    let choice = tools::parse_tool_choice(fields.tool_choice.as_ref(), &tools)?;
-    let mut messages: Vec<Message> = Vec::with_capacity(fields.messages.len());
-    for (i, m) in fields.messages.into_iter().enumerate() {
-        let tool_calls = match m.tool_calls {
-            Some(calls) if !calls.is_empty() => Some(tools::messages::template_calls(&calls, i)?),
-            _ => None,
-        };
-        messages.push(Message {
-            role: m.role.as_str().to_string(),
-            content: match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => parts.into_iter().map(|p| p.text).collect(),
-            },
-            name: m.name,
-            tool_call_id: m.tool_call_id,
-            reasoning_content: m.reasoning_content,
-            tool_calls,
-        });
-    }
-    let mut variables = fields.chat_template_kwargs.unwrap_or_default();
-    let mut reserved: Vec<&str> =
-        RESERVED_TEMPLATE_VARIABLES.iter().copied().filter(|v| variables.contains_key(*v)).collect();
-    reserved.sort_unstable();
-    if let Some(first) = reserved.first() {
-        return Err(ApiError::bad_request(
-            format!("chat_template_kwargs: '{first}' is set by the server"),
-            "chat_template_kwargs",
-        ));
-    }
-    if !tools.is_empty() {
-        variables.insert("tools".into(), tools.iter().map(|t| t.as_template_tool()).collect());
-    }
-    let text = state.chat_text(messages, variables).await?;
-    // read after the prompt, as the Python front end reads it
-    let structured = protocol::openai_structured(&sampling)?;
-    let plan = tools::plan_chat(
-        text,
-        PlanInput {
-            tools: &tools,
-            choice: &choice,
-            parallel: fields.parallel_tool_calls != Some(false),
-            tool_format: state.tools.tool_format,
-            reasoning: state.tools.reasoning.as_ref(),
-            constrain: state.tools.constrain,
-            structured,
-            special_tokens: &state.tools.special_tokens,
-        },
-    )?;
-    // the template writes its own BOS and markers
-    let ids = state.encode(plan.prompt.clone(), "messages", false).await?;
-    let grammar = match &plan.constraint {
+    let (logprobs, top_logprobs) = (fields.logprobs, fields.top_logprobs.unwrap_or(0));
+    let prepared = plan(state, fields, &sampling).await?;
+    let grammar = match prepared.constraint() {
         Some(c) => Some(state.planned_grammar(c).await?),
         None => None,
     };
+    let prompt_len = prepared.ids.len() as u64;
     let context = state.config.context_length as u64;
     let max_tokens = match max_tokens {
         Some(m) => m,
-        None => {
-            // as OpenAI: up to the end of the context
-            if ids.len() as u64 >= context {
-                return Err(ApiError::bad_request(
-                    format!("messages: the prompt has {} tokens; the context holds {context}", ids.len()),
-                    "messages",
-                ));
-            }
-            context - ids.len() as u64
+        // as OpenAI: up to the end of the context
+        None if prompt_len >= context => {
+            return Err(ApiError::bad_request(
+                format!("messages: the prompt has {prompt_len} tokens; the context holds {context}"),
+                "messages",
+            ))
         }
+        None => context - prompt_len,
     };
-    let mut params =
-        protocol::openai_params(&sampling, max_tokens, fields.logprobs, fields.top_logprobs.unwrap_or(0))?;
-    if plan.skip_special_tokens == Some(false) {
+    let mut params = protocol::openai_params(&sampling, max_tokens, logprobs, top_logprobs)?;
+    if prepared.skip_special_tokens() == Some(false) {
         params.stops.skip_special_tokens = false;
     }
-    let n = sampling.n as usize;
-    let mut gen = Generation::new(state.clone(), n, !sampling.stream);
-    gen.add(&ids, params, n, grammar.map(Constraint::Grammar), &chat_field(max_tokens_field)).await?;
+    Ok(ChatJob {
+        prepared,
+        grammar,
+        params,
+        n: sampling.n as usize,
+        max_tokens_field,
+        stream: sampling.stream,
+        include_usage: sampling.stream_options.is_some_and(|o| o.include_usage),
+        logprobs,
+    })
+}
+
+/// The request core's prepared chat: the prompt rendered, what tools and reasoning change
+/// about it, its ids.
+async fn plan(
+    state: &Arc<AppState>,
+    fields: ChatFields,
+    sampling: &OpenAISampling,
+) -> ApiResult<PreparedChat> {
+    let input = ChatInput {
+        messages: fields.messages,
+        tools: fields.tools,
+        tool_choice: fields.tool_choice,
+        parallel_tool_calls: fields.parallel_tool_calls != Some(false),
+        chat_template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
+        structured: protocol::openai_structured(sampling)?,
+    };
+    state.prepare_chat(input).await
+}
+
+async fn submit(state: &Arc<AppState>, job: &ChatJob) -> ApiResult<Generation> {
+    let mut gen = Generation::new(state.clone(), job.n, !job.stream);
+    let constraint = job.grammar.clone().map(Constraint::Grammar);
+    gen.add(&job.prepared.ids, job.params.clone(), job.n, constraint, &chat_field(job.max_tokens_field))
+        .await?;
+    Ok(gen)
+}
+
+async fn respond(state: Arc<AppState>, job: ChatJob, gen: Generation) -> ApiResult<Response> {
     let id = public_id("chatcmpl");
     let created = unix_now();
-    let tracked = Tracked::new(&state, id.clone(), gen);
-    if sampling.stream {
-        let include_usage = sampling.stream_options.is_some_and(|o| o.include_usage);
-        let mut prefix = Vec::new();
-        prefix.extend_from_slice(b"{\"id\":");
-        json_str(&mut prefix, &id);
-        prefix.extend_from_slice(b",\"created\":");
-        prefix.extend_from_slice(created.to_string().as_bytes());
-        prefix.extend_from_slice(b",\"model\":");
-        json_str(&mut prefix, &state.config.model_name);
-        prefix.extend_from_slice(b",\"object\":\"chat.completion.chunk\"");
-        let stream = ChunkStream {
-            tracked,
-            prefix,
-            include_usage,
-            with_logprobs: fields.logprobs,
-            chat: true,
-            offsets: vec![0; n],
-            done: false,
-            parsers: if plan.parses() { (0..n).map(|_| plan.output_parser()).collect() } else { Vec::new() },
-            has_calls: vec![false; n],
-        };
-        let mut first = Vec::new();
-        for index in 0..n {
-            stream.chunk(&mut first, index, r#"{"role":"assistant","content":""}"#.as_bytes(), None, None);
-        }
-        return Ok(sse::response((Some(Bytes::from(first)), stream), |(first, s)| async move {
-            match first {
-                Some(b) => Some((b, (None, s))),
-                None => ChunkStream::next(s).await.map(|(b, s)| (b, (None, s))),
-            }
-        }));
+    let mut tracked = Tracked::new(&state, id.clone(), gen);
+    if job.stream {
+        return Ok(stream(&state, job, tracked, &id, created));
     }
-    let mut tracked = tracked;
     tracked.gen.run_to_end().await?;
-    let choices: Vec<Value> = tracked
-        .gen
-        .samples
-        .iter()
-        .map(|s: &Sample| {
-            let logprobs = if fields.logprobs {
-                chat_logprobs(&state, &s.token_ids, &s.logprobs, &s.top_logprobs)
-            } else {
-                Value::Null
-            };
-            let (message, finish) =
-                tools_output::message(&plan, &s.text, s.finished.as_ref().map(finish_reason));
-            json!({"index": s.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
-        })
-        .collect();
+    let choices: Vec<Value> = tracked.gen.samples.iter().map(|s| choice(&state, &job, s)).collect();
     let usage = tracked.gen.usage();
     Ok(json_response(&json!({"id": id, "created": created, "model": state.config.model_name,
         "object": "chat.completion", "choices": choices, "usage": usage})))
+}
+
+/// One choice of a whole answer: the assistant message as the output parser reads it.
+fn choice(state: &AppState, job: &ChatJob, s: &Sample) -> Value {
+    let logprobs = if job.logprobs {
+        chat_logprobs(state, &s.token_ids, &s.logprobs, &s.top_logprobs)
+    } else {
+        Value::Null
+    };
+    let (message, finish) =
+        tools_output::message(&job.prepared.plan, &s.text, s.finished.as_ref().map(finish_reason));
+    json!({"index": s.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+}
+
+/// The answer as OpenAI's chunks: the assistant role first, then the parsed deltas.
+fn stream(state: &AppState, job: ChatJob, tracked: Tracked, id: &str, created: u64) -> Response {
+    let mut prefix = Vec::new();
+    prefix.extend_from_slice(b"{\"id\":");
+    json_str(&mut prefix, id);
+    prefix.extend_from_slice(b",\"created\":");
+    prefix.extend_from_slice(created.to_string().as_bytes());
+    prefix.extend_from_slice(b",\"model\":");
+    json_str(&mut prefix, &state.config.model_name);
+    prefix.extend_from_slice(b",\"object\":\"chat.completion.chunk\"");
+    let n = job.n;
+    let stream = ChunkStream {
+        tracked,
+        prefix,
+        include_usage: job.include_usage,
+        with_logprobs: job.logprobs,
+        chat: true,
+        offsets: vec![0; n],
+        done: false,
+        parsers: (0..n).filter_map(|_| job.prepared.output_parser()).collect(),
+        has_calls: vec![false; n],
+    };
+    let mut first = Vec::new();
+    for index in 0..n {
+        stream.chunk(&mut first, index, r#"{"role":"assistant","content":""}"#.as_bytes(), None, None);
+    }
+    sse::response((Some(Bytes::from(first)), stream), |(first, s)| async move {
+        match first {
+            Some(b) => Some((b, (None, s))),
+            None => ChunkStream::next(s).await.map(|(b, s)| (b, (None, s))),
+        }
+    })
 }
 
 /// The state of a streamed completion or chat completion.

@@ -1,5 +1,5 @@
 //! One tool call written as a JSON object, `{"name": "f", "arguments": {...}}`, read as it
-//! is generated (`ferrolm/tools/call_scanner.py`). Once the name and then the arguments key
+//! is generated. Once the name and then the arguments key
 //! have come the call is announced and its arguments stream as the raw text the model
 //! writes; an object that starts otherwise is kept until it is complete and then read
 //! whole: a call if it has a name and arguments, else content.

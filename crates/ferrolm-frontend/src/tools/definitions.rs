@@ -1,6 +1,6 @@
 //! The functions a request offers (OpenAI's `tools`) and which it may or must call
-//! (`tool_choice`), checked as `ferrolm/tools/definitions.py` checks them (the same 400s
-//! naming the same fields); and the JSON Schemas a constrained call is generated under.
+//! (`tool_choice`), checked with 400s naming the field at fault; and the JSON Schemas a
+//! constrained call is generated under.
 
 use serde_json::{json, Map, Value};
 

@@ -1,5 +1,4 @@
-//! How model families write tool calls, and how to tell them from a chat template
-//! (`ferrolm/tools/formats.py`):
+//! How model families write tool calls, and how to tell them from a chat template:
 //!
 //! - `hermes` (Qwen 2.5 and 3, Hermes, ferrolm's `tiny`): `<tool_call>\n{"name": "f",
 //!   "arguments": {...}}\n</tool_call>`, once per call, text allowed around them.
@@ -129,6 +128,11 @@ impl ToolCallFormat {
 
 pub const FORMATS: &[ToolCallFormat] =
     &[ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, ToolCallFormat::Mistral];
+
+/// The names `tool_call_parser` takes: `auto` (the chat template's), `none`, the formats,
+/// and the names other servers give them.
+pub const PARSER_CHOICES: &[&str] =
+    &["auto", "none", "hermes", "llama3_json", "mistral", "qwen25", "qwen", "qwen3", "llama3", "llama"];
 
 fn by_name(name: &str) -> Option<ToolCallFormat> {
     let name = match name {

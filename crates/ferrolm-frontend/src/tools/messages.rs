@@ -1,4 +1,4 @@
-//! Chat messages as Hugging Face chat templates expect them (`ferrolm/tools/messages.py`):
+//! Chat messages as Hugging Face chat templates expect them:
 //! an assistant's `tool_calls` with their `arguments` as a mapping (OpenAI sends them as
 //! JSON text), `tool` messages with their `tool_call_id`.
 

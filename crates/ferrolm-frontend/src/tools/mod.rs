@@ -1,10 +1,9 @@
-//! Tool calling and reasoning for chat, as the Python front end has them
-//! (`ferrolm/tools/`): the functions a request offers and how a call is chosen
-//! (`definitions`), how model families write calls (`formats`, `call_scanner`) and
+//! Tool calling and reasoning for chat: the functions a request offers and how a call is
+//! chosen (`definitions`), how model families write calls (`formats`, `call_scanner`) and
 //! thinking (`reasoning`), reading an output as it streams (`output`), what a request
 //! changes about the prompt and the grammar (`plan`), and the history as chat templates
-//! take it (`messages`). The same inputs give the same prompt, grammar and parse as the
-//! Python front end, so both answer alike.
+//! take it (`messages`). The request core (`crate::chat_request`) runs them for the HTTP
+//! server and, through the binding, for the offline `Engine.chat`, so both answer alike.
 
 pub mod call_scanner;
 pub mod definitions;
@@ -51,6 +50,35 @@ impl ServerTools {
                 .unwrap_or(false),
             special_tokens: special_token_texts(vocab),
         }
+    }
+
+    /// The parsers by name, as the offline `Engine.chat` takes them: a name that is not
+    /// one of [`formats::PARSER_CHOICES`] (or [`reasoning::REASONING_CHOICES`]) is an error
+    /// naming `tool_call_parser` (`reasoning_parser`).
+    pub fn named(
+        tool_call_parser: &str,
+        reasoning_parser: &str,
+        constrain: bool,
+        chat_template: Option<&str>,
+        special_tokens: HashSet<String>,
+    ) -> Result<Self, crate::errors::ApiError> {
+        for (name, field, choices) in [
+            (tool_call_parser, "tool_call_parser", formats::PARSER_CHOICES),
+            (reasoning_parser, "reasoning_parser", reasoning::REASONING_CHOICES),
+        ] {
+            if !choices.contains(&name) {
+                return Err(crate::errors::ApiError::bad_request(
+                    format!("{field}: {name:?} is not one of {}", choices.join(", ")),
+                    field,
+                ));
+            }
+        }
+        Ok(ServerTools {
+            tool_format: formats::tool_call_format(tool_call_parser, chat_template),
+            reasoning: reasoning::reasoning_format(reasoning_parser, chat_template),
+            constrain,
+            special_tokens,
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! content text, a tool call's start with its id and name, fragments of its arguments),
 //! the pieces put together (`MessageBuilder`), OpenAI's deltas of them, and the parser of
 //! one output (`ChatOutputParser`: the thinking split off, then calls parsed out of the
-//! answer), as `ferrolm/tools/pieces.py` and `output.py` have them.
+//! answer).
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -40,7 +40,7 @@ impl Piece {
     }
 }
 
-/// `call_` and 24 random hex digits, as the Python front end's ids.
+/// `call_` and 24 random hex digits, as OpenAI's ids look.
 pub fn new_call_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut out = String::from("call_");
@@ -327,7 +327,7 @@ pub fn parse_whole(plan: &super::ChatPlan, text: &str) -> MessageBuilder {
 }
 
 /// `tool_calls` when the output ended by itself with calls.
-pub fn final_reason(finish_reason: &'static str, has_calls: bool) -> &'static str {
+pub fn final_reason(finish_reason: &str, has_calls: bool) -> &str {
     if has_calls && finish_reason == "stop" {
         "tool_calls"
     } else {

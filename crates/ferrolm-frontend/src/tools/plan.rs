@@ -1,5 +1,5 @@
 //! What tools (and a thinking model) change about a chat request: the prompt, how the
-//! output is parsed, and the grammar it is generated under (`ferrolm/tools/plan.py`).
+//! output is parsed, and the grammar it is generated under.
 //!
 //! With `required` or a named function the whole output is generated under the JSON
 //! Schema of the call(s). With `auto` the model writes freely until the format's trigger
@@ -119,6 +119,7 @@ impl ChatPlan {
     }
 }
 
+#[derive(Clone)]
 pub struct PlanInput<'a> {
     pub tools: &'a [FunctionTool],
     pub choice: &'a ToolChoice,
@@ -162,8 +163,8 @@ pub fn plan_chat(prompt: String, p: PlanInput<'_>) -> ApiResult<ChatPlan> {
     }
     let Some(format) = p.tool_format else {
         return Err(ApiError::bad_request(
-            "tools: the model's chat template shows no tool-call format this server knows; start it with \
-             --tool-call-parser (hermes, llama3_json or mistral)",
+            "tools: the model's chat template shows no tool-call format known here; name one with \
+             --tool-call-parser (Engine.chat: tool_call_parser): hermes, llama3_json or mistral",
             "tools",
         ));
     };

@@ -1,6 +1,5 @@
 //! Reasoning models think between `<think>` and `</think>` before they answer; the parser
-//! splits an output into reasoning and content as it streams
-//! (`ferrolm/tools/reasoning.py`).
+//! splits an output into reasoning and content as it streams.
 //!
 //! - `qwen3`: the thinking is there when the output opens with `<think>`, or when the
 //!   prompt already opened it.
@@ -65,6 +64,9 @@ impl ReasoningFormat {
         ReasoningStream { format: self.clone(), state, then, buf: String::new() }
     }
 }
+
+/// The names `reasoning_parser` takes: `auto` (the chat template's), `none`, the formats.
+pub const REASONING_CHOICES: &[&str] = &["auto", "none", "qwen3", "deepseek_r1", "deepseek-r1"];
 
 /// The format `--reasoning-parser` names; `auto`: the chat template's, if it shows one;
 /// `none` (or a name not known): no parsing.

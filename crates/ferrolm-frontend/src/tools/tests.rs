@@ -1,4 +1,4 @@
-//! The parsers on the recorded outputs the Python tests use
+//! The parsers on the recorded outputs in each family's documented format
 //! (`tests/data/tool_call_outputs.json`): whole, and streamed in pieces of every size.
 
 use serde_json::Value;
