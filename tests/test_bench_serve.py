@@ -122,29 +122,32 @@ def test_the_forward_is_read_from_the_servers_metrics() -> None:
         "ferrolm:forward_seconds_sum 0.5\n"
         "ferrolm:forward_seconds_created 1.7e9\n"
         "ferrolm:forward_loop_cpu_seconds_total 0.25\n"
+        "ferrolm:sampling_thread_cpu_seconds_total 0.125\n"
         "ferrolm:num_steps_total 12.0\n"
     )
     assert bench_serve.forward_from_metrics(text) == {
-        "forward_calls": 12.0, "forward_wall_s": 0.5, "loop_forward_cpu_s": 0.25}
+        "forward_calls": 12.0, "forward_wall_s": 0.5, "loop_forward_cpu_s": 0.25, "sampling_threads_cpu_s": 0.125}
     assert bench_serve.forward_from_metrics("ferrolm:num_steps_total 3.0\n") == {}
 
 
-def test_overhead_is_http_plus_the_loop_outside_the_forward_plus_ended_threads() -> None:
-    def reading(http: float, loop: float, loop_forward: float, other: float, ended: float) -> dict[str, Any]:
+def test_overhead_is_http_plus_the_loop_outside_the_forward_plus_the_sampling_threads() -> None:
+    def reading(http: float, loop: float, loop_forward: float, other: float, ended: float,
+                sampling: float) -> dict[str, Any]:
         return {"process_cpu_s": http + loop + other + ended, "http_cpu_s": http, "loop_cpu_s": loop,
                 "other_cpu_s": other, "ended_threads_cpu_s": ended, "loop_forward_cpu_s": loop_forward,
-                "forward_wall_s": loop_forward * 1.1, "forward_calls": 100.0}
+                "sampling_threads_cpu_s": sampling, "forward_wall_s": loop_forward * 1.1, "forward_calls": 100.0}
 
-    before = reading(1.0, 2.0, 1.0, 0.5, 0.1)
-    after = reading(1.5, 4.0, 2.5, 0.9, 0.3)
+    before = reading(1.0, 2.0, 1.0, 0.5, 0.1, 0.05)
+    after = reading(1.5, 4.0, 2.5, 0.9, 0.4, 0.15)
     out = bench_serve.cpu_per_token(before, after, tokens=1000)
-    # the loop outside the forward: 2.0 - 1.5 = 0.5 s; ended threads 0.2 s; HTTP 0.5 s
+    # the loop outside the forward: 2.0 - 1.5 = 0.5 s; the commits' sampling threads 0.1 s
+    # of the 0.3 s that ended threads used; HTTP 0.5 s
     assert out["loop_outside_forward_us_per_token"] == pytest.approx(500.0)
-    assert out["ended_threads_us_per_token"] == pytest.approx(200.0)
+    assert out["sampling_threads_us_per_token"] == pytest.approx(100.0)
     assert out["frontend_cpu_us_per_token"] == pytest.approx(500.0)
-    assert out["overhead_us_per_token"] == pytest.approx(1200.0)
-    # the forward: the loop's 1.5 s in it plus the other threads' 0.4 s
-    assert out["forward_cpu_us_per_token"] == pytest.approx(1900.0)
+    assert out["overhead_us_per_token"] == pytest.approx(1100.0)
+    # the forward: the loop's 1.5 s in it, the other threads' 0.4 s, the kernels' 0.2 s
+    assert out["forward_cpu_us_per_token"] == pytest.approx(2100.0)
     assert out["floor_met"] is True
     missing = bench_serve.cpu_per_token(before, {**after, "loop_forward_cpu_s": None}, tokens=1000)
     assert missing["overhead_us_per_token"] is None and missing["floor_met"] is None

@@ -213,6 +213,13 @@ impl Histograms {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", prom_float(v));
         }
+        let _ = writeln!(
+            out,
+            "# HELP ferrolm:sampling_thread_cpu_seconds_total CPU time of the threads that sample a large \
+             step beside the step loop's.\n# TYPE ferrolm:sampling_thread_cpu_seconds_total counter\n\
+             ferrolm:sampling_thread_cpu_seconds_total {}",
+            prom_float(s.sampling_thread_cpu_ns as f64 / 1e9)
+        );
         if let Some(kv) = kv_events {
             let counters: [(&str, &str, u64); 3] = [
                 ("ferrolm:kv_event_batches_published", "KV event batches sent on the PUB socket.", kv.sent),

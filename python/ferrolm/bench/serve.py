@@ -21,10 +21,11 @@ and the forward's from the server's own ``/metrics``, where the step loop export
 timed (``ferrolm:forward_seconds``, a histogram of each step's forward wall time, and
 ``ferrolm:forward_loop_cpu_seconds_total``, the loop thread's CPU inside the forward). The
 overhead per token outside the forward is the HTTP threads' CPU, plus the step loop
-thread's CPU outside the forward, plus the CPU of threads that ended during the run (the
-short-lived thread on which the core samples a large step), which /proc lists no longer
-but still counts in the process's total. The forward's CPU is the loop thread's inside the
-forward plus the other threads' (BLAS and attention workers).
+thread's CPU outside the forward, plus the CPU of the short-lived threads on which the core
+samples a large step (``ferrolm:sampling_thread_cpu_seconds_total``: /proc lists them no
+longer once they end). The forward's CPU is the loop thread's inside the forward plus the
+other threads' (BLAS workers; the attention and norm kernels' short-lived threads, which
+only the process's total keeps once they end).
 """
 
 from __future__ import annotations
@@ -382,8 +383,9 @@ _FORWARD_SERIES = {
     "ferrolm:forward_seconds_sum": "forward_wall_s",
     "ferrolm:forward_seconds_count": "forward_calls",
     "ferrolm:forward_loop_cpu_seconds_total": "loop_forward_cpu_s",
+    "ferrolm:sampling_thread_cpu_seconds_total": "sampling_threads_cpu_s",
 }
-_SERIES_LINE = re.compile(r"^(ferrolm:forward_\S+) (\S+)$", re.MULTILINE)
+_SERIES_LINE = re.compile(r"^(ferrolm:(?:forward|sampling_thread)_\S+) (\S+)$", re.MULTILINE)
 
 
 def forward_from_metrics(text: str) -> dict[str, float]:
@@ -433,6 +435,7 @@ class LaunchedServer:
         return {"process_cpu_s": _proc_cpu_s(pid), "http_cpu_s": threads["http"], "loop_cpu_s": threads["main"],
                 "other_cpu_s": threads["other"], "ended_threads_cpu_s": _ended_threads_cpu_s(pid),
                 "loop_forward_cpu_s": forward.get("loop_forward_cpu_s"),
+                "sampling_threads_cpu_s": forward.get("sampling_threads_cpu_s"),
                 "forward_wall_s": forward.get("forward_wall_s"), "forward_calls": forward.get("forward_calls")}
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -465,6 +468,10 @@ def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) ->
     out: dict[str, Any] = {"generated_tokens": tokens}
     http, loop, loop_forward = delta("http_cpu_s"), delta("loop_cpu_s"), delta("loop_forward_cpu_s")
     other, ended = delta("other_cpu_s"), delta("ended_threads_cpu_s") or 0.0
+    # of the threads that ended, the core's sampling helpers are the commit's; the rest
+    # (the attention and norm kernels' workers) worked in the forward
+    sampling = delta("sampling_threads_cpu_s") or 0.0
+    kernels = max(0.0, ended - sampling)
     out["process_cpu_us_per_token"] = per_token(delta("process_cpu_s"))
     out["forward_wall_us_per_token"] = per_token(delta("forward_wall_s"))
     out["forward_calls"] = delta("forward_calls")
@@ -473,9 +480,9 @@ def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) ->
         return out
     out["frontend_cpu_us_per_token"] = per_token(http)
     out["loop_outside_forward_us_per_token"] = per_token(loop - loop_forward)
-    out["ended_threads_us_per_token"] = per_token(ended)
-    out["overhead_us_per_token"] = per_token(http + loop - loop_forward + ended)
-    out["forward_cpu_us_per_token"] = per_token(loop_forward + other)
+    out["sampling_threads_us_per_token"] = per_token(sampling)
+    out["overhead_us_per_token"] = per_token(http + loop - loop_forward + sampling)
+    out["forward_cpu_us_per_token"] = per_token(loop_forward + other + kernels)
     forward = out["forward_cpu_us_per_token"]
     out["floor_met"] = forward is not None and out["overhead_us_per_token"] < forward
     return out
@@ -543,8 +550,8 @@ def _print_point(load_label: str, s: dict[str, Any]) -> None:
                   f"CPU per token over {_fmt(cpu['forward_calls'], 0)} calls "
                   f"({_fmt(cpu['forward_wall_us_per_token'])} us wall)")
             print(f"  overhead excluding the forward (HTTP threads {_fmt(cpu['frontend_cpu_us_per_token'])} + "
-                  f"step loop outside the forward {_fmt(cpu['loop_outside_forward_us_per_token'])} + ended "
-                  f"threads {_fmt(cpu['ended_threads_us_per_token'])}): {_fmt(cpu['overhead_us_per_token'])} us "
+                  f"step loop outside the forward {_fmt(cpu['loop_outside_forward_us_per_token'])} + sampling "
+                  f"threads {_fmt(cpu['sampling_threads_us_per_token'])}): {_fmt(cpu['overhead_us_per_token'])} us "
                   f"per token; floor (overhead < forward): {verdict}")
     if s.get("mean_batch") is not None:
         print(f"  engine: {s['engine_steps']} steps, {s['mean_batch']:.1f} generated tokens per step")

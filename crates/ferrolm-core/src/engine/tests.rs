@@ -353,7 +353,7 @@ fn the_plan_says_which_entries_the_runner_may_pick_greedily() {
     let banned_stops = RequestParams { min_new_tokens: 2, ..greedy(4) };
     let top_k_one = RequestParams {
         sampling: SamplingParams { temperature: 0.9, top_k: 1, ..Default::default() },
-        ignore_eos: true,
+        ignore_eos: false,
         ..greedy(4)
     };
     engine.submit(1, &[1, 2], greedy(4), None).unwrap();
@@ -365,7 +365,7 @@ fn the_plan_says_which_entries_the_runner_may_pick_greedily() {
     let plan = engine.schedule().unwrap();
     assert_eq!(plan.rids, vec![1, 2, 3, 4, 5, 6]);
     assert_eq!(plan.plain_greedy, vec![true, false, false, false, true, false]);
-    assert_eq!(plan.ignore_eos, vec![false, false, false, false, true, false]);
+    assert_eq!(plan.ignore_eos, vec![true, true, true, true, false, true]);
     assert!(!plan.all_plain_greedy());
     engine.fail_step("dropped");
     engine.take_outputs();
@@ -956,3 +956,20 @@ fn kv_events_are_off_by_default() {
 }
 #[path = "sampling_batch_tests.rs"]
 mod sampling_batch_tests;
+
+#[test]
+fn the_cpu_of_a_large_steps_sampling_thread_is_counted() {
+    let mut engine = Engine::new(config(|_| {}), vocab()).unwrap();
+    let mut model = FakeModel::new(4096);
+    engine.submit(1, &[1, 2], greedy(4), None).unwrap();
+    let plan = engine.schedule().unwrap();
+    engine.commit(&mut model.forward(&plan), VOCAB).unwrap();
+    assert_eq!(engine.stats().sampling_thread_cpu_ns, 0, "one row: no second thread");
+    for rid in 2..=17 {
+        engine.submit(rid, &[1, 2, rid as u32], greedy(4), None).unwrap();
+    }
+    let plan = engine.schedule().unwrap();
+    assert!(plan.num_requests() >= 16);
+    engine.commit(&mut model.forward(&plan), VOCAB).unwrap();
+    assert!(engine.stats().sampling_thread_cpu_ns > 0, "{:?}", engine.stats());
+}
