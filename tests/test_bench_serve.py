@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ferrolm.bench import serve as bench_serve
 from ferrolm.server.testing import RunningServer, running_server
 

@@ -8,7 +8,6 @@ import argparse
 import inspect
 
 import pytest
-
 from ferrolm import _core
 from ferrolm.engine import Engine
 from ferrolm.errors import InvalidInputError

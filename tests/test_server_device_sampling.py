@@ -21,34 +21,77 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed; the torch runner's device sampling is not tested")
+pytest.importorskip(
+    "torch",
+    reason="torch is not installed; the torch runner's device sampling is not tested",
+)
 
-from ferrolm.server.args import ServerArgs, build_engine  # noqa: E402
-from ferrolm.server.rust_frontend import StepLoop, start_frontend  # noqa: E402
-from small_models import TORCH_TEST_DEVICE  # noqa: E402
+from ferrolm.server.args import ServerArgs, build_engine
+from ferrolm.server.rust_frontend import StepLoop, start_frontend
+from small_models import TORCH_TEST_DEVICE
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 # native /generate bodies: seeded draws with logprobs, penalties and bias on a greedy
 # request, a seeded draw under a JSON schema's masks, and plain greedy
 NATIVE = [
-    {"text": "Once upon a time", "return_logprob": True, "top_logprobs_num": 3,
-     "sampling_params": {"temperature": 0.8, "seed": 11, "max_new_tokens": 12, "ignore_eos": True}},
-    {"text": "The weather today", "return_logprob": True,
-     "sampling_params": {"temperature": 0, "max_new_tokens": 12, "repetition_penalty": 1.4,
-                         "frequency_penalty": 0.5, "min_new_tokens": 4, "logit_bias": {"100": 5.0}}},
-    {"text": "A number:", "return_logprob": True,
-     "sampling_params": {"temperature": 0.7, "seed": 5, "max_new_tokens": 40, "json_schema": json.dumps(SCHEMA)}},
+    {
+        "text": "Once upon a time",
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+        "sampling_params": {
+            "temperature": 0.8,
+            "seed": 11,
+            "max_new_tokens": 12,
+            "ignore_eos": True,
+        },
+    },
+    {
+        "text": "The weather today",
+        "return_logprob": True,
+        "sampling_params": {
+            "temperature": 0,
+            "max_new_tokens": 12,
+            "repetition_penalty": 1.4,
+            "frequency_penalty": 0.5,
+            "min_new_tokens": 4,
+            "logit_bias": {"100": 5.0},
+        },
+    },
+    {
+        "text": "A number:",
+        "return_logprob": True,
+        "sampling_params": {
+            "temperature": 0.7,
+            "seed": 5,
+            "max_new_tokens": 40,
+            "json_schema": json.dumps(SCHEMA),
+        },
+    },
     {"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 8}},
 ]
-CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 10, "temperature": 0.9,
-        "seed": 3, "logprobs": True, "top_logprobs": 2}
+CHAT = {
+    "messages": [{"role": "user", "content": "Tell me a story"}],
+    "max_tokens": 10,
+    "temperature": 0.9,
+    "seed": 3,
+    "logprobs": True,
+    "top_logprobs": 2,
+}
 
 
 @contextmanager
 def serving(device_sampling: bool) -> Iterator[tuple[StepLoop, str]]:
     # float32 weights and pool: the two servers' logits are the same numbers
-    args = ServerArgs(port=0, max_total_tokens=4096, runner="torch", device=TORCH_TEST_DEVICE, dtype="float32",
-                      kv_cache_dtype="float32", device_sampling=device_sampling, device_greedy=False)
+    args = ServerArgs(
+        port=0,
+        max_total_tokens=4096,
+        runner="torch",
+        device=TORCH_TEST_DEVICE,
+        dtype="float32",
+        kv_cache_dtype="float32",
+        device_sampling=device_sampling,
+        device_greedy=False,
+    )
     engine = build_engine(args)
     frontend = start_frontend(engine, args)
     loop = StepLoop(engine, frontend)
@@ -68,18 +111,23 @@ def native(url: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     if not stream:
         return dict(r.json())
-    blocks = [b[len("data: "):] for b in r.text.split("\n\n") if b.strip()]
+    blocks = [b[len("data: ") :] for b in r.text.split("\n\n") if b.strip()]
     assert blocks[-1] == "[DONE]"
     return dict(json.loads(blocks[-2]))
 
 
 def chat(url: str, stream: bool) -> tuple[str, list[float], list[list[float]]]:
     """Text, token logprobs and top logprobs of the chat answer, a stream's chunks joined."""
-    r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=120)
+    r = httpx.post(
+        f"{url}/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=120
+    )
     assert r.status_code == 200, r.text
     if stream:
-        chunks = [json.loads(b[len("data: "):]) for b in r.text.split("\n\n")
-                  if b.strip() and b != "data: [DONE]"]
+        chunks = [
+            json.loads(b[len("data: ") :])
+            for b in r.text.split("\n\n")
+            if b.strip() and b != "data: [DONE]"
+        ]
         choices = [c["choices"][0] for c in chunks if c["choices"]]
     else:
         choices = r.json()["choices"]
@@ -98,8 +146,15 @@ def answers(url: str) -> list[Any]:
         for body in NATIVE:
             result = native(url, body, stream)
             meta = result["meta_info"]
-            out.append((result["output_ids"], result["text"], meta["finish_reason"]["type"],
-                        meta.get("output_token_logprobs"), meta.get("output_top_logprobs")))
+            out.append(
+                (
+                    result["output_ids"],
+                    result["text"],
+                    meta["finish_reason"]["type"],
+                    meta.get("output_token_logprobs"),
+                    meta.get("output_top_logprobs"),
+                )
+            )
         out.append(chat(url, stream))
     return out
 
@@ -125,10 +180,14 @@ def test_device_sampling_gives_what_the_cpu_sampler_gives_streamed_and_not() -> 
         assert (ids, text, finish) == want[:3]
         if logprobs is not None:
             assert [t for _, t in logprobs] == [t for _, t in want[3]] == ids
-            np.testing.assert_allclose([x for x, _ in logprobs], [x for x, _ in want[3]], atol=1e-4)
+            np.testing.assert_allclose(
+                [x for x, _ in logprobs], [x for x, _ in want[3]], atol=1e-4
+            )
             for g, w in zip(tops, want[4], strict=True):
                 assert [t for _, t in g] == [t for _, t in w]
-                np.testing.assert_allclose([x for x, _ in g], [x for x, _ in w], atol=1e-4)
+                np.testing.assert_allclose(
+                    [x for x, _ in g], [x for x, _ in w], atol=1e-4
+                )
     # the runs asked for something: seeded text, a schema's JSON, logprobs
     assert all(len(answer[0]) > 0 for answer in on_device)
     assert '"n"' in on_device[2][1].replace(" ", "")

@@ -41,7 +41,9 @@ from ferrolm.model import ForwardBatch, ModelRunner
 
 log = logging.getLogger("ferrolm.step_loop")
 
-IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop flag again
+IDLE_WAIT_S = (
+    0.25  # how long an idle loop blocks before it looks at its stop flag again
+)
 
 
 def wanted(choice: bool | None, runner: Any, method: str) -> bool:
@@ -84,7 +86,9 @@ class StepLoop:
         self.device_sampling = wanted(device_sampling, runner, "forward_sample")
         self.greedy_steps = 0  # steps whose tokens the runner picked greedily
         self.sampling_steps = 0  # steps whose tokens the runner drew
-        self.forward_seconds = 0.0  # wall time in the forward (on the core; the front end keeps its own)
+        self.forward_seconds = (
+            0.0  # wall time in the forward (on the core; the front end keeps its own)
+        )
         self.forward_steps = 0
         self.stopping = threading.Event()
         # the core's plan is the batch of the runners made here (same columns, checked by
@@ -93,7 +97,10 @@ class StepLoop:
         self._commit: Callable[..., Any]
         self._commit_tokens: Callable[..., Any]
         if frontend is None:
-            self._commit, self._commit_tokens = self._core_commit, self._core_commit_tokens
+            self._commit, self._commit_tokens = (
+                self._core_commit,
+                self._core_commit_tokens,
+            )
             self._fail: Callable[[str], Any] = core.fail_step
             self._take: Callable[[], Any] = core.take_outputs
         else:
@@ -117,26 +124,41 @@ class StepLoop:
             c0 = thread_time()
             w0 = perf_counter()
             if self.device_greedy and plan.all_plain_greedy:
-                ids = runner.forward_greedy(batch, self.eos_token_ids, plan.ignore_eos, vocab_size=self.vocab_size)
+                ids = runner.forward_greedy(
+                    batch,
+                    self.eos_token_ids,
+                    plan.ignore_eos,
+                    vocab_size=self.vocab_size,
+                )
                 w1 = perf_counter()
                 c1 = thread_time()
-                if kv is not None:  # the earlier steps' events go out before this step's outputs
+                if (
+                    kv is not None
+                ):  # the earlier steps' events go out before this step's outputs
                     kv.wait_earlier()
                 out = self._commit_tokens(ids, forward_s=w1 - w0, forward_cpu_s=c1 - c0)
                 self.greedy_steps += 1
             elif self.device_sampling:
-                draws = runner.forward_sample(batch, self.core.sampling_batch(), vocab_size=self.vocab_size)
+                draws = runner.forward_sample(
+                    batch, self.core.sampling_batch(), vocab_size=self.vocab_size
+                )
                 w1 = perf_counter()
                 c1 = thread_time()
-                if kv is not None:  # the earlier steps' events go out before this step's outputs
+                if (
+                    kv is not None
+                ):  # the earlier steps' events go out before this step's outputs
                     kv.wait_earlier()
-                out = self._commit_tokens(**draws.commit_args(), forward_s=w1 - w0, forward_cpu_s=c1 - c0)
+                out = self._commit_tokens(
+                    **draws.commit_args(), forward_s=w1 - w0, forward_cpu_s=c1 - c0
+                )
                 self.sampling_steps += 1
             else:
                 logits = runner.forward(batch)
                 w1 = perf_counter()
                 c1 = thread_time()
-                if kv is not None:  # the earlier steps' events go out before this step's outputs
+                if (
+                    kv is not None
+                ):  # the earlier steps' events go out before this step's outputs
                     kv.wait_earlier()
                 out = self._commit(logits, w1 - w0, c1 - c0)
         except CorePanicError:
@@ -147,7 +169,9 @@ class StepLoop:
             # internals). The loop keeps serving.
             out = self._fail(f"the model forward failed: {type(e).__name__}: {e}")
             if isinstance(e, Exception):
-                log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
+                log.exception(
+                    "a step of %d requests failed; they end with an error", len(plan)
+                )
                 return out
             if self.on_interrupt is not None:
                 self.on_interrupt(out)
@@ -163,7 +187,9 @@ class StepLoop:
         self.forward_steps += 1
         return self.core.commit(logits)
 
-    def _core_commit_tokens(self, tokens: Any, *, forward_s: float, forward_cpu_s: float, **draws: Any) -> Any:
+    def _core_commit_tokens(
+        self, tokens: Any, *, forward_s: float, forward_cpu_s: float, **draws: Any
+    ) -> Any:
         self.forward_seconds += forward_s
         self.forward_steps += 1
         return self.core.commit_tokens(tokens, **draws)
@@ -182,7 +208,12 @@ class StepLoop:
         # concurrency the Python work between forwards is most of what a token costs the
         # server outside the forward, so nothing else is done per step.
         frontend, core, stopping = self.frontend, self.core, self.stopping
-        next_plan, wait, take, step = frontend.next_plan, frontend.wait, self._take, self.step
+        next_plan, wait, take, step = (
+            frontend.next_plan,
+            frontend.wait,
+            self._take,
+            self.step,
+        )
         while not stopping.is_set():
             plan = next_plan(core)
             if plan is None:

@@ -45,7 +45,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 from typing import Any
 
 import ferrolm
@@ -118,7 +117,7 @@ class StepLoop(step_loop.StepLoop):
 
 def print_try(args: ServerArgs, url: str) -> None:
     """A curl line to try the server with."""
-    auth = f' -H "Authorization: Bearer $FERROLM_API_KEY"' if args.api_key else ""
+    auth = ' -H "Authorization: Bearer $FERROLM_API_KEY"' if args.api_key else ""
     print(
         f"try:  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
         f"""-d '{{"model": "{args.model_name}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'""",
