@@ -355,14 +355,15 @@ mod tests {
     #[test]
     fn forward_times_show_as_a_histogram_and_the_loops_cpu_counter() {
         let forward = ForwardTimes::default();
-        forward.note(0.0003, 0.0002);
-        forward.note(0.02, 0.015);
+        forward.note(0.25, 0.125);
+        forward.note(0.5, 0.25);
         let text = Histograms::new(0.0).render("tiny", None, &forward);
         assert!(text.contains("# TYPE ferrolm:forward_seconds histogram\n"), "{text}");
-        assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.0005\"} 1.0\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.1\"} 0.0\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.25\"} 1.0\n"), "{text}");
         assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"+Inf\"} 2.0\n"));
         assert!(text.contains("ferrolm:forward_seconds_count 2.0\n"));
-        assert!(text.contains("ferrolm:forward_seconds_sum 0.0203\n"), "{text}");
-        assert!(text.contains("ferrolm:forward_loop_cpu_seconds_total 0.0152\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_seconds_sum 0.75\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_loop_cpu_seconds_total 0.375\n"), "{text}");
     }
 }
