@@ -77,3 +77,39 @@ def test_the_loops_forward_timing_is_on_metrics(served: tuple[StepLoop, str]) ->
     assert series(url, "ferrolm:forward_seconds_sum") > 0
     assert 0 < series(url, "ferrolm:forward_loop_cpu_seconds_total")
     assert series(url, 'ferrolm:forward_seconds_bucket{le="+Inf"}') == 5
+
+
+def test_serve_loads_no_bench_module_fastapi_or_uvicorn() -> None:
+    """``ferrolm serve`` (the Rust front end) up to the point where it would start: the
+    bench modules are ``ferrolm bench``'s alone, and nothing of the Python front end's
+    web stack is imported."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "import ferrolm.server.rust_frontend as rf\n"
+        "def started(args):\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+        "    return 0\n"
+        "rf.run_rust_server = started\n"
+        "from ferrolm.cli import main\n"
+        "sys.exit(main(['serve', '--port', '0']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "ferrolm.server.args" in modules  # it got as far as serving
+    loaded = [
+        m
+        for m in modules
+        if m.split(".")[0] in ("fastapi", "uvicorn", "starlette")
+        or m.startswith("ferrolm.bench")
+    ]
+    assert loaded == []
