@@ -118,16 +118,10 @@ def native(url: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:
 
 def chat(url: str, stream: bool) -> tuple[str, list[float], list[list[float]]]:
     """Text, token logprobs and top logprobs of the chat answer, a stream's chunks joined."""
-    r = httpx.post(
-        f"{url}/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=120
-    )
+    r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=120)
     assert r.status_code == 200, r.text
     if stream:
-        chunks = [
-            json.loads(b[len("data: ") :])
-            for b in r.text.split("\n\n")
-            if b.strip() and b != "data: [DONE]"
-        ]
+        chunks = [json.loads(b[len("data: ") :]) for b in r.text.split("\n\n") if b.strip() and b != "data: [DONE]"]
         choices = [c["choices"][0] for c in chunks if c["choices"]]
     else:
         choices = r.json()["choices"]
@@ -180,14 +174,10 @@ def test_device_sampling_gives_what_the_cpu_sampler_gives_streamed_and_not() -> 
         assert (ids, text, finish) == want[:3]
         if logprobs is not None:
             assert [t for _, t in logprobs] == [t for _, t in want[3]] == ids
-            np.testing.assert_allclose(
-                [x for x, _ in logprobs], [x for x, _ in want[3]], atol=1e-4
-            )
+            np.testing.assert_allclose([x for x, _ in logprobs], [x for x, _ in want[3]], atol=1e-4)
             for g, w in zip(tops, want[4], strict=True):
                 assert [t for _, t in g] == [t for _, t in w]
-                np.testing.assert_allclose(
-                    [x for x, _ in g], [x for x, _ in w], atol=1e-4
-                )
+                np.testing.assert_allclose([x for x, _ in g], [x for x, _ in w], atol=1e-4)
     # the runs asked for something: seeded text, a schema's JSON, logprobs
     assert all(len(answer[0]) > 0 for answer in on_device)
     assert '"n"' in on_device[2][1].replace(" ", "")

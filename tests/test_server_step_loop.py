@@ -107,9 +107,6 @@ def test_serve_loads_no_bench_module_fastapi_or_uvicorn() -> None:
     modules = json.loads(out.stdout.strip().splitlines()[-1])
     assert "ferrolm.server.args" in modules  # it got as far as serving
     loaded = [
-        m
-        for m in modules
-        if m.split(".")[0] in ("fastapi", "uvicorn", "starlette")
-        or m.startswith("ferrolm.bench")
+        m for m in modules if m.split(".")[0] in ("fastapi", "uvicorn", "starlette") or m.startswith("ferrolm.bench")
     ]
     assert loaded == []

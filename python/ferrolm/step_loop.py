@@ -41,9 +41,7 @@ from ferrolm.model import ForwardBatch, ModelRunner
 
 log = logging.getLogger("ferrolm.step_loop")
 
-IDLE_WAIT_S = (
-    0.25  # how long an idle loop blocks before it looks at its stop flag again
-)
+IDLE_WAIT_S = 0.25  # how long an idle loop blocks before it looks at its stop flag again
 
 
 def wanted(choice: bool | None, runner: Any, method: str) -> bool:
@@ -86,9 +84,7 @@ class StepLoop:
         self.device_sampling = wanted(device_sampling, runner, "forward_sample")
         self.greedy_steps = 0  # steps whose tokens the runner picked greedily
         self.sampling_steps = 0  # steps whose tokens the runner drew
-        self.forward_seconds = (
-            0.0  # wall time in the forward (on the core; the front end keeps its own)
-        )
+        self.forward_seconds = 0.0  # wall time in the forward (on the core; the front end keeps its own)
         self.forward_steps = 0
         self.stopping = threading.Event()
         # the core's plan is the batch of the runners made here (same columns, checked by
@@ -124,41 +120,26 @@ class StepLoop:
             c0 = thread_time()
             w0 = perf_counter()
             if self.device_greedy and plan.all_plain_greedy:
-                ids = runner.forward_greedy(
-                    batch,
-                    self.eos_token_ids,
-                    plan.ignore_eos,
-                    vocab_size=self.vocab_size,
-                )
+                ids = runner.forward_greedy(batch, self.eos_token_ids, plan.ignore_eos, vocab_size=self.vocab_size)
                 w1 = perf_counter()
                 c1 = thread_time()
-                if (
-                    kv is not None
-                ):  # the earlier steps' events go out before this step's outputs
+                if kv is not None:  # the earlier steps' events go out before this step's outputs
                     kv.wait_earlier()
                 out = self._commit_tokens(ids, forward_s=w1 - w0, forward_cpu_s=c1 - c0)
                 self.greedy_steps += 1
             elif self.device_sampling:
-                draws = runner.forward_sample(
-                    batch, self.core.sampling_batch(), vocab_size=self.vocab_size
-                )
+                draws = runner.forward_sample(batch, self.core.sampling_batch(), vocab_size=self.vocab_size)
                 w1 = perf_counter()
                 c1 = thread_time()
-                if (
-                    kv is not None
-                ):  # the earlier steps' events go out before this step's outputs
+                if kv is not None:  # the earlier steps' events go out before this step's outputs
                     kv.wait_earlier()
-                out = self._commit_tokens(
-                    **draws.commit_args(), forward_s=w1 - w0, forward_cpu_s=c1 - c0
-                )
+                out = self._commit_tokens(**draws.commit_args(), forward_s=w1 - w0, forward_cpu_s=c1 - c0)
                 self.sampling_steps += 1
             else:
                 logits = runner.forward(batch)
                 w1 = perf_counter()
                 c1 = thread_time()
-                if (
-                    kv is not None
-                ):  # the earlier steps' events go out before this step's outputs
+                if kv is not None:  # the earlier steps' events go out before this step's outputs
                     kv.wait_earlier()
                 out = self._commit(logits, w1 - w0, c1 - c0)
         except CorePanicError:
@@ -169,9 +150,7 @@ class StepLoop:
             # internals). The loop keeps serving.
             out = self._fail(f"the model forward failed: {type(e).__name__}: {e}")
             if isinstance(e, Exception):
-                log.exception(
-                    "a step of %d requests failed; they end with an error", len(plan)
-                )
+                log.exception("a step of %d requests failed; they end with an error", len(plan))
                 return out
             if self.on_interrupt is not None:
                 self.on_interrupt(out)
@@ -187,9 +166,7 @@ class StepLoop:
         self.forward_steps += 1
         return self.core.commit(logits)
 
-    def _core_commit_tokens(
-        self, tokens: Any, *, forward_s: float, forward_cpu_s: float, **draws: Any
-    ) -> Any:
+    def _core_commit_tokens(self, tokens: Any, *, forward_s: float, forward_cpu_s: float, **draws: Any) -> Any:
         self.forward_seconds += forward_s
         self.forward_steps += 1
         return self.core.commit_tokens(tokens, **draws)
