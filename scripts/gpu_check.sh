@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On a CUDA machine: the torch runner's tests on the GPU, then decode tokens/s of a
+# On a CUDA machine: the torch runner's tests on the GPU (the server's device sampling
+# against its CPU sampler included), then decode tokens/s of a
 # 1B-class Llama (random bf16 weights built in-process, no download) at batch 1, 16 and 64
 # against the memory-bandwidth limit. `make test` has installed torch into .venv.
 #
@@ -15,5 +16,5 @@ if [[ "${1:-}" == "--smoke" ]]; then
     exec "$PY" -m ferrolm.cli bench gpu --device cpu --model tiny --batches 1,4 --context 32 --steps 4 "$@"
 fi
 FERROLM_TEST_DEVICE=cuda "$PY" -m pytest -q tests/test_model_torch_runner.py tests/test_model_transformers.py \
-    tests/test_engine_torch.py tests/test_model_device_sampler.py
+    tests/test_engine_torch.py tests/test_model_device_sampler.py tests/test_server_device_sampling.py
 "$PY" -m ferrolm.cli bench gpu --device cuda --model 1b --batches 1,16,64 "$@"

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ferrolm.bench import serve as bench_serve
 from ferrolm.server.testing import RunningServer, running_server
 
@@ -95,59 +94,62 @@ def _burn(seconds: float) -> None:
         pass
 
 
-class _FakeFrontend:
-    """A front end whose ``commit`` samples on a thread that ends inside the call, as the
-    core does for a large step, while a long-lived thread is busy too."""
+def test_threads_that_ended_still_count() -> None:
+    """The core samples a large step on a thread that lives only for that commit: /proc
+    no longer lists it after, but the process's total keeps its CPU."""
+    import os
 
-    def __init__(self, busy_long_lived: threading.Event) -> None:
-        self.busy_long_lived = busy_long_lived
+    before = bench_serve._ended_threads_cpu_s(os.getpid())
+    helper = threading.Thread(target=_burn, args=(0.2,))
+    helper.start()
+    helper.join()
+    # join returns a moment before the system thread is gone from /proc
+    from ferrolm.server.testing import wait_until
 
-    def commit(self, core: object, logits: object) -> str:
-        self.busy_long_lived.set()
-        helper = threading.Thread(target=_burn, args=(0.05,))
-        helper.start()
-        helper.join()
-        return "finished"
-
-    drain = wait = fail_step = take_outputs = stop = commit_tokens = commit
-
-
-def test_rust_commit_timer_counts_the_short_lived_sampling_thread_only() -> None:
-    start, release = threading.Event(), threading.Event()
-
-    def long_lived() -> None:  # an HTTP or BLAS thread: it outlives the commit
-        start.wait()
-        _burn(0.05)
-        release.wait()
-
-    worker = threading.Thread(target=long_lived)
-    worker.start()
-    totals: list[float] = [0.0] * 6
-    timed = bench_serve._TimedCommits(_FakeFrontend(start), totals, lambda: None)
-    try:
-        assert timed.commit(None, None) == "finished"
-    finally:
-        release.set()
-        worker.join()
-    # the helper's 0.05 s (clock ticks of slack), not the long-lived thread's share
-    assert 0.04 <= totals[4] <= 0.09
-    assert totals[5] >= 0.0
+    wait_until(lambda: str(helper.native_id) not in os.listdir(f"/proc/{os.getpid()}/task"))
+    after = bench_serve._ended_threads_cpu_s(os.getpid())
+    assert before is not None and after is not None
+    # the helper's 0.2 s, to a few clock ticks (10 ms each) of the two readings
+    assert 0.15 <= after - before <= 0.25
 
 
-def test_rust_overhead_adds_the_commit_helper_and_drops_the_timing() -> None:
-    def reading(http: float, loop: float, loop_forward: float, helper: float, timing: float) -> dict[str, Any]:
-        return {"api_cpu_s": 10.0, "engine_cpu_s": None, "forward_cpu_s": 5.0, "forward_wall_s": 6.0,
-                "forward_calls": 100, "http_cpu_s": http, "loop_cpu_s": loop, "loop_forward_cpu_s": loop_forward,
-                "commit_helper_cpu_s": helper, "timing_cpu_s": timing}
+def test_the_forward_is_read_from_the_servers_metrics() -> None:
+    text = (
+        "# TYPE ferrolm:forward_seconds histogram\n"
+        'ferrolm:forward_seconds_bucket{le="+Inf"} 12.0\n'
+        "ferrolm:forward_seconds_count 12.0\n"
+        "ferrolm:forward_seconds_sum 0.5\n"
+        "ferrolm:forward_seconds_created 1.7e9\n"
+        "ferrolm:forward_loop_cpu_seconds_total 0.25\n"
+        "ferrolm:sampling_thread_cpu_seconds_total 0.125\n"
+        "ferrolm:num_steps_total 12.0\n"
+    )
+    assert bench_serve.forward_from_metrics(text) == {
+        "forward_calls": 12.0, "forward_wall_s": 0.5, "loop_forward_cpu_s": 0.25, "sampling_threads_cpu_s": 0.125}
+    assert bench_serve.forward_from_metrics("ferrolm:num_steps_total 3.0\n") == {}
 
-    before = reading(1.0, 2.0, 1.0, 0.1, 0.01)
-    after = reading(1.5, 4.0, 2.5, 0.3, 0.11)
+
+def test_overhead_is_http_plus_the_loop_outside_the_forward_plus_the_sampling_threads() -> None:
+    def reading(http: float, loop: float, loop_forward: float, other: float, ended: float,
+                sampling: float) -> dict[str, Any]:
+        return {"process_cpu_s": http + loop + other + ended, "http_cpu_s": http, "loop_cpu_s": loop,
+                "other_cpu_s": other, "ended_threads_cpu_s": ended, "loop_forward_cpu_s": loop_forward,
+                "sampling_threads_cpu_s": sampling, "forward_wall_s": loop_forward * 1.1, "forward_calls": 100.0}
+
+    before = reading(1.0, 2.0, 1.0, 0.5, 0.1, 0.05)
+    after = reading(1.5, 4.0, 2.5, 0.9, 0.4, 0.15)
     out = bench_serve.cpu_per_token(before, after, tokens=1000)
-    # loop outside the forward: 2.0 - 1.5 - 0.1 (timing) + 0.2 (helper) = 0.6 s
-    assert out["loop_outside_forward_us_per_token"] == pytest.approx(600.0)
-    assert out["commit_helper_us_per_token"] == pytest.approx(200.0)
+    # the loop outside the forward: 2.0 - 1.5 = 0.5 s; the commits' sampling threads 0.1 s
+    # of the 0.3 s that ended threads used; HTTP 0.5 s
+    assert out["loop_outside_forward_us_per_token"] == pytest.approx(500.0)
+    assert out["sampling_threads_us_per_token"] == pytest.approx(100.0)
     assert out["frontend_cpu_us_per_token"] == pytest.approx(500.0)
     assert out["overhead_us_per_token"] == pytest.approx(1100.0)
+    # the forward: the loop's 1.5 s in it, the other threads' 0.4 s, the kernels' 0.2 s
+    assert out["forward_cpu_us_per_token"] == pytest.approx(2100.0)
+    assert out["floor_met"] is True
+    missing = bench_serve.cpu_per_token(before, {**after, "loop_forward_cpu_s": None}, tokens=1000)
+    assert missing["overhead_us_per_token"] is None and missing["floor_met"] is None
 
 
 def test_thread_cpu_is_read_finer_than_clock_ticks() -> None:
@@ -162,3 +164,20 @@ def test_thread_cpu_is_read_finer_than_clock_ticks() -> None:
     d = time.thread_time()
     # the burn and at most the two readings themselves, to the thread clock's precision
     assert c - b - 1e-4 <= after["main"] - before["main"] <= d - a + 1e-4
+
+
+def test_a_launched_server_reports_its_forward_and_overhead(tmp_path: Path) -> None:
+    """``--launch``: the server runs as ``ferrolm serve`` runs (nothing patched); the
+    forward's figures come from its /metrics."""
+    out = tmp_path / "launched.json"
+    rc = bench("--launch", "tiny", "--concurrency", "2", "--num-requests", "4", "--output-lens", "4",
+               "--output-weights", "1", "--warmup", "0", "--no-progress", "--json", str(out), "--strict")
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["forward_exposed_by_server"] is True
+    [point] = report["points"]
+    cpu = point["summary"]["server_cpu"]
+    assert cpu["generated_tokens"] == 16
+    assert cpu["forward_calls"] >= 4  # a step at least per token of a request
+    assert cpu["forward_cpu_us_per_token"] > 0 and cpu["forward_wall_us_per_token"] > 0
+    assert cpu["overhead_us_per_token"] is not None and cpu["overhead_us_per_token"] > 0

@@ -122,10 +122,16 @@ def test_generate_refuses_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPat
     ],
 )
 def test_plain_greedy_is_what_the_core_would_pick_as_a_bare_argmax(change: dict, plain: bool) -> None:
-    from ferrolm.engine import plain_greedy
+    """The core's rule, as its plan carries it per entry for the runner."""
+    from ferrolm.engine import Engine
     from ferrolm.sampling_params import SamplingParams
 
-    assert plain_greedy(SamplingParams(**({"temperature": 0.0} | change))) is plain
+    engine = Engine("tiny", kv_capacity=256, runner="numpy")
+    params = SamplingParams(**({"temperature": 0.0} | change))
+    engine.submit("hello", params)
+    plan = engine.core.schedule()
+    assert plan.plain_greedy.tolist() == [plain] and plan.all_plain_greedy is plain
+    assert plan.ignore_eos.tolist() == [params.ignore_eos]
 
 
 def test_the_numpy_runner_never_takes_the_device_greedy_path() -> None:

@@ -270,6 +270,9 @@ METRIC_TYPES = {
     "ferrolm:time_to_first_token_seconds_created": "gauge", "ferrolm:inter_token_latency_seconds_created": "gauge",
     "ferrolm:e2e_request_latency_seconds_created": "gauge", "ferrolm:queue_time_seconds_created": "gauge",
     "ferrolm:grammar_compile_seconds_created": "gauge",
+    # the step loop's forward timing, and the CPU of the commits' sampling threads
+    "ferrolm:forward_seconds": "histogram", "ferrolm:forward_seconds_created": "gauge",
+    "ferrolm:forward_loop_cpu_seconds_total": "counter", "ferrolm:sampling_thread_cpu_seconds_total": "counter",
     "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
     "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
 }

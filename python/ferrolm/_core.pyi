@@ -23,6 +23,7 @@ __all__ = [
     "ManualClock",
     "MatchResult",
     "Engine",
+    "EngineConfig",
     "BatchPlan",
     "StepOutputs",
     "SamplingBatch",
@@ -227,9 +228,9 @@ class BatchPlan:
     of its sequence up to and including the new tokens, in position order. The runner
     returns one row of logits per request, for its last new token. The columns are
     read-only numpy arrays: ``ForwardBatch.from_plan`` uses them as they are, unchecked.
-    ``rids``, ``samples`` and ``is_prefill`` are made when first read (a loop that leaves
-    the step's outputs to the core, as the Rust front end's does, seldom reads them); each
-    read after returns the same array."""
+    ``rids``, ``samples``, ``is_prefill``, ``plain_greedy`` and ``ignore_eos`` are made when
+    first read (a loop that leaves the step's outputs to the core, as the Rust front end's
+    does, seldom reads them); each read after returns the same array."""
 
     @property
     def rids(self) -> npt.NDArray[np.uint64]: ...
@@ -251,6 +252,19 @@ class BatchPlan:
         that does not reach the end of its prompt)."""
     @property
     def is_prefill(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def plain_greedy(self) -> npt.NDArray[np.bool_]:
+        """Whether request ``b``'s next token is the bare argmax of its logits (greedy, and
+        no bias, penalty, ``min_new_tokens``, grammar, allow list or logprobs): a runner
+        may pick it on its device. The rule is the core's, read from the request's params."""
+    @property
+    def ignore_eos(self) -> npt.NDArray[np.bool_]:
+        """Whether request ``b`` ignores EOS: a runner picking its greedy token never picks
+        an EOS id."""
+    @property
+    def all_plain_greedy(self) -> bool:
+        """Whether every entry that samples this step is plain greedy (true when none
+        samples): the runner may pick the whole step's tokens (``forward_greedy``)."""
     @property
     def num_requests(self) -> int: ...
     @property
@@ -369,6 +383,40 @@ class StepOutputs:
     def __len__(self) -> int: ...
 
 @final
+class EngineConfig:
+    """The engine's settings as the core defines them; ``defaults()`` is the one statement
+    of the defaults, which ``Engine`` takes for what is not given."""
+
+    @staticmethod
+    def defaults() -> EngineConfig: ...
+    @property
+    def kv_capacity(self) -> int:
+        """Token slots in the KV pool."""
+    @property
+    def max_running_requests(self) -> int: ...
+    @property
+    def max_prefill_tokens(self) -> int:
+        """Prompt tokens per step (the chunked-prefill budget)."""
+    @property
+    def schedule_policy(self) -> str: ...
+    @property
+    def enable_prefix_cache(self) -> bool: ...
+    @property
+    def eviction_policy(self) -> str: ...
+    @property
+    def new_token_ratio(self) -> float: ...
+    @property
+    def fast_lane_tokens(self) -> int: ...
+    @property
+    def max_context(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def enable_kv_events(self) -> bool: ...
+    @property
+    def kv_event_block_size(self) -> int: ...
+
+@final
 class Engine:
     """The engine core: everything a step needs but the forward pass. One call per step
     crosses the boundary: ``schedule()`` gives a ``BatchPlan``, the runner computes logits,
@@ -380,25 +428,25 @@ class Engine:
         cls,
         vocabulary: Vocabulary,
         *,
-        kv_capacity: int = 32768,
-        max_running_requests: int = 64,
-        max_prefill_tokens: int = 2048,
-        schedule_policy: str = "fcfs",
-        enable_prefix_cache: bool = True,
-        eviction_policy: str = "lru",
-        new_token_ratio: float = 0.3,
-        fast_lane_tokens: int = 32,
-        max_context: int = 32768,
-        seed: int = 0,
-        enable_kv_events: bool = False,
-        kv_event_block_size: int = 16,
+        kv_capacity: int | None = None,
+        max_running_requests: int | None = None,
+        max_prefill_tokens: int | None = None,
+        schedule_policy: str | None = None,
+        enable_prefix_cache: bool | None = None,
+        eviction_policy: str | None = None,
+        new_token_ratio: float | None = None,
+        fast_lane_tokens: int | None = None,
+        max_context: int | None = None,
+        seed: int | None = None,
+        enable_kv_events: bool | None = None,
+        kv_event_block_size: int | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
         and EOS ids, and the vocabulary size; request grammars must be compiled from this
-        same object. The defaults are the engine's one configuration, shared by
-        ``ferrolm.Engine`` and the server's arguments: ``kv_capacity`` 32768 token slots,
-        ``max_running_requests`` 64, ``max_prefill_tokens`` 2048. ``schedule_policy``:
+        same object. A setting not given (``None``) is the core's default
+        (``EngineConfig.defaults()``, which ``ferrolm.Engine`` and the server's arguments
+        show too). ``schedule_policy``:
         ``fcfs``, ``lpm`` (longest cached prefix first), ``priority``. ``max_prefill_tokens`` is the chunked-prefill budget per
         step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
         is kept free when admitting others. With ``enable_kv_events`` the prefix cache
@@ -807,16 +855,34 @@ class Frontend:
     def wait(self, timeout: float) -> bool:
         """Blocks (GIL released) until a request, abort or call is queued, ``stop`` was
         called, or ``timeout`` seconds pass; True when something is queued."""
-    def drain(self, engine: Engine) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]] | None:
+    def drain(self, engine: Engine) -> int:
         """Moves everything queued into ``engine`` (submissions, each answered to its
-        HTTP request; aborts; control calls); returns the rids of the plain-greedy samples
-        it submitted and whether each ignores EOS (``None`` when there are none)."""
+        HTTP request; aborts; control calls); returns the number of prompts it submitted."""
     def next_plan(self, engine: Engine) -> BatchPlan | None:
         """``drain``, then ``engine.schedule()`` in the same call (the GIL released once):
-        the step's plan, ``None`` when the core has no work. Plain-greedy samples are not
-        reported, so it is for a loop whose runner leaves every pick to the core."""
-    def commit(self, engine: Engine, logits: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
-    def commit_tokens(self, engine: Engine, tokens: npt.ArrayLike) -> npt.NDArray[np.uint64]: ...
+        the step's plan, ``None`` when the core has no work."""
+    def commit(
+        self, engine: Engine, logits: npt.ArrayLike, forward_s: float | None = None,
+        forward_cpu_s: float | None = None,
+    ) -> npt.NDArray[np.uint64]:
+        """``engine.commit(logits)``, the outputs handed to the streams. ``forward_s`` and
+        ``forward_cpu_s``: the step's forward as the loop timed it (wall seconds, and its
+        own thread's CPU seconds), shown on ``/metrics`` as the ``ferrolm:forward_seconds``
+        histogram and the ``ferrolm:forward_loop_cpu_seconds_total`` counter."""
+    def commit_tokens(
+        self,
+        engine: Engine,
+        tokens: npt.ArrayLike,
+        *,
+        logprobs: object | None = None,
+        top_ids: object | None = None,
+        top_logprobs: object | None = None,
+        forward_s: float | None = None,
+        forward_cpu_s: float | None = None,
+    ) -> npt.NDArray[np.uint64]:
+        """``engine.commit_tokens`` (the same arguments: tokens drawn on the runner's device,
+        with the logprobs asked for), the outputs handed to the streams; the forward's
+        timing as in ``commit``."""
     def fail_step(self, engine: Engine, message: str) -> npt.NDArray[np.uint64]: ...
     def take_outputs(self, engine: Engine) -> npt.NDArray[np.uint64]: ...
     def stop(self, timeout: float = 5.0) -> None:

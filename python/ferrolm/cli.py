@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from ferrolm.bench import attention as bench_attention
-from ferrolm.bench import constraint as bench_constraint
-from ferrolm.bench import engine as bench_engine
-from ferrolm.bench import gpu as bench_gpu
-from ferrolm.bench import kv_events as bench_kv_events
-from ferrolm.bench import route as bench_route
-from ferrolm.bench import serve as bench_serve
-from ferrolm.bench import tools as bench_tools
 from ferrolm.errors import FerrolmError
-from ferrolm.bench import tree as bench_tree
+
+# ``ferrolm bench NAME``: the module ferrolm.bench.NAME, imported only for ``ferrolm bench``
+# (``ferrolm serve`` loads none of them, nor what they import)
+BENCHES = ("tree", "engine", "serve", "constraint", "gpu", "attention", "tools", "route", "kv_events")
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ferrolm.engine import Engine, default_blas_threads
-
-    if args.blas_threads is None:
-        args.blas_threads = default_blas_threads()
     from ferrolm.sampling_params import SamplingParams
+    from ferrolm.server.args import ServerArgs, build_engine
 
-    engine = Engine(
-        args.model, seed=args.seed, blas_threads=args.blas_threads, runner=args.runner, device=args.device,
-        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, record_trace=args.record_trace,
-    )
+    # the flags generate shares with serve, mapped onto the engine as serve maps them
+    engine = build_engine(ServerArgs(**{name: getattr(args, name) for name in ServerArgs.__dataclass_fields__
+                                        if hasattr(args, name)}))
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -128,9 +120,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from ferrolm.server.args import server_args_from
-    from ferrolm.server.launch import run_server
 
-    return run_server(server_args_from(args))
+    settings = server_args_from(args)
+    from ferrolm.server.rust_frontend import run_server
+
+    return run_server(settings)
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -146,15 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    bench_tree.add_parser(bench_sub)
-    bench_engine.add_parser(bench_sub)
-    bench_serve.add_parser(bench_sub)
-    bench_constraint.add_parser(bench_sub)
-    bench_gpu.add_parser(bench_sub)
-    bench_attention.add_parser(bench_sub)
-    bench_tools.add_parser(bench_sub)
-    bench_route.add_parser(bench_sub)
-    bench_kv_events.add_parser(bench_sub)
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["bench"]:
+        for name in BENCHES:
+            importlib.import_module(f"ferrolm.bench.{name}").add_parser(bench_sub)
     _add_generate(sub)
     _add_serve(sub)
     _add_replay(sub)

@@ -21,15 +21,19 @@ from typing import Any
 import numpy as np
 
 from ferrolm import _core
-from ferrolm.errors import CorePanicError, InvalidInputError
+from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events import KvEvent, event_from_raw
-from ferrolm.model import ForwardBatch, LoadedModel, ModelRunner, load_model
+from ferrolm.model import LoadedModel, ModelRunner, load_model
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
+from ferrolm.step_loop import StepLoop
 
 Prompt = str | Sequence[int] | np.ndarray
 
 log = logging.getLogger("ferrolm.engine")
+
+# the engine's defaults, as the core defines them (EngineConfig); the server's read them too
+DEFAULTS = _core.EngineConfig.defaults()
 
 
 @dataclass(slots=True)
@@ -140,13 +144,13 @@ class Engine:
         self,
         model: str | LoadedModel = "tiny",
         *,
-        kv_capacity: int = 32_768,
-        max_running_requests: int = 64,
-        max_prefill_tokens: int = 2048,
-        schedule_policy: str = "fcfs",
-        enable_prefix_cache: bool = True,
-        eviction_policy: str = "lru",
-        seed: int = 0,
+        kv_capacity: int = DEFAULTS.kv_capacity,
+        max_running_requests: int = DEFAULTS.max_running_requests,
+        max_prefill_tokens: int = DEFAULTS.max_prefill_tokens,
+        schedule_policy: str = DEFAULTS.schedule_policy,
+        enable_prefix_cache: bool = DEFAULTS.enable_prefix_cache,
+        eviction_policy: str = DEFAULTS.eviction_policy,
+        seed: int = DEFAULTS.seed,
         runner: ModelRunner | str | None = None,
         blas_threads: int | None = None,
         device: str = "auto",
@@ -154,8 +158,8 @@ class Engine:
         kv_cache_dtype: str = "auto",
         device_greedy: bool | None = None,
         mem_fraction_static: float | None = None,
-        enable_kv_events: bool = False,
-        kv_event_block_size: int = 16,
+        enable_kv_events: bool = DEFAULTS.enable_kv_events,
+        kv_event_block_size: int = DEFAULTS.kv_event_block_size,
         device_sampling: bool | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -227,22 +231,13 @@ class Engine:
             kv_event_block_size=kv_event_block_size,
             record_trace=None if record_trace is None else os.fspath(record_trace),
         )
-        # Greedy on the runner's device: a step whose sampling requests are all plain greedy
-        # (see plain_greedy) takes their argmax from the runner (no logits cross to the host)
-        # and hands the ids to core.commit_tokens. Runners that can: forward_greedy.
-        # None: where the runner's device is not the CPU (on the CPU the logits are on the
-        # host already and the core's vectorized argmax reads them in place)
-        on_cpu = str(getattr(self.runner, "device", "cpu")) == "cpu"
-        wanted_greedy = (not on_cpu) if device_greedy is None else device_greedy
-        self.device_greedy = wanted_greedy and hasattr(self.runner, "forward_greedy")
-        self.device_greedy_steps = 0
-        # Sampling on the runner's device: the step's sampling columns (core.sampling_batch)
-        # go to the runner's forward_sample, its ids to core.commit_tokens.
-        wanted = (not on_cpu) if device_sampling is None else device_sampling
-        self.device_sampling = wanted and hasattr(self.runner, "forward_sample")
-        self.device_sampling_steps = 0
-        self._greedy_rids: set[int] = set()  # live requests submitted with plain greedy params
-        self._greedy_ignore_eos: dict[int, bool] = {}  # those of them that ignore EOS
+        # the step loop (ferrolm.step_loop): the runner's best mode each step, device greedy
+        # and device sampling on where asked for (None: where the runner's device is not
+        # the CPU) and the runner has them
+        self.loop = StepLoop(
+            self.core, self.runner, eos_token_ids=self.config.eos_token_ids, device_greedy=device_greedy,
+            device_sampling=device_sampling, on_interrupt=lambda out: self._route(deltas_of(out)),
+        )
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
@@ -262,98 +257,33 @@ class Engine:
     def _step(self) -> list[Delta]:
         plan = self.core.schedule()
         if len(plan) == 0:
-            return self._forget(deltas_of(self.core.take_outputs()))
-        try:
-            batch = ForwardBatch.from_plan(plan)
-            ignore_eos = self._device_greedy_rows(plan)
-            if ignore_eos is not None:
-                ids = self.runner.forward_greedy(  # type: ignore[attr-defined]
-                    batch, self.config.eos_token_ids, ignore_eos, vocab_size=self.core.vocab_size
-                )
-                out = self.core.commit_tokens(ids)
-                self.device_greedy_steps += 1
-            elif self.device_sampling:
-                draws = self.runner.forward_sample(  # type: ignore[attr-defined]
-                    batch, self.core.sampling_batch(), vocab_size=self.core.vocab_size
-                )
-                out = self.core.commit_tokens(**draws.commit_args())
-                self.device_sampling_steps += 1
-            else:
-                out = self.core.commit(self.runner.forward(batch))
-        except CorePanicError:
-            raise  # the core refuses further use
-        except BaseException as e:
-            # The step's KV was not written (or not all of it): the core drops the step, and
-            # its requests end with an error (error_kind "step_failed") that is routed like
-            # any other delta. The engine keeps serving.
-            failed = self._forget(deltas_of(self.core.fail_step(f"the model forward failed: {type(e).__name__}: {e}")))
-            if isinstance(e, Exception):
-                log.error("a step of %d requests failed; they end with an error", len(plan), exc_info=True)
-                return failed
-            self._route(failed)  # an interrupt: deliver the failed step's deltas later, then stop
-            raise
-        return self._forget(deltas_of(out))
+            return deltas_of(self.core.take_outputs())
+        return deltas_of(self.loop.step(plan))
 
-    def _device_greedy_rows(self, plan: Any) -> np.ndarray | None:
-        """For a step the runner may pick greedily: whether each entry ignores EOS (the
-        runner then never picks an EOS id for it, as the core's sampler would not); None
-        when some sampling entry is not plain greedy (or device greedy is off)."""
-        if not self.device_greedy or not self._greedy_rids:
-            return None
-        rids = plan.rids.tolist()
-        samples = plan.samples.tolist()
-        greedy = self._greedy_rids
-        if not all(rid in greedy for rid, s in zip(rids, samples) if s):
-            return None
-        ignore = self._greedy_ignore_eos
-        return np.fromiter((ignore.get(rid, False) for rid in rids), dtype=bool, count=len(rids))
+    @property
+    def device_greedy(self) -> bool:
+        """Whether the runner picks greedy tokens on its device (steps whose sampling
+        requests are all plain greedy)."""
+        return self.loop.device_greedy
 
-    def _forget(self, deltas: list[Delta]) -> list[Delta]:
-        """Drops finished requests from the device-greedy bookkeeping."""
-        if self._greedy_rids:
-            for d in deltas:
-                if d.finish_reason is not None:
-                    self._greedy_rids.discard(d.rid)
-                    self._greedy_ignore_eos.pop(d.rid, None)
-        return deltas
+    @property
+    def device_sampling(self) -> bool:
+        """Whether the runner draws every token on its device."""
+        return self.loop.device_sampling
 
-    def note_submitted(self, rids: int | Sequence[int], params: SamplingParams) -> None:
-        """Records requests just given to ``core.submit`` (by ``submit``/``generate``, or by
-        a loop that submits to the core itself, as the server's does) for device greedy."""
-        if not self.device_greedy or not plain_greedy(params):
-            return
-        for rid in [rids] if isinstance(rids, int) else rids:
-            self._greedy_rids.add(int(rid))
-            if params.ignore_eos:
-                self._greedy_ignore_eos[int(rid)] = True
+    @property
+    def device_greedy_steps(self) -> int:
+        return self.loop.greedy_steps
 
-    def note_greedy(self, rids: Any, ignore_eos: Any) -> None:
-        """``note_submitted`` for requests a loop submitted to the core itself and found plain
-        greedy (the Rust front end's ``drain`` reports them), with whether each ignores EOS."""
-        if not self.device_greedy:
-            return
-        for rid, ignore in zip(np.asarray(rids).tolist(), np.asarray(ignore_eos).tolist()):
-            self._greedy_rids.add(rid)
-            if ignore:
-                self._greedy_ignore_eos[rid] = True
-
-    def forget_greedy(self, finished_rids: Any) -> None:
-        """Drops finished requests (their rids) from the device-greedy bookkeeping."""
-        if self._greedy_rids:
-            for rid in np.asarray(finished_rids).tolist():
-                self._greedy_rids.discard(rid)
-                self._greedy_ignore_eos.pop(rid, None)
-
-    def device_greedy_rows(self, plan: Any) -> np.ndarray | None:
-        """Whether the runner may pick this plan's tokens greedily: per entry, whether it
-        ignores EOS; None when it may not (see ``_device_greedy_rows``)."""
-        return self._device_greedy_rows(plan)
+    @property
+    def device_sampling_steps(self) -> int:
+        return self.loop.sampling_steps
 
     def fail_step(self, message: str) -> list[Delta]:
         """Ends the requests of a step in flight with an error (for a loop whose step
         failed outside the forward); returns the deltas of ``submit``-ed requests, as
         ``step()`` does."""
-        self._route(self._forget(deltas_of(self.core.fail_step(message))))
+        self._route(deltas_of(self.core.fail_step(message)))
         out, self._outbox = self._outbox, []
         return out
 
@@ -449,8 +379,6 @@ class Engine:
         except BaseException:
             self._claimed.difference_update(rids)
             raise
-        if core_kw.get("grammar") is None:  # a grammar given as such masks the logits too
-            self.note_submitted(rids, params)
         return rids
 
     def abort(self, rid: int) -> bool:
@@ -567,24 +495,6 @@ def default_blas_threads() -> int:
     """Half the cores (at least 1): on a small machine BLAS threads that outnumber the
     free cores spin against each other and the engine loop (5-7x slower steps on 2 cores)."""
     return max(1, (os.cpu_count() or 2) // 2)
-
-
-def plain_greedy(params: SamplingParams) -> bool:
-    """Whether the core would pick a request's tokens as the bare argmax of its logits
-    (EOS excluded where it ignores EOS): greedy, and nothing that changes or masks the
-    logits or asks for their log-probabilities."""
-    return (
-        (params.temperature == 0 or params.top_k == 1)
-        and not params.logit_bias
-        and params.repetition_penalty == 1
-        and params.frequency_penalty == 0
-        and params.presence_penalty == 0
-        and params.min_new_tokens == 0
-        and not params.logprobs
-        and params.top_logprobs == 0
-        and params.allowed_token_ids is None
-        and params.grammar_source() is None
-    )
 
 
 def limit_blas_threads(n: int) -> None:

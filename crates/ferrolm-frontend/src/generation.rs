@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::egress::{RequestStream, SampleUpdate};
 use crate::errors::{ApiError, ApiResult};
-use crate::protocol::{core_field_error, plain_greedy};
+use crate::protocol::core_field_error;
 use crate::state::AppState;
 
 /// One choice: everything its updates have brought so far.
@@ -114,9 +114,8 @@ impl Generation {
                 ..Default::default()
             });
         }
-        let greedy = plain_greedy(&params, constraint.is_some());
         let (tx, rx) = oneshot::channel();
-        self.state.ingress.submit(rids.clone(), prompt, params, constraint, greedy, tx);
+        self.state.ingress.submit(rids.clone(), prompt, params, constraint, tx);
         let answer = tokio::select! {
             answer = rx => answer,
             stalled = self.state.until_unavailable() => {

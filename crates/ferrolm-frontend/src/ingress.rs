@@ -26,9 +26,6 @@ pub struct Submission {
     pub prompt: Range<usize>,
     pub params: RequestParams,
     pub constraint: Option<Constraint>,
-    /// The core would pick its tokens as the bare argmax of the logits (see
-    /// `ferrolm.engine.plain_greedy`): the step loop may let the runner pick them.
-    pub plain_greedy: bool,
     pub reply: oneshot::Sender<Result<(), EngineError>>,
 }
 
@@ -55,14 +52,12 @@ impl Inbox {
     }
 }
 
-/// What a drain did, for the step loop's own bookkeeping.
+/// What a drain did. The step loop keeps no state of its own about requests: what the
+/// runner needs of them comes with each plan (`BatchPlan::plain_greedy`, `ignore_eos`).
 #[derive(Debug, Default, PartialEq)]
 pub struct Drained {
     pub submitted: usize,
     pub rejected: usize,
-    /// Rids of plain-greedy samples now in the core, and whether each ignores EOS.
-    pub greedy_rids: Vec<u64>,
-    pub greedy_ignore_eos: Vec<bool>,
 }
 
 pub struct Ingress {
@@ -116,14 +111,13 @@ impl Ingress {
         prompt: &[u32],
         params: RequestParams,
         constraint: Option<Constraint>,
-        plain_greedy: bool,
         reply: oneshot::Sender<Result<(), EngineError>>,
     ) {
         let mut inbox = self.inbox.lock().unwrap();
         let start = inbox.ids.len();
         inbox.ids.extend_from_slice(prompt);
         let prompt = start..inbox.ids.len();
-        inbox.submits.push(Submission { rids, prompt, params, constraint, plain_greedy, reply });
+        inbox.submits.push(Submission { rids, prompt, params, constraint, reply });
         drop(inbox);
         self.ready.notify_one();
     }
@@ -190,14 +184,9 @@ impl Ingress {
         let mut batch = spare;
         let mut drained = Drained::default();
         for s in batch.submits.drain(..) {
-            let ignore_eos = s.params.ignore_eos;
             let result = engine.submit_samples(&s.rids, &batch.ids[s.prompt.clone()], s.params, s.constraint);
             if result.is_ok() {
                 drained.submitted += 1;
-                if s.plain_greedy {
-                    drained.greedy_ignore_eos.extend(s.rids.iter().map(|_| ignore_eos));
-                    drained.greedy_rids.extend_from_slice(&s.rids);
-                }
             } else {
                 drained.rejected += 1;
             }

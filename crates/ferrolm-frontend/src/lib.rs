@@ -57,6 +57,7 @@ pub struct Frontend {
     pub ingress: Arc<Ingress>,
     pub egress: Arc<Egress>,
     pub kv_counters: Arc<KvEventCounters>,
+    pub forward_times: Arc<metrics::ForwardTimes>,
     local_addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -96,6 +97,7 @@ impl Frontend {
         let ingress = Arc::new(Ingress::new());
         let egress = Arc::new(Egress::new());
         let kv_counters = Arc::new(KvEventCounters::default());
+        let forward_times = Arc::new(metrics::ForwardTimes::default());
         let started_at = http::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
         let grammar_threads = config.grammar_threads;
@@ -118,6 +120,7 @@ impl Frontend {
             started_at,
             histograms: Mutex::new(metrics::Histograms::new(started_at as f64)),
             kv_counters: kv_counters.clone(),
+            forward_times: forward_times.clone(),
             unavailable: tokio::sync::watch::Sender::new(None),
         });
         runtime.spawn(egress.clone().pump());
@@ -152,7 +155,15 @@ impl Frontend {
                 tracing::error!("the HTTP server stopped: {e}");
             }
         });
-        Ok(Frontend { ingress, egress, kv_counters, local_addr, runtime: Some(runtime), shutdown: Some(tx) })
+        Ok(Frontend {
+            ingress,
+            egress,
+            kv_counters,
+            forward_times,
+            local_addr,
+            runtime: Some(runtime),
+            shutdown: Some(tx),
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -4,6 +4,7 @@
 //! core has them.
 
 use std::fmt::Write;
+use std::sync::Mutex;
 
 use ferrolm_core::engine::{EngineStats, LatencySamples, Load};
 
@@ -12,16 +13,31 @@ use crate::kv_events::KvEventCounts;
 const BUCKETS: [f64; 16] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
-#[derive(Clone, Debug, Default)]
+/// A step's forward takes well under a millisecond on a small model: finer at the bottom.
+const FORWARD_BUCKETS: [f64; 16] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+#[derive(Clone, Debug)]
 pub struct Histogram {
-    counts: [u64; BUCKETS.len()],
+    bounds: &'static [f64],
+    counts: Vec<u64>,
     count: u64,
     sum: f64,
 }
 
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::with_bounds(&BUCKETS)
+    }
+}
+
 impl Histogram {
+    pub fn with_bounds(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len()], count: 0, sum: 0.0 }
+    }
+
     pub fn observe(&mut self, v: f64) {
-        for (i, &b) in BUCKETS.iter().enumerate() {
+        for (i, &b) in self.bounds.iter().enumerate() {
             if v <= b {
                 self.counts[i] += 1;
             }
@@ -32,7 +48,7 @@ impl Histogram {
 
     fn write(&self, out: &mut String, name: &str, help: &str, created: f64) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (i, &b) in BUCKETS.iter().enumerate() {
+        for (i, &b) in self.bounds.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "{name}_bucket{{le=\"{}\"}} {}",
@@ -48,6 +64,46 @@ impl Histogram {
             out,
             "# HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created {}",
             prom_float(created)
+        );
+    }
+}
+
+/// The step loop's own timing of its forward calls (`frontend.commit(..., forward_s,
+/// forward_cpu_s)`): each step's forward wall time as a histogram, and the loop thread's
+/// CPU time inside the forward as a counter, so that a reader can split the loop
+/// thread's CPU into forward and the rest (what `ferrolm bench serve` reports).
+#[derive(Debug)]
+pub struct ForwardTimes {
+    inner: Mutex<(Histogram, f64)>,
+}
+
+impl Default for ForwardTimes {
+    fn default() -> Self {
+        ForwardTimes { inner: Mutex::new((Histogram::with_bounds(&FORWARD_BUCKETS), 0.0)) }
+    }
+}
+
+impl ForwardTimes {
+    pub fn note(&self, seconds: f64, cpu_seconds: f64) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.0.observe(seconds.max(0.0));
+        inner.1 += cpu_seconds.max(0.0);
+    }
+
+    fn write(&self, out: &mut String, created: f64) {
+        let (histogram, cpu) = self.inner.lock().unwrap().clone();
+        histogram.write(
+            out,
+            "ferrolm:forward_seconds",
+            "Wall time of each step's model forward (sampling on the device included), as the step loop times it.",
+            created,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ferrolm:forward_loop_cpu_seconds_total CPU time of the step loop's thread inside the \
+             model forward.\n# TYPE ferrolm:forward_loop_cpu_seconds_total counter\n\
+             ferrolm:forward_loop_cpu_seconds_total {}",
+            prom_float(cpu)
         );
     }
 }
@@ -112,8 +168,14 @@ impl Histograms {
     }
 
     /// The text of a scrape; `model_name` labels the `vllm:` series, `kv_events` are the
-    /// KV event publisher's counters (`None`: events are off, no series).
-    pub fn render(&self, model_name: &str, kv_events: Option<KvEventCounts>) -> String {
+    /// KV event publisher's counters (`None`: events are off, no series), `forward` the
+    /// step loop's forward timings.
+    pub fn render(
+        &self,
+        model_name: &str,
+        kv_events: Option<KvEventCounts>,
+        forward: &ForwardTimes,
+    ) -> String {
         let mut out = String::new();
         let s = &self.stats;
         let counters: [(&str, &str, u64); 7] = [
@@ -151,6 +213,13 @@ impl Histograms {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", prom_float(v));
         }
+        let _ = writeln!(
+            out,
+            "# HELP ferrolm:sampling_thread_cpu_seconds_total CPU time of the threads that sample a large \
+             step beside the step loop's.\n# TYPE ferrolm:sampling_thread_cpu_seconds_total counter\n\
+             ferrolm:sampling_thread_cpu_seconds_total {}",
+            prom_float(s.sampling_thread_cpu_ns as f64 / 1e9)
+        );
         if let Some(kv) = kv_events {
             let counters: [(&str, &str, u64); 3] = [
                 ("ferrolm:kv_event_batches_published", "KV event batches sent on the PUB socket.", kv.sent),
@@ -194,6 +263,7 @@ impl Histograms {
             "Time a structured-output request waited for its grammar (a compile, or a cache hit).",
             self.created,
         );
+        forward.write(&mut out, self.created);
         out
     }
 }
@@ -268,7 +338,8 @@ mod tests {
     #[test]
     fn vllm_series_carry_the_model_and_kv_event_counters_only_when_on() {
         let h = Histograms::new(0.0);
-        let text = h.render("a\"b", None);
+        let forward = ForwardTimes::default();
+        let text = h.render("a\"b", None, &forward);
         assert!(
             text.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"),
             "{text}"
@@ -276,8 +347,23 @@ mod tests {
         assert!(text.contains("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"));
         assert!(!text.contains("kv_event"));
         let kv = KvEventCounts { queued: 4, sent: 3, dropped: 0, replays: 2, late: 0 };
-        let text = h.render("tiny", Some(kv));
+        let text = h.render("tiny", Some(kv), &forward);
         assert!(text.contains("ferrolm:kv_event_batches_published_total 3.0\n"));
         assert!(text.contains("ferrolm:kv_event_replays_total 2.0\n"));
+    }
+
+    #[test]
+    fn forward_times_show_as_a_histogram_and_the_loops_cpu_counter() {
+        let forward = ForwardTimes::default();
+        forward.note(0.25, 0.125);
+        forward.note(0.5, 0.25);
+        let text = Histograms::new(0.0).render("tiny", None, &forward);
+        assert!(text.contains("# TYPE ferrolm:forward_seconds histogram\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.1\"} 0.0\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.25\"} 1.0\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"+Inf\"} 2.0\n"));
+        assert!(text.contains("ferrolm:forward_seconds_count 2.0\n"));
+        assert!(text.contains("ferrolm:forward_seconds_sum 0.75\n"), "{text}");
+        assert!(text.contains("ferrolm:forward_loop_cpu_seconds_total 0.375\n"), "{text}");
     }
 }

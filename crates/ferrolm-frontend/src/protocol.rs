@@ -894,21 +894,6 @@ pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
     })
 }
 
-/// Whether the core picks this request's tokens as the bare argmax (as
-/// `ferrolm.engine.plain_greedy`): the step loop may then let the runner pick them.
-pub fn plain_greedy(p: &RequestParams, constrained: bool) -> bool {
-    let s = &p.sampling;
-    (s.temperature == 0.0 || s.top_k == 1)
-        && s.logit_bias.is_empty()
-        && s.repetition_penalty == 1.0
-        && s.frequency_penalty == 0.0
-        && s.presence_penalty == 0.0
-        && p.min_new_tokens == 0
-        && !s.logprobs
-        && s.top_logprobs == 0
-        && !constrained
-}
-
 /// The core's refusal as a 400, its field renamed to the body's (`max_new_tokens` is
 /// `max_tokens` in OpenAI's API, `input_ids` the prompt...).
 pub fn core_field_error(e: EngineError, names: &dyn Fn(&str) -> Option<String>) -> ApiError {

@@ -13,7 +13,7 @@ use crate::egress::{Egress, RequestStream};
 use crate::errors::{ApiError, ApiResult};
 use crate::ingress::Ingress;
 use crate::kv_events::KvEventCounters;
-use crate::metrics::Histograms;
+use crate::metrics::{ForwardTimes, Histograms};
 use crate::structured::{GrammarPool, Structured};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::tools::PlannedConstraint;
@@ -80,6 +80,8 @@ pub struct AppState {
     pub histograms: Mutex<Histograms>,
     /// The KV event publisher's counters (set by the step loop's side).
     pub kv_counters: Arc<KvEventCounters>,
+    /// The step loop's forward timings (noted by its commits).
+    pub forward_times: Arc<ForwardTimes>,
     /// Why the engine cannot serve now (its step loop stopped coming round), or `None`.
     pub unavailable: tokio::sync::watch::Sender<Option<String>>,
 }

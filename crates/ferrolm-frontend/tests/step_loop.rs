@@ -66,7 +66,7 @@ impl Loop {
         let stream = RequestStream::new(rids.len());
         self.egress.register(&rids, &stream, 0);
         let (tx, rx) = oneshot::channel();
-        self.ingress.submit(rids, prompt, params, None, false, tx);
+        self.ingress.submit(rids, prompt, params, None, tx);
         (stream, rx)
     }
 
@@ -179,24 +179,21 @@ fn an_abort_queued_with_its_submission_finds_it() {
 }
 
 #[test]
-fn greedy_submissions_are_reported_for_the_runner() {
+fn the_plan_carries_the_greedy_rule_of_what_the_http_threads_submitted() {
     let l = Loop::new();
     let mut engine = engine();
     let (tx, _rx) = oneshot::channel();
-    l.ingress.submit(
-        vec![4, 5],
-        &ids(b"p"),
-        RequestParams { ignore_eos: true, ..greedy(&[], 3) },
-        None,
-        true,
-        tx,
-    );
+    l.ingress.submit(vec![4, 5], &ids(b"p"), RequestParams { ignore_eos: true, ..greedy(&[], 3) }, None, tx);
     let (tx, _rx) = oneshot::channel();
-    l.ingress.submit(vec![6], &ids(b"p"), greedy(&[], 3), None, false, tx);
+    let mut sampled = greedy(&[], 3);
+    sampled.sampling.temperature = 0.8;
+    l.ingress.submit(vec![6], &ids(b"p"), sampled, None, tx);
     let d = l.ingress.drain(&mut engine);
     assert_eq!((d.submitted, d.rejected), (2, 0));
-    assert_eq!(d.greedy_rids, vec![4, 5]);
-    assert_eq!(d.greedy_ignore_eos, vec![true, true]);
+    // the leader of 4 and 5 runs first; 5 follows once it has cached the prompt
+    let plan = engine.schedule().unwrap();
+    assert_eq!(plan.rids, vec![4, 6]);
+    assert_eq!((plan.plain_greedy, plan.ignore_eos), (vec![true, false], vec![true, false]));
 }
 
 #[test]

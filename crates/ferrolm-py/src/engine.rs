@@ -71,9 +71,16 @@ pub struct PyBatchPlan {
     rid_values: Vec<u64>,
     sample_values: Vec<bool>,
     prefill_values: Vec<bool>,
+    greedy_values: Vec<bool>,
+    ignore_eos_values: Vec<bool>,
     rids: PyOnceLock<Py<PyArray1<u64>>>,
     samples: PyOnceLock<Py<PyArray1<bool>>>,
     is_prefill: PyOnceLock<Py<PyArray1<bool>>>,
+    plain_greedy: PyOnceLock<Py<PyArray1<bool>>>,
+    ignore_eos: PyOnceLock<Py<PyArray1<bool>>>,
+    // read by the step loop every step to pick the runner's mode: a plain bool, no array
+    #[pyo3(get)]
+    all_plain_greedy: bool,
     num_requests: usize,
     num_tokens: usize,
 }
@@ -81,6 +88,7 @@ pub struct PyBatchPlan {
 impl PyBatchPlan {
     pub(crate) fn new(py: Python<'_>, p: BatchPlan) -> Self {
         PyBatchPlan {
+            all_plain_greedy: p.all_plain_greedy(),
             num_requests: p.num_requests(),
             num_tokens: p.num_tokens(),
             input_ids: plan_column(py, p.input_ids),
@@ -92,9 +100,13 @@ impl PyBatchPlan {
             rid_values: p.rids,
             sample_values: p.samples,
             prefill_values: p.is_prefill,
+            greedy_values: p.plain_greedy,
+            ignore_eos_values: p.ignore_eos,
             rids: PyOnceLock::new(),
             samples: PyOnceLock::new(),
             is_prefill: PyOnceLock::new(),
+            plain_greedy: PyOnceLock::new(),
+            ignore_eos: PyOnceLock::new(),
         }
     }
 }
@@ -122,6 +134,14 @@ impl PyBatchPlan {
     #[getter]
     fn is_prefill<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
         lazy_column(py, &self.is_prefill, &self.prefill_values)
+    }
+    #[getter]
+    fn plain_greedy<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        lazy_column(py, &self.plain_greedy, &self.greedy_values)
+    }
+    #[getter]
+    fn ignore_eos<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        lazy_column(py, &self.ignore_eos, &self.ignore_eos_values)
     }
     #[getter]
     fn num_requests(&self) -> usize {
@@ -266,6 +286,68 @@ fn values<T: numpy::Element + Copy>(
     Ok((array.as_slice()?.to_vec(), array.shape().to_vec()))
 }
 
+/// What a runner drew on its device, as `commit_tokens` takes it (the `Engine`'s and the
+/// `Frontend`'s), read and checked once.
+pub(crate) struct Draws {
+    tokens: Vec<Option<u32>>,
+    logprobs: Option<Vec<f32>>,
+    top_ids: Vec<u32>,
+    top_logprobs: Vec<f32>,
+    top_width: usize,
+}
+
+impl Draws {
+    pub(crate) fn read(
+        tokens: &Bound<'_, PyAny>,
+        logprobs: Option<&Bound<'_, PyAny>>,
+        top_ids: Option<&Bound<'_, PyAny>>,
+        top_logprobs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let py = tokens.py();
+        let tokens = drawn_tokens(tokens)?;
+        let logprobs =
+            logprobs.map(|l| values::<f32>(l, "logprobs", "float32", 1)).transpose()?.map(|(l, _)| l);
+        let (top_ids, top_logprobs, top_width) = match (top_ids, top_logprobs) {
+            (None, None) => (Vec::new(), Vec::new(), 0),
+            (Some(ids), Some(lps)) => {
+                let (ids, shape) = values::<i64>(ids, "top_ids", "int64", 2)?;
+                let (lps, lps_shape) = values::<f32>(lps, "top_logprobs", "float32", 2)?;
+                if lps_shape != shape {
+                    return Err(errors::invalid_field(
+                        py,
+                        "top_logprobs",
+                        format!("top_logprobs has shape {lps_shape:?}; want top_ids' {shape:?}"),
+                    ));
+                }
+                let ids = ids
+                    .into_iter()
+                    .map(|t| u32::try_from(t).ok())
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| errors::invalid_field(py, "top_ids", "top_ids must be >= 0".into()))?;
+                (ids, lps, shape[1])
+            }
+            _ => {
+                return Err(errors::invalid_field(
+                    py,
+                    "top_ids",
+                    "give top_ids and top_logprobs together".into(),
+                ))
+            }
+        };
+        Ok(Draws { tokens, logprobs, top_ids, top_logprobs, top_width })
+    }
+
+    pub(crate) fn as_device(&self) -> DeviceDraws<'_> {
+        DeviceDraws {
+            tokens: &self.tokens,
+            logprobs: self.logprobs.as_deref(),
+            top_ids: &self.top_ids,
+            top_logprobs: &self.top_logprobs,
+            top_width: self.top_width,
+        }
+    }
+}
+
 #[pyclass(module = "ferrolm._core", name = "StepOutputs", frozen, get_all)]
 pub struct PyStepOutputs {
     rids: Py<PyArray1<u64>>,
@@ -338,60 +420,61 @@ impl PyStepOutputs {
 impl PyEngine {
     #[new]
     #[pyo3(signature = (
-        // EngineConfig::DEFAULT_*, written out so that Python shows them
-        vocabulary, *, kv_capacity = 32768,
-        max_running_requests = 64, max_prefill_tokens = 2048, schedule_policy = "fcfs",
-        enable_prefix_cache = true, eviction_policy = "lru", new_token_ratio = 0.3, fast_lane_tokens = 32,
-        max_context = 32768, seed = 0, enable_kv_events = false, kv_event_block_size = BlockSize(16),
-        record_trace = None,
-    ),
-    // the range-checked block size shows as its plain default
-    text_signature = "(vocabulary, *, kv_capacity=32768, max_running_requests=64, max_prefill_tokens=2048, \
-        schedule_policy='fcfs', enable_prefix_cache=True, eviction_policy='lru', new_token_ratio=0.3, \
-        fast_lane_tokens=32, max_context=32768, seed=0, enable_kv_events=False, kv_event_block_size=16, \
-        record_trace=None)")]
+        // None: EngineConfig::default()'s, the one place the defaults are written
+        vocabulary, *, kv_capacity = None, max_running_requests = None, max_prefill_tokens = None,
+        schedule_policy = None, enable_prefix_cache = None, eviction_policy = None, new_token_ratio = None,
+        fast_lane_tokens = None, max_context = None, seed = None, enable_kv_events = None,
+        kv_event_block_size = None, record_trace = None,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         vocabulary: PyRef<'_, crate::constraint::PyVocabulary>,
-        kv_capacity: usize,
-        max_running_requests: usize,
-        max_prefill_tokens: usize,
-        schedule_policy: &str,
-        enable_prefix_cache: bool,
-        eviction_policy: &str,
-        new_token_ratio: f64,
-        fast_lane_tokens: usize,
-        max_context: usize,
-        seed: u64,
-        enable_kv_events: bool,
-        kv_event_block_size: BlockSize,
+        kv_capacity: Option<usize>,
+        max_running_requests: Option<usize>,
+        max_prefill_tokens: Option<usize>,
+        schedule_policy: Option<&str>,
+        enable_prefix_cache: Option<bool>,
+        eviction_policy: Option<&str>,
+        new_token_ratio: Option<f64>,
+        fast_lane_tokens: Option<usize>,
+        max_context: Option<usize>,
+        seed: Option<u64>,
+        enable_kv_events: Option<bool>,
+        kv_event_block_size: Option<BlockSize>,
         record_trace: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let bad = |field: &'static str, m: String| errors::invalid_field(py, field, format!("{field}: {m}"));
-        let schedule_policy = schedule_policy.parse().map_err(|m| bad("schedule_policy", m))?;
-        let eviction_policy: EvictionPolicy = eviction_policy
-            .parse()
-            .map_err(|e: ferrolm_core::radix::policy::UnknownPolicy| bad("eviction_policy", e.to_string()))?;
+        let d = EngineConfig::default();
+        let schedule_policy = match schedule_policy {
+            Some(p) => p.parse().map_err(|m| bad("schedule_policy", m))?,
+            None => d.schedule_policy,
+        };
+        let eviction_policy: EvictionPolicy = match eviction_policy {
+            Some(p) => p.parse().map_err(|e: ferrolm_core::radix::policy::UnknownPolicy| {
+                bad("eviction_policy", e.to_string())
+            })?,
+            None => d.eviction_policy,
+        };
         let config = EngineConfig {
-            kv_capacity,
-            max_running_requests,
-            max_prefill_tokens,
+            kv_capacity: kv_capacity.unwrap_or(d.kv_capacity),
+            max_running_requests: max_running_requests.unwrap_or(d.max_running_requests),
+            max_prefill_tokens: max_prefill_tokens.unwrap_or(d.max_prefill_tokens),
             schedule_policy,
-            enable_prefix_cache,
+            enable_prefix_cache: enable_prefix_cache.unwrap_or(d.enable_prefix_cache),
             eviction_policy,
-            new_token_ratio,
-            fast_lane_tokens,
-            max_context,
+            new_token_ratio: new_token_ratio.unwrap_or(d.new_token_ratio),
+            fast_lane_tokens: fast_lane_tokens.unwrap_or(d.fast_lane_tokens),
+            max_context: max_context.unwrap_or(d.max_context),
             vocab_size: vocabulary.vocab().size(),
             eos_token_ids: vocabulary.vocab().eos_ids().to_vec(),
-            seed,
-            kv_events: enable_kv_events,
-            kv_event_block_size: kv_event_block_size.0,
+            seed: seed.unwrap_or(d.seed),
+            kv_events: enable_kv_events.unwrap_or(d.kv_events),
+            kv_event_block_size: kv_event_block_size.map_or(d.kv_event_block_size, |b| b.0),
         };
         // the engine detokenizes with it; request grammars must be compiled from it
-        let mut engine =
-            Engine::new(config, vocabulary.vocab().clone()).map_err(|m| errors::invalid_input(py, m))?;
+        let mut engine = Engine::new(config, vocabulary.vocab().clone())
+            .map_err(|e| errors::invalid_field(py, e.field, e.to_string()))?;
         if let Some(path) = record_trace {
             let file = std::fs::File::create(&path).map_err(|e| {
                 pyo3::exceptions::PyOSError::new_err(format!("record_trace: {}: {e}", path.display()))
@@ -516,45 +599,10 @@ impl PyEngine {
         top_ids: Option<&Bound<'_, PyAny>>,
         top_logprobs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStepOutputs> {
-        let tokens = drawn_tokens(tokens)?;
-        let logprobs = logprobs.map(|l| values::<f32>(l, "logprobs", "float32", 1)).transpose()?;
-        let (top_ids, top_logprobs, top_width) = match (top_ids, top_logprobs) {
-            (None, None) => (Vec::new(), Vec::new(), 0),
-            (Some(ids), Some(lps)) => {
-                let (ids, shape) = values::<i64>(ids, "top_ids", "int64", 2)?;
-                let (lps, lps_shape) = values::<f32>(lps, "top_logprobs", "float32", 2)?;
-                if lps_shape != shape {
-                    return Err(errors::invalid_field(
-                        py,
-                        "top_logprobs",
-                        format!("top_logprobs has shape {lps_shape:?}; want top_ids' {shape:?}"),
-                    ));
-                }
-                let ids = ids
-                    .into_iter()
-                    .map(|t| u32::try_from(t).ok())
-                    .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| errors::invalid_field(py, "top_ids", "top_ids must be >= 0".into()))?;
-                (ids, lps, shape[1])
-            }
-            _ => {
-                return Err(errors::invalid_field(
-                    py,
-                    "top_ids",
-                    "give top_ids and top_logprobs together".into(),
-                ))
-            }
-        };
-        let draws = DeviceDraws {
-            tokens: &tokens,
-            logprobs: logprobs.as_ref().map(|(l, _)| l.as_slice()),
-            top_ids: &top_ids,
-            top_logprobs: &top_logprobs,
-            top_width,
-        };
+        let draws = Draws::read(tokens, logprobs, top_ids, top_logprobs)?;
         let out = self
             .poison
-            .run(py, &mut self.engine, |e| e.commit_drawn(&draws))?
+            .run(py, &mut self.engine, |e| e.commit_drawn(&draws.as_device()))?
             .map_err(|e| errors::engine(py, e))?;
         PyStepOutputs::new(py, out)
     }
@@ -655,8 +703,70 @@ impl PyEngine {
     }
 }
 
+/// The engine's settings as the core's `EngineConfig` has them: `defaults()` are what
+/// `Engine` takes for each keyword not given, and what `ferrolm.Engine`, the server's
+/// arguments and the CLI help show.
+#[pyclass(module = "ferrolm._core", name = "EngineConfig", frozen, get_all)]
+pub struct PyEngineConfig {
+    kv_capacity: usize,
+    max_running_requests: usize,
+    max_prefill_tokens: usize,
+    schedule_policy: &'static str,
+    enable_prefix_cache: bool,
+    eviction_policy: &'static str,
+    new_token_ratio: f64,
+    fast_lane_tokens: usize,
+    max_context: usize,
+    seed: u64,
+    enable_kv_events: bool,
+    kv_event_block_size: usize,
+}
+
+#[pymethods]
+impl PyEngineConfig {
+    #[staticmethod]
+    fn defaults() -> Self {
+        let d = EngineConfig::default();
+        PyEngineConfig {
+            kv_capacity: d.kv_capacity,
+            max_running_requests: d.max_running_requests,
+            max_prefill_tokens: d.max_prefill_tokens,
+            schedule_policy: d.schedule_policy.as_str(),
+            enable_prefix_cache: d.enable_prefix_cache,
+            eviction_policy: d.eviction_policy.name(),
+            new_token_ratio: d.new_token_ratio,
+            fast_lane_tokens: d.fast_lane_tokens,
+            max_context: d.max_context,
+            seed: d.seed,
+            enable_kv_events: d.kv_events,
+            kv_event_block_size: d.kv_event_block_size,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "EngineConfig(kv_capacity={}, max_running_requests={}, max_prefill_tokens={}, schedule_policy={:?}, \
+             enable_prefix_cache={}, eviction_policy={:?}, new_token_ratio={}, fast_lane_tokens={}, \
+             max_context={}, seed={}, enable_kv_events={}, kv_event_block_size={})",
+            self.kv_capacity,
+            self.max_running_requests,
+            self.max_prefill_tokens,
+            self.schedule_policy,
+            if self.enable_prefix_cache { "True" } else { "False" },
+            self.eviction_policy,
+            self.new_token_ratio,
+            self.fast_lane_tokens,
+            self.max_context,
+            self.seed,
+            if self.enable_kv_events { "True" } else { "False" },
+            self.kv_event_block_size,
+        )
+    }
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
+    m.add_class::<PyEngineConfig>()?;
     m.add_class::<PyBatchPlan>()?;
     m.add_class::<PyStepOutputs>()?;
     m.add_class::<PySamplingBatch>()?;

@@ -5,13 +5,15 @@
 //! `Engine` and release the GIL: `drain` moves queued requests into the core, and
 //! `commit`/`commit_tokens`/`fail_step`/`take_outputs` hand the step's outputs straight to
 //! the request streams, so no Python object is made per request; they return only the
-//! rids that finished (for the loop's own bookkeeping).
+//! rids that finished. The commits also take the step loop's timing of the forward, for
+//! `/metrics`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferrolm_core::engine::StepOutputs;
+use ferrolm_frontend::metrics::ForwardTimes;
 use ferrolm_frontend::{
     ChatTemplate, Egress, Frontend, FrontendConfig, Ingress, KvEventCounters, KvEventCounts, Loading,
     Tokenizer,
@@ -20,8 +22,8 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 use crate::constraint::PyVocabulary;
-use crate::convert::{ids, logits_rows};
-use crate::engine::{PyBatchPlan, PyEngine};
+use crate::convert::logits_rows;
+use crate::engine::{Draws, PyBatchPlan, PyEngine};
 use crate::errors;
 
 #[pyclass(module = "ferrolm._core", name = "Frontend", frozen)]
@@ -29,6 +31,7 @@ pub struct PyFrontend {
     ingress: Arc<Ingress>,
     egress: Arc<Egress>,
     kv_counters: Arc<KvEventCounters>,
+    forward_times: Arc<ForwardTimes>,
     port: u16,
     server: Mutex<Option<Frontend>>,
 }
@@ -36,6 +39,12 @@ pub struct PyFrontend {
 type Finished<'py> = Bound<'py, PyArray1<u64>>;
 
 impl PyFrontend {
+    fn note_forward(&self, seconds: Option<f64>, cpu_seconds: Option<f64>) {
+        if let Some(seconds) = seconds {
+            self.forward_times.note(seconds, cpu_seconds.unwrap_or(0.0));
+        }
+    }
+
     /// Runs `step` on the core engine with the GIL released (a panic poisons the engine,
     /// as its own calls do), publishes the outputs, returns the finished rids.
     fn publish<'py>(
@@ -149,6 +158,7 @@ impl PyFrontend {
             ingress: server.ingress.clone(),
             egress: server.egress.clone(),
             kv_counters: server.kv_counters.clone(),
+            forward_times: server.forward_times.clone(),
             port: server.local_addr().port(),
             server: Mutex::new(Some(server)),
         })
@@ -177,26 +187,17 @@ impl PyFrontend {
         py.detach(|| ingress.wait(timeout))
     }
 
-    /// `None` when no plain-greedy sample was submitted (the common case: no arrays made).
-    #[allow(clippy::type_complexity)]
-    fn drain<'py>(
-        &self,
-        py: Python<'py>,
-        engine: &Bound<'py, PyEngine>,
-    ) -> PyResult<Option<(Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<bool>>)>> {
+    /// Moves what the HTTP threads queued into the core; the number of prompts taken.
+    fn drain(&self, py: Python<'_>, engine: &Bound<'_, PyEngine>) -> PyResult<usize> {
         let mut e = engine.borrow_mut();
         let e = &mut *e;
         let ingress = &*self.ingress;
         let drained = e.poison.run(py, &mut e.engine, |core| ingress.drain(core))?;
-        if drained.greedy_rids.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some((drained.greedy_rids.into_pyarray(py), drained.greedy_ignore_eos.into_pyarray(py))))
+        Ok(drained.submitted)
     }
 
     /// `drain`, then the core's `schedule` in the same call (one release of the GIL):
-    /// `None` when the core has no work. Plain-greedy samples are not reported, so this is
-    /// for a loop whose runner leaves every pick to the core.
+    /// `None` when the core has no work.
     fn next_plan(&self, py: Python<'_>, engine: &Bound<'_, PyEngine>) -> PyResult<Option<PyBatchPlan>> {
         let mut e = engine.borrow_mut();
         let e = &mut *e;
@@ -215,26 +216,45 @@ impl PyFrontend {
         Ok(plan.map(|p| PyBatchPlan::new(py, p)))
     }
 
+    /// `forward_s`, `forward_cpu_s`: the step's forward as the loop timed it (wall, and
+    /// its own thread's CPU), for `/metrics`; passed here rather than in a call of their
+    /// own, to keep the step at two calls into Rust.
+    #[pyo3(signature = (engine, logits, forward_s = None, forward_cpu_s = None))]
     fn commit<'py>(
         &self,
         py: Python<'py>,
         engine: &Bound<'py, PyEngine>,
         logits: &Bound<'py, PyAny>,
+        forward_s: Option<f64>,
+        forward_cpu_s: Option<f64>,
     ) -> PyResult<Finished<'py>> {
+        self.note_forward(forward_s, forward_cpu_s);
         let (mut rows, width) = logits_rows(logits)?;
         let slice = rows.as_slice_mut().expect("C-contiguous: logits_rows checked or copied it");
         self.publish(py, engine, move |core| core.commit(slice, width))
     }
 
+    /// `Engine.commit_tokens` (ids drawn on the runner's device, with their logprobs where
+    /// asked for), the outputs handed to the streams; the forward's timing as in `commit`.
+    #[pyo3(signature = (
+        engine, tokens, *, logprobs = None, top_ids = None, top_logprobs = None, forward_s = None,
+        forward_cpu_s = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn commit_tokens<'py>(
         &self,
         py: Python<'py>,
         engine: &Bound<'py, PyEngine>,
         tokens: &Bound<'py, PyAny>,
+        logprobs: Option<&Bound<'py, PyAny>>,
+        top_ids: Option<&Bound<'py, PyAny>>,
+        top_logprobs: Option<&Bound<'py, PyAny>>,
+        forward_s: Option<f64>,
+        forward_cpu_s: Option<f64>,
     ) -> PyResult<Finished<'py>> {
-        let tokens = ids(tokens, "tokens", u32::MAX)?;
-        let tokens = tokens.as_slice();
-        self.publish(py, engine, move |core| core.commit_tokens(tokens))
+        self.note_forward(forward_s, forward_cpu_s);
+        let draws = Draws::read(tokens, logprobs, top_ids, top_logprobs)?;
+        self.publish(py, engine, move |core| core.commit_drawn(&draws.as_device()))
     }
 
     fn fail_step<'py>(

@@ -9,12 +9,12 @@ stores and evicts) turn by turn, ``--rounds`` times, alternating which goes firs
 run: the loop's wall time per step, and on the events side the part of it the loop spent
 on events (taking them from the core, queueing them, waiting for the earlier ones).
 
-Then end to end: two ``ferrolm serve`` (the forward timed, as ``ferrolm bench serve --launch``
-does): one without events, one with ``--kv-events-config`` and a subscriber draining its
+Then end to end: two ``ferrolm serve`` (started as ``ferrolm bench serve --launch`` starts
+one): one without events, one with ``--kv-events-config`` and a subscriber draining its
 stream, as a router would. Then runs ``ferrolm bench serve``'s workload (multi-turn chats
 over shared system prompts, so the cache stores and evicts all the time) against each,
 ``--rounds`` times, alternating which goes first. Per run, from the server's own counters:
-engine steps, the engine process's CPU time per step (the publisher thread included) and
+engine steps, the server process's CPU time per step (the publisher thread included) and
 wall time per step. Printed side by side with the ratio on/off of the medians; the floor
 is on/off <= 1.02.
 """
@@ -65,7 +65,7 @@ def _one_run(server: Any, requests: list[Any], args: argparse.Namespace) -> dict
 
     return {
         "steps": steps,
-        "engine_cpu_ms_per_step": spent("engine_cpu_s") * 1e3 / steps,
+        "engine_cpu_ms_per_step": spent("process_cpu_s") * 1e3 / steps,
         "wall_ms_per_step": duration * 1e3 / steps,
         "forward_ms_per_step": spent("forward_wall_s") * 1e3 / steps,
         "batches": after.get("kv_events_queued", 0) - before.get("kv_events_queued", 0),
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.rounds} rounds each, KV pool {args.kv_tokens} tokens, page {args.page_size}, seed {args.seed}")
         print(f"{'median per run':32}{'events off':>12}{'events on':>12}{'on/off':>9}")
         ratios = {}
-        for key, label in (("engine_cpu_ms_per_step", "engine CPU ms / step"), ("wall_ms_per_step", "wall ms / step"),
+        for key, label in (("engine_cpu_ms_per_step", "server CPU ms / step"), ("wall_ms_per_step", "wall ms / step"),
                            ("forward_ms_per_step", "forward ms / step")):
             off = statistics.median(x[key] for x in runs["off"])
             on = statistics.median(x[key] for x in runs["on"])

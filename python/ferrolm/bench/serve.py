@@ -15,18 +15,17 @@ prefix cache hit rate (sum of ``usage.prompt_tokens_details.cached_tokens`` over
 of prompt tokens) and errors. ``--sweep`` runs several loads and plots TTFT and TPOT
 against load (PNG, needs matplotlib); ``--json`` writes every figure.
 
-With ``--launch`` the server's CPU time is read from /proc before and after each run: the
-API process and the engine process separately, per generated token. The server does not
-expose the forward's own time (neither ``/metrics`` nor ``/server_info``), so the bench
-times it itself: the launched server runs as ``python -m ferrolm.bench.serve``, whose
-import (repeated in the spawned engine process) wraps the model runner's ``forward`` with
-a CPU clock and keeps the total in a small shared file. The overhead per token is then
-API CPU + engine CPU - forward CPU, and the issue's floor is overhead < forward.
-
-A Rust-front-end server is one process: its overhead is its HTTP threads' CPU plus the step
-loop thread's CPU outside the forward calls, plus the CPU of the short-lived thread on which
-the core samples a large step during ``commit`` (``_TimedCommits``), which /proc no longer
-lists when the run ends.
+With ``--launch`` (``ferrolm serve`` started here, as it is, nothing patched) the server's
+CPU time is read before and after each run, per generated token: its threads' from /proc,
+and the forward's from the server's own ``/metrics``, where the step loop exports what it
+timed (``ferrolm:forward_seconds``, a histogram of each step's forward wall time, and
+``ferrolm:forward_loop_cpu_seconds_total``, the loop thread's CPU inside the forward). The
+overhead per token outside the forward is the HTTP threads' CPU, plus the step loop
+thread's CPU outside the forward, plus the CPU of the short-lived threads on which the core
+samples a large step (``ferrolm:sampling_thread_cpu_seconds_total``: /proc lists them no
+longer once they end). The forward's CPU is the loop thread's inside the forward plus the
+other threads' (BLAS workers; the attention and norm kernels' short-lived threads, which
+only the process's total keeps once they end).
 """
 
 from __future__ import annotations
@@ -35,163 +34,15 @@ import argparse
 import asyncio
 import json
 import math
-import mmap
 import os
 import random
+import re
 import shlex
-import struct
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-# ---- forward timing inside the launched server ------------------------------------------
-
-_FORWARD_STATS_ENV = "FERROLM_BENCH_FORWARD_STATS"
-# forward CPU seconds (the process's), forward wall seconds, forward calls, the CPU of the
-# thread that called the forward during it (the step loop's own share of the forward), and,
-# for a Rust-front-end server: the CPU of threads that started and ended inside the loop's
-# commit calls (the core's sampling helper) and the step loop's CPU spent in this timing
-_FORWARD_FMT = "<ddqddd"
-
-
-def _thread_cpu_clock(tid: int) -> int:
-    """The Linux CPU clock of thread ``tid`` of this process (CPUCLOCK_SCHED, per thread)."""
-    return ((~tid) << 3) | 6
-
-
-class _TimedCommits:
-    """A Rust front end whose ``commit`` and ``commit_tokens`` also count the CPU of threads
-    that end inside the call: the core samples a large step on a helper thread that lives
-    only for that call, so no /proc reading after the run sees it (the Python front end's
-    engine process total does count it). That CPU is the process's CPU during the call
-    less what every thread alive around it spent (the loop thread's, the HTTP threads', and
-    the BLAS threads'). The loop thread's CPU spent reading these clocks is kept apart so
-    that it is not charged to the server."""
-
-    def __init__(self, frontend: Any, totals: list[Any], publish: Any) -> None:
-        self._frontend, self._totals, self._publish = frontend, totals, publish
-        for name in ("drain", "wait", "fail_step", "take_outputs", "stop"):  # no wrapper on the hot path
-            setattr(self, name, getattr(frontend, name))
-        self._clocks: list[int] = []
-        self._calls = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._frontend, name)
-
-    def commit(self, core: Any, logits: Any) -> Any:
-        return self._timed(self._frontend.commit, core, logits)
-
-    def commit_tokens(self, core: Any, tokens: Any) -> Any:
-        return self._timed(self._frontend.commit_tokens, core, tokens)
-
-    def _others(self) -> list[float]:
-        out = []
-        for clock in self._clocks:
-            try:
-                out.append(time.clock_gettime(clock))
-            except OSError:  # the thread ended
-                out.append(float("nan"))
-        return out
-
-    def _timed(self, call: Any, *args: Any) -> Any:
-        i0 = time.thread_time()
-        if self._calls % 256 == 0:  # the long-lived threads: HTTP, tokenizer pool, BLAS
-            me = threading.get_native_id()
-            self._clocks = [_thread_cpu_clock(int(t)) for t in os.listdir("/proc/self/task") if int(t) != me]
-        self._calls += 1
-        # each clock read nests inside the previous one, so the loop thread and the
-        # long-lived threads are read over a little more than the process: what is left
-        # is the helper's CPU, never the loop's own clock reads
-        o0 = self._others()
-        ta = time.thread_time()
-        p0 = time.process_time()
-        tb = time.thread_time()
-        try:
-            return call(*args)
-        finally:
-            tc = time.thread_time()
-            p1 = time.process_time()
-            td = time.thread_time()
-            o1 = self._others()
-            others = sum(b - a for a, b in zip(o0, o1, strict=True) if not (math.isnan(a) or math.isnan(b)))
-            self._totals[4] += max(0.0, (p1 - p0) - (td - ta) - others)
-            te = time.thread_time()
-            self._totals[5] += (te - i0) - (tc - tb)
-            self._publish()
-            self._totals[5] += time.thread_time() - te  # the write to the shared file: published next time
-
-
-def _install_forward_timer(path: str) -> None:
-    """Wraps the runners' forward calls (``NumpyRunner.forward``, ``TorchRunner.forward``
-    and ``forward_greedy``) so that each call adds its process CPU time and wall time to
-    the shared file at ``path`` (the engine process has no other busy thread, so its
-    process CPU clock during the call is the forward's, BLAS and torch threads included);
-    and the Rust front end's commits (``_TimedCommits``)."""
-    from ferrolm.model.runner import NumpyRunner
-    from ferrolm.model.torch_runner import TorchRunner
-    from ferrolm.server import rust_frontend
-
-    f = open(path, "r+b")  # noqa: SIM115 - lives as long as the process
-    shared = mmap.mmap(f.fileno(), struct.calcsize(_FORWARD_FMT))
-    totals: list[Any] = [0.0, 0.0, 0, 0.0, 0.0, 0.0]
-
-    def publish() -> None:
-        struct.pack_into(_FORWARD_FMT, shared, 0, *totals)
-
-    def timed(original: Any) -> Any:
-        def timed_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            # the loop thread's clock outermost: this timing's own clock reads count as
-            # the forward's, never as the server's overhead
-            t0 = time.thread_time()
-            c0, w0 = time.process_time(), time.perf_counter()
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                totals[0] += time.process_time() - c0
-                totals[1] += time.perf_counter() - w0
-                totals[2] += 1
-                t1 = time.thread_time()
-                totals[3] += t1 - t0
-                publish()
-                # the write to the shared file is this timing's too, not the server's
-                # (published with the next call's figures)
-                spent = time.thread_time() - t1
-                totals[0] += spent
-                totals[3] += spent
-
-        return timed_forward
-
-    NumpyRunner.forward = timed(NumpyRunner.forward)  # type: ignore[method-assign]
-    TorchRunner.forward = timed(TorchRunner.forward)  # type: ignore[method-assign]
-    TorchRunner.forward_greedy = timed(TorchRunner.forward_greedy)  # type: ignore[method-assign]
-
-    loop_init = rust_frontend.StepLoop.__init__
-
-    def timed_loop_init(self: Any, engine: Any, frontend: Any, kv_publisher: Any = None) -> None:
-        loop_init(self, engine, _TimedCommits(frontend, totals, publish), kv_publisher)  # type: ignore[arg-type]
-
-    rust_frontend.StepLoop.__init__ = timed_loop_init  # type: ignore[method-assign]
-
-
-if os.environ.get(_FORWARD_STATS_ENV) and __name__ in ("__main__", "__mp_main__"):
-    # only when this module runs the server (``python -m ferrolm.bench.serve``) or is
-    # re-imported as the main module of its spawned engine process
-    _install_forward_timer(os.environ[_FORWARD_STATS_ENV])
-
-
-def _read_forward_stats(path: str | None) -> tuple[float, float, int, float, float, float] | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read(struct.calcsize(_FORWARD_FMT))
-        return struct.unpack(_FORWARD_FMT, data)  # type: ignore[return-value]
-    except (OSError, struct.error):
-        return None
-
 
 # ---- the workload ------------------------------------------------------------------------
 
@@ -504,45 +355,63 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-def _engine_pid(api_pid: int) -> int | None:
-    """The engine process: the API process's child that multiprocessing spawned (not its
-    resource tracker)."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def _ended_threads_cpu_s(pid: int) -> float | None:
+    """CPU seconds of the process's threads that have ended: the process's total (which
+    keeps what ended threads used) less what its live threads have used, both in clock
+    ticks, read back to back."""
+    total = _proc_cpu_s(pid)
+    if total is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    live = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
         try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != api_pid:
-                continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    return int(name)
-        except (OSError, IndexError, ValueError):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
-    return None
+        live += int(fields[11]) + int(fields[12])
+    return max(0.0, total - live / tick)
+
+
+# the step loop's forward timing on /metrics (ferrolm.step_loop)
+_FORWARD_SERIES = {
+    "ferrolm:forward_seconds_sum": "forward_wall_s",
+    "ferrolm:forward_seconds_count": "forward_calls",
+    "ferrolm:forward_loop_cpu_seconds_total": "loop_forward_cpu_s",
+    "ferrolm:sampling_thread_cpu_seconds_total": "sampling_threads_cpu_s",
+}
+_SERIES_LINE = re.compile(r"^(ferrolm:(?:forward|sampling_thread)_\S+) (\S+)$", re.MULTILINE)
+
+
+def forward_from_metrics(text: str) -> dict[str, float]:
+    """The step loop's forward figures in a ``/metrics`` text (none where absent)."""
+    out = {}
+    for name, value in _SERIES_LINE.findall(text):
+        if name in _FORWARD_SERIES:
+            out[_FORWARD_SERIES[name]] = float(value)
+    return out
 
 
 class LaunchedServer:
-    """``ferrolm serve --model MODEL`` on a free loopback port, run through this module so
-    that its forward is timed (see the module docstring); stopped on ``close``."""
+    """``ferrolm serve --model MODEL`` on a free loopback port, stopped on ``close``."""
 
-    def __init__(self, model: str, extra_flags: list[str], api_key: str | None, frontend: str = "python") -> None:
+    def __init__(self, model: str, extra_flags: list[str], api_key: str | None) -> None:
         from ferrolm.server.testing import RunningServer, _wait_healthy, free_port
 
-        fd, self.forward_path = tempfile.mkstemp(prefix="ferrolm-bench-forward-")
-        os.write(fd, bytes(struct.calcsize(_FORWARD_FMT)))
-        os.close(fd)
         log_fd, self.log_path = tempfile.mkstemp(prefix="ferrolm-bench-server-", suffix=".log")
         port = free_port()
-        cmd = [sys.executable, "-m", "ferrolm.bench.serve", "--model", model, "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning", "--frontend", frontend, *extra_flags]
+        cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--model", model, "--host", "127.0.0.1",
+               "--port", str(port), "--log-level", "warning", *extra_flags]
         if api_key:
             cmd += ["--api-key", api_key]
-        env = {**os.environ, _FORWARD_STATS_ENV: self.forward_path}
         import subprocess
 
-        self.process = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.process = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True)
         os.close(log_fd)
         self.url = f"http://127.0.0.1:{port}"
         try:
@@ -550,28 +419,24 @@ class LaunchedServer:
         except BaseException:
             self.close()
             raise
-        self.frontend = frontend
-        # the Rust front end runs the step loop in the server's own process
-        self.engine_pid = _engine_pid(self.process.pid) if frontend == "python" else None
 
     def cpu(self) -> dict[str, Any]:
-        forward = _read_forward_stats(self.forward_path)
-        out = {"api_cpu_s": _proc_cpu_s(self.process.pid),
-               "engine_cpu_s": _proc_cpu_s(self.engine_pid) if self.engine_pid else None,
-               "forward_cpu_s": forward[0] if forward and forward[2] else None,
-               "forward_wall_s": forward[1] if forward and forward[2] else None,
-               "forward_calls": forward[2] if forward else None}
-        if self.frontend == "rust":
-            # one process: outside the forward is the HTTP threads' CPU plus the step
-            # loop thread's CPU outside its forward calls (BLAS and attention workers count
-            # as the forward)
-            threads = _thread_cpu_s(self.process.pid)
-            out["http_cpu_s"] = threads["http"]
-            out["loop_cpu_s"] = threads["main"]
-            out["loop_forward_cpu_s"] = forward[3] if forward else None
-            out["commit_helper_cpu_s"] = forward[4] if forward else None
-            out["timing_cpu_s"] = forward[5] if forward else None
-        return out
+        """The server's CPU so far: its threads' (from /proc) and the forward's (from its
+        /metrics, read first, so that the scrape's own work counts as the server's)."""
+        import httpx
+
+        try:
+            r = httpx.get(f"{self.url}/metrics", timeout=30)
+            forward = forward_from_metrics(r.text) if r.status_code == 200 else {}
+        except httpx.HTTPError:
+            forward = {}
+        pid = self.process.pid
+        threads = _thread_cpu_s(pid)
+        return {"process_cpu_s": _proc_cpu_s(pid), "http_cpu_s": threads["http"], "loop_cpu_s": threads["main"],
+                "other_cpu_s": threads["other"], "ended_threads_cpu_s": _ended_threads_cpu_s(pid),
+                "loop_forward_cpu_s": forward.get("loop_forward_cpu_s"),
+                "sampling_threads_cpu_s": forward.get("sampling_threads_cpu_s"),
+                "forward_wall_s": forward.get("forward_wall_s"), "forward_calls": forward.get("forward_calls")}
 
     def log_tail(self, chars: int = 2000) -> str:
         try:
@@ -584,47 +449,42 @@ class LaunchedServer:
         from ferrolm.server.testing import _stop
 
         _stop(self.process)
-        for path in (self.forward_path, self.log_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
 
 
 def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) -> dict[str, Any]:
-    """The server's CPU per generated token (µs) between two ``LaunchedServer.cpu`` readings."""
+    """The server's CPU per generated token (µs) between two ``LaunchedServer.cpu``
+    readings: outside the forward (the overhead) and in it."""
     def delta(key: str) -> float | None:
         a, b = before.get(key), after.get(key)
         return None if a is None or b is None else b - a
 
+    def per_token(seconds: float | None) -> float | None:
+        return seconds / tokens * 1e6 if seconds is not None and tokens else None
+
     out: dict[str, Any] = {"generated_tokens": tokens}
-    if "http_cpu_s" in after:  # the Rust front end: one process
-        http, loop, loop_forward = delta("http_cpu_s"), delta("loop_cpu_s"), delta("loop_forward_cpu_s")
-        helper, timing = delta("commit_helper_cpu_s") or 0.0, delta("timing_cpu_s") or 0.0
-        if http is not None and loop is not None and loop_forward is not None and tokens:
-            # the loop thread outside its forward calls, less the bench's own clock reads
-            # there, plus the commits' short-lived sampling thread
-            loop_outside = loop - loop_forward - timing + helper
-            out["frontend_cpu_us_per_token"] = http / tokens * 1e6
-            out["loop_outside_forward_us_per_token"] = loop_outside / tokens * 1e6
-            out["commit_helper_us_per_token"] = helper / tokens * 1e6
-            out["split_overhead_us_per_token"] = (http + loop_outside) / tokens * 1e6
-    for key in ("api_cpu_s", "engine_cpu_s", "forward_cpu_s", "forward_wall_s"):
-        d = delta(key)
-        out[key] = d
-        out[key.replace("_s", "_us_per_token")] = d / tokens * 1e6 if d is not None and tokens else None
-    calls = delta("forward_calls")
-    out["forward_calls"] = calls
-    api, engine, forward = out["api_cpu_us_per_token"], out["engine_cpu_us_per_token"], out["forward_cpu_us_per_token"]
-    if "split_overhead_us_per_token" in out:
-        out["overhead_us_per_token"] = out["split_overhead_us_per_token"]
-        out["floor_met"] = forward is not None and out["overhead_us_per_token"] < forward
-    elif api is not None and engine is not None and forward is not None:
-        out["overhead_us_per_token"] = api + engine - forward
-        out["floor_met"] = out["overhead_us_per_token"] < forward
-    else:
-        out["overhead_us_per_token"] = None
-        out["floor_met"] = None
+    http, loop, loop_forward = delta("http_cpu_s"), delta("loop_cpu_s"), delta("loop_forward_cpu_s")
+    other, ended = delta("other_cpu_s"), delta("ended_threads_cpu_s") or 0.0
+    # of the threads that ended, the core's sampling helpers are the commit's; the rest
+    # (the attention and norm kernels' workers) worked in the forward
+    sampling = delta("sampling_threads_cpu_s") or 0.0
+    kernels = max(0.0, ended - sampling)
+    out["process_cpu_us_per_token"] = per_token(delta("process_cpu_s"))
+    out["forward_wall_us_per_token"] = per_token(delta("forward_wall_s"))
+    out["forward_calls"] = delta("forward_calls")
+    if http is None or loop is None or loop_forward is None or other is None:
+        out.update(overhead_us_per_token=None, forward_cpu_us_per_token=None, floor_met=None)
+        return out
+    out["frontend_cpu_us_per_token"] = per_token(http)
+    out["loop_outside_forward_us_per_token"] = per_token(loop - loop_forward)
+    out["sampling_threads_us_per_token"] = per_token(sampling)
+    out["overhead_us_per_token"] = per_token(http + loop - loop_forward + sampling)
+    out["forward_cpu_us_per_token"] = per_token(loop_forward + other + kernels)
+    forward = out["forward_cpu_us_per_token"]
+    out["floor_met"] = forward is not None and out["overhead_us_per_token"] < forward
     return out
 
 
@@ -680,17 +540,19 @@ def _print_point(load_label: str, s: dict[str, Any]) -> None:
     cpu = s.get("server_cpu")
     if cpu:
         print(f"  server CPU per generated token ({cpu['generated_tokens']} tokens): "
-              f"API process {_fmt(cpu['api_cpu_us_per_token'])} us, engine process "
-              f"{_fmt(cpu['engine_cpu_us_per_token'])} us")
+              f"{_fmt(cpu['process_cpu_us_per_token'])} us in all")
         if cpu["forward_cpu_us_per_token"] is None:
-            print("  forward time: not exposed by the server (no /metrics or /server_info figure) and not "
-                  "measured here; overhead excluding the forward unknown")
+            print("  forward time: the server's /metrics has no ferrolm:forward_* series; overhead excluding "
+                  "the forward unknown")
         else:
             verdict = "met" if cpu["floor_met"] else "MISSED"
-            print(f"  forward (timed in the engine process by this bench; the server does not expose it): "
-                  f"{_fmt(cpu['forward_cpu_us_per_token'])} us CPU per token over {cpu['forward_calls']} calls")
-            print(f"  overhead excluding the forward (API + engine - forward): "
-                  f"{_fmt(cpu['overhead_us_per_token'])} us per token; floor (overhead < forward): {verdict}")
+            print(f"  forward (the step loop's own timing, /metrics): {_fmt(cpu['forward_cpu_us_per_token'])} us "
+                  f"CPU per token over {_fmt(cpu['forward_calls'], 0)} calls "
+                  f"({_fmt(cpu['forward_wall_us_per_token'])} us wall)")
+            print(f"  overhead excluding the forward (HTTP threads {_fmt(cpu['frontend_cpu_us_per_token'])} + "
+                  f"step loop outside the forward {_fmt(cpu['loop_outside_forward_us_per_token'])} + sampling "
+                  f"threads {_fmt(cpu['sampling_threads_us_per_token'])}): {_fmt(cpu['overhead_us_per_token'])} us "
+                  f"per token; floor (overhead < forward): {verdict}")
     if s.get("mean_batch") is not None:
         print(f"  engine: {s['engine_steps']} steps, {s['mean_batch']:.1f} generated tokens per step")
 
@@ -760,20 +622,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     requests = make_requests(args.num_requests, seed=args.seed, system_prompts=args.system_prompts,
                              output_lens=output_lens, output_weights=output_weights)
-    frontends = [f.strip() for f in (args.frontend or "rust").split(",") if f.strip()]
-    if not frontends or any(f not in ("python", "rust") for f in frontends):
-        print("error: --frontend takes python, rust or both (python,rust)", file=sys.stderr)
-        return 2
-    if args.base_url is not None and args.frontend is not None:
-        print("error: --frontend is for --launch (a server started here)", file=sys.stderr)
-        return 2
-    all_points: list[dict[str, Any]] = []
-    for frontend in frontends if args.launch else ["python"]:
-        points = _run_on(args, frontend, loads, sweep_by, requests, output_lens, output_weights)
-        all_points += points
-    if len(frontends) > 1 and args.launch:
-        _print_frontend_table(all_points)
-    failed = any(p["summary"]["errors"] for p in all_points)
+    points = _run_on(args, loads, sweep_by, requests, output_lens, output_weights)
+    failed = any(p["summary"]["errors"] for p in points)
     return 1 if failed and args.strict else 0
 
 
@@ -783,10 +633,7 @@ IDLE_MEASURE_S = 2.0  # how long the launched server's idle CPU is measured
 def _idle_cpu_percent(server: LaunchedServer) -> float | None:
     """The server's CPU (every process of it) over a quiet moment, in % of one core."""
     def total() -> float | None:
-        c = server.cpu()
-        if c["api_cpu_s"] is None:
-            return None
-        return c["api_cpu_s"] + (c["engine_cpu_s"] or 0.0)
+        return _proc_cpu_s(server.process.pid)
 
     time.sleep(0.5)  # let the warmup's last writes settle
     a, t0 = total(), time.perf_counter()
@@ -795,7 +642,7 @@ def _idle_cpu_percent(server: LaunchedServer) -> float | None:
     return None if a is None or b is None else (b - a) / (t1 - t0) * 100
 
 
-def _run_on(args: argparse.Namespace, frontend: str, loads: list[Any], sweep_by: str,
+def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
             requests: list[BenchRequest], output_lens: tuple[int, ...],
             output_weights: tuple[float, ...]) -> list[dict[str, Any]]:
     server: LaunchedServer | None = None
@@ -804,9 +651,8 @@ def _run_on(args: argparse.Namespace, frontend: str, loads: list[Any], sweep_by:
         extra = shlex.split(args.server_args or "")
         if sweep_by == "concurrency" and not any(f.startswith("--max-running-requests") for f in extra):
             extra += ["--max-running-requests", str(max(64, int(max(loads))))]
-        print(f"launching ferrolm serve --model {args.launch} --frontend {frontend} {' '.join(extra)}",
-              file=sys.stderr)
-        server = LaunchedServer(args.launch, extra, args.api_key, frontend)
+        print(f"launching ferrolm serve --model {args.launch} {' '.join(extra)}", file=sys.stderr)
+        server = LaunchedServer(args.launch, extra, args.api_key)
         base_url = server.url
     else:
         base_url = args.base_url.rstrip("/")
@@ -826,9 +672,8 @@ def _run_on(args: argparse.Namespace, frontend: str, loads: list[Any], sweep_by:
             metrics_text = r.text if r.status_code == 200 else None
         except Exception:  # noqa: BLE001 - optional
             pass
-        forward_exposed = bool(metrics_text and "forward" in metrics_text) or "forward" in json.dumps(info or {})
-        which = f" ({frontend} front end)" if server else ""
-        print(f"ferrolm bench serve: {len(requests)} requests to {base_url}{which} (model {model!r}); "
+        forward_exposed = bool(metrics_text and "ferrolm:forward_seconds" in metrics_text)
+        print(f"ferrolm bench serve: {len(requests)} requests to {base_url} (model {model!r}); "
               f"outputs {'/'.join(map(str, output_lens))} tokens; seed {args.seed}")
         idle = None
         for load in loads:
@@ -866,25 +711,22 @@ def _run_on(args: argparse.Namespace, frontend: str, loads: list[Any], sweep_by:
             if server is not None and cpu_before and cpu_after:
                 summary["server_cpu"] = cpu_per_token(cpu_before, cpu_after, generated)
                 summary["idle_cpu_percent"] = idle
-            points.append({"sweep_by": sweep_by, "load": load, "frontend": frontend if server else None,
-                           "summary": summary,
+            points.append({"sweep_by": sweep_by, "load": load, "summary": summary,
                            "requests": [asdict(r) | {"tpot": r.tpot} for r in results] if args.json else None})
             _print_point(label, summary)
         if len(points) > 1:
             _print_sweep_table(points, sweep_by)
         if args.sweep:
-            plot = args.plot if frontend == "python" or not server else args.plot.replace(".png", f"_{frontend}.png")
-            problem = _plot(points, sweep_by, plot)
-            print(problem or f"plot: {plot}")
+            problem = _plot(points, sweep_by, args.plot)
+            print(problem or f"plot: {args.plot}")
         if not forward_exposed:
-            print("note: the server exposes no forward time (/metrics, /server_info)"
-                  + ("; the forward was timed inside the launched engine process by this bench" if server else
-                     "; CPU figures need --launch"))
+            print("note: the server's /metrics has no forward time (ferrolm:forward_seconds)")
+        elif server is None:
+            print("note: CPU figures need --launch")
         if args.json:
-            path = args.json if frontend == "python" or not server else args.json.replace(".json", f"_{frontend}.json")
+            path = args.json
             with open(path, "w") as f:
                 json.dump({"base_url": base_url, "model": model, "launched": args.launch, "seed": args.seed,
-                           "frontend": frontend if server else None,
                            "num_requests": len(requests), "output_lens": output_lens,
                            "output_weights": output_weights, "sweep_by": sweep_by,
                            "forward_exposed_by_server": forward_exposed,
@@ -902,32 +744,6 @@ def _run_on(args: argparse.Namespace, frontend: str, loads: list[Any], sweep_by:
         if server is not None:
             server.close()
     return points
-
-
-def _print_frontend_table(points: list[dict[str, Any]]) -> None:
-    """The front ends side by side, load by load, with the Rust one's ratios to Python's."""
-    print()
-    print(f"{'front end':<10}{'load':>7}{'tok/s':>9}{'TTFT50':>9}{'ovh us':>9}{'fwd us':>9}{'idle %':>8}")
-    by_load: dict[Any, dict[str, dict[str, Any]]] = {}
-    for p in points:
-        by_load.setdefault(p["load"], {})[p["frontend"]] = p["summary"]
-    for load, fronts in by_load.items():
-        for name, s in fronts.items():
-            cpu = s.get("server_cpu") or {}
-            print(f"{name:<10}{load:>7g}{s['output_throughput']:>9.0f}{_fmt(s['ttft_ms']['p50']):>9}"
-                  f"{_fmt(cpu.get('overhead_us_per_token')):>9}{_fmt(cpu.get('forward_cpu_us_per_token')):>9}"
-                  f"{_fmt(s.get('idle_cpu_percent'), 2):>8}")
-        py, rs = fronts.get("python"), fronts.get("rust")
-        if py and rs:
-            def ratio(a: float | None, b: float | None) -> str:
-                return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
-
-            po = (py.get("server_cpu") or {}).get("overhead_us_per_token")
-            ro = (rs.get("server_cpu") or {}).get("overhead_us_per_token")
-            print(f"{'rust/py':<10}{load:>7g}{ratio(rs['output_throughput'], py['output_throughput']):>9}"
-                  f"{ratio(rs['ttft_ms']['p50'], py['ttft_ms']['p50']):>9}{ratio(ro, po):>9}")
-    print("(ovh: server CPU per generated token outside the forward, us; rust/py: the Rust front end's figure "
-          "over the Python one's)")
 
 
 def _print_sweep_table(points: list[dict[str, Any]], by: str) -> None:
@@ -955,9 +771,6 @@ def add_parser(sub: Any) -> None:
                         "port, measure its CPU time, stop it after")
     target.add_argument("--server-args", help="extra flags for the launched server, as one string")
     target.add_argument("--api-key")
-    target.add_argument("--frontend", default=None,
-                        help="with --launch: the server's front end(s), rust (the default), python or python,rust "
-                             "(both, one after the other, compared in one table)")
     target.add_argument("--model", help="the model id to send (default: the first of /v1/models)")
     load = p.add_argument_group("load")
     load.add_argument("--request-rate", type=_parse_rate, help="Poisson arrivals, requests/s (inf: all at once)")
@@ -983,18 +796,3 @@ def add_parser(sub: Any) -> None:
                      "POST /flush_cache before each run where the server has it)")
     out.add_argument("--strict", action="store_true", help="exit 1 on any request error")
     p.set_defaults(func=run)
-
-
-def _serve_main(argv: list[str]) -> int:
-    """``python -m ferrolm.bench.serve SERVE-FLAGS``: ``ferrolm serve`` with the forward
-    timed (how ``--launch`` starts the server)."""
-    from ferrolm.server.args import add_serve_arguments, server_args_from
-    from ferrolm.server.launch import run_server
-
-    parser = argparse.ArgumentParser(prog="python -m ferrolm.bench.serve")
-    add_serve_arguments(parser)
-    return run_server(server_args_from(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(_serve_main(sys.argv[1:]))

@@ -10,7 +10,7 @@ __all__ = ["ServerArgs", "run_server"]
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
     # the engine and the front end load only when a server is wanted
     if name == "run_server":
-        from ferrolm.server.launch import run_server
+        from ferrolm.server.rust_frontend import run_server
 
         return run_server
     raise AttributeError(f"module 'ferrolm.server' has no attribute {name!r}")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ferrolm import _core
 from ferrolm._core import REASONING_PARSERS as REASONING_CHOICES
 from ferrolm._core import TOOL_CALL_PARSERS as PARSER_CHOICES
 from ferrolm.errors import InvalidInputError
@@ -28,6 +29,11 @@ API_KEY_ENV = "FERROLM_API_KEY"
 # times over; it also bounds the memory and parse time one body can take from the HTTP
 # threads.
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# the engine's defaults, defined once in the core (EngineConfig)
+ENGINE_DEFAULTS = _core.EngineConfig.defaults()
+
+if TYPE_CHECKING:
+    from ferrolm.engine import Engine
 
 
 @dataclass(slots=True)
@@ -37,22 +43,24 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     served_model_name: str | None = None
-    max_running_requests: int = 64
-    schedule_policy: str = "fcfs"
-    chunked_prefill_size: int = 2048
-    max_total_tokens: int = 32_768
-    disable_radix_cache: bool = False
-    radix_eviction_policy: str = "lru"  # which cached prefix goes first when the KV pool is short
+    max_running_requests: int = ENGINE_DEFAULTS.max_running_requests
+    schedule_policy: str = ENGINE_DEFAULTS.schedule_policy
+    chunked_prefill_size: int = ENGINE_DEFAULTS.max_prefill_tokens
+    max_total_tokens: int = ENGINE_DEFAULTS.kv_capacity
+    disable_radix_cache: bool = not ENGINE_DEFAULTS.enable_prefix_cache
+    radix_eviction_policy: str = ENGINE_DEFAULTS.eviction_policy  # which cached prefix goes first when the KV pool is short
     max_queued_requests: int | None = None  # beyond running + this many waiting: 429
     queue_timeout: float | None = None  # seconds a request may wait before its first step: then 503
     engine_heartbeat_timeout: float = 60.0  # seconds without word from the engine: 503 until it answers; 0: off
-    seed: int = 0
+    seed: int = ENGINE_DEFAULTS.seed
     blas_threads: int | None = None
     runner: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # numpy runner: float16 (read in place by the core's kernel); torch: its dtype
     mem_fraction_static: float | None = None  # torch on CUDA: KV pool from memory, not max_total_tokens
+    device_sampling: bool | None = None  # the runner draws tokens on its device; None: where it is not the CPU
+    device_greedy: bool | None = None  # the runner picks plain greedy tokens on its device; None: as above
     log_level: str = "info"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413
     tool_call_parser: str = "auto"  # a format of ferrolm.tools.formats; auto: from the chat template
@@ -60,7 +68,7 @@ class ServerArgs:
     disable_tool_call_constraint: bool = False  # parse calls only: no grammar from the tools
     # KV cache events for cache-aware routers, vLLM's --kv-events-config (None: off)
     kv_events_config: KvEventsConfig | None = None
-    page_size: int = 16  # tokens per KV event block: a router's block size must equal it
+    page_size: int = ENGINE_DEFAULTS.kv_event_block_size  # tokens per KV event block: a router's must equal it
     record_trace: str | None = None  # a file recording the engine's calls, for ferrolm replay
 
     @property
@@ -85,10 +93,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'Authorization: Bearer KEY' (not on /health, /metrics); better: set {API_KEY_ENV}, "
                              "which does not show in ps (the flag wins when both are given)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
-    parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests)
-    parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=defaults.schedule_policy)
+    parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests,
+                        help="requests in a batch at most (default %(default)s)")
+    parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=defaults.schedule_policy,
+                        help="which waiting request goes first (default %(default)s)")
     parser.add_argument("--chunked-prefill-size", type=int, default=defaults.chunked_prefill_size,
-                        help="prompt tokens prefilled per step")
+                        help="prompt tokens prefilled per step (default %(default)s)")
     parser.add_argument("--max-total-tokens", type=int, default=None,
                         help=f"KV cache capacity in tokens (default {defaults.max_total_tokens}, or from "
                              "--mem-fraction-static)")
@@ -105,7 +115,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds without word from the engine loop (it reports between steps, at least "
                              "every 0.5 s) before it counts as frozen: /health and requests get 503 until it "
                              "answers again; well above the longest step; 0 turns the watch off")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="the engine's RNG seed for unseeded requests")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help="the engine's RNG seed for unseeded requests (default %(default)s)")
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
     add_runner_arguments(parser)
     parser.add_argument("--mem-fraction-static", type=float, default=None,
@@ -153,6 +164,45 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                         help="the KV pool's element type (attention computes in float32); auto: float16 on the "
                              "numpy runner (half the bytes its attention kernel reads), the --dtype on torch")
+    parser.add_argument("--device-sampling", action=argparse.BooleanOptionalAction, default=None,
+                        help="the runner draws every token on its device (penalties, bias, grammar masks, seeds "
+                             "and logprobs included; only ids and logprobs reach the host); default: on where "
+                             "the runner's device is not the CPU and the runner can (the torch runner)")
+    parser.add_argument("--device-greedy", action=argparse.BooleanOptionalAction, default=None,
+                        help="the runner picks the tokens of steps whose requests are all plain greedy on its "
+                             "device; default: as --device-sampling")
+
+
+def kv_events_on(args: ServerArgs) -> bool:
+    return args.kv_events_config is not None and args.kv_events_config.publishes
+
+
+def build_engine(args: ServerArgs) -> Engine:
+    """The engine ``args`` describe: the one mapping of the settings onto ``Engine``'s
+    arguments (``ferrolm serve`` and ``ferrolm generate``)."""
+    from ferrolm.engine import Engine, default_blas_threads
+
+    return Engine(
+        args.model,
+        kv_capacity=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.chunked_prefill_size,
+        schedule_policy=args.schedule_policy,
+        enable_prefix_cache=not args.disable_radix_cache,
+        eviction_policy=args.radix_eviction_policy,
+        seed=args.seed,
+        blas_threads=args.blas_threads or default_blas_threads(),
+        runner=args.runner,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        mem_fraction_static=args.mem_fraction_static,
+        device_sampling=args.device_sampling,
+        device_greedy=args.device_greedy,
+        enable_kv_events=kv_events_on(args),
+        kv_event_block_size=args.page_size,
+        record_trace=args.record_trace,
+    )
 
 
 def _heartbeat_timeout(text: str) -> float:

@@ -165,18 +165,22 @@ impl Engine {
         let half = work.len() / 2;
         let (mine, theirs) = work.split_at_mut(half);
         let (mask, scratch) = (&mut self.mask, &mut self.scratch);
-        let (a, b) = std::thread::scope(|scope| {
+        let (a, (b, helper_ns)) = std::thread::scope(|scope| {
             let other = scope.spawn(move || {
                 let (mut mask, mut scratch) = (vec![0u32; vocab.div_ceil(32)], Vec::with_capacity(vocab));
-                theirs
+                let drawn = theirs
                     .iter_mut()
                     .map(|(i, r, row)| (*i, draw(r, row, eos, None, &mut mask, &mut scratch)))
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>();
+                // the thread ends with this call: its CPU is counted here, since nothing
+                // that lists the process's threads afterwards sees it
+                (drawn, thread_cpu_ns())
             });
             let here: Vec<_> =
                 mine.iter_mut().map(|(i, r, row)| (*i, draw(r, row, eos, None, mask, scratch))).collect();
             (here, other.join().expect("sampling thread"))
         });
+        self.stats.sampling_thread_cpu_ns += helper_ns;
         for (i, d) in a.into_iter().chain(b) {
             drawn[i] = Some(d);
         }
@@ -381,6 +385,19 @@ fn draw(
 /// The core's unit tests take the two-thread path from 16 rows, to check it on small
 /// models.
 const PARALLEL_MIN_PASSES: usize = if cfg!(test) { 0 } else { 4_000_000 };
+
+/// The calling thread's CPU time so far, in nanoseconds (0 where there is no such clock).
+fn thread_cpu_ns() -> u64 {
+    #[cfg(unix)]
+    {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime only writes the timespec it is given
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0 {
+            return t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
+        }
+    }
+    0
+}
 
 /// Whether sampling `rows` rows of `vocab` logits (`greedy` of them by argmax) is worth a
 /// second thread, at `min_passes`: a thread started for the step costs tens of

@@ -16,6 +16,17 @@ pub enum SchedulePolicy {
     Priority,
 }
 
+impl SchedulePolicy {
+    /// The name `FromStr` reads.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulePolicy::Fcfs => "fcfs",
+            SchedulePolicy::Lpm => "lpm",
+            SchedulePolicy::Priority => "priority",
+        }
+    }
+}
+
 impl FromStr for SchedulePolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -28,11 +39,32 @@ impl FromStr for SchedulePolicy {
     }
 }
 
-/// The engine's one configuration. Its defaults are those of every front: the binding's
-/// keyword defaults (`ferrolm._core.Engine`), `ferrolm.Engine` and the server's
-/// `ServerArgs` (`--max-total-tokens`, `--max-running-requests`, `--chunked-prefill-size`)
-/// all use 32768 KV slots, 64 running requests and 2048 prefill tokens per step (the
-/// `DEFAULT_*` constants; the binding writes them out as its keyword defaults).
+/// A configuration the engine refuses: `field` names the setting (as `EngineConfig` spells
+/// it), `message` says what is wrong with its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(field: &'static str, message: String) -> Self {
+        ConfigError { field, message }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The engine's one configuration, and the one place its defaults are written: the
+/// binding takes `EngineConfig::default()` for every keyword not given and shows it
+/// (`ferrolm._core.EngineConfig.defaults()`), and `ferrolm.Engine`, the server's
+/// `ServerArgs` and the CLI help read them from there.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Token slots in the KV pool.
@@ -89,7 +121,7 @@ impl EngineConfig {
     /// vLLM's default block size, which routers (Dynamo, llm-d) are usually set up with.
     pub const DEFAULT_KV_EVENT_BLOCK_SIZE: usize = 16;
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             ("kv_capacity", self.kv_capacity),
             ("max_running_requests", self.max_running_requests),
@@ -98,19 +130,28 @@ impl EngineConfig {
             ("vocab_size", self.vocab_size),
             ("kv_event_block_size", self.kv_event_block_size),
         ];
-        for (name, v) in positive {
+        for (field, v) in positive {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ConfigError::new(field, "must be at least 1".into()));
             }
         }
         if self.kv_capacity > u32::MAX as usize / 2 {
-            return Err(format!("kv_capacity must be below 2^31, got {}", self.kv_capacity));
+            return Err(ConfigError::new(
+                "kv_capacity",
+                format!("must be below 2^31, got {}", self.kv_capacity),
+            ));
         }
         if !(0.0..=1.0).contains(&self.new_token_ratio) {
-            return Err(format!("new_token_ratio must be in [0, 1], got {}", self.new_token_ratio));
+            return Err(ConfigError::new(
+                "new_token_ratio",
+                format!("must be in [0, 1], got {}", self.new_token_ratio),
+            ));
         }
         if let Some(&e) = self.eos_token_ids.iter().find(|&&e| e as usize >= self.vocab_size) {
-            return Err(format!("eos_token_ids: {e} is outside the vocabulary (size {})", self.vocab_size));
+            return Err(ConfigError::new(
+                "eos_token_ids",
+                format!("{e} is outside the vocabulary (size {})", self.vocab_size),
+            ));
         }
         Ok(())
     }

@@ -19,7 +19,7 @@ use crate::radix::{KvEvent, RadixTree, TreeConfig};
 use crate::sampling::{RequestRng, Sampler};
 use crate::trace::{OutputsOf, TraceRecorder};
 
-use super::config::EngineConfig;
+use super::config::{ConfigError, EngineConfig};
 use super::constraint::{Constraint, TokenConstraint};
 use super::kv_slots::SlotPool;
 use super::plan::{Finished, StepOutputs};
@@ -89,7 +89,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(config: EngineConfig, vocab: Arc<dyn TokenBytes + Send + Sync>) -> Result<Self, String> {
+    pub fn new(config: EngineConfig, vocab: Arc<dyn TokenBytes + Send + Sync>) -> Result<Self, ConfigError> {
         config.validate()?;
         let tree = RadixTree::new(TreeConfig {
             policy: config.eviction_policy,
@@ -98,7 +98,8 @@ impl Engine {
             event_block_size: config.kv_event_block_size,
             ..TreeConfig::default()
         })
-        .map_err(|e| e.to_string())?;
+        // the only tree setting taken from the engine's that the tree checks further
+        .map_err(|e| ConfigError::new("kv_event_block_size", e.to_string()))?;
         Ok(Engine {
             pool: SlotPool::new(config.kv_capacity),
             tree,

@@ -34,7 +34,7 @@ mod stats;
 
 pub use self::core::{Engine, EngineError};
 pub use commit::DeviceDraws;
-pub use config::{EngineConfig, SchedulePolicy};
+pub use config::{ConfigError, EngineConfig, SchedulePolicy};
 pub use constraint::{AllowList, Constraint, TokenConstraint};
 pub use kv_slots::{BadFree, SlotPool};
 pub use plan::{BatchPlan, Finished, StepOutputs};

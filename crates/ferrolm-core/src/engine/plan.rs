@@ -2,6 +2,8 @@
 //! Python as a numpy array), and what the step gives back.
 
 use super::request::FinishReason;
+#[cfg(doc)]
+use super::request::RequestParams;
 
 /// Tokens to run through the model this step. Request b's new tokens are
 /// `input_ids[qo_offsets[b]..qo_offsets[b + 1]]` at `positions[...]`, their K/V go to
@@ -22,6 +24,12 @@ pub struct BatchPlan {
     pub samples: Vec<bool>,
     /// Whether request b's new tokens are prompt (or resumed) tokens rather than one decode token.
     pub is_prefill: Vec<bool>,
+    /// Whether request b's next token is the bare argmax of its logits
+    /// ([`RequestParams::plain_greedy`]): a runner may then pick it on its device.
+    pub plain_greedy: Vec<bool>,
+    /// Whether request b ignores EOS (a runner picking its greedy token must never pick an
+    /// EOS id, as the core's sampler would not).
+    pub ignore_eos: Vec<bool>,
 }
 
 impl BatchPlan {
@@ -33,6 +41,11 @@ impl BatchPlan {
     }
     pub fn num_tokens(&self) -> usize {
         self.input_ids.len()
+    }
+    /// Whether every entry that samples this step is plain greedy (true when none
+    /// samples): the runner may then pick the whole step's tokens as argmaxes.
+    pub fn all_plain_greedy(&self) -> bool {
+        self.samples.iter().zip(&self.plain_greedy).all(|(&s, &g)| !s || g)
     }
 }
 

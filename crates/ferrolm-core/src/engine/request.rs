@@ -25,6 +25,26 @@ pub struct RequestParams {
     pub queue_timeout_s: Option<f64>,
 }
 
+impl RequestParams {
+    /// Whether the core picks this request's tokens as the bare argmax of the logits (EOS
+    /// excluded where it ignores EOS): greedy, and nothing that changes or masks the
+    /// logits (bias, penalties, `min_new_tokens`' ban on stop tokens, a grammar or allow
+    /// list: `constrained`) or asks for their log-probabilities. The one statement of the
+    /// rule: plans carry it per entry (`BatchPlan::plain_greedy`) for the runner.
+    pub fn plain_greedy(&self, constrained: bool) -> bool {
+        let s = &self.sampling;
+        s.is_greedy()
+            && s.logit_bias.is_empty()
+            && s.repetition_penalty == 1.0
+            && s.frequency_penalty == 0.0
+            && s.presence_penalty == 0.0
+            && self.min_new_tokens == 0
+            && !s.logprobs
+            && s.top_logprobs == 0
+            && !constrained
+    }
+}
+
 impl Default for RequestParams {
     fn default() -> Self {
         RequestParams {

@@ -96,6 +96,8 @@ impl Engine {
         let samples = end == r.tokens.len();
         plan.samples.push(samples);
         plan.is_prefill.push(is_prefill);
+        plan.plain_greedy.push(r.params.plain_greedy(r.constraint.is_some()));
+        plan.ignore_eos.push(r.params.ignore_eos);
         self.in_flight.push(InFlight { rid, end, samples, is_prefill });
     }
 

@@ -13,6 +13,10 @@ pub struct EngineStats {
     pub errors: u64,
     /// Steps dropped by `fail_step` (their forward failed).
     pub failed_steps: u64,
+    /// CPU time of the helper threads that sample a large step beside the caller's
+    /// (`commit`), in nanoseconds: they end with the call, so a reader of the process's
+    /// live threads cannot see it.
+    pub sampling_thread_cpu_ns: u64,
 }
 
 /// Latencies observed since the last `take_latencies`, in seconds.

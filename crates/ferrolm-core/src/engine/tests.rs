@@ -329,6 +329,52 @@ fn bad_requests_are_refused_naming_the_field() {
 }
 
 #[test]
+fn a_bad_configuration_is_refused_naming_its_field() {
+    let field = |f: fn(&mut EngineConfig)| Engine::new(config(f), vocab()).err().map(|e| e.field);
+    assert_eq!(field(|c| c.kv_capacity = 0), Some("kv_capacity"));
+    assert_eq!(field(|c| c.kv_capacity = 1 << 31), Some("kv_capacity"));
+    assert_eq!(field(|c| c.max_running_requests = 0), Some("max_running_requests"));
+    assert_eq!(field(|c| c.max_prefill_tokens = 0), Some("max_prefill_tokens"));
+    assert_eq!(field(|c| c.new_token_ratio = 1.5), Some("new_token_ratio"));
+    assert_eq!(field(|c| c.eos_token_ids = vec![VOCAB as u32]), Some("eos_token_ids"));
+    assert_eq!(field(|c| c.kv_event_block_size = 0), Some("kv_event_block_size"));
+    assert_eq!(field(|_| {}), None);
+    let e = config(|c| c.max_context = 0).validate().unwrap_err();
+    assert_eq!((e.field, e.to_string()), ("max_context", "max_context must be at least 1".to_string()));
+}
+
+#[test]
+fn the_plan_says_which_entries_the_runner_may_pick_greedily() {
+    let mut engine = Engine::new(config(|_| {}), vocab()).unwrap();
+    let sampled =
+        RequestParams { sampling: SamplingParams { temperature: 0.7, ..Default::default() }, ..greedy(4) };
+    let with_logprobs =
+        RequestParams { sampling: SamplingParams { logprobs: true, ..greedy(4).sampling }, ..greedy(4) };
+    let banned_stops = RequestParams { min_new_tokens: 2, ..greedy(4) };
+    let top_k_one = RequestParams {
+        sampling: SamplingParams { temperature: 0.9, top_k: 1, ..Default::default() },
+        ignore_eos: false,
+        ..greedy(4)
+    };
+    engine.submit(1, &[1, 2], greedy(4), None).unwrap();
+    engine.submit(2, &[1, 2], sampled, None).unwrap();
+    engine.submit(3, &[1, 2], with_logprobs, None).unwrap();
+    engine.submit(4, &[1, 2], banned_stops, None).unwrap();
+    engine.submit(5, &[1, 2], top_k_one, None).unwrap();
+    engine.submit(6, &[1, 2], greedy(4), Some(Box::new(AllowList::new(VOCAB, &[65, 66])))).unwrap();
+    let plan = engine.schedule().unwrap();
+    assert_eq!(plan.rids, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(plan.plain_greedy, vec![true, false, false, false, true, false]);
+    assert_eq!(plan.ignore_eos, vec![true, true, true, true, false, true]);
+    assert!(!plan.all_plain_greedy());
+    engine.fail_step("dropped");
+    engine.take_outputs();
+    engine.submit(7, &[1, 2], greedy(4), None).unwrap();
+    let plan = engine.schedule().unwrap();
+    assert!(plan.all_plain_greedy(), "{plan:?}");
+}
+
+#[test]
 fn a_request_too_long_for_the_pool_finishes_with_an_error() {
     let mut engine = Engine::new(config(|c| c.kv_capacity = 16), vocab()).unwrap();
     let mut model = FakeModel::new(16);
@@ -910,3 +956,20 @@ fn kv_events_are_off_by_default() {
 }
 #[path = "sampling_batch_tests.rs"]
 mod sampling_batch_tests;
+
+#[test]
+fn the_cpu_of_a_large_steps_sampling_thread_is_counted() {
+    let mut engine = Engine::new(config(|_| {}), vocab()).unwrap();
+    let mut model = FakeModel::new(4096);
+    engine.submit(1, &[1, 2], greedy(4), None).unwrap();
+    let plan = engine.schedule().unwrap();
+    engine.commit(&mut model.forward(&plan), VOCAB).unwrap();
+    assert_eq!(engine.stats().sampling_thread_cpu_ns, 0, "one row: no second thread");
+    for rid in 2..=17 {
+        engine.submit(rid, &[1, 2, rid as u32], greedy(4), None).unwrap();
+    }
+    let plan = engine.schedule().unwrap();
+    assert!(plan.num_requests() >= 16);
+    engine.commit(&mut model.forward(&plan), VOCAB).unwrap();
+    assert!(engine.stats().sampling_thread_cpu_ns > 0, "{:?}", engine.stats());
+}

@@ -122,7 +122,7 @@ impl<'a> Replayer<'a> {
             bytes: trace.token_bytes.clone(),
             special: trace.special.clone(),
         });
-        let engine = Engine::new(config.clone(), vocab)?;
+        let engine = Engine::new(config.clone(), vocab).map_err(|e| e.to_string())?;
         let mut r = Replayer::new(engine, trace, options, log);
         r.s.kv_capacity = config.kv_capacity;
         Ok(r)

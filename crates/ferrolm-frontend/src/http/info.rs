@@ -131,7 +131,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.histograms.lock().unwrap().update(stats, load, latencies);
     }
     let kv = crate::kv_events::enabled(&state.config.kv_events).then(|| state.kv_counters.get());
-    let text = state.histograms.lock().unwrap().render(&state.config.model_name, kv);
+    let text = state.histograms.lock().unwrap().render(&state.config.model_name, kv, &state.forward_times);
     let mut r = Response::new(Body::from(text));
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

@@ -1,0 +1,112 @@
+"""The server's step loop (``ferrolm.step_loop`` over the Rust front end), in-process: a
+forward that raises ends its step in ``fail_step`` (its request is answered with an error,
+the loop keeps serving), and the loop's own timing of the forward reaches ``/metrics``."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from ferrolm.server.args import ServerArgs, build_engine
+from ferrolm.server.rust_frontend import StepLoop, start_frontend
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[StepLoop, str]]:
+    args = ServerArgs(port=0, max_total_tokens=4096, runner="numpy")
+    engine = build_engine(args)
+    frontend = start_frontend(engine, args)
+    loop = StepLoop(engine, frontend)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        yield loop, f"http://127.0.0.1:{frontend.port}"
+    finally:
+        loop.stopping.set()
+        thread.join(timeout=30)
+        frontend.stop(5.0)
+
+
+def series(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    [value] = re.findall(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(value)
+
+
+def test_a_forward_that_raises_fails_its_step_and_the_loop_serves_on(
+    served: tuple[StepLoop, str],
+) -> None:
+    loop, url = served
+    forward = loop.runner.forward
+    calls = {"n": 0}
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the device fell over")
+        return forward(*args, **kwargs)
+
+    loop.runner.forward = failing_once
+    body = {
+        "text": "Hello",
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+    }
+    failed = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert failed.status_code == 500, failed.text
+    assert "the device fell over" not in failed.text  # clients get no internals
+    ok = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["meta_info"]["completion_tokens"] == 4
+    assert series(url, "ferrolm:num_request_errors_total") == 1
+
+
+def test_the_loops_forward_timing_is_on_metrics(served: tuple[StepLoop, str]) -> None:
+    _, url = served
+    assert series(url, "ferrolm:forward_seconds_count") == 0
+    body = {
+        "text": "Hello",
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+    }
+    assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200
+    # a prefill step, then a decode step per further token
+    assert series(url, "ferrolm:forward_seconds_count") == 5
+    assert series(url, "ferrolm:forward_seconds_sum") > 0
+    assert 0 < series(url, "ferrolm:forward_loop_cpu_seconds_total")
+    assert series(url, 'ferrolm:forward_seconds_bucket{le="+Inf"}') == 5
+
+
+def test_serve_loads_no_bench_module_fastapi_or_uvicorn() -> None:
+    """``ferrolm serve`` (the Rust front end) up to the point where it would start: the
+    bench modules are ``ferrolm bench``'s alone, and nothing of the Python front end's
+    web stack is imported."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "import ferrolm.server.rust_frontend as rf\n"
+        "def started(args):\n"
+        "    print(json.dumps(sorted(sys.modules)))\n"
+        "    return 0\n"
+        "rf.run_server = started\n"
+        "from ferrolm.cli import main\n"
+        "sys.exit(main(['serve', '--port', '0']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "ferrolm.server.args" in modules  # it got as far as serving
+    loaded = [
+        m for m in modules if m.split(".")[0] in ("fastapi", "uvicorn", "starlette") or m.startswith("ferrolm.bench")
+    ]
+    assert loaded == []
