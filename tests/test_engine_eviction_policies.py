@@ -1,22 +1,16 @@
 """Every eviction policy drives the engine's prefix cache: under KV pressure (so the tree
 evicts), greedy outputs stay those of each prompt alone with the cache off, the cache
 still hits, and the engine's invariants hold after every step. An unknown policy is
-refused naming the field; ``ferrolm serve --radix-eviction-policy`` reaches the engine."""
+refused naming the field (``ferrolm serve --radix-eviction-policy`` reaching the engine:
+``test_server_units.py``)."""
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
-
 import pytest
-
+from conftest import make_engine
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import LoadedModel
 from ferrolm.radix_py import POLICIES
-from ferrolm.server import engine_process
-from ferrolm.server.args import add_serve_arguments, server_args_from
-
-from conftest import make_engine
 from test_engine_identity import GREEDY, PROMPTS, run_batch
 
 
@@ -44,30 +38,3 @@ def test_unknown_policy_names_the_field(tiny: LoadedModel) -> None:
     with pytest.raises(InvalidInputError, match="eviction_policy") as e:
         make_engine(tiny, eviction_policy="arc")
     assert "slru" in str(e.value) and "tlru" in str(e.value)
-
-
-def test_serve_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    parser = argparse.ArgumentParser()
-    add_serve_arguments(parser)
-    assert server_args_from(parser.parse_args([]), {}).radix_eviction_policy == "lru"
-    args = server_args_from(parser.parse_args(["--radix-eviction-policy", "slru"]), {})
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--radix-eviction-policy", "arc"])
-
-    seen: dict[str, Any] = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_engine(*a: Any, **kw: Any) -> None:
-        seen.update(kw)
-        raise Stop
-
-    class Conn:
-        def send(self, msg: Any) -> None:
-            seen["sent"] = msg
-
-    monkeypatch.setattr(engine_process, "Engine", fake_engine)
-    with pytest.raises(Stop):
-        engine_process.engine_main(args, Conn())  # type: ignore[arg-type]
-    assert seen["eviction_policy"] == "slru"

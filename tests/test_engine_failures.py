@@ -1,7 +1,8 @@
 """A failed forward (the runner raises) ends its step's requests with an error and leaves
 the engine as if the step never ran: nothing unwritten reaches the prefix cache, the next
 request with the same prompt gets the output of a clean engine, and every delta reaches
-whoever waits for it (``generate``, ``stream``, ``step()``, the server's engine loop).
+whoever waits for it (``generate``, ``stream``, ``step()``; the server runs the same step
+loop, ``ferrolm.step_loop``, whose failures over HTTP are in ``test_server_step_loop.py``).
 Errors carry a kind (``Delta.error_kind``) besides their message. ``n > 1`` samples are
 the core's: they share the first sample's prefill and end on their own."""
 
@@ -11,11 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm import SamplingParams
 from ferrolm.engine import Delta, Engine
 from ferrolm.model import ForwardBatch, LoadedModel, NumpyRunner
-from ferrolm.server.engine_process import EngineLoop
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
 PROMPT = "a failed step must not poison the cache"
@@ -143,62 +142,3 @@ def test_error_kinds_cross_the_boundary(tiny: LoadedModel) -> None:
     core.schedule()
     [fin] = core.commit_tokens(np.array([3], np.int32)).finished
     assert fin is not None and (fin[0], fin[6]) == ("length", None)
-
-
-class FakeConn:
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, ...]] = []
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        self.sent.append(msg)
-
-    def finishes(self) -> dict[int, Delta]:
-        return {d.rid: d for m in self.sent if m[0] == "deltas" for d in m[1] if d.finish_reason is not None}
-
-
-def run_loop(loop: EngineLoop) -> None:
-    try:
-        for _ in range(1000):
-            if not loop._busy():
-                return
-            loop._step()
-        raise AssertionError("the loop made no progress")
-    finally:
-        loop.close()  # its compile threads and wakeup sockets
-
-
-def test_the_server_loop_finishes_every_request_of_a_failed_step(tiny: LoadedModel) -> None:
-    engine = failing(tiny, {1})
-    conn = FakeConn()
-    loop = EngineLoop(engine, conn)  # type: ignore[arg-type]
-    ids = engine.encode(PROMPT)
-    loop._handle(("submit", [100, 101], ids, SamplingParams(temperature=0.0, max_new_tokens=4), {}))
-    loop._handle(("submit", [102], engine.encode("other"), SamplingParams(temperature=0.0, max_new_tokens=4), {}))
-    run_loop(loop)
-    fins = conn.finishes()
-    assert sorted(fins) == [100, 101, 102], "no request is lost"
-    assert fins[100].error_kind == "step_failed" and fins[102].error_kind == "step_failed"
-    assert fins[101].finish_reason == "length"  # the second sample led after the first failed
-    engine.core.check_invariants()
-
-
-def test_the_server_loop_survives_a_failure_outside_the_forward(tiny: LoadedModel, monkeypatch: Any) -> None:
-    engine = Engine(tiny, kv_capacity=KV)
-    conn = FakeConn()
-    loop = EngineLoop(engine, conn)  # type: ignore[arg-type]
-    real_step = engine.step
-
-    def broken_step() -> list[Delta]:
-        monkeypatch.setattr(engine, "step", real_step)  # once
-        engine.core.schedule()
-        raise RuntimeError("a bug after schedule")
-
-    monkeypatch.setattr(engine, "step", broken_step)
-    loop._handle(("submit", [7], engine.encode(PROMPT), SamplingParams(temperature=0.0, max_new_tokens=4), {}))
-    loop._handle(("abort", [8]))  # unknown: nothing happens
-    run_loop(loop)
-    fins = conn.finishes()
-    assert list(fins) == [7]
-    assert fins[7].finish_reason == "error" and fins[7].error_kind == "step_failed"
-    assert fins[7].error == "the engine step failed (see the server log)"  # no internals for clients
-    engine.core.check_invariants()

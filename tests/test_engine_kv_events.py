@@ -1,21 +1,20 @@
 """KV events from the engine (``Engine(enable_kv_events=True)``): the core records them
 over blocks of ``kv_event_block_size`` tokens, hashed as the Python twin hashes; the
-server's loop hands each step's events to the publisher before it sends the step's
-deltas, and sends them only once the earlier steps' events are out; aborts and flushes
-outside a step are published too. The wire format is in ``test_kv_events_wire.py``."""
+step loop (``ferrolm.step_loop``) publishes each step's events after its commit, and lets
+a step's outputs go out only once the earlier steps' events are out; aborts and flushes
+outside a step are published in the pass that ran them. The wire format is in ``test_kv_events_wire.py``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-
 from conftest import make_engine
 from ferrolm import SamplingParams
 from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, chain_hashes, namespace_seed
 from ferrolm.kv_publisher import KvEventPublisher
-from ferrolm.server.engine_process import EngineLoop
+from ferrolm.step_loop import StepLoop
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=5, ignore_eos=True)
 BLOCK = 4
@@ -74,67 +73,101 @@ class RecordingPublisher(KvEventPublisher):
         return True
 
 
-class LoggingConn:
-    def __init__(self, log: list[tuple[Any, ...]]) -> None:
-        self.log = log
+class LoggingFrontend:
+    """Stands in for ``_core.Frontend`` on the step loop's side: ``drain`` runs the calls
+    queued by the test on the core (as the front end's ingress does at the start of a pass),
+    the commits commit on the core and log that the step's outputs went out, in the same
+    log as the publisher's calls."""
 
-    def send(self, msg: tuple[Any, ...]) -> None:
-        self.log.append(("send", msg[0], msg))
+    def __init__(self, log: list[tuple[Any, ...]], loop_stops: Any) -> None:
+        self.log, self.loop_stops = log, loop_stops
+        self.inbox: list[tuple[str, Any]] = []
+
+    def drain(self, core: Any) -> int:
+        calls, self.inbox = self.inbox, []
+        for name, action in calls:
+            self.log.append(("call", name, action(core)))
+        return len(calls)
+
+    def wait(self, timeout: float) -> bool:  # idle: the test has no more work for the loop
+        self.loop_stops()
+        return False
+
+    def _out(self, out: Any) -> Any:
+        self.log.append(("send", len(out.rids)))
+        return out.rids
+
+    def commit(self, core: Any, logits: Any, forward_s: float = 0.0, forward_cpu_s: float = 0.0) -> Any:
+        return self._out(core.commit(logits))
+
+    def commit_tokens(self, core: Any, tokens: Any, forward_s: float = 0.0, forward_cpu_s: float = 0.0,
+                      **draws: Any) -> Any:
+        return self._out(core.commit_tokens(tokens, **draws))
+
+    def fail_step(self, core: Any, message: str) -> Any:
+        return self._out(core.fail_step(message))
+
+    def take_outputs(self, core: Any) -> Any:
+        return self._out(core.take_outputs())
+
+    def note_kv_events(self, *counts: int) -> None:
+        pass
 
 
-def test_the_loop_publishes_a_steps_events_before_its_deltas_and_waits_for_the_earlier_ones(tiny: Any) -> None:
+def kv_loop(engine: Any, log: list[tuple[Any, ...]], publisher: Any) -> tuple[StepLoop, LoggingFrontend]:
+    loop: StepLoop
+    frontend = LoggingFrontend(log, lambda: loop.stopping.set())
+    loop = StepLoop(engine.core, engine.runner, frontend=frontend, kv_publisher=publisher)  # type: ignore[arg-type]
+    return loop, frontend
+
+
+def run_until_idle(loop: StepLoop) -> None:
+    loop.stopping.clear()
+    loop.run()
+
+
+def test_the_loop_publishes_a_steps_events_before_its_outputs_and_waits_for_the_earlier_ones(tiny: Any) -> None:
     engine = make_engine(tiny, kv_capacity=64, enable_kv_events=True, kv_event_block_size=BLOCK)
     log: list[tuple[Any, ...]] = []
-    loop = EngineLoop(engine, LoggingConn(log), kv_publisher=RecordingPublisher(log))
-    try:
-        for i, rid in enumerate((1, 2, 3)):  # 3 x 25 tokens through a 64-slot pool: eviction
-            loop._handle(("submit", [rid], list(range(600 + 40 * i, 625 + 40 * i)), GREEDY, {}))
-            while loop._busy():
-                loop._step()
-                loop._publish_kv_events()
-        published = [e for e in log if e[0] == "publish"]
-        assert published, "the prefills and finishes store blocks"
-        assert [ev for e in published for ev in e[2] if ev[0] == "removed"], "the small pool evicts"
-        sends = [i for i, e in enumerate(log) if e[0] == "send" and e[1] == "deltas"]
-        assert sends
-        for i in sends:
-            # right before a step's deltas: a wait for every batch queued before the step;
-            # the step's own batch, if any, is queued just before that wait
-            assert log[i - 1][0] == "wait", log[i - 3:i + 1]
-            waited_for = log[i - 1][1]
-            queued_so_far = sum(1 for e in log[:i] if e[0] == "publish")
-            own = 1 if log[i - 2][0] == "publish" else 0
-            assert waited_for == queued_so_far - own
-        # a flush outside a step: its clear is queued before the caller hears back
-        loop._call(9, "flush_cache")
-        assert log[-2][0] == "publish" and log[-2][2] == [("cleared",)]
-        assert log[-1][0] == "send" and log[-1][2] == ("reply", 9, True, True)
-        loop._call(10, "stats")
-        stats = log[-1][2][3]
-        assert stats["kv_events_queued"] == len([e for e in log if e[0] == "publish"]) and "kv_events_late" in stats
-    finally:
-        loop.close()
+    loop, frontend = kv_loop(engine, log, RecordingPublisher(log))
+    for i, rid in enumerate((1, 2, 3)):  # 3 x 25 tokens through a 64-slot pool: eviction
+        prompt = list(range(600 + 40 * i, 625 + 40 * i))
+        frontend.inbox.append(("submit", lambda core, rid=rid, p=prompt: core.submit([rid], p, **GREEDY.core_kwargs())))
+        run_until_idle(loop)
+    published = [e for e in log if e[0] == "publish"]
+    assert published, "the prefills and finishes store blocks"
+    assert [ev for e in published for ev in e[2] if ev[0] == "removed"], "the small pool evicts"
+    sends = [i for i, e in enumerate(log) if e[0] == "send"]
+    assert sends
+    for i in sends:
+        # right before a step's outputs: a wait for every batch queued before the step;
+        # the step's own batch is queued after its outputs
+        assert log[i - 1][0] == "wait", log[i - 3:i + 1]
+        assert log[i - 1][1] == sum(1 for e in log[:i] if e[0] == "publish")
+    # a flush outside a step: its clear is queued in the same pass, before the loop waits
+    frontend.inbox.append(("flush", lambda core: core.flush_cache()))
+    run_until_idle(loop)
+    assert log[-2] == ("call", "flush", True)
+    assert log[-1][0] == "publish" and log[-1][2] == [("cleared",)]
 
 
 def test_an_abort_outside_a_step_is_published_with_the_next_loop_pass(tiny: Any) -> None:
     engine = make_engine(tiny, kv_capacity=256, enable_kv_events=True, kv_event_block_size=BLOCK)
     log: list[tuple[Any, ...]] = []
     publisher = RecordingPublisher(log)
-    loop = EngineLoop(engine, LoggingConn(log), kv_publisher=publisher)
-    try:
-        long = SamplingParams(temperature=0.0, max_new_tokens=50, ignore_eos=True)
-        loop._handle(("submit", [1], list(range(700, 720)), long, {}))
-        for _ in range(7):  # the prefill stores 5 blocks; the decode fills the 6th (no insert yet)
-            loop._step()
-        n = publisher.queued
-        loop._handle(("abort", [1]))  # the core caches what the request computed
+    loop, frontend = kv_loop(engine, log, publisher)
+    long = SamplingParams(temperature=0.0, max_new_tokens=50, ignore_eos=True)
+    engine.core.submit([1], list(range(700, 720)), **long.core_kwargs())
+    for _ in range(7):  # the prefill stores 5 blocks; the decode fills the 6th (no insert yet)
+        loop.step(engine.core.schedule())
         loop._publish_kv_events()
-        assert publisher.queued == n + 1
-        [(kind, hashes, parent, tokens, *_)] = log[-1][2]
-        assert kind == "stored" and len(hashes) == 1 and len(tokens) == BLOCK, "the block the decode filled"
-        assert parent == chain_hashes(namespace_seed(None), list(range(700, 720)), BLOCK)[-1]
-    finally:
-        loop.close()
+    n = publisher.queued
+    frontend.inbox.append(("abort", lambda core: core.abort(1)))  # the core caches what it computed
+    run_until_idle(loop)
+    assert publisher.queued == n + 1
+    [(kind, hashes, parent, tokens, *_)] = [e for e in log if e[0] == "publish"][-1][2]
+    assert kind == "stored" and len(hashes) == 1 and len(tokens) == BLOCK, "the block the decode filled"
+    assert parent == chain_hashes(namespace_seed(None), list(range(700, 720)), BLOCK)[-1]
 
 
 def test_event_objects_round_trip_from_the_raw_tuples(tiny: Any) -> None:

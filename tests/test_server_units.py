@@ -127,7 +127,8 @@ def test_max_request_bytes_flag() -> None:
 
 
 def test_the_eviction_policy_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ferrolm.server import rust_frontend
+    import ferrolm.engine
+    from ferrolm.server.args import build_engine
 
     assert _parse(environ={}).radix_eviction_policy == "lru"
     with pytest.raises(SystemExit):
@@ -137,6 +138,6 @@ def test_the_eviction_policy_flag_reaches_the_engine(monkeypatch: pytest.MonkeyP
     def fake_engine(*a: Any, **kw: Any) -> None:
         seen.update(kw)
 
-    monkeypatch.setattr(rust_frontend, "Engine", fake_engine)
-    rust_frontend.build_engine(_parse("--radix-eviction-policy", "slru", environ={}))
+    monkeypatch.setattr(ferrolm.engine, "Engine", fake_engine)
+    build_engine(_parse("--radix-eviction-policy", "slru", environ={}))
     assert seen["eviction_policy"] == "slru"

@@ -186,7 +186,7 @@ class Engine:
         logits in place, at no copy).
         ``record_trace``: a file to record every call to the core in (submits, aborts,
         each step's plan and tokens), replayable without the model: ``ferrolm replay``,
-        the ``ferrolm-replay`` binary (README, "Replaying the engine")."""
+        the ``ferrolm-replay`` binary (README, "Traces, logs, the wheel")."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
         kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
         if isinstance(model, LoadedModel):
