@@ -39,6 +39,8 @@ __all__ = [
     "render_chat_template",
     "frontend_encode",
     "rms_norm",
+    "dequantize",
+    "quant_types",
 ]
 __version__: str
 
@@ -867,3 +869,14 @@ def rms_norm(
     over threads. ``x`` and ``out`` are C-contiguous float32 arrays of the same shape that
     share no memory, ``weight`` float32 of the last axis' length; otherwise
     ``InvalidInputError`` naming the argument."""
+
+def dequantize(data: npt.NDArray[np.uint8], ggml_type: int) -> npt.NDArray[np.float32]:
+    """The weights that ``data`` encodes, as a new 1-D float32 array: ``data`` is the raw
+    bytes of whole blocks of ggml type ``ggml_type`` (a GGUF tensor's bytes, e.g. a view
+    of a memory-mapped file; read in place), one of ``quant_types()``. The floats equal
+    ggml's and gguf-py's dequantizers bit for bit. Large inputs are split over threads;
+    the GIL is released meanwhile. ``InvalidInputError`` naming ``ggml_type`` (a type not
+    read) or ``data`` (not a C-contiguous uint8 array, or not whole blocks)."""
+
+def quant_types() -> dict[str, int]:
+    """ggml's name of every tensor type ``dequantize`` reads (``"Q4_K"``) to its type id."""

@@ -13,6 +13,7 @@ mod frontend;
 mod guard;
 mod kv_events;
 mod norm;
+mod quant;
 mod radix;
 mod trace;
 
@@ -26,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::init(m)?;
     frontend::init(m)?;
     norm::init(m)?;
+    quant::init(m)?;
     trace::init(m)?;
     Ok(())
 }
