@@ -179,6 +179,42 @@ def test_tokenizer_files_for_a_gguf_are_written_once(tiny_files: tuple[Path, Pat
     assert tokenizer_json_path(path_copy) != json_path
 
 
+def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_path: Path) -> None:
+    """A llama-style (SentencePiece BPE) vocabulary: merges from the scores, byte
+    fallback for characters it lacks, "▁" for spaces, a user-defined token kept whole."""
+    transformers = pytest.importorskip("transformers")
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "▁w", "ll", "llo", "ell", "▁he", "▁hell", "▁hello",
+              "or", "ld", "orld", "▁world", "▁wor", "▁▁", "an", "▁an", "d▁", "a", "n", "▁and", "é", "x"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + ["<|user|>"]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces) + [4]
+    scores = [0.0] * 259 + [-float(i) - 0.5 * len(p) for i, p in enumerate(pieces)] + [0.0]
+    path = tmp_path / "spm.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(64)
+    writer.add_head_count(2)
+    writer.add_context_length(128)
+    writer.add_feed_forward_length(128)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    for out in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
+        out()
+    ours = gguf_file.read_tokenizer(gguf_file.Metadata(gguf_file.open_gguf(path)))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    texts = ["hello world", " hello", "hello  world", "héllo wörld", "\n", "", "and hello<|user|>and",
+             "world and hello hello", "ax"]
+    for text in texts:
+        ids = ours.hf.encode(text).ids
+        assert ids == theirs(text)["input_ids"], text
+        assert ours.hf.decode(ids, skip_special_tokens=False) == theirs.decode(ids), text
+    assert (ours.bos_token, ours.eos_token, ours.eos_token_ids) == ("<s>", "</s>", (2,))
+
+
 # ---------------------------------------------------------------- metadata variants
 
 
