@@ -361,7 +361,7 @@ def _rope_scaling(meta: Metadata, arch: str, config: ModelConfig) -> RopeScaling
     return _llama3_scaling(meta, arch, config, factors)
 
 
-def _llama3_scaling(meta: Metadata, arch: str, config: ModelConfig, tensor: Any) -> RopeScaling:
+def _llama3_scaling(meta: Metadata, arch: str, config: ModelConfig, tensor: Any) -> RopeScaling | None:
     """Llama 3.1+ files hold the llama3 scaling as its result: one divisor per frequency.
     The parameters are recovered (the largest divisor is the factor; Meta's released
     models all use low/high frequency factors 1 and 4) and accepted only if they give
@@ -375,7 +375,7 @@ def _llama3_scaling(meta: Metadata, arch: str, config: ModelConfig, tensor: Any)
             ROPE_FREQS,
         )
     if np.allclose(divisors, 1.0):
-        return None  # type: ignore[return-value]
+        return None
     original = meta.positive_int(f"{arch}.rope.scaling.original_context_length", default=8192)
     scaling = RopeScaling("llama3", float(divisors.max()), 1.0, 4.0, original)
     import dataclasses

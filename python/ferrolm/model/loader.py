@@ -65,7 +65,7 @@ def load_model(model: str | Path, *, with_weights: bool = True) -> LoadedModel:
     (``gguf_file``); its weights are always loaded, dequantized to float32, and
     ``folder`` is ``None``: there is no checkpoint folder for a runner to read.
     """
-    if gguf_file.is_gguf(model):
+    if not (isinstance(model, str) and model in EMBEDDED_MODELS) and gguf_file.is_gguf(model):
         return _load_gguf(Path(model))
     folder = resolve_model_folder(model)
     config = ModelConfig.from_folder(folder)
