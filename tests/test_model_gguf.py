@@ -146,14 +146,19 @@ def test_tiny_gguf_runs_as_its_hf_folder(tiny_files: tuple[Path, Path, dict[str,
     assert tokens == want_tokens
 
 
-def test_engine_and_generate_take_a_gguf_path(tiny_files: tuple[Path, Path, dict[str, np.ndarray]]) -> None:
+@pytest.mark.parametrize("runner", ["numpy", "torch"])
+def test_engine_and_generate_take_a_gguf_path(tiny_files: tuple[Path, Path, dict[str, np.ndarray]], runner: str) -> None:
     from ferrolm.engine import Engine
     from ferrolm.sampling_params import SamplingParams
 
+    if runner == "torch":
+        # it is given the file's weights: there is no checkpoint folder for it to read
+        pytest.importorskip("torch")
     path, folder, _ = tiny_files
     params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
-    out = Engine(str(path), kv_capacity=256).generate(["Once upon a time"], params)
-    want = Engine(str(folder), kv_capacity=256).generate(["Once upon a time"], params)
+    options: dict[str, Any] = {"kv_capacity": 256, "runner": runner, "device": "cpu"}
+    out = Engine(str(path), **options).generate(["Once upon a time"], params)
+    want = Engine(str(folder), **options).generate(["Once upon a time"], params)
     assert [o.token_ids for o in out] == [o.token_ids for o in want]
     assert len(out[0].token_ids) == 8
 
