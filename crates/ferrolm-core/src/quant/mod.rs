@@ -2,11 +2,12 @@
 //! ([`blocks`]) and dequantization to f32.
 //!
 //! Dequantization is what a runner that computes in float needs to load a GGUF; the
-//! integer-dot matmul kernels that read the blocks in place are to build on the same
-//! structs. Large tensors are split by blocks over scoped threads: loading an 8B model
+//! integer-dot products in [`dot`] read the blocks in place (the portable reference of
+//! the matmul kernels; not yet used by a runner). Large tensors are split by blocks over scoped threads: loading an 8B model
 //! converts billions of weights once, and the work is embarrassingly parallel.
 
 pub mod blocks;
+pub mod dot;
 #[cfg(test)]
 mod tests;
 

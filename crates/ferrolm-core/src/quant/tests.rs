@@ -208,3 +208,134 @@ fn types_are_ggml_ids_with_their_block_sizes() {
     assert_eq!(QuantType::BF16.bytes_for(3), Some(6));
     assert_eq!(QuantType::Q6K.to_string(), "Q6_K");
 }
+
+mod products {
+    //! The integer-dot products against a float64 sum over the dequantized weights and
+    //! the dequantized (already quantized) activations, which they must equal up to the
+    //! float rounding of the per-block scales; and against the exact activations, within
+    //! the activation quantization's bound.
+
+    use super::super::dot::{matmul, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+    use super::*;
+
+    const SCALES: [(QuantType, &[usize]); 6] = [
+        (QuantType::Q8_0, &[0]),
+        (QuantType::Q4_0, &[0]),
+        (QuantType::Q4_1, &[0, 2]),
+        (QuantType::Q4K, &[0, 2]),
+        (QuantType::Q5K, &[0, 2]),
+        (QuantType::Q6K, &[208]),
+    ];
+
+    fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (rng.next() % 20001) as f32 / 10000.0 - 1.0).collect()
+    }
+
+    /// The activations as the kernel sees them, dequantized.
+    fn seen(ty: QuantType, x: &[f32]) -> Vec<f32> {
+        match ty {
+            QuantType::Q8_0 | QuantType::Q4_0 => {
+                quantize_q8_0(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * h(&b.d))).collect()
+            }
+            QuantType::Q4_1 => quantize_q8_1(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect(),
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+                quantize_q8_k(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect()
+            }
+            _ => x.to_vec(),
+        }
+    }
+
+    #[test]
+    fn integer_dots_equal_the_float_sum_of_what_they_multiply() {
+        let (rows, cols, tokens) = (5, 512, 3);
+        for (ty, scales) in SCALES {
+            let mut rng = Rng(0x51CE ^ ty as u64);
+            let w = random_blocks(&mut rng, ty, rows * cols / ty.block_elems(), scales);
+            let x = activations(&mut rng, tokens * cols);
+            let mut out = vec![f32::NAN; tokens * rows];
+            matmul(ty, &w, rows, cols, &x, &mut out).unwrap();
+            let wf = dequantized(ty, &w);
+            for t in 0..tokens {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let xq = seen(ty, xt);
+                for r in 0..rows {
+                    let wr = &wf[r * cols..(r + 1) * cols];
+                    let want: f64 = wr.iter().zip(&xq).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let size: f64 = wr.iter().zip(&xq).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                    let got = out[t * rows + r] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * size + 1e-9,
+                        "{ty} row {r} token {t}: {got} vs {want}"
+                    );
+                    // against the exact activations: each is off by at most half a step
+                    // (max|x| / 254) plus the f16 rounding of a Q8_0 scale
+                    let exact: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let bound: f64 =
+                        wr.iter().map(|&a| (a as f64).abs()).sum::<f64>() * (1.0 / 254.0 + 1.0 / 2048.0);
+                    assert!(
+                        (got - exact).abs() <= bound * 1.01,
+                        "{ty}: {got} vs exact {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_weights_multiply_in_float() {
+        let (rows, cols) = (3, 40);
+        let mut rng = Rng(99);
+        let x = activations(&mut rng, 2 * cols);
+        let wf = activations(&mut rng, rows * cols);
+        let bytes: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut out = vec![0f32; 2 * rows];
+        matmul(QuantType::F32, &bytes, rows, cols, &x, &mut out).unwrap();
+        for t in 0..2 {
+            for r in 0..rows {
+                let want: f64 = (0..cols).map(|i| (wf[r * cols + i] * x[t * cols + i]) as f64).sum();
+                assert_eq!(out[t * rows + r], want as f32);
+            }
+        }
+    }
+
+    #[test]
+    fn threads_give_the_serial_result() {
+        // over a megabyte of weights: split over threads where the machine has several
+        let (rows, cols) = (4096, 512);
+        let mut rng = Rng(5);
+        let w = random_blocks(&mut rng, QuantType::Q4K, rows * cols / 256, &[0, 2]);
+        let x = activations(&mut rng, 2 * cols);
+        let mut out = vec![0f32; 2 * rows];
+        matmul(QuantType::Q4K, &w, rows, cols, &x, &mut out).unwrap();
+        let row_bytes = QuantType::Q4K.bytes_for(cols).unwrap();
+        for r in [0, 1, rows / 2 + 3, rows - 1] {
+            let mut one = vec![0f32; 2];
+            matmul(QuantType::Q4K, &w[r * row_bytes..(r + 1) * row_bytes], 1, cols, &x, &mut one).unwrap();
+            assert_eq!(one[0].to_bits(), out[r].to_bits());
+            assert_eq!(one[1].to_bits(), out[rows + r].to_bits());
+        }
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_name_the_argument() {
+        let mut out = vec![0f32; 2];
+        let field = |r: Result<(), QuantError>| r.unwrap_err().field;
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 144], 1, 100, &[0.0; 100], &mut out[..1])), "cols");
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 143], 1, 256, &[0.0; 256], &mut out[..1])), "w");
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 144], 1, 256, &[0.0; 255], &mut out[..1])), "x");
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 144], 1, 256, &[0.0; 256], &mut out)), "out");
+        assert!(matmul(QuantType::Q4K, &[0; 144], 1, 256, &[], &mut []).is_ok());
+    }
+
+    #[test]
+    fn q8_k_folds_the_sign_of_the_largest_value_into_its_scale() {
+        let mut x = vec![0.25f32; 256];
+        x[7] = -2.0;
+        let b = &quantize_q8_k(&x)[0];
+        assert_eq!(b.qs[7], -127);
+        assert_eq!(b.d, 2.0 / 127.0);
+        assert_eq!(b.qs[0], 16); // 0.25 * 127 / 2 = 15.875: d's sign (positive here) keeps x's
+        assert_eq!(b.bsums[0], b.qs[..16].iter().map(|&q| q as i16).sum::<i16>());
+        assert!(quantize_q8_k(&[0.0; 256])[0].qs.iter().all(|&q| q == 0));
+    }
+}
