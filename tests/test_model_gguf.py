@@ -94,6 +94,34 @@ def test_dequantize_rejects_what_it_cannot_read() -> None:
     }
 
 
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_quant_matmul_is_the_product_with_the_dequantized_weights(type_name: str) -> None:
+    qtype = gguf.GGMLQuantizationType[type_name]
+    rows, cols, tokens = 6, 512, 3
+    rng = np.random.default_rng(7)
+    if type_name in ("Q4_K", "Q5_K", "Q6_K"):
+        data = random_k_blocks(type_name, (rows, cols), seed=11)
+    else:
+        data = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05, qtype)
+    w = gguf.quants.dequantize(data, qtype).astype(np.float64).reshape(rows, cols)
+    x = rng.uniform(-1, 1, (tokens, cols)).astype(np.float32)
+    got = _core.quant_matmul(np.ascontiguousarray(data).reshape(-1).view(np.uint8), int(qtype), rows, cols, x)
+    assert got.shape == (tokens, rows) and got.dtype == np.float32
+    exact = x.astype(np.float64) @ w.T
+    if type_name in ("F32", "F16", "BF16"):
+        np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
+        return
+    # activations quantized to int8 per block: each off by at most half a step (max|x| / 254)
+    # plus the f16 rounding of a Q8_0 scale
+    bound = np.abs(w).sum(axis=1) * (1 / 254 + 1 / 2048) * np.abs(x).max()
+    assert (np.abs(got - exact) <= bound * 1.01).all()
+    if type_name in ("Q8_0", "Q4_0"):
+        # the activations as gguf-py quantizes them to Q8_0: the same codes and scales
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        xq = gguf.quants.dequantize(gguf.quants.quantize(x, q8), q8).astype(np.float64)
+        np.testing.assert_allclose(got, xq @ w.T, rtol=1e-5, atol=1e-5 * np.abs(w).sum(axis=1).max())
+
+
 # ---------------------------------------------------------------- tiny GGUF against its HF folder
 
 

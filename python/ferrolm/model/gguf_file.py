@@ -17,6 +17,7 @@ that, since the runners rotate halves as Hugging Face does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -199,6 +200,9 @@ class Metadata:
     def __init__(self, reader: Any) -> None:
         self.reader = reader
         self.fields = reader.fields
+        # decoded values: a vocabulary's arrays take a good part of a second to decode,
+        # and the tokenizer and the EOS set both read them
+        self._values: dict[str, Any] = {}
 
     def __contains__(self, key: str) -> bool:
         return key in self.fields
@@ -207,10 +211,12 @@ class Metadata:
         field = self.fields.get(key)
         if field is None:
             return default
-        try:
-            return field.contents()
-        except Exception as exc:
-            raise InvalidInputError(f"GGUF metadata key {key!r} cannot be read: {exc}", key) from None
+        if key not in self._values:
+            try:
+                self._values[key] = field.contents()
+            except Exception as exc:
+                raise InvalidInputError(f"GGUF metadata key {key!r} cannot be read: {exc}", key) from None
+        return self._values[key]
 
     def require(self, key: str) -> Any:
         if key not in self.fields:
@@ -260,7 +266,8 @@ class Metadata:
 def read_config(meta: Metadata) -> ModelConfig:
     """The model configuration from ``general.architecture`` and the ``{arch}.*`` keys.
 
-    The EOS set is the tokenizer's (``read_tokenizer``); the caller fills it in."""
+    The EOS set is left empty: ``end_of_generation_ids`` gives it, and the caller fills
+    it in."""
     arch = meta.string("general.architecture")
     if arch is None:
         raise InvalidInputError("GGUF metadata has no key 'general.architecture'", "general.architecture")
@@ -324,8 +331,6 @@ def read_config(meta: Metadata) -> ModelConfig:
         mlp_bias="blk.0.ffn_gate.bias" in names,
         sliding_window=_sliding_window(meta, arch),
     )
-    import dataclasses
-
     return dataclasses.replace(config, rope_scaling=_rope_scaling(meta, arch, config))
 
 
@@ -378,8 +383,6 @@ def _llama3_scaling(meta: Metadata, arch: str, config: ModelConfig, tensor: Any)
         return None
     original = meta.positive_int(f"{arch}.rope.scaling.original_context_length", default=8192)
     scaling = RopeScaling("llama3", float(divisors.max()), 1.0, 4.0, original)
-    import dataclasses
-
     plain = inverse_frequencies(dataclasses.replace(config, rope_scaling=None))
     scaled = inverse_frequencies(dataclasses.replace(config, rope_scaling=scaling))
     if not np.allclose(plain / scaled, divisors, rtol=1e-4):
