@@ -9,7 +9,9 @@
 //! read once for all the tokens of a call (prefill chunks, decode batches), and rows are
 //! split over scoped threads for large products.
 //!
-//! Not yet wired into a runner: the runners still dequantize at load.
+//! `Q8_0` and `Q4_0` have AVX2 versions ([`super::simd`]) picked at run time; the rest
+//! are portable only so far. Not yet wired into a runner: the runners still dequantize
+//! at load.
 
 use half::f16;
 
@@ -112,7 +114,28 @@ fn dot32(w: impl Iterator<Item = i32>, a: &[i8]) -> i32 {
     w.zip(a).map(|(w, &a)| w * a as i32).sum()
 }
 
+/// `Q8_0` weights by `Q8_0` activations: AVX2 where the CPU has it, else portable (the
+/// same floats either way).
 pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2() {
+        // SAFETY: AVX2 is present; activations come from `quantize_q8_0` (never -128)
+        return unsafe { super::simd::dot_q8_0(w, a) };
+    }
+    dot_q8_0_portable(w, a)
+}
+
+/// `Q4_0` weights by `Q8_0` activations, AVX2 where the CPU has it.
+pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2() {
+        // SAFETY: as in `dot_q8_0`
+        return unsafe { super::simd::dot_q4_0(w, a) };
+    }
+    dot_q4_0_portable(w, a)
+}
+
+pub fn dot_q8_0_portable(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     let mut sum = 0f32;
     for (w, a) in w.iter().zip(a) {
         let sumi = dot32(w.qs.iter().map(|&q| q as i32), &a.qs);
@@ -121,7 +144,7 @@ pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     sum
 }
 
-pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+pub fn dot_q4_0_portable(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     let mut sum = 0f32;
     for (w, a) in w.iter().zip(a) {
         let lo = dot32(w.qs.iter().map(|&b| (b & 0x0F) as i32 - 8), &a.qs[..QK / 2]);

@@ -8,6 +8,8 @@
 
 pub mod blocks;
 pub mod dot;
+#[cfg(target_arch = "x86_64")]
+pub mod simd;
 #[cfg(test)]
 mod tests;
 

@@ -338,4 +338,26 @@ mod products {
         assert_eq!(b.bsums[0], b.qs[..16].iter().map(|&q| q as i16).sum::<i16>());
         assert!(quantize_q8_k(&[0.0; 256])[0].qs.iter().all(|&q| q == 0));
     }
+
+    #[test]
+    fn avx2_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::blocks::{as_blocks, BlockQ4_0, BlockQ8_0};
+        use super::super::dot::{dot_q4_0, dot_q4_0_portable, dot_q8_0, dot_q8_0_portable};
+
+        // the dispatching functions take the AVX2 path on a CPU that has it (CI's and
+        // this project's machines do); elsewhere this compares the portable code with itself
+        let mut rng = Rng(0xA5A5);
+        for _ in 0..20 {
+            let blocks = 1 + (rng.next() % 40) as usize;
+            // raw weight bytes: every code, -128 included
+            let w8 = random_blocks(&mut rng, QuantType::Q8_0, blocks, &[0]);
+            let w4 = random_blocks(&mut rng, QuantType::Q4_0, blocks, &[0]);
+            let mut x = activations(&mut rng, blocks * 32);
+            x[3] = 0.0;
+            let a = quantize_q8_0(&x);
+            let (w8, w4) = (as_blocks::<BlockQ8_0>(&w8).unwrap(), as_blocks::<BlockQ4_0>(&w4).unwrap());
+            assert_eq!(dot_q8_0(w8, &a).to_bits(), dot_q8_0_portable(w8, &a).to_bits());
+            assert_eq!(dot_q4_0(w4, &a).to_bits(), dot_q4_0_portable(w4, &a).to_bits());
+        }
+    }
 }
