@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,7 @@ def test_tokenizer_files_for_a_gguf_are_written_once(tiny_files: tuple[Path, Pat
     path, folder, _ = tiny_files
     json_path = tokenizer_json_path(path)
     assert json_path == resolve_model_folder(path) / "tokenizer.json"
-    assert json_path.is_relative_to(Path(__import__("os").environ["FERROLM_CACHE"]))
+    assert json_path.is_relative_to(Path(os.environ["FERROLM_CACHE"]))
     written = json_path.stat().st_mtime_ns
     assert tokenizer_json_path(str(path)) == json_path and json_path.stat().st_mtime_ns == written
     loaded = tokenizers.Tokenizer.from_file(str(json_path))
