@@ -46,6 +46,9 @@ __all__ = [
     "REASONING_PARSERS",
     "frontend_encode",
     "rms_norm",
+    "dequantize",
+    "quant_matmul",
+    "quant_types",
 ]
 __version__: str
 
@@ -1035,3 +1038,26 @@ def rms_norm(
     over threads. ``x`` and ``out`` are C-contiguous float32 arrays of the same shape that
     share no memory, ``weight`` float32 of the last axis' length; otherwise
     ``InvalidInputError`` naming the argument."""
+
+def dequantize(data: npt.NDArray[np.uint8], ggml_type: int) -> npt.NDArray[np.float32]:
+    """The weights that ``data`` encodes, as a new 1-D float32 array: ``data`` is the raw
+    bytes of whole blocks of ggml type ``ggml_type`` (a GGUF tensor's bytes, e.g. a view
+    of a memory-mapped file; read in place), one of ``quant_types()``. The floats equal
+    ggml's and gguf-py's dequantizers bit for bit. Large inputs are split over threads;
+    the GIL is released meanwhile. ``InvalidInputError`` naming ``ggml_type`` (a type not
+    read) or ``data`` (not a C-contiguous uint8 array, or not whole blocks)."""
+
+def quant_matmul(
+    weight: npt.NDArray[np.uint8], ggml_type: int, rows: int, cols: int, x: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """``x @ W.T`` as float32 ``[tokens, rows]``, where ``W`` is ``rows`` rows of ``cols``
+    weights of ggml type ``ggml_type`` given as raw blocks (``weight``, uint8, a GGUF
+    tensor's bytes, read in place) and ``x`` is C-contiguous float32 ``[tokens, cols]``.
+    Quantized types multiply integer codes with activations quantized per block to int8
+    (Q8_0 for Q8_0/Q4_0, Q8_1 for Q4_1, Q8_K for the k-quants, rounded as ggml's
+    reference quantizers round); float types multiply in float. The portable reference of
+    the matmul kernels, not yet used by a runner; the GIL is released meanwhile.
+    ``InvalidInputError`` naming ``ggml_type``, ``weight``, ``x``, ``cols`` or ``w``."""
+
+def quant_types() -> dict[str, int]:
+    """ggml's name of every tensor type ``dequantize`` reads (``"Q4_K"``) to its type id."""

@@ -49,7 +49,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     from ferrolm.server.args import add_runner_arguments
 
     p = sub.add_parser("generate", help="generate text offline")
-    p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a Hugging Face model folder")
+    p.add_argument("--model", default="tiny", help="'tiny' (embedded), a Hugging Face model folder or a .gguf file")
     p.add_argument("--prompt", action="append", required=True, help="may be given several times")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)

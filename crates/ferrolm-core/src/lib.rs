@@ -32,6 +32,7 @@ pub mod detok;
 pub mod engine;
 pub mod logging;
 pub mod norm;
+pub mod quant;
 pub mod radix;
 pub mod sampling;
 pub mod trace;

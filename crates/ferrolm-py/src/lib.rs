@@ -14,6 +14,7 @@ mod frontend;
 mod guard;
 mod kv_events;
 mod norm;
+mod quant;
 mod radix;
 mod trace;
 
@@ -28,6 +29,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     frontend::init(m)?;
     chat::init(m)?;
     norm::init(m)?;
+    quant::init(m)?;
     trace::init(m)?;
     Ok(())
 }

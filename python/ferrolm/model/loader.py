@@ -1,4 +1,4 @@
-"""``load_model``: a model by name (``"tiny"``) or Hugging Face folder, ready to run."""
+"""``load_model``: a model by name (``"tiny"``), Hugging Face folder or GGUF file, ready to run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ferrolm.errors import InvalidInputError
+from ferrolm.model import gguf_file
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.tiny import tiny_folder
 from ferrolm.model.tokenizer import Tokenizer
@@ -25,17 +26,27 @@ class LoadedModel(NamedTuple):
 
 
 def resolve_model_folder(model: str | Path) -> Path:
-    """The folder of an embedded model (built on first use) or the given folder."""
+    """The folder of an embedded model (built on first use), the given folder, or for a
+    GGUF file the folder of the tokenizer files made from it (``tokenizer.json`` and
+    ``tokenizer_config.json``, written once into the cache; it holds no weights)."""
     if isinstance(model, str) and model in EMBEDDED_MODELS:
         return tiny_folder()
+    if gguf_file.is_gguf(model):
+        return gguf_file.tokenizer_folder(model)
     folder = Path(model)
     if not folder.is_dir():
         raise InvalidInputError(
-            f"model {str(model)!r} is neither an embedded model {EMBEDDED_MODELS} nor a folder; "
-            "ferrolm never downloads weights: pass the path of a Hugging Face model folder",
+            f"model {str(model)!r} is neither an embedded model {EMBEDDED_MODELS}, a folder nor a GGUF file; "
+            "ferrolm never downloads weights: pass the path of a Hugging Face model folder or of a .gguf file",
             "model",
         )
     return folder
+
+
+def tokenizer_json_path(model: str | Path) -> Path:
+    """The ``tokenizer.json`` of ``model`` (embedded, folder or GGUF file), for readers
+    that take a path (the Rust HTTP front end)."""
+    return resolve_model_folder(model) / "tokenizer.json"
 
 
 def load_model(model: str | Path, *, with_weights: bool = True) -> LoadedModel:
@@ -49,7 +60,13 @@ def load_model(model: str | Path, *, with_weights: bool = True) -> LoadedModel:
 
     ``with_weights=False`` leaves ``weights`` empty, for a runner that reads the
     checkpoint itself (from ``folder``) in its own dtype.
+
+    A GGUF file (``model`` is its path) gives everything from its metadata and tensors
+    (``gguf_file``); its weights are always loaded, dequantized to float32, and
+    ``folder`` is ``None``: there is no checkpoint folder for a runner to read.
     """
+    if not (isinstance(model, str) and model in EMBEDDED_MODELS) and gguf_file.is_gguf(model):
+        return _load_gguf(Path(model))
     folder = resolve_model_folder(model)
     config = ModelConfig.from_folder(folder)
     tokenizer = Tokenizer.from_folder(folder)
@@ -91,3 +108,25 @@ def _generation_eos_ids(folder: Path) -> list[int]:
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise InvalidInputError(f"generation_config.json field 'eos_token_id' must be token ids, got {value!r}")
     return ids
+
+
+def _load_gguf(path: Path) -> LoadedModel:
+    reader = gguf_file.open_gguf(path)
+    meta = gguf_file.Metadata(reader)
+    config = gguf_file.read_config(meta)
+    tokenizer = Tokenizer.from_folder(gguf_file.tokenizer_folder(path, meta=meta))
+    if tokenizer.vocab_size > config.vocab_size:
+        raise InvalidInputError(
+            f"the GGUF tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {config.vocab_size}",
+            "tokenizer.ggml.tokens",
+        )
+    eos_ids = gguf_file.end_of_generation_ids(meta, config.vocab_size)
+    if not eos_ids:
+        raise InvalidInputError(
+            "the GGUF file names no EOS token: 'tokenizer.ggml.eos_token_id' is not set and no control token "
+            "ends a turn",
+            "tokenizer.ggml.eos_token_id",
+        )
+    config = dataclasses.replace(config, eos_token_ids=eos_ids)
+    weights = gguf_file.read_weights(reader, config)
+    return LoadedModel(config, weights, tokenizer, None)

@@ -1,0 +1,354 @@
+//! Matrix products over quantized weights with integer dot products, the portable
+//! reference: activations are quantized per block to int8 (`Q8_0`, `Q8_1` or `Q8_K`, the
+//! block each weight format pairs with in ggml), each block's codes are multiplied and
+//! summed as integers, and the block scales are applied once per block in f32.
+//!
+//! The arithmetic is fixed here, operation by operation (integer sums are exact in any
+//! order; the float steps are written out in the order they must run): SIMD versions
+//! are to give these exact floats, tested against this code bit for bit. Weight rows are
+//! read once for all the tokens of a call (prefill chunks, decode batches), and rows are
+//! split over scoped threads for large products.
+//!
+//! `Q8_0` and `Q4_0` have AVX2 versions ([`super::simd`]) picked at run time; the rest
+//! are portable only so far. Not yet wired into a runner: the runners still dequantize
+//! at load.
+
+use half::f16;
+
+use super::blocks::{
+    scale_min_k4, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK, QK_K,
+};
+use super::{available_threads, QuantError, QuantType};
+
+#[inline]
+fn half(bytes: [u8; 2]) -> f32 {
+    f16::from_le_bytes(bytes).to_f32()
+}
+
+/// `Q8_1` activations (paired with `Q4_1` weights): `Q8_0` plus `s = d * sum(qs)`, which
+/// carries the weights' minimum through the product.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_1 {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; QK],
+}
+
+/// `Q8_K` activations (paired with the k-quants): an f32 scale over 256 codes, and the
+/// sums of each 16 codes for the weights' minimums.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; QK_K / 16],
+}
+
+/// Rounds half away from zero, as C's `roundf` (ggml's quantizers use it).
+#[inline]
+fn round_away(v: f32) -> i32 {
+    v.round() as i32
+}
+
+/// `x` (whole blocks of 32) as `Q8_0`: `d = max|x| / 127` (stored as f16), codes
+/// `round(x / d)` computed with the unrounded `d`, as ggml's reference quantizer does.
+pub fn quantize_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+    x.chunks_exact(QK)
+        .map(|xs| {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut qs = [0i8; QK];
+            for (q, &v) in qs.iter_mut().zip(xs) {
+                *q = round_away(v * id) as i8;
+            }
+            BlockQ8_0 { d: f16::from_f32(d).to_le_bytes(), qs }
+        })
+        .collect()
+}
+
+/// `x` (whole blocks of 32) as `Q8_1`; `d` kept in f32 (activations never reach a file).
+pub fn quantize_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
+    x.chunks_exact(QK)
+        .map(|xs| {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut qs = [0i8; QK];
+            let mut sum = 0i32;
+            for (q, &v) in qs.iter_mut().zip(xs) {
+                *q = round_away(v * id) as i8;
+                sum += *q as i32;
+            }
+            BlockQ8_1 { d, s: d * sum as f32, qs }
+        })
+        .collect()
+}
+
+/// `x` (whole blocks of 256) as `Q8_K`: the value of largest magnitude maps to -127
+/// (its sign folded into `d`), codes rounded half to even, as ggml's reference
+/// quantizer does (its `nearest_int`).
+pub fn quantize_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
+    x.chunks_exact(QK_K)
+        .map(|xs| {
+            let mut block = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+            let max = xs.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            if max == 0.0 {
+                return block;
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in block.qs.iter_mut().zip(xs) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (sum, qs) in block.bsums.iter_mut().zip(block.qs.chunks_exact(16)) {
+                *sum = qs.iter().map(|&q| q as i16).sum();
+            }
+            block.d = 1.0 / iscale;
+            block
+        })
+        .collect()
+}
+
+/// Integer dot product of 32 codes with 32 activation codes.
+#[inline]
+fn dot32(w: impl Iterator<Item = i32>, a: &[i8]) -> i32 {
+    w.zip(a).map(|(w, &a)| w * a as i32).sum()
+}
+
+/// `Q8_0` weights by `Q8_0` activations: AVX2 where the CPU has it, else portable (the
+/// same floats either way).
+pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2() {
+        // SAFETY: AVX2 is present; activations come from `quantize_q8_0` (never -128)
+        return unsafe { super::simd::dot_q8_0(w, a) };
+    }
+    dot_q8_0_portable(w, a)
+}
+
+/// `Q4_0` weights by `Q8_0` activations, AVX2 where the CPU has it.
+pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2() {
+        // SAFETY: as in `dot_q8_0`
+        return unsafe { super::simd::dot_q4_0(w, a) };
+    }
+    dot_q4_0_portable(w, a)
+}
+
+pub fn dot_q8_0_portable(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let sumi = dot32(w.qs.iter().map(|&q| q as i32), &a.qs);
+        sum += sumi as f32 * (half(w.d) * half(a.d));
+    }
+    sum
+}
+
+pub fn dot_q4_0_portable(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let lo = dot32(w.qs.iter().map(|&b| (b & 0x0F) as i32 - 8), &a.qs[..QK / 2]);
+        let hi = dot32(w.qs.iter().map(|&b| (b >> 4) as i32 - 8), &a.qs[QK / 2..]);
+        sum += (lo + hi) as f32 * (half(w.d) * half(a.d));
+    }
+    sum
+}
+
+pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let lo = dot32(w.qs.iter().map(|&b| (b & 0x0F) as i32), &a.qs[..QK / 2]);
+        let hi = dot32(w.qs.iter().map(|&b| (b >> 4) as i32), &a.qs[QK / 2..]);
+        sum += (lo + hi) as f32 * (half(w.d) * a.d) + half(w.m) * a.s;
+    }
+    sum
+}
+
+/// Q4_K and Q5_K: `codes(block, sub)` gives the 32 codes of sub-block `sub`.
+fn dot_k4<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    parts: impl Fn(&B) -> ([u8; 2], [u8; 2], &[u8; 12]),
+    codes: impl Fn(&B, usize, usize) -> i32,
+) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let (d, dmin, scales) = parts(w);
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for sub in 0..QK_K / 32 {
+            let (sc, m) = scale_min_k4(sub, scales);
+            let qa = &a.qs[32 * sub..32 * sub + 32];
+            sumi += sc as i32 * dot32((0..32).map(|l| codes(w, sub, l)), qa);
+            summ += m as i32 * (a.bsums[2 * sub] as i32 + a.bsums[2 * sub + 1] as i32);
+        }
+        sum += (a.d * half(d)) * sumi as f32 - (a.d * half(dmin)) * summ as f32;
+    }
+    sum
+}
+
+pub fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    dot_k4(
+        w,
+        a,
+        |b| (b.d, b.dmin, &b.scales),
+        |b, sub, l| {
+            let byte = b.qs[32 * (sub / 2) + l];
+            (if sub % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as i32
+        },
+    )
+}
+
+pub fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    dot_k4(
+        w,
+        a,
+        |b| (b.d, b.dmin, &b.scales),
+        |b, sub, l| {
+            let byte = b.qs[32 * (sub / 2) + l];
+            let low = if sub % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+            (low | (((b.qh[l] >> sub) & 1) << 4)) as i32
+        },
+    )
+}
+
+pub fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let mut sumi = 0i32;
+        for half_index in 0..2 {
+            let ql = &w.ql[64 * half_index..64 * half_index + 64];
+            let qh = &w.qh[32 * half_index..32 * half_index + 32];
+            for k in 0..4 {
+                // weights 32k..32k+32 of this half: two sub-blocks of 16, each its scale
+                for sub16 in 0..2 {
+                    let mut part = 0i32;
+                    for l in 16 * sub16..16 * sub16 + 16 {
+                        let q = ql[l + 32 * (k % 2)];
+                        let low = if k < 2 { q & 0x0F } else { q >> 4 };
+                        let code = (low | (((qh[l] >> (2 * k)) & 3) << 4)) as i32 - 32;
+                        part += code * a.qs[128 * half_index + 32 * k + l] as i32;
+                    }
+                    sumi += w.scales[8 * half_index + sub16 + 2 * k] as i32 * part;
+                }
+            }
+        }
+        sum += (a.d * half(w.d)) * sumi as f32;
+    }
+    sum
+}
+
+/// Activations of one token quantized for a weight type.
+enum Activations {
+    Float(Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q8_1(Vec<BlockQ8_1>),
+    Q8K(Vec<BlockQ8K>),
+}
+
+fn quantize_for(ty: QuantType, x: &[f32]) -> Activations {
+    match ty {
+        QuantType::F32 | QuantType::F16 | QuantType::BF16 => Activations::Float(x.to_vec()),
+        QuantType::Q8_0 | QuantType::Q4_0 => Activations::Q8_0(quantize_q8_0(x)),
+        QuantType::Q4_1 => Activations::Q8_1(quantize_q8_1(x)),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => Activations::Q8K(quantize_q8_k(x)),
+    }
+}
+
+fn view<B: Block>(row: &[u8]) -> &[B] {
+    super::blocks::as_blocks::<B>(row).expect("rows are whole blocks, checked by matmul")
+}
+
+/// One weight row (its bytes) times one token's activations.
+fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) -> f32 {
+    match (ty, a) {
+        (QuantType::F32 | QuantType::F16 | QuantType::BF16, Activations::Float(x)) => {
+            super::dequantize_serial(ty, row, scratch);
+            // f32 products summed in f64: float weights need no quantized kernel here
+            scratch.iter().zip(x).map(|(&w, &v)| (w * v) as f64).sum::<f64>() as f32
+        }
+        (QuantType::Q8_0, Activations::Q8_0(a)) => dot_q8_0(view(row), a),
+        (QuantType::Q4_0, Activations::Q8_0(a)) => dot_q4_0(view(row), a),
+        (QuantType::Q4_1, Activations::Q8_1(a)) => dot_q4_1(view(row), a),
+        (QuantType::Q4K, Activations::Q8K(a)) => dot_q4_k(view(row), a),
+        (QuantType::Q5K, Activations::Q8K(a)) => dot_q5_k(view(row), a),
+        (QuantType::Q6K, Activations::Q8K(a)) => dot_q6_k(view(row), a),
+        _ => unreachable!("activations are quantized for the weight type"),
+    }
+}
+
+/// Rows of weights from which a product is split over threads.
+const PARALLEL_FROM_BYTES: usize = 1 << 20;
+
+/// `out[t * rows + r] = weight row r . x[t]` for `tokens = x.len() / cols` tokens: `w` is
+/// `rows` rows of `cols` weights of type `ty` (whole blocks each), as a GGUF stores a
+/// `[rows, cols]` matrix. Each token's activations are quantized once; each weight row
+/// is read once for all tokens.
+pub fn matmul(
+    ty: QuantType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let bad = |field, message: String| Err(QuantError { field, message });
+    let Some(row_bytes) = ty.bytes_for(cols) else {
+        return bad(
+            "cols",
+            format!("{cols} weights per row are not whole {ty} blocks of {}", ty.block_elems()),
+        );
+    };
+    if w.len() != rows * row_bytes {
+        return bad(
+            "w",
+            format!("{} bytes; {rows} rows of {cols} {ty} weights take {}", w.len(), rows * row_bytes),
+        );
+    }
+    if cols == 0 || x.len() % cols != 0 {
+        return bad("x", format!("{} values are not whole rows of {cols}", x.len()));
+    }
+    let tokens = x.len() / cols;
+    if out.len() != tokens * rows {
+        return bad("out", format!("out has {} values; want tokens x rows = {}", out.len(), tokens * rows));
+    }
+    if tokens == 0 || rows == 0 {
+        return Ok(());
+    }
+    let acts: Vec<Activations> = x.chunks_exact(cols).map(|xt| quantize_for(ty, xt)).collect();
+    let threads = if w.len() < PARALLEL_FROM_BYTES { 1 } else { available_threads().min(rows) };
+    let rows_per = rows.div_ceil(threads.max(1)).max(1);
+    let run = |chunk: &[u8]| -> Vec<f32> {
+        let n = chunk.len() / row_bytes;
+        let mut local = vec![0f32; n * tokens];
+        let mut scratch = vec![0f32; if ty.block_elems() == 1 { cols } else { 0 }];
+        for (i, row) in chunk.chunks_exact(row_bytes).enumerate() {
+            for (t, a) in acts.iter().enumerate() {
+                local[i * tokens + t] = dot_row(ty, row, a, &mut scratch);
+            }
+        }
+        local
+    };
+    let results: Vec<(usize, Vec<f32>)> = if threads < 2 {
+        vec![(0, run(w))]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = w
+                .chunks(rows_per * row_bytes)
+                .enumerate()
+                .map(|(c, chunk)| {
+                    let run = &run;
+                    scope.spawn(move || (c * rows_per, run(chunk)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("matmul worker")).collect()
+        })
+    };
+    for (first, local) in results {
+        for (i, per_token) in local.chunks_exact(tokens).enumerate() {
+            for (t, &v) in per_token.iter().enumerate() {
+                out[t * rows + first + i] = v;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,363 @@
+//! Each format is checked against a per-weight formula written independently of the
+//! block loops (index arithmetic from the layout description, not the same iteration),
+//! on random blocks; exact float equality throughout. The Python tests check the same
+//! functions against gguf-py's dequantizers on real files.
+
+use half::f16;
+
+use super::blocks::{scale_min_k4, QK_K};
+use super::*;
+
+/// xorshift64*: deterministic random bytes without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+    /// A finite f16 of moderate size (random bits may be NaN or huge).
+    fn scale(&mut self) -> [u8; 2] {
+        let v = ((self.next() % 2001) as f32 - 1000.0) / 4096.0;
+        f16::from_f32(v).to_le_bytes()
+    }
+}
+
+fn h(b: &[u8]) -> f32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// Random blocks of `ty` with sane f16 scales written over the random bytes at `scales`.
+fn random_blocks(rng: &mut Rng, ty: QuantType, n: usize, scales: &[usize]) -> Vec<u8> {
+    let mut data = rng.bytes(n * ty.block_bytes());
+    for block in data.chunks_exact_mut(ty.block_bytes()) {
+        for &at in scales {
+            block[at..at + 2].copy_from_slice(&rng.scale());
+        }
+    }
+    data
+}
+
+fn dequantized(ty: QuantType, data: &[u8]) -> Vec<f32> {
+    let mut out = vec![f32::NAN; data.len() / ty.block_bytes() * ty.block_elems()];
+    dequantize(ty, data, &mut out).unwrap();
+    out
+}
+
+fn check(ty: QuantType, scales: &[usize], weight: impl Fn(&[u8], usize) -> f32) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ty as u64);
+    let data = random_blocks(&mut rng, ty, 37, scales);
+    let got = dequantized(ty, &data);
+    for (b, block) in data.chunks_exact(ty.block_bytes()).enumerate() {
+        for i in 0..ty.block_elems() {
+            let want = weight(block, i);
+            let have = got[b * ty.block_elems() + i];
+            assert!(want.to_bits() == have.to_bits(), "{ty} block {b} weight {i}: {have} != {want}");
+        }
+    }
+}
+
+#[test]
+fn q8_0_is_code_times_scale() {
+    check(QuantType::Q8_0, &[0], |b, i| (b[2 + i] as i8) as f32 * h(b));
+}
+
+#[test]
+fn q4_0_low_nibbles_first_half_high_nibbles_second() {
+    check(QuantType::Q4_0, &[0], |b, i| {
+        let byte = b[2 + i % 16];
+        let q = if i < 16 { byte & 15 } else { byte >> 4 };
+        h(b) * (q as f32 - 8.0)
+    });
+}
+
+#[test]
+fn q4_1_adds_the_minimum() {
+    check(QuantType::Q4_1, &[0, 2], |b, i| {
+        let byte = b[4 + i % 16];
+        let q = if i < 16 { byte & 15 } else { byte >> 4 };
+        h(b) * q as f32 + h(&b[2..])
+    });
+}
+
+/// Scale and min of sub-block `sub` from the 12 packed bytes, bit by bit from the layout:
+/// sub-blocks 0..4 use the low 6 bits of bytes `sub` and `sub + 4`; 4..8 take their low
+/// nibble from byte `sub + 4` (scale low, min high) and their top 2 bits from bits 6..8
+/// of bytes `sub - 4` (scale) and `sub` (min).
+fn k4_scale_min(packed: &[u8], sub: usize) -> (f32, f32) {
+    let bits = |byte: u8, from: u32, count: u32| ((byte >> from) & ((1 << count) - 1)) as u32;
+    let (s, m) = if sub < 4 {
+        (bits(packed[sub], 0, 6), bits(packed[sub + 4], 0, 6))
+    } else {
+        (
+            bits(packed[sub + 4], 0, 4) + (bits(packed[sub - 4], 6, 2) << 4),
+            bits(packed[sub + 4], 4, 4) + (bits(packed[sub], 6, 2) << 4),
+        )
+    };
+    (s as f32, m as f32)
+}
+
+#[test]
+fn q4_k_sub_blocks_pair_up_in_nibbles() {
+    check(QuantType::Q4K, &[0, 2], |b, i| {
+        let sub = i / 32;
+        let byte = b[16 + (sub / 2) * 32 + i % 32];
+        let q = if sub % 2 == 0 { byte & 15 } else { byte >> 4 };
+        let (s, m) = k4_scale_min(&b[4..16], sub);
+        (h(b) * s) * q as f32 - h(&b[2..]) * m
+    });
+}
+
+#[test]
+fn q5_k_takes_its_fifth_bit_from_qh() {
+    check(QuantType::Q5K, &[0, 2], |b, i| {
+        let sub = i / 32;
+        let byte = b[48 + (sub / 2) * 32 + i % 32];
+        let low = if sub % 2 == 0 { byte & 15 } else { byte >> 4 };
+        let high = (b[16 + i % 32] >> sub) & 1;
+        let (s, m) = k4_scale_min(&b[4..16], sub);
+        (h(b) * s) * (low + 16 * high) as f32 - h(&b[2..]) * m
+    });
+}
+
+#[test]
+fn q6_k_six_bits_offset_32_with_signed_scales() {
+    check(QuantType::Q6K, &[208], |b, i| {
+        let (half, r) = (i / 128, i % 128);
+        let (k, l) = (r / 32, r % 32);
+        let ql = b[64 * half + l + 32 * (k % 2)];
+        let low = if k < 2 { ql & 15 } else { ql >> 4 };
+        let high = (b[128 + 32 * half + l] >> (2 * k)) & 3;
+        let scale = b[192 + 8 * half + l / 16 + 2 * k] as i8;
+        (h(&b[208..]) * scale as f32) * ((low | (high << 4)) as i32 - 32) as f32
+    });
+}
+
+#[test]
+fn float_types_widen_exactly() {
+    let values = [0.0f32, -0.0, 1.5, -2.25, 65504.0, 1e-7, f32::INFINITY];
+    let f32_bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(dequantized(QuantType::F32, &f32_bytes), values);
+    let f16_bytes: Vec<u8> = values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+    let want: Vec<f32> = values.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    assert_eq!(dequantized(QuantType::F16, &f16_bytes), want);
+    let bf16_bytes: Vec<u8> =
+        values.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
+    let want: Vec<f32> = values.iter().map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000)).collect();
+    assert_eq!(dequantized(QuantType::BF16, &bf16_bytes), want);
+}
+
+#[test]
+fn packed_scales_round_trip() {
+    // pack 8 six-bit (scale, min) pairs the way the layout describes, then read them back
+    let pairs: Vec<(u8, u8)> = (0..8).map(|j| ((j * 9 + 5) % 64, (j * 23 + 61) % 64)).collect();
+    let mut packed = [0u8; 12];
+    for (j, &(s, m)) in pairs.iter().enumerate() {
+        if j < 4 {
+            packed[j] |= s;
+            packed[j + 4] |= m;
+        } else {
+            packed[j + 4] = (s & 15) | ((m & 15) << 4);
+            packed[j - 4] |= (s >> 4) << 6;
+            packed[j] |= (m >> 4) << 6;
+        }
+    }
+    for (j, &pair) in pairs.iter().enumerate() {
+        assert_eq!(scale_min_k4(j, &packed), pair, "sub-block {j}");
+    }
+}
+
+#[test]
+fn threads_give_the_serial_result() {
+    let mut rng = Rng(7);
+    // more than PARALLEL_FROM weights, and a block count that does not split evenly
+    let blocks = (PARALLEL_FROM / QK_K) * 3 + 13;
+    let data = random_blocks(&mut rng, QuantType::Q6K, blocks, &[208]);
+    let parallel = dequantized(QuantType::Q6K, &data);
+    let mut serial = vec![0f32; parallel.len()];
+    dequantize_serial(QuantType::Q6K, &data, &mut serial);
+    assert!(parallel.iter().zip(&serial).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn lengths_that_do_not_fit_are_errors_naming_the_argument() {
+    let mut out = vec![0f32; 32];
+    let err = dequantize(QuantType::Q8_0, &[0u8; 33], &mut out).unwrap_err();
+    assert_eq!(err.field, "data");
+    let err = dequantize(QuantType::Q8_0, &[0u8; 68], &mut out).unwrap_err();
+    assert_eq!(err.field, "out");
+    assert!(err.message.contains("64"), "{}", err.message);
+    assert!(dequantize(QuantType::Q8_0, &[], &mut []).is_ok());
+}
+
+#[test]
+fn types_are_ggml_ids_with_their_block_sizes() {
+    for ty in QuantType::ALL {
+        assert_eq!(QuantType::from_ggml(ty as u32), Some(ty));
+    }
+    assert_eq!(QuantType::from_ggml(12), Some(QuantType::Q4K));
+    assert_eq!(QuantType::from_ggml(6), None); // Q5_0: not read
+    assert_eq!(QuantType::from_ggml(4), None); // a retired id
+    assert_eq!(QuantType::Q4K.bytes_for(512), Some(288));
+    assert_eq!(QuantType::Q4K.bytes_for(100), None);
+    assert_eq!(QuantType::BF16.bytes_for(3), Some(6));
+    assert_eq!(QuantType::Q6K.to_string(), "Q6_K");
+}
+
+mod products {
+    //! The integer-dot products against a float64 sum over the dequantized weights and
+    //! the dequantized (already quantized) activations, which they must equal up to the
+    //! float rounding of the per-block scales; and against the exact activations, within
+    //! the activation quantization's bound.
+
+    use super::super::dot::{matmul, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+    use super::*;
+
+    const SCALES: [(QuantType, &[usize]); 6] = [
+        (QuantType::Q8_0, &[0]),
+        (QuantType::Q4_0, &[0]),
+        (QuantType::Q4_1, &[0, 2]),
+        (QuantType::Q4K, &[0, 2]),
+        (QuantType::Q5K, &[0, 2]),
+        (QuantType::Q6K, &[208]),
+    ];
+
+    fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (rng.next() % 20001) as f32 / 10000.0 - 1.0).collect()
+    }
+
+    /// The activations as the kernel sees them, dequantized.
+    fn seen(ty: QuantType, x: &[f32]) -> Vec<f32> {
+        match ty {
+            QuantType::Q8_0 | QuantType::Q4_0 => {
+                quantize_q8_0(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * h(&b.d))).collect()
+            }
+            QuantType::Q4_1 => quantize_q8_1(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect(),
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+                quantize_q8_k(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect()
+            }
+            _ => x.to_vec(),
+        }
+    }
+
+    #[test]
+    fn integer_dots_equal_the_float_sum_of_what_they_multiply() {
+        let (rows, cols, tokens) = (5, 512, 3);
+        for (ty, scales) in SCALES {
+            let mut rng = Rng(0x51CE ^ ty as u64);
+            let w = random_blocks(&mut rng, ty, rows * cols / ty.block_elems(), scales);
+            let x = activations(&mut rng, tokens * cols);
+            let mut out = vec![f32::NAN; tokens * rows];
+            matmul(ty, &w, rows, cols, &x, &mut out).unwrap();
+            let wf = dequantized(ty, &w);
+            for t in 0..tokens {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let xq = seen(ty, xt);
+                for r in 0..rows {
+                    let wr = &wf[r * cols..(r + 1) * cols];
+                    let want: f64 = wr.iter().zip(&xq).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let size: f64 = wr.iter().zip(&xq).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                    let got = out[t * rows + r] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * size + 1e-9,
+                        "{ty} row {r} token {t}: {got} vs {want}"
+                    );
+                    // against the exact activations: each is off by at most half a step
+                    // (max|x| / 254) plus the f16 rounding of a Q8_0 scale
+                    let exact: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let bound: f64 =
+                        wr.iter().map(|&a| (a as f64).abs()).sum::<f64>() * (1.0 / 254.0 + 1.0 / 2048.0);
+                    assert!(
+                        (got - exact).abs() <= bound * 1.01,
+                        "{ty}: {got} vs exact {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_weights_multiply_in_float() {
+        let (rows, cols) = (3, 40);
+        let mut rng = Rng(99);
+        let x = activations(&mut rng, 2 * cols);
+        let wf = activations(&mut rng, rows * cols);
+        let bytes: Vec<u8> = wf.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut out = vec![0f32; 2 * rows];
+        matmul(QuantType::F32, &bytes, rows, cols, &x, &mut out).unwrap();
+        for t in 0..2 {
+            for r in 0..rows {
+                let want: f64 = (0..cols).map(|i| (wf[r * cols + i] * x[t * cols + i]) as f64).sum();
+                assert_eq!(out[t * rows + r], want as f32);
+            }
+        }
+    }
+
+    #[test]
+    fn threads_give_the_serial_result() {
+        // over a megabyte of weights: split over threads where the machine has several
+        let (rows, cols) = (4096, 512);
+        let mut rng = Rng(5);
+        let w = random_blocks(&mut rng, QuantType::Q4K, rows * cols / 256, &[0, 2]);
+        let x = activations(&mut rng, 2 * cols);
+        let mut out = vec![0f32; 2 * rows];
+        matmul(QuantType::Q4K, &w, rows, cols, &x, &mut out).unwrap();
+        let row_bytes = QuantType::Q4K.bytes_for(cols).unwrap();
+        for r in [0, 1, rows / 2 + 3, rows - 1] {
+            let mut one = vec![0f32; 2];
+            matmul(QuantType::Q4K, &w[r * row_bytes..(r + 1) * row_bytes], 1, cols, &x, &mut one).unwrap();
+            assert_eq!(one[0].to_bits(), out[r].to_bits());
+            assert_eq!(one[1].to_bits(), out[rows + r].to_bits());
+        }
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_name_the_argument() {
+        let mut out = vec![0f32; 2];
+        let field = |r: Result<(), QuantError>| r.unwrap_err().field;
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 144], 1, 100, &[0.0; 100], &mut out[..1])), "cols");
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 143], 1, 256, &[0.0; 256], &mut out[..1])), "w");
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 144], 1, 256, &[0.0; 255], &mut out[..1])), "x");
+        assert_eq!(field(matmul(QuantType::Q4K, &[0; 144], 1, 256, &[0.0; 256], &mut out)), "out");
+        assert!(matmul(QuantType::Q4K, &[0; 144], 1, 256, &[], &mut []).is_ok());
+    }
+
+    #[test]
+    fn q8_k_folds_the_sign_of_the_largest_value_into_its_scale() {
+        let mut x = vec![0.25f32; 256];
+        x[7] = -2.0;
+        let b = &quantize_q8_k(&x)[0];
+        assert_eq!(b.qs[7], -127);
+        assert_eq!(b.d, 2.0 / 127.0);
+        assert_eq!(b.qs[0], 16); // 0.25 * 127 / 2 = 15.875: d's sign (positive here) keeps x's
+        assert_eq!(b.bsums[0], b.qs[..16].iter().map(|&q| q as i16).sum::<i16>());
+        assert!(quantize_q8_k(&[0.0; 256])[0].qs.iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn avx2_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::blocks::{as_blocks, BlockQ4_0, BlockQ8_0};
+        use super::super::dot::{dot_q4_0, dot_q4_0_portable, dot_q8_0, dot_q8_0_portable};
+
+        // the dispatching functions take the AVX2 path on a CPU that has it (CI's and
+        // this project's machines do); elsewhere this compares the portable code with itself
+        let mut rng = Rng(0xA5A5);
+        for _ in 0..20 {
+            let blocks = 1 + (rng.next() % 40) as usize;
+            // raw weight bytes: every code, -128 included
+            let w8 = random_blocks(&mut rng, QuantType::Q8_0, blocks, &[0]);
+            let w4 = random_blocks(&mut rng, QuantType::Q4_0, blocks, &[0]);
+            let mut x = activations(&mut rng, blocks * 32);
+            x[3] = 0.0;
+            let a = quantize_q8_0(&x);
+            let (w8, w4) = (as_blocks::<BlockQ8_0>(&w8).unwrap(), as_blocks::<BlockQ4_0>(&w4).unwrap());
+            assert_eq!(dot_q8_0(w8, &a).to_bits(), dot_q8_0_portable(w8, &a).to_bits());
+            assert_eq!(dot_q4_0(w4, &a).to_bits(), dot_q4_0_portable(w4, &a).to_bits());
+        }
+    }
+}
