@@ -39,7 +39,7 @@ build-dev: $(DEPS_STAMP)
 	$(BIN)/maturin develop --quiet
 
 .PHONY: test  ## lint, Rust tests, Python tests, the stub check and the wheel: what CI runs
-test: build test-rust test-python test-torch stubtest test-wheel
+test: lint build test-rust test-python test-torch stubtest test-wheel
 
 .PHONY: test-rust  ## cargo test of the core crates and the Rust front end (no Python needed)
 test-rust:

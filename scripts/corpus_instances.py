@@ -51,28 +51,94 @@ class Unsatisfiable(Exception):
 
 # Plausible strings by member name (lowercased, without `_`/`-`), before generic fallbacks.
 NAMED_STRINGS = {
-    "name": "web", "namespace": "default", "image": "nginx:1.27", "imagepullpolicy": "IfNotPresent",
-    "protocol": "TCP", "path": "/healthz", "mountpath": "/data", "host": "example.com",
-    "hostname": "web-0", "schedule": "*/5 * * * *", "key": "app", "value": "web", "apiversion": "v1",
-    "kind": "ConfigMap", "login": "octocat", "email": "octocat@example.com", "sha": "6dcb09b5b57875f334f61aebed695e2e4193db5e",
-    "ref": "refs/heads/main", "title": "Fix the build", "body": "Looks good to me.", "description": "A short description.",
-    "message": "Update README.md", "state": "open", "type": "User", "role": "admin", "label": "bug",
-    "color": "d73a4a", "nodeid": "MDQ6VXNlcjE=", "fullname": "octocat/hello-world", "language": "Python",
-    "defaultbranch": "main", "branch": "main", "version": "1.0.0", "tag": "v1.0.0", "storageclassname": "standard",
-    "serviceaccountname": "default", "port": "http", "targetport": "http", "reason": "Ready", "status": "True",
-    "cpu": "500m", "memory": "128Mi", "command": "sh", "args": "--verbose", "group": "apps", "resource": "pods",
-    "verb": "get", "verbs": "get", "resources": "pods", "apigroups": "apps", "username": "jane",
+    "name": "web",
+    "namespace": "default",
+    "image": "nginx:1.27",
+    "imagepullpolicy": "IfNotPresent",
+    "protocol": "TCP",
+    "path": "/healthz",
+    "mountpath": "/data",
+    "host": "example.com",
+    "hostname": "web-0",
+    "schedule": "*/5 * * * *",
+    "key": "app",
+    "value": "web",
+    "apiversion": "v1",
+    "kind": "ConfigMap",
+    "login": "octocat",
+    "email": "octocat@example.com",
+    "sha": "6dcb09b5b57875f334f61aebed695e2e4193db5e",
+    "ref": "refs/heads/main",
+    "title": "Fix the build",
+    "body": "Looks good to me.",
+    "description": "A short description.",
+    "message": "Update README.md",
+    "state": "open",
+    "type": "User",
+    "role": "admin",
+    "label": "bug",
+    "color": "d73a4a",
+    "nodeid": "MDQ6VXNlcjE=",
+    "fullname": "octocat/hello-world",
+    "language": "Python",
+    "defaultbranch": "main",
+    "branch": "main",
+    "version": "1.0.0",
+    "tag": "v1.0.0",
+    "storageclassname": "standard",
+    "serviceaccountname": "default",
+    "port": "http",
+    "targetport": "http",
+    "reason": "Ready",
+    "status": "True",
+    "cpu": "500m",
+    "memory": "128Mi",
+    "command": "sh",
+    "args": "--verbose",
+    "group": "apps",
+    "resource": "pods",
+    "verb": "get",
+    "verbs": "get",
+    "resources": "pods",
+    "apigroups": "apps",
+    "username": "jane",
 }
 FORMAT_STRINGS = {
-    "date-time": "2024-05-14T09:30:00Z", "date": "2024-05-14", "time": "09:30:00Z", "email": "octocat@example.com",
-    "uri": "https://example.com/octocat", "uri-reference": "/octocat", "uri-template": "https://example.com/{id}",
-    "uuid": "3f1c2a4e-8b7d-4c6a-9e21-5d4b3a2f1e0c", "ipv4": "10.0.0.12", "ipv6": "2001:db8::1",
-    "hostname": "api.example.com", "byte": "aGVsbG8=", "int-or-string": "80", "duration": "P1D",
+    "date-time": "2024-05-14T09:30:00Z",
+    "date": "2024-05-14",
+    "time": "09:30:00Z",
+    "email": "octocat@example.com",
+    "uri": "https://example.com/octocat",
+    "uri-reference": "/octocat",
+    "uri-template": "https://example.com/{id}",
+    "uuid": "3f1c2a4e-8b7d-4c6a-9e21-5d4b3a2f1e0c",
+    "ipv4": "10.0.0.12",
+    "ipv6": "2001:db8::1",
+    "hostname": "api.example.com",
+    "byte": "aGVsbG8=",
+    "int-or-string": "80",
+    "duration": "P1D",
 }
-NAMED_NUMBERS = {"port": 8080, "containerport": 8080, "replicas": 3, "id": 1296269, "number": 42, "count": 2,
-                 "size": 108, "timeoutseconds": 5, "periodseconds": 10, "weight": 50, "priority": 1000}
-MAP_KEYS = {"labels": ["app", "tier"], "annotations": ["example.com/owner", "example.com/team"],
-            "matchlabels": ["app", "tier"], "data": ["config.yaml", "LOG_LEVEL"], "selector": ["app", "tier"]}
+NAMED_NUMBERS = {
+    "port": 8080,
+    "containerport": 8080,
+    "replicas": 3,
+    "id": 1296269,
+    "number": 42,
+    "count": 2,
+    "size": 108,
+    "timeoutseconds": 5,
+    "periodseconds": 10,
+    "weight": 50,
+    "priority": 1000,
+}
+MAP_KEYS = {
+    "labels": ["app", "tier"],
+    "annotations": ["example.com/owner", "example.com/team"],
+    "matchlabels": ["app", "tier"],
+    "data": ["config.yaml", "LOG_LEVEL"],
+    "selector": ["app", "tier"],
+}
 
 
 def _norm(key: str | None) -> str:
@@ -93,9 +159,14 @@ def _chars_of(items: list[Any], negate: bool) -> list[str]:
                 hit = True
             elif name == "CATEGORY":
                 cat = str(av)
-                tests = {"CATEGORY_DIGIT": ch.isdigit(), "CATEGORY_NOT_DIGIT": not ch.isdigit(),
-                         "CATEGORY_WORD": ch.isalnum() or ch == "_", "CATEGORY_NOT_WORD": not (ch.isalnum() or ch == "_"),
-                         "CATEGORY_SPACE": ch.isspace(), "CATEGORY_NOT_SPACE": not ch.isspace()}
+                tests = {
+                    "CATEGORY_DIGIT": ch.isdigit(),
+                    "CATEGORY_NOT_DIGIT": not ch.isdigit(),
+                    "CATEGORY_WORD": ch.isalnum() or ch == "_",
+                    "CATEGORY_NOT_WORD": not (ch.isalnum() or ch == "_"),
+                    "CATEGORY_SPACE": ch.isspace(),
+                    "CATEGORY_NOT_SPACE": not ch.isspace(),
+                }
                 hit = tests.get(cat, False)
         if hit != negate:
             admitted.append(ch)
@@ -188,7 +259,10 @@ class Synthesizer:
 
     def accepts(self, schema: Any, value: Any) -> bool:
         if isinstance(schema, dict):
-            schema = {**schema, **{k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root, dict) and k in self.root}}
+            schema = {
+                **schema,
+                **{k: self.root[k] for k in ("definitions", "$defs") if isinstance(self.root, dict) and k in self.root},
+            }
         return bool(self.validator_cls(schema, format_checker=FORMATS).is_valid(value))
 
     # -- values
@@ -222,9 +296,15 @@ class Synthesizer:
                 for i in order:
                     branch = self.merged(branches[i])
                     combined = {**base, **branch} if isinstance(branch, dict) else branch
-                    if isinstance(combined, dict) and isinstance(base.get("properties"), dict) and isinstance(branch, dict):
+                    if (
+                        isinstance(combined, dict)
+                        and isinstance(base.get("properties"), dict)
+                        and isinstance(branch, dict)
+                    ):
                         combined["properties"] = {**base["properties"], **branch.get("properties", {})}
-                        combined["required"] = list(dict.fromkeys(base.get("required", []) + branch.get("required", [])))
+                        combined["required"] = list(
+                            dict.fromkeys(base.get("required", []) + branch.get("required", []))
+                        )
                     try:
                         v = self.value(combined, key, depth + 1)
                     except Unsatisfiable:
@@ -418,7 +498,9 @@ def _validator_cls(schema: Any) -> Any:
 # --------------------------------------------------------------------------- mutations
 
 
-def sites(synth: Synthesizer, schema: Any, value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], dict[str, Any], Any]]:
+def sites(
+    synth: Synthesizer, schema: Any, value: Any, path: tuple[Any, ...] = ()
+) -> Iterator[tuple[tuple[Any, ...], dict[str, Any], Any]]:
     """(path, governing schema, value) for every value of a valid document, following the
     schema (``$ref``s, ``allOf`` merged, the ``oneOf``/``anyOf`` branch the value satisfies)."""
     try:
@@ -476,33 +558,78 @@ def mutations(synth: Synthesizer, doc: Any) -> Iterator[tuple[str, tuple[Any, ..
         if types and "enum" not in schema and "const" not in schema:
             for wrong, has in WRONG:
                 if not has & set(types):
-                    yield "wrong-type", path, set_at(doc, path, wrong), f"{'/'.join(map(str, path))}: {types} -> {wrong!r}"
+                    yield (
+                        "wrong-type",
+                        path,
+                        set_at(doc, path, wrong),
+                        f"{'/'.join(map(str, path))}: {types} -> {wrong!r}",
+                    )
                     break
         if isinstance(value, dict):
             for k in schema.get("required", []):
                 if k in value:
                     smaller = {kk: vv for kk, vv in value.items() if kk != k}
-                    yield "missing-required", path, set_at(doc, path, smaller), f"{'/'.join(map(str, path))}: required {k!r} removed"
+                    yield (
+                        "missing-required",
+                        path,
+                        set_at(doc, path, smaller),
+                        f"{'/'.join(map(str, path))}: required {k!r} removed",
+                    )
                     break
             if schema.get("additionalProperties") is False and not schema.get("patternProperties"):
                 bigger = {**value, "unexpectedMember": 1}
-                yield "extra-member", path, set_at(doc, path, bigger), f"{'/'.join(map(str, path))}: undeclared 'unexpectedMember' added"
+                yield (
+                    "extra-member",
+                    path,
+                    set_at(doc, path, bigger),
+                    f"{'/'.join(map(str, path))}: undeclared 'unexpectedMember' added",
+                )
         if isinstance(schema.get("enum"), list) and isinstance(value, str):
-            yield "enum", path, set_at(doc, path, "not-a-listed-value"), f"{'/'.join(map(str, path))}: {value!r} -> outside the enum"
+            yield (
+                "enum",
+                path,
+                set_at(doc, path, "not-a-listed-value"),
+                f"{'/'.join(map(str, path))}: {value!r} -> outside the enum",
+            )
         if isinstance(value, str) and isinstance(schema.get("maxLength"), int):
-            yield "bound", path, set_at(doc, path, "x" * (schema["maxLength"] + 1)), f"{'/'.join(map(str, path))}: longer than maxLength"
+            yield (
+                "bound",
+                path,
+                set_at(doc, path, "x" * (schema["maxLength"] + 1)),
+                f"{'/'.join(map(str, path))}: longer than maxLength",
+            )
         if isinstance(value, str) and isinstance(schema.get("pattern"), str):
             for bad in ("", "!!", " x ", "\u00e9\u00e9"):
                 if not re.search(schema["pattern"], bad):
-                    yield "bound", path, set_at(doc, path, bad), f"{'/'.join(map(str, path))}: {bad!r} outside the pattern"
+                    yield (
+                        "bound",
+                        path,
+                        set_at(doc, path, bad),
+                        f"{'/'.join(map(str, path))}: {bad!r} outside the pattern",
+                    )
                     break
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if isinstance(schema.get("minimum"), (int, float)):
-                yield "bound", path, set_at(doc, path, schema["minimum"] - 1), f"{'/'.join(map(str, path))}: below minimum"
+                yield (
+                    "bound",
+                    path,
+                    set_at(doc, path, schema["minimum"] - 1),
+                    f"{'/'.join(map(str, path))}: below minimum",
+                )
             if isinstance(schema.get("maximum"), (int, float)):
-                yield "bound", path, set_at(doc, path, schema["maximum"] + 1), f"{'/'.join(map(str, path))}: above maximum"
+                yield (
+                    "bound",
+                    path,
+                    set_at(doc, path, schema["maximum"] + 1),
+                    f"{'/'.join(map(str, path))}: above maximum",
+                )
         if isinstance(value, list) and isinstance(schema.get("minItems"), int) and schema["minItems"] > 0:
-            yield "bound", path, set_at(doc, path, value[: schema["minItems"] - 1]), f"{'/'.join(map(str, path))}: fewer than minItems"
+            yield (
+                "bound",
+                path,
+                set_at(doc, path, value[: schema["minItems"] - 1]),
+                f"{'/'.join(map(str, path))}: fewer than minItems",
+            )
 
 
 # --------------------------------------------------------------------------- driver
@@ -516,7 +643,9 @@ def is_valid(cls: Any, schema: Any, doc: Any) -> tuple[bool, bool]:
     return bool(cls(schema).is_valid(doc)), bool(cls(schema, format_checker=FORMATS).is_valid(doc))
 
 
-def generate(name: str, schema: Any, existing: list[Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, str]], list[str]]:
+def generate(
+    name: str, schema: Any, existing: list[Any]
+) -> tuple[dict[str, Any], dict[str, tuple[Any, str]], list[str]]:
     """(valid documents by file name, invalid ones by file name with what changed, notes)."""
     cls = _validator_cls(schema)
     valid: dict[str, Any] = {}
@@ -572,8 +701,11 @@ def generate_for(root: Path, name: str) -> tuple[dict[str, Any], dict[str, tuple
     ``root/test/<name>/`` that are not generated as further bases for invalid ones."""
     schema = json.loads((root / "schemas" / f"{name}.json").read_text(encoding="utf-8"))
     cls = _validator_cls(schema)
-    existing = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((root / "test" / name).glob("*.json"))
-                if not p.name.startswith("gen-")]
+    existing = [
+        json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((root / "test" / name).glob("*.json"))
+        if not p.name.startswith("gen-")
+    ]
     existing = [e for e in existing if is_valid(cls, schema, e) == (True, True)]
     return generate(name, schema, existing)
 
@@ -602,7 +734,8 @@ def main(dirs: list[str]) -> int:
             (root / "negative_test").mkdir(exist_ok=True)
             (root / "negative_test" / "MUTATIONS.txt").write_text(
                 "What each generated invalid document changed (scripts/corpus_instances.py):\n" + "\n".join(log) + "\n",
-                encoding="utf-8")
+                encoding="utf-8",
+            )
         print(f"{root.name}: {counts}")
         for note in all_notes:
             print(f"  {note}")

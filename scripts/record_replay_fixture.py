@@ -28,8 +28,15 @@ LONG = " ".join(["The scheduler admits waiting requests while the step budget al
 
 
 def record(path: str) -> None:
-    engine = Engine("tiny", kv_capacity=192, max_prefill_tokens=24, max_running_requests=6, seed=3,
-                    record_trace=path, blas_threads=1)
+    engine = Engine(
+        "tiny",
+        kv_capacity=192,
+        max_prefill_tokens=24,
+        max_running_requests=6,
+        seed=3,
+        record_trace=path,
+        blas_threads=1,
+    )
     greedy = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
     engine.submit(LONG, greedy)  # longer than the budget and the fast lane: chunked
     aborted = None
@@ -41,10 +48,13 @@ def record(path: str) -> None:
             aborted = engine.submit(SYSTEM + "Tell a long story.", greedy)
         if step == 3:
             # two samples of one prompt: the second waits for the first to cache it
-            engine._submit(engine.encode(SYSTEM + "Pick a number."),
-                           SamplingParams(max_new_tokens=12, temperature=0.9, seed=11), {}, n=2)
-            engine.submit("Reply in JSON.", SamplingParams(max_new_tokens=16, temperature=0.0,
-                                                          json_object=True))
+            engine._submit(
+                engine.encode(SYSTEM + "Pick a number."),
+                SamplingParams(max_new_tokens=12, temperature=0.9, seed=11),
+                {},
+                n=2,
+            )
+            engine.submit("Reply in JSON.", SamplingParams(max_new_tokens=16, temperature=0.0, json_object=True))
         if step == 4:
             engine.submit("Too late.", greedy, queue_timeout=1e-9)  # expires at the next step
         if step == 9:

@@ -25,8 +25,14 @@ def main() -> None:
     rng = random.Random(args.seed)
     vocab = 32000
     systems = [[rng.randrange(vocab) for _ in range(400)] for _ in range(4)]
-    config = {"kv_capacity": args.kv_capacity, "max_running_requests": 64, "max_prefill_tokens": 2048,
-              "vocab_size": vocab, "eos_token_ids": [vocab - 1], "max_context": 32768}
+    config = {
+        "kv_capacity": args.kv_capacity,
+        "max_running_requests": 64,
+        "max_prefill_tokens": 2048,
+        "vocab_size": vocab,
+        "eos_token_ids": [vocab - 1],
+        "max_context": 32768,
+    }
     lines = [{"kind": "header", "format": "ferrolm-trace", "version": 1, "config": config}]
     outputs = []
     history: dict[int, list[int]] = {}

@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import ferrolm
 import pytest
 from hypothesis import HealthCheck, settings
-
-import ferrolm
 
 BACKENDS = ("rust", "python")
 

@@ -41,7 +41,7 @@ def decode(data: bytes) -> Any:
 def _take(data: bytes, pos: int, n: int) -> tuple[bytes, int]:
     if pos + n > len(data):
         raise ValueError("truncated")
-    return data[pos:pos + n], pos + n
+    return data[pos : pos + n], pos + n
 
 
 _UINTS = {0xCC: ("uint8", ">B"), 0xCD: ("uint16", ">H"), 0xCE: ("uint32", ">I"), 0xCF: ("uint64", ">Q")}

@@ -4,7 +4,6 @@ prints a ratio per case (no timing checked)."""
 from __future__ import annotations
 
 import pytest
-
 from ferrolm.cli import main
 
 

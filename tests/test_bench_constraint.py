@@ -6,10 +6,25 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from ferrolm.bench import constraint as bc
 
-MERGES = [b'":', b'",', b'","', b"na", b"me", b"name", b"tr", b"ue", b"true", b"nu", b"ll", b"null", b"00", b"20", b"-0"]
+MERGES = [
+    b'":',
+    b'",',
+    b'","',
+    b"na",
+    b"me",
+    b"name",
+    b"tr",
+    b"ue",
+    b"true",
+    b"nu",
+    b"ll",
+    b"null",
+    b"00",
+    b"20",
+    b"-0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +55,12 @@ def test_suite_documents_follow_schema_order_and_generation_reading() -> None:
 
 def test_hand_written_documents_are_valid() -> None:
     import jsonschema  # a dev dependency
+
     assert 20 <= len(bc.hand_schemas()) <= 40
     for name, schema, doc in bc.hand_schemas():
-        validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        validator = jsonschema.Draft202012Validator(
+            schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
         errors = [e.message for e in validator.iter_errors(json.loads(bc.compact(doc)))]
         assert not errors, (name, errors)
 
@@ -54,13 +72,24 @@ def test_report_structure_and_documents_accepted(vocab: bc.BenchVocab) -> None:
     cases = hand + suite
     report = bc.bench(vocab, cases, ["ferrolm", "xgrammar"], seed=1, batch=4, batch_rounds=2)
     json.dumps(report)  # serializable
-    assert report["schemas"] == {"total": len(cases), "suite": len(suite), "hand": len(hand), "schemastore": 0,
-                                 "kubernetes": 0, "github": 0}
+    assert report["schemas"] == {
+        "total": len(cases),
+        "suite": len(suite),
+        "hand": len(hand),
+        "schemastore": 0,
+        "kubernetes": 0,
+        "github": 0,
+    }
     assert report["vocab_size"] == vocab.size == 256 + len(MERGES) + 1
     assert "xgrammar" in report["skipped"] or "xgrammar" in report["engines"]
     ours = report["engines"]["ferrolm"]
     by_hand = ours["by_source"]["hand"]
-    assert (by_hand["schemas"], by_hand["compiled"], by_hand["documents"], by_hand["rejected_valid"]) == (len(hand), len(hand), len(hand), 0)
+    assert (by_hand["schemas"], by_hand["compiled"], by_hand["documents"], by_hand["rejected_valid"]) == (
+        len(hand),
+        len(hand),
+        len(hand),
+        0,
+    )
     assert 0 < by_hand["compile_ms"]["p50"] <= by_hand["compile_ms"]["p95"]
     assert ours["attempted"] == len(cases) and ours["compiled"] >= len(hand)
     assert ours["rejected_valid"] == 0, ours["rejections"]
@@ -78,8 +107,12 @@ def test_report_structure_and_documents_accepted(vocab: bc.BenchVocab) -> None:
 
 
 def test_a_wrong_document_is_reported_as_rejected(vocab: bc.BenchVocab) -> None:
-    case = bc.Case("t", json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
-                   ['{"n":1}', '{"n":"x"}'], "hand")
+    case = bc.Case(
+        "t",
+        json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+        ['{"n":1}', '{"n":"x"}'],
+        "hand",
+    )
     report = bc.bench(vocab, [case], ["ferrolm"], batch=2, batch_rounds=1)
     [rejection] = report["engines"]["ferrolm"]["rejections"]
     assert rejection["document"] == '{"n":"x"}' and rejection["token_index"] > 0
@@ -156,11 +189,21 @@ def test_a_peer_under_a_time_budget_stops_attempting(vocab: bc.BenchVocab) -> No
 
 def test_floors_compare_compiled_schemas_with_llguidance() -> None:
     def engine(names: list[str], errors: dict[str, str]) -> dict[str, object]:
-        return {"compiled": len(names), "per_schema": {n: {} for n in names}, "compile_errors": errors,
-                "rejected_valid": 0, "compile_ms": {"p50": 1.0, "p95": 2.0}, "mask_us": {"p50": 1.0, "p99": 2.0}}
+        return {
+            "compiled": len(names),
+            "per_schema": {n: {} for n in names},
+            "compile_errors": errors,
+            "rejected_valid": 0,
+            "compile_ms": {"p50": 1.0, "p95": 2.0},
+            "mask_us": {"p50": 1.0, "p99": 2.0},
+        }
 
-    report = {"engines": {"ferrolm": engine(["a", "b", "c"], {"d": "unsupported x"}),
-                          "llguidance": engine(["a", "d"], {"b": "y", "c": "z"})}}
+    report = {
+        "engines": {
+            "ferrolm": engine(["a", "b", "c"], {"d": "unsupported x"}),
+            "llguidance": engine(["a", "d"], {"b": "y", "c": "z"}),
+        }
+    }
     assert bc.missed_by_ferrolm(report, "llguidance") == {"d": "unsupported x"}
     floors = dict(bc.floor_checks(report))
     assert floors["compiles more schemas than llguidance"] is True
@@ -169,14 +212,22 @@ def test_floors_compare_compiled_schemas_with_llguidance() -> None:
 
 def test_speed_floors_compare_the_schemas_both_compile() -> None:
     def engine(p50: float) -> dict[str, object]:
-        return {"compiled": 2, "per_schema": {"a": {}, "b": {}}, "compile_errors": {}, "rejected_valid": 0,
-                "compile_ms": {"p50": p50, "p95": p50}, "mask_us": {"p50": p50, "p99": p50}}
+        return {
+            "compiled": 2,
+            "per_schema": {"a": {}, "b": {}},
+            "compile_errors": {},
+            "rejected_valid": 0,
+            "compile_ms": {"p50": p50, "p95": p50},
+            "mask_us": {"p50": p50, "p99": p50},
+        }
 
     # Overall, ferrolm looks slower (it also compiled harder schemas); on the schemas
     # both compile it is faster in compile p50 and mask p99, slower in compile p95.
-    both = {"schemas": 2,
-            "ferrolm": {"compile_ms_p50": 1.0, "compile_ms_p95": 9.0, "mask_us_p50": 1.0, "mask_us_p99": 5.0},
-            "peer": {"compile_ms_p50": 2.0, "compile_ms_p95": 3.0, "mask_us_p50": 8.0, "mask_us_p99": 6.0}}
+    both = {
+        "schemas": 2,
+        "ferrolm": {"compile_ms_p50": 1.0, "compile_ms_p95": 9.0, "mask_us_p50": 1.0, "mask_us_p99": 5.0},
+        "peer": {"compile_ms_p50": 2.0, "compile_ms_p95": 3.0, "mask_us_p50": 8.0, "mask_us_p99": 6.0},
+    }
     report = {"engines": {"ferrolm": engine(50.0), "llguidance": engine(2.0)}, "head_to_head": {"llguidance": both}}
     floors = dict(bc.floor_checks(report))
     on = "on the 2 schemas both compile"

@@ -5,7 +5,6 @@ columns and gets sampled ids and logprobs) included. No timing is asserted."""
 from __future__ import annotations
 
 import pytest
-
 from ferrolm.bench.engine import step_times
 from ferrolm.cli import main
 
@@ -17,8 +16,22 @@ def test_each_mode_times_every_step(mode: str) -> None:
 
 
 def test_the_command_prints_a_row_per_mode_and_the_ids_floor(capsys: pytest.CaptureFixture) -> None:
-    code = main(["bench", "engine", "--vocab", "150000", "--batch", "64", "--steps", "3", "--skip-tiny",
-                 "--modes", "greedy", "ids"])
+    code = main(
+        [
+            "bench",
+            "engine",
+            "--vocab",
+            "150000",
+            "--batch",
+            "64",
+            "--steps",
+            "3",
+            "--skip-tiny",
+            "--modes",
+            "greedy",
+            "ids",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     rows = [line.split() for line in printed.splitlines() if line.strip().startswith("150000")]
@@ -27,8 +40,22 @@ def test_the_command_prints_a_row_per_mode_and_the_ids_floor(capsys: pytest.Capt
 
 
 def test_the_device_row_is_printed_beside_the_cpu_samplers_top_p_row(capsys: pytest.CaptureFixture) -> None:
-    code = main(["bench", "engine", "--vocab", "150000", "--batch", "64", "--steps", "3", "--skip-tiny",
-                 "--modes", "top_p", "device"])
+    code = main(
+        [
+            "bench",
+            "engine",
+            "--vocab",
+            "150000",
+            "--batch",
+            "64",
+            "--steps",
+            "3",
+            "--skip-tiny",
+            "--modes",
+            "top_p",
+            "device",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     rows = [line.split() for line in printed.splitlines() if line.strip().startswith("150000")]

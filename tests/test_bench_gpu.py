@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ferrolm.cli import main
 
 torch: Any = pytest.importorskip("torch", reason="torch is not installed; the GPU benchmark needs it")
@@ -19,15 +18,38 @@ torch: Any = pytest.importorskip("torch", reason="torch is not installed; the GP
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_gpu_reports_each_batch_against_the_bandwidth_limit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_gpu_reports_each_batch_against_the_bandwidth_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "gpu.json"
-    code = main(["bench", "gpu", "--model", "tiny", "--device", "cpu", "--batches", "1,3",
-                 "--context", "20", "--steps", "3", "--bandwidth-gbs", "10", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "gpu",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--batches",
+            "1,3",
+            "--context",
+            "20",
+            "--steps",
+            "3",
+            "--bandwidth-gbs",
+            "10",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "bandwidth 10 GB/s (given)" in printed
     assert printed.count("device sampler (top-p, logprobs)") == 2
-    assert [line.split(":")[0] for line in printed.splitlines() if line.startswith("batch")] == ["batch    1", "batch    3"]
+    assert [line.split(":")[0] for line in printed.splitlines() if line.startswith("batch")] == [
+        "batch    1",
+        "batch    3",
+    ]
     figures = json.loads(out.read_text())
     assert [r["batch"] for r in figures["results"]] == [1, 3]
     for row in figures["results"]:
@@ -39,7 +61,12 @@ def test_bench_gpu_reports_each_batch_against_the_bandwidth_limit(tmp_path: Path
 
 def test_gpu_check_script_smoke_mode_runs_on_the_cpu() -> None:
     env = os.environ | {"PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--smoke", "--bandwidth-gbs", "10"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu_check.sh"), "--smoke", "--bandwidth-gbs", "10"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "device cpu" in done.stdout and "batch    4:" in done.stdout

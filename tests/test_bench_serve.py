@@ -46,11 +46,28 @@ def test_workload_is_seeded_and_multi_turn() -> None:
         assert earlier.index < r.index
 
 
-def test_concurrency_run_reports_every_figure(server: RunningServer, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_concurrency_run_reports_every_figure(
+    server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bench.json"
-    rc = bench("--base-url", server.url, "--concurrency", "4", "--num-requests", "8", "--output-lens", "4,8",
-               "--output-weights", "1,1", "--warmup", "1", "--no-progress", "--json", str(out), "--strict")
+    rc = bench(
+        "--base-url",
+        server.url,
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "8",
+        "--output-lens",
+        "4,8",
+        "--output-weights",
+        "1,1",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out),
+        "--strict",
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     [point] = report["points"]
@@ -72,9 +89,28 @@ def test_concurrency_run_reports_every_figure(server: RunningServer, tmp_path: P
 
 def test_rate_sweep_writes_json_and_plot(server: RunningServer, tmp_path: Path) -> None:
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    rc = bench("--base-url", server.url + "/v1", "--request-rate", "inf", "--sweep", "4,inf", "--num-requests", "6",
-               "--output-lens", "4", "--output-weights", "1", "--warmup", "0", "--no-progress",
-               "--json", str(out), "--plot", str(png), "--strict")
+    rc = bench(
+        "--base-url",
+        server.url + "/v1",
+        "--request-rate",
+        "inf",
+        "--sweep",
+        "4,inf",
+        "--num-requests",
+        "6",
+        "--output-lens",
+        "4",
+        "--output-weights",
+        "1",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+        "--strict",
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["sweep_by"] == "rate"
@@ -125,16 +161,29 @@ def test_the_forward_is_read_from_the_servers_metrics() -> None:
         "ferrolm:num_steps_total 12.0\n"
     )
     assert bench_serve.forward_from_metrics(text) == {
-        "forward_calls": 12.0, "forward_wall_s": 0.5, "loop_forward_cpu_s": 0.25, "sampling_threads_cpu_s": 0.125}
+        "forward_calls": 12.0,
+        "forward_wall_s": 0.5,
+        "loop_forward_cpu_s": 0.25,
+        "sampling_threads_cpu_s": 0.125,
+    }
     assert bench_serve.forward_from_metrics("ferrolm:num_steps_total 3.0\n") == {}
 
 
 def test_overhead_is_http_plus_the_loop_outside_the_forward_plus_the_sampling_threads() -> None:
-    def reading(http: float, loop: float, loop_forward: float, other: float, ended: float,
-                sampling: float) -> dict[str, Any]:
-        return {"process_cpu_s": http + loop + other + ended, "http_cpu_s": http, "loop_cpu_s": loop,
-                "other_cpu_s": other, "ended_threads_cpu_s": ended, "loop_forward_cpu_s": loop_forward,
-                "sampling_threads_cpu_s": sampling, "forward_wall_s": loop_forward * 1.1, "forward_calls": 100.0}
+    def reading(
+        http: float, loop: float, loop_forward: float, other: float, ended: float, sampling: float
+    ) -> dict[str, Any]:
+        return {
+            "process_cpu_s": http + loop + other + ended,
+            "http_cpu_s": http,
+            "loop_cpu_s": loop,
+            "other_cpu_s": other,
+            "ended_threads_cpu_s": ended,
+            "loop_forward_cpu_s": loop_forward,
+            "sampling_threads_cpu_s": sampling,
+            "forward_wall_s": loop_forward * 1.1,
+            "forward_calls": 100.0,
+        }
 
     before = reading(1.0, 2.0, 1.0, 0.5, 0.1, 0.05)
     after = reading(1.5, 4.0, 2.5, 0.9, 0.4, 0.15)
@@ -170,8 +219,24 @@ def test_a_launched_server_reports_its_forward_and_overhead(tmp_path: Path) -> N
     """``--launch``: the server runs as ``ferrolm serve`` runs (nothing patched); the
     forward's figures come from its /metrics."""
     out = tmp_path / "launched.json"
-    rc = bench("--launch", "tiny", "--concurrency", "2", "--num-requests", "4", "--output-lens", "4",
-               "--output-weights", "1", "--warmup", "0", "--no-progress", "--json", str(out), "--strict")
+    rc = bench(
+        "--launch",
+        "tiny",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "4",
+        "--output-lens",
+        "4",
+        "--output-weights",
+        "1",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--json",
+        str(out),
+        "--strict",
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["forward_exposed_by_server"] is True

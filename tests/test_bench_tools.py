@@ -4,7 +4,6 @@ checked); constrained, every call parses."""
 from __future__ import annotations
 
 import pytest
-
 from ferrolm.cli import main
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ferrolm.bench.tree import LENGTH_BUCKETS, TARGETS_US, by_prompt_length, replay
 from ferrolm.bench.workload import WorkloadConfig, make_workload
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm.bench import tree as bench_tree
 from ferrolm.bench import tree_peer
 from ferrolm.bench.workload import WorkloadConfig, make_workload
@@ -95,8 +94,10 @@ def test_the_peer_returns_the_indices_it_was_given() -> None:
 def test_the_by_length_table_puts_the_peer_beside_ferrolm(capsys) -> None:
     def fake(us: float) -> dict:
         ns = np.full(3, us * 1e3, dtype=np.int64)
-        return {"times": {op: ns for op in bench_tree.TARGETS_US},
-                "lengths": {op: np.array([1600, 1700, 1800]) for op in bench_tree.TARGETS_US}}
+        return {
+            "times": {op: ns for op in bench_tree.TARGETS_US},
+            "lengths": {op: np.array([1600, 1700, 1800]) for op in bench_tree.TARGETS_US},
+        }
 
     rows, missed = bench_tree.by_prompt_length({"rust": fake(1.0), "python": fake(100.0), tree_peer.PEER: fake(2.5)})
     assert rows[2][f"match_prefix {tree_peer.PEER} p50_us"] == 2.5
@@ -114,7 +115,6 @@ class _FakeCore:
 
     def __init__(self, init: argparse.Namespace, components: list[int]) -> None:
         import torch
-
         from ferrolm.radix_cache import RadixCache
 
         assert components == [tree_peer.FULL] and init.device == "cpu"
@@ -172,8 +172,9 @@ class _FakeCore:
         want, self._evict = self._evict, 0
         freed = self._tree.evict(want) if want else np.empty(0, dtype=np.int32)
         frees = {component: [self._torch.from_numpy(freed.astype(np.int64))]} if len(freed) else {}
-        return argparse.Namespace(node_id=None, made_progress=bool(len(freed)),
-                                  new_device_frees=frees, tracker={component: len(freed)})
+        return argparse.Namespace(
+            node_id=None, made_progress=bool(len(freed)), new_device_frees=frees, tracker={component: len(freed)}
+        )
 
     def evict_device_leaf(self, node: int) -> argparse.Namespace:
         raise AssertionError("the fake names no node to evict")
@@ -187,9 +188,12 @@ class _FakeCore:
 
 def fake_sglang() -> types.SimpleNamespace:
     return types.SimpleNamespace(
-        TreeCoreInitParamsBinding=argparse.Namespace, RustUnifiedTreeCoreBinding=_FakeCore,
-        MatchParamsBinding=argparse.Namespace, InsertParamsBinding=argparse.Namespace,
-        DecLockRefParamsBinding=argparse.Namespace)
+        TreeCoreInitParamsBinding=argparse.Namespace,
+        RustUnifiedTreeCoreBinding=_FakeCore,
+        MatchParamsBinding=argparse.Namespace,
+        InsertParamsBinding=argparse.Namespace,
+        DecLockRefParamsBinding=argparse.Namespace,
+    )
 
 
 def test_the_bench_drives_a_peer_with_sglangs_interface(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -233,8 +237,9 @@ def test_the_whole_bench_prints_and_records_the_peer(monkeypatch: pytest.MonkeyP
     parser = argparse.ArgumentParser()
     bench_tree.add_parser(parser.add_subparsers())
     out_json = tmp_path / "tree.json"
-    a = parser.parse_args(["tree", "--conversations", "30", "--seed", "5", "--capacity", "30000",
-                           "--json", str(out_json)])
+    a = parser.parse_args(
+        ["tree", "--conversations", "30", "--seed", "5", "--capacity", "30000", "--json", str(out_json)]
+    )
     assert a.func(a) == 0
     out = capsys.readouterr().out
     assert "peer: sglang 0.0-fake's Rust tree core" in out
@@ -242,8 +247,10 @@ def test_the_whole_bench_prints_and_records_the_peer(monkeypatch: pytest.MonkeyP
         assert any(line.startswith(op) and "(sglang / rust)" in line for line in out.splitlines()), op
     # match and indices side by side in each way of making the arguments
     for mode in ("cold", "fresh"):
-        assert any(line.startswith("sglang's match returns no KV indices") and f"arguments {mode}: sglang " in line
-                   for line in out.splitlines()), mode
+        assert any(
+            line.startswith("sglang's match returns no KV indices") and f"arguments {mode}: sglang " in line
+            for line in out.splitlines()
+        ), mode
     report = json.loads(out_json.read_text())
     assert report["ops"]["match_prefix"]["sglang"]["n"] > 0
     assert report["peer_match_and_indices_p50_us"] > 0
@@ -251,6 +258,8 @@ def test_the_whole_bench_prints_and_records_the_peer(monkeypatch: pytest.MonkeyP
     assert any(row.get("match_prefix sglang p50_us") for row in report["by_prompt_length"])
     # a by-length table for each way of making the arguments, the peer's in both
     assert "by prompt length, arguments cold" in out and "by prompt length, arguments fresh" in out
-    assert "sglang 0.0-fake's Rust tree core (its rust_tree_core extension, called as its scheduler's cache " \
+    assert (
+        "sglang 0.0-fake's Rust tree core (its rust_tree_core extension, called as its scheduler's cache "
         "calls it), arguments fresh" in out
+    )
     assert any(row.get("match_prefix sglang p50_us") for row in report["by_prompt_length_fresh"])

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import LoadedModel
@@ -21,7 +20,8 @@ from ferrolm.sampling_params import SamplingParams
 from ferrolm.server import args as server_args
 
 CASES: list[dict[str, Any]] = json.loads(
-    (Path(__file__).parent / "data" / "tool_call_outputs.json").read_text(encoding="utf-8"))["cases"]
+    (Path(__file__).parent / "data" / "tool_call_outputs.json").read_text(encoding="utf-8")
+)["cases"]
 # the cases whose prompt is the template's own (the others set the prompt's thinking state)
 RENDERED = [c for c in CASES if "prompt" not in c]
 USER = [{"role": "user", "content": "hi"}]
@@ -31,10 +31,12 @@ PING = {"type": "function", "function": {"name": "ping"}}
 @pytest.fixture(scope="module")
 def core(tiny: LoadedModel) -> _core.ChatCore:
     tok = tiny.tokenizer
-    vocabulary = _core.Vocabulary(tok.token_bytes(), special_token_ids=tok.special_token_ids,
-                                  eos_token_ids=list(tiny.config.eos_token_ids))
-    return _core.ChatCore(vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token,
-                          eos_token=tok.eos_token)
+    vocabulary = _core.Vocabulary(
+        tok.token_bytes(), special_token_ids=tok.special_token_ids, eos_token_ids=list(tiny.config.eos_token_ids)
+    )
+    return _core.ChatCore(
+        vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token
+    )
 
 
 def request(**kw: Any) -> str:
@@ -77,10 +79,10 @@ def test_the_callers_constraint_is_planned_in(core: _core.ChatCore) -> None:
     assert e.value.field == "choice"
 
 
-@pytest.mark.parametrize(("kw", "field"), [
-    ({"tool_call_parser": "nonesuch"}, "tool_call_parser"),
-    ({"reasoning_parser": "nonesuch"}, "reasoning_parser"),
-])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [({"tool_call_parser": "nonesuch"}, "tool_call_parser"), ({"reasoning_parser": "nonesuch"}, "reasoning_parser")],
+)
 def test_parser_names_are_the_cores(core: _core.ChatCore, kw: dict[str, str], field: str) -> None:
     with pytest.raises(InvalidInputError) as e:
         core.prepare(request(), **kw)
@@ -91,14 +93,20 @@ def test_parser_names_are_the_cores(core: _core.ChatCore, kw: dict[str, str], fi
     assert server_args.REASONING_CHOICES == _core.REASONING_PARSERS
 
 
-@pytest.mark.parametrize(("kw", "field"), [
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
-    ({"messages": []}, "messages"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]}, "tools.0.function.parameters"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
-    ({"temperature": 1.0}, "temperature"),
-])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"messages": []}, "messages"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]},
+            "tools.0.function.parameters",
+        ),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"temperature": 1.0}, "temperature"),
+    ],
+)
 def test_bad_requests_name_the_field(core: _core.ChatCore, kw: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidInputError) as e:
         core.prepare(json.dumps({"messages": USER, **kw}))
@@ -108,8 +116,12 @@ def test_bad_requests_name_the_field(core: _core.ChatCore, kw: dict[str, Any], f
 def prepared_for(core: _core.ChatCore, case: dict[str, Any]) -> Any:
     # a tool, so the format parses; unconstrained, so any output is read as written
     tools = {"tools": [PING]} if case["format"] else {}
-    return core.prepare(request(**tools), tool_call_parser=case["format"] or "none",
-                        reasoning_parser=case.get("reasoning") or "none", constrain_tool_calls=False)
+    return core.prepare(
+        request(**tools),
+        tool_call_parser=case["format"] or "none",
+        reasoning_parser=case.get("reasoning") or "none",
+        constrain_tool_calls=False,
+    )
 
 
 def streamed(parser: _core.ChatOutputParser, chunks: list[str]) -> tuple[str, str, list[tuple[str, str]]]:
@@ -146,21 +158,21 @@ def test_recorded_outputs_parse_whole_and_streamed_alike(core: _core.ChatCore, c
 
 
 def test_sampling_params_check_the_constraint_fields() -> None:
-    for kw, field in [({"structured_optional": True, "json_object": True}, "structured_optional"),
-                      ({"structured_tags": {"begin": "<a>", "end": "</a>"}}, "structured_tags"),
-                      ({"structured_tags": {"begin": "<a>"}, "json_object": True}, "structured_tags"),
-                      ({"structured_tags": {"begin": "<a>", "end": 1}, "json_object": True}, "structured_tags"),
-                      ({"structured_tags": {"begin": "<a>", "end": "", "x": ""}, "json_object": True}, "structured_tags"),
-                      ({"structured_tags": {"begin": "<a>", "end": "", "begun": "<b"}, "json_object": True},
-                       "structured_tags"),
-                      ({"structured_tags": {"begin": "<a>", "end": "", "repeated": "yes"}, "json_object": True},
-                       "structured_tags"),
-                      ({"structured_or": {"json_object": True}}, "structured_or"),
-                      ({"structured_or": {"n": 2}, "json_object": True}, "structured_or"),
-                      ({"structured_or": {}, "json_object": True}, "structured_or"),
-                      ({"structured_or": {"regex": "a", "choice": ["b"]}, "json_object": True}, "structured_or"),
-                      ({"structured_after": ["</think>", ""], "json_object": True}, "structured_after"),
-                      ({"json_schema_parts": {"a": {}}}, "json_schema_parts")]:
+    for kw, field in [
+        ({"structured_optional": True, "json_object": True}, "structured_optional"),
+        ({"structured_tags": {"begin": "<a>", "end": "</a>"}}, "structured_tags"),
+        ({"structured_tags": {"begin": "<a>"}, "json_object": True}, "structured_tags"),
+        ({"structured_tags": {"begin": "<a>", "end": 1}, "json_object": True}, "structured_tags"),
+        ({"structured_tags": {"begin": "<a>", "end": "", "x": ""}, "json_object": True}, "structured_tags"),
+        ({"structured_tags": {"begin": "<a>", "end": "", "begun": "<b"}, "json_object": True}, "structured_tags"),
+        ({"structured_tags": {"begin": "<a>", "end": "", "repeated": "yes"}, "json_object": True}, "structured_tags"),
+        ({"structured_or": {"json_object": True}}, "structured_or"),
+        ({"structured_or": {"n": 2}, "json_object": True}, "structured_or"),
+        ({"structured_or": {}, "json_object": True}, "structured_or"),
+        ({"structured_or": {"regex": "a", "choice": ["b"]}, "json_object": True}, "structured_or"),
+        ({"structured_after": ["</think>", ""], "json_object": True}, "structured_after"),
+        ({"json_schema_parts": {"a": {}}}, "json_schema_parts"),
+    ]:
         with pytest.raises(InvalidInputError) as e:
             SamplingParams(**kw)
         assert e.value.field == field

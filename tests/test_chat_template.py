@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 
 STORED: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "data" / "chat_template_renderings.json").read_text(encoding="utf-8"))
+    (Path(__file__).parent / "data" / "chat_template_renderings.json").read_text(encoding="utf-8")
+)
 CASES: list[dict[str, Any]] = STORED["cases"]
 
 
@@ -32,9 +32,13 @@ def case_id(case: dict[str, Any]) -> str:
 def test_templates_render_as_jinja2_rendered_them(case: dict[str, Any]) -> None:
     def render() -> str:
         return _core.render_chat_template(
-            STORED["templates"][case["template"]], json.dumps(case["messages"]), bos_token=case["bos_token"],
-            eos_token=case["eos_token"], add_generation_prompt=case["add_generation_prompt"],
-            tools_json=json.dumps(case["tools"]) if "tools" in case else None)
+            STORED["templates"][case["template"]],
+            json.dumps(case["messages"]),
+            bos_token=case["bos_token"],
+            eos_token=case["eos_token"],
+            add_generation_prompt=case["add_generation_prompt"],
+            tools_json=json.dumps(case["tools"]) if "tools" in case else None,
+        )
 
     if "raises" in case:
         # the template refuses this chat (raise_exception): the message is the template's

@@ -10,7 +10,6 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-
 from ferrolm import SamplingParams, _core
 from ferrolm.engine import Engine
 from ferrolm.errors import CorePanicError, InvalidInputError
@@ -167,8 +166,9 @@ def test_engine_output_validates_against_the_schema(tiny: LoadedModel) -> None:
         assert set(json.loads(r.text)) <= set(SCHEMA["properties"])
     # the default (extra members allowed) may run to the budget on random weights; what ends is valid
     for seed in range(3):
-        [r] = engine.generate("Reply in JSON:", SamplingParams(max_new_tokens=160, temperature=1.0, seed=seed,
-                                                                json_schema=SCHEMA))
+        [r] = engine.generate(
+            "Reply in JSON:", SamplingParams(max_new_tokens=160, temperature=1.0, seed=seed, json_schema=SCHEMA)
+        )
         if r.finish_reason == "stop":
             jsonschema.validate(json.loads(r.text), SCHEMA)
     [r] = engine.generate("x", SamplingParams(max_new_tokens=30, temperature=1.0, seed=1, regex=r"[0-9]{3}-[a-z]{2}"))
@@ -291,7 +291,9 @@ def doubling_refs(levels: int) -> str:
     defs: dict[str, object] = {"l0": {"type": "string"}}
     for i in range(1, levels + 1):
         below = {"$ref": f"#/$defs/l{i - 1}"}
-        defs[f"l{i}"] = {"anyOf": [{"type": "array", "items": below}, {"type": "object", "additionalProperties": below}]}
+        defs[f"l{i}"] = {
+            "anyOf": [{"type": "array", "items": below}, {"type": "object", "additionalProperties": below}]
+        }
     return json.dumps({"$defs": defs, "$ref": f"#/$defs/l{levels}"})
 
 
@@ -348,16 +350,33 @@ def test_recursive_schemas_with_a_way_out_still_compile(vocab: _core.Vocabulary)
 
 
 def test_json_schema_follows_the_spec_and_strict_closes_objects(tiny: LoadedModel, vocab: _core.Vocabulary) -> None:
-    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
-                         "x-internal": True, "links": [{"rel": "self"}]})
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"],
+            "x-internal": True,
+            "links": [{"rel": "self"}],
+        }
+    )
     m = vocab.json_schema(schema).matcher()
     assert m.accept_string('{"name":"n","zzz":{"a":[1]}}'), "an absent additionalProperties allows extras"
     strict = vocab.json_schema(schema, strict=True).matcher()
     assert strict.accept_string('{"name":"n"')
     assert not strict.accept_string(',"zzz":1'), "strict mode: only declared members"
     assert strict.accept_string("}") and strict.can_end()
-    normalized = json.loads(_core.json_schema_normalized(json.dumps(
-        {"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": True, "id": "x"})))
+    normalized = json.loads(
+        _core.json_schema_normalized(
+            json.dumps(
+                {
+                    "$schema": "http://json-schema.org/draft-04/schema#",
+                    "minimum": 1,
+                    "exclusiveMinimum": True,
+                    "id": "x",
+                }
+            )
+        )
+    )
     assert normalized == {"exclusiveMinimum": 1}
     with pytest.raises(InvalidInputError):
         SamplingParams(json_schema_strict=True)

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm import _core
 from ferrolm.bench import constraint as bc
 from ferrolm.bench.corpus import CORPORA, CorpusSchema, Orderer, documents, load_corpus
@@ -87,8 +86,14 @@ def test_corpus_valid_documents_are_accepted_and_invalid_ones_refused(corpus_nam
     corpus = corpus_of(corpus_name)[::every]
     vocab, core = vocab_of(name)
     row = np.zeros(core.bitmask_words, np.int32)
-    counts = {"schemas": len(corpus), "compiled": 0, "valid": 0, "valid_accepted": 0, "invalid": 0,
-              "invalid_refused": 0}
+    counts = {
+        "schemas": len(corpus),
+        "compiled": 0,
+        "valid": 0,
+        "valid_accepted": 0,
+        "invalid": 0,
+        "invalid_refused": 0,
+    }
     refusals: dict[str, str] = {}
     mistakes: list[str] = []
     for entry in corpus:
@@ -146,15 +151,24 @@ def test_orderer_follows_refs_branches_and_all_of() -> None:
 def test_a_verdict_that_depends_on_formats_is_undecided(tmp_path: Any) -> None:
     """The engine asserts known formats, jsonschema reads them as annotations: an instance
     the two readings disagree on is neither expected accepted nor expected refused."""
-    schema = {"type": "object", "properties": {
-        "when": {"type": "string", "format": "date-time"},
-        "url": {"oneOf": [{"enum": [""]}, {"type": "string", "format": "uri"}]}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "format": "date-time"},
+            "url": {"oneOf": [{"enum": [""]}, {"type": "string", "format": "uri"}]},
+        },
+    }
     root = tmp_path / "c"
     (root / "schemas").mkdir(parents=True)
     (root / "schemas" / "s.json").write_text(json.dumps(schema))
-    docs: dict[str, dict[str, Any]] = {"test": {"ok": {"when": "2024-05-14T09:30:00Z", "url": "https://example.com"},
-                     "bad-date": {"when": "yesterday"}, "empty-url": {"url": ""}},
-            "negative_test": {"wrong": {"when": 3}}}
+    docs: dict[str, dict[str, Any]] = {
+        "test": {
+            "ok": {"when": "2024-05-14T09:30:00Z", "url": "https://example.com"},
+            "bad-date": {"when": "yesterday"},
+            "empty-url": {"url": ""},
+        },
+        "negative_test": {"wrong": {"when": 3}},
+    }
     for kind, named in docs.items():
         (root / kind / "s").mkdir(parents=True)
         for name, doc in named.items():

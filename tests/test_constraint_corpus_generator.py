@@ -13,7 +13,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
 from ferrolm.bench.corpus import CORPORA, verdicts
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "corpus_instances.py"
@@ -74,16 +73,26 @@ def test_a_schema_nothing_satisfies_is_reported_not_written(gen: ModuleType) -> 
     assert gen.generate("t", impossible, [])[0] == {}
 
 
-@pytest.mark.parametrize("pattern", ["^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "^v[0-9]+\\.[0-9]+$", "^(TCP|UDP|SCTP)$",
-                                     "[^/]+/[^/]+", "^\\d{3}-\\w+$", "^(?:[A-Z][a-z]+)+$"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        "^v[0-9]+\\.[0-9]+$",
+        "^(TCP|UDP|SCTP)$",
+        "[^/]+/[^/]+",
+        "^\\d{3}-\\w+$",
+        "^(?:[A-Z][a-z]+)+$",
+    ],
+)
 def test_strings_are_written_for_patterns(gen: ModuleType, pattern: str) -> None:
     import random
 
     assert re.search(pattern, gen.string_for_pattern(pattern, random.Random(0)))
 
 
-@pytest.mark.parametrize("corpus,name", [("kubernetes", "configmap-v1"), ("kubernetes", "service-v1"),
-                                         ("github", "star.created")])
+@pytest.mark.parametrize(
+    "corpus,name", [("kubernetes", "configmap-v1"), ("kubernetes", "service-v1"), ("github", "star.created")]
+)
 def test_committed_instances_are_what_the_generator_writes(gen: ModuleType, corpus: str, name: str) -> None:
     root = CORPORA[corpus]
     valid, invalid, _ = gen.generate_for(root, name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 

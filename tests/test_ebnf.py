@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
 from ferrolm import SamplingParams, _core
 from ferrolm.engine import Engine
 from ferrolm.errors import InvalidInputError
@@ -25,11 +24,11 @@ GRAMMARS = Path(__file__).resolve().parents[1] / "crates" / "ferrolm-constraint"
 
 # Nested JSON arrays of small numbers: recursive (the engine calls a rule per bracket),
 # and every output is checked by json.loads.
-NESTED = r'''
+NESTED = r"""
 root  ::= array
 array ::= "[" (value ("," value)*)? "]"
 value ::= [0-9] | array   # a digit, or arrays within arrays
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +45,7 @@ def allowed(vocab: _core.Vocabulary, m: _core.Matcher) -> set[int]:
 
 
 def nested_ok(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        (isinstance(v, int) and 0 <= v <= 9) or nested_ok(v) for v in value)
+    return isinstance(value, list) and all((isinstance(v, int) and 0 <= v <= 9) or nested_ok(v) for v in value)
 
 
 def test_json_gbnf_through_the_binding(tiny: LoadedModel, vocab: _core.Vocabulary) -> None:
@@ -78,13 +76,13 @@ def test_grammar_errors_are_typed_and_name_the_field(vocab: _core.Vocabulary) ->
     assert e.value.field == "ebnf"
     assert "line 2, column 16" in str(e.value) and "undefined rule `missing`" in str(e.value)
     with pytest.raises(InvalidInputError) as e:
-        vocab.ebnf("start: \"a\"")  # Lark
+        vocab.ebnf('start: "a"')  # Lark
     assert e.value.field == "ebnf" and "Lark" in str(e.value)
     with pytest.raises(InvalidInputError) as e:
         vocab.ebnf('root ::= "c" root (" " root)* | "a"')  # needs more than one character of lookahead
     assert e.value.field == "ebnf" and "unsupported grammar (rule `root`)" in str(e.value)
     with pytest.raises(InvalidInputError) as e:
-        vocab.ebnf('root ::= ([a-z]{100000}){100000}')
+        vocab.ebnf("root ::= ([a-z]{100000}){100000}")
     assert e.value.field == "grammar"
 
 
@@ -100,7 +98,7 @@ def test_engine_output_parses_under_the_grammar(tiny: LoadedModel) -> None:
             assert r.text.startswith("["), r.text
     assert finished >= 2
     with pytest.raises(InvalidInputError) as e:
-        engine.submit("x", SamplingParams(ebnf="root ::= (\"a\""))
+        engine.submit("x", SamplingParams(ebnf='root ::= ("a"'))
     assert e.value.field == "ebnf" and "line 1, column 10" in str(e.value)
     engine.core.check_invariants()
     assert not engine.has_work()
@@ -125,8 +123,9 @@ def server(shared_server: RunningServer) -> RunningServer:
 FIELDS = [
     pytest.param("/v1/completions", {"prompt": "x"}, "guided_grammar", id="vllm-guided_grammar"),
     pytest.param("/v1/completions", {"prompt": "x"}, "ebnf", id="sglang-ebnf"),
-    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "grammar",
-                 id="llama.cpp-grammar"),
+    pytest.param(
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "grammar", id="llama.cpp-grammar"
+    ),
     pytest.param("/generate", {"text": "x"}, "sampling_params.ebnf", id="native-ebnf"),
 ]
 
@@ -141,14 +140,17 @@ def generated_text(path: str, body: dict[str, Any]) -> tuple[str, str]:
 
 def with_field(body: dict[str, Any], field: str, value: Any) -> dict[str, Any]:
     if field.startswith("sampling_params."):
-        return {**body, "sampling_params": {field.split(".", 1)[1]: value, "max_new_tokens": 40,
-                                            "temperature": 1.0, "seed": 3}}
+        return {
+            **body,
+            "sampling_params": {field.split(".", 1)[1]: value, "max_new_tokens": 40, "temperature": 1.0, "seed": 3},
+        }
     return {**body, field: value, "max_tokens": 40, "temperature": 1.0, "seed": 3}
 
 
 @pytest.mark.parametrize(("path", "body", "field"), FIELDS)
-def test_grammar_fields_constrain_the_output(server: RunningServer, path: str, body: dict[str, Any],
-                                             field: str) -> None:
+def test_grammar_fields_constrain_the_output(
+    server: RunningServer, path: str, body: dict[str, Any], field: str
+) -> None:
     r = httpx.post(f"{server.url}{path}", json=with_field(body, field, NESTED), timeout=60)
     assert r.status_code == 200, r.text
     text, finish = generated_text(path, r.json())
@@ -160,7 +162,8 @@ def test_grammar_fields_constrain_the_output(server: RunningServer, path: str, b
 
 @pytest.mark.parametrize(("path", "body", "field"), FIELDS)
 def test_a_grammar_that_does_not_compile_is_a_400_naming_the_field(
-        server: RunningServer, path: str, body: dict[str, Any], field: str) -> None:
+    server: RunningServer, path: str, body: dict[str, Any], field: str
+) -> None:
     r = httpx.post(f"{server.url}{path}", json=with_field(body, field, 'root ::= "a" | b'), timeout=60)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
@@ -178,8 +181,14 @@ def test_two_grammar_fields_are_refused(server: RunningServer) -> None:
 
 DOCUMENTS = {
     "arithmetic.gbnf": ["1=2\n", "a +b=c\n", "(a+b) *3 = x\n1=1\n", "( a )=b\n", "1=2", "a + b=c\n", "=1\n"],
-    "c.gbnf": ["int main(){return 0;}", "int f(int x){if(x<1){return 1;}else{return x*f(x-1);}}",
-               "int f(){while(a<b){x = -( a+b );}}", "int f(){x = (a+b);}", "int f(){", ""],
+    "c.gbnf": [
+        "int main(){return 0;}",
+        "int f(int x){if(x<1){return 1;}else{return x*f(x-1);}}",
+        "int f(){while(a<b){x = -( a+b );}}",
+        "int f(){x = (a+b);}",
+        "int f(){",
+        "",
+    ],
     "chess.gbnf": ["1. e4 e5\n2. Nf3 Nc6\n", "1. d4 d5\n2. c4 dxc4\n3. O-O-O Qxd8+\n", "1. e4 e5\n"],
     "list.gbnf": ["- one\n", "- a\n- b, c\n", "- \n", "-a\n"],
     "japanese.gbnf": ["こんにちは", "カタカナ 漢字\nです。", "hello"],
@@ -189,8 +198,10 @@ DOCUMENTS = {
 
 
 def test_xgrammar_accepts_the_same_texts() -> None:
-    xgr = pytest.importorskip("xgrammar", reason="xgrammar is an optional peer (the crate's Earley oracle "
-                                                  "checks the same translation without it)")
+    xgr = pytest.importorskip(
+        "xgrammar",
+        reason="xgrammar is an optional peer (the crate's Earley oracle checks the same translation without it)",
+    )
     import random
 
     from xgrammar.testing import _is_grammar_accept_string
@@ -205,8 +216,15 @@ def test_xgrammar_accepts_the_same_texts() -> None:
         for doc in documents:  # near misses: a character dropped, doubled or swapped for another
             for _ in range(6):
                 i = rng.randrange(len(doc) + 1)
-                variants.append(rng.choice([doc[:i] + doc[i + 1:], doc[:i] + doc[i:i + 1] + doc[i:],
-                                            doc[:i] + rng.choice("a1 ()\n{}[],=-") + doc[i + 1:]]))
+                variants.append(
+                    rng.choice(
+                        [
+                            doc[:i] + doc[i + 1 :],
+                            doc[:i] + doc[i : i + 1] + doc[i:],
+                            doc[:i] + rng.choice("a1 ()\n{}[],=-") + doc[i + 1 :],
+                        ]
+                    )
+                )
         for doc in variants:
             m = ours.matcher()
             accepted = m.accept_string(doc) and m.can_end()

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import ferrolm
 import numpy as np
 import pytest
-
-import ferrolm
+from conftest import make_engine as _make_engine
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import LoadedModel
-
-from conftest import make_engine as _make_engine
 
 KV_CAPACITY = 256
 CONTEXT = 4096  # the tiny model's max_position_embeddings

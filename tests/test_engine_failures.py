@@ -106,8 +106,12 @@ def test_an_interrupt_in_the_forward_leaves_the_engine_consistent(tiny: LoadedMo
 def test_samples_share_the_prompt_and_run_on_when_the_first_fails(tiny: LoadedModel) -> None:
     params = SamplingParams(temperature=1.0, seed=11, max_new_tokens=5, ignore_eos=True, n=3)
     alone = Engine(tiny, kv_capacity=KV)
-    expected = [alone.generate(PROMPT, SamplingParams(temperature=1.0, seed=11 + j, max_new_tokens=5,
-                                                      ignore_eos=True))[0].token_ids for j in range(3)]
+    expected = [
+        alone.generate(PROMPT, SamplingParams(temperature=1.0, seed=11 + j, max_new_tokens=5, ignore_eos=True))[
+            0
+        ].token_ids
+        for j in range(3)
+    ]
     # the first sample's prefill fails: the second leads, the third shares its prefill
     results = failing(tiny, {1}).generate(PROMPT, params)
     assert [r.finish_reason for r in results] == ["error", "length", "length"]

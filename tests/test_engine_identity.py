@@ -11,13 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from conftest import make_engine
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
 from ferrolm.model import LoadedModel
 from ferrolm.model.reference import reference_logits
-
-from conftest import make_engine
 
 MAX_NEW = 16
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW, ignore_eos=True)
@@ -160,8 +158,9 @@ def test_seeded_sampling_is_unchanged_by_batching_chunking_and_retraction(tiny: 
             # differs with the batch's shape and chunks (OpenBLAS kernels differ by CPU) moved
             # a top-40 draw across a near-tie (2 of 128 draws with OPENBLAS_CORETYPE=Haswell);
             # the draws still come from each request's own seeded stream
-            engine.submit(p, SamplingParams(temperature=1.0, top_k=3, seed=50 + i, max_new_tokens=MAX_NEW,
-                                            ignore_eos=True))
+            engine.submit(
+                p, SamplingParams(temperature=1.0, top_k=3, seed=50 + i, max_new_tokens=MAX_NEW, ignore_eos=True)
+            )
             for i, p in enumerate(PROMPTS)
         ]
         out: dict[int, list[int]] = {rid: [] for rid in rids}

@@ -29,7 +29,7 @@ def test_events_cover_whole_blocks_hashed_as_the_twin_does(tiny: Any) -> None:
     assert all(isinstance(e, BlockStored) for e in events)
     tokens = [t for e in events for t in e.token_ids]
     kv_len = len(prompt) + len(r.token_ids) - 1
-    assert tokens == (prompt + r.token_ids)[:kv_len // BLOCK * BLOCK]
+    assert tokens == (prompt + r.token_ids)[: kv_len // BLOCK * BLOCK]
     assert [h for e in events for h in e.block_hashes] == chain_hashes(namespace_seed(None), tokens, BLOCK)
     # a salted request: its own chain
     rid = engine.submit(prompt, GREEDY, namespace="tenant-a")
@@ -100,8 +100,9 @@ class LoggingFrontend:
     def commit(self, core: Any, logits: Any, forward_s: float = 0.0, forward_cpu_s: float = 0.0) -> Any:
         return self._out(core.commit(logits))
 
-    def commit_tokens(self, core: Any, tokens: Any, forward_s: float = 0.0, forward_cpu_s: float = 0.0,
-                      **draws: Any) -> Any:
+    def commit_tokens(
+        self, core: Any, tokens: Any, forward_s: float = 0.0, forward_cpu_s: float = 0.0, **draws: Any
+    ) -> Any:
         return self._out(core.commit_tokens(tokens, **draws))
 
     def fail_step(self, core: Any, message: str) -> Any:
@@ -142,7 +143,7 @@ def test_the_loop_publishes_a_steps_events_before_its_outputs_and_waits_for_the_
     for i in sends:
         # right before a step's outputs: a wait for every batch queued before the step;
         # the step's own batch is queued after its outputs
-        assert log[i - 1][0] == "wait", log[i - 3:i + 1]
+        assert log[i - 1][0] == "wait", log[i - 3 : i + 1]
         assert log[i - 1][1] == sum(1 for e in log[:i] if e[0] == "publish")
     # a flush outside a step: its clear is queued in the same pass, before the loop waits
     frontend.inbox.append(("flush", lambda core: core.flush_cache()))

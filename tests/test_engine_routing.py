@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ferrolm import SamplingParams
 from ferrolm.engine import Delta, Engine
 from ferrolm.errors import InvalidInputError

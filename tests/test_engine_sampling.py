@@ -9,13 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from conftest import make_engine
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
 from ferrolm.model import LoadedModel
 from ferrolm.model.reference import reference_logits
-
-from conftest import make_engine
 
 PROMPT = "In the beginning the universe was created. This has made a lot of people"
 

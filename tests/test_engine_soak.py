@@ -12,13 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pytest
-
-from ferrolm import SamplingParams
-from ferrolm.engine import Engine
-from ferrolm.model import LoadedModel
-
 from conftest import make_engine
+from ferrolm import SamplingParams
+from ferrolm.model import LoadedModel
 
 NUM_REQUESTS = 300
 # small enough that requests are retracted whatever tokens are sampled (at 160 the draws of

@@ -12,12 +12,10 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-
+from conftest import make_engine
 from ferrolm import SamplingParams
 from ferrolm.engine import Delta, Engine
 from ferrolm.model import ForwardBatch, LoadedModel
-
-from conftest import make_engine
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog.",

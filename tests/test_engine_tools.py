@@ -10,29 +10,47 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import LoadedModel
 from ferrolm.sampling_params import SamplingParams
+
 from tests.conftest import make_engine
 
-WEATHER_PARAMETERS = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 12},
-    "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "days"], "additionalProperties": False}
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER_PARAMETERS}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        # bounded values and no other members (JSON Schema allows any by default): a random
-        # model writes digits and strings without end, and the test needs calls that finish
-        "type": "object", "properties": {"a": {"type": "integer", "minimum": -999, "maximum": 999},
-                                         "b": {"type": "boolean"}},
-        "required": ["a", "b"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER_PARAMETERS},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                # bounded values and no other members (JSON Schema allows any by default): a random
+                # model writes digits and strings without end, and the test needs calls that finish
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": -999, "maximum": 999}, "b": {"type": "boolean"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "ping"}},
 ]
-SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object", "additionalProperties": False})
-           for t in TOOLS}
+SCHEMAS = {
+    t["function"]["name"]: t["function"].get("parameters", {"type": "object", "additionalProperties": False})
+    for t in TOOLS
+}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOL_CALL, THINK_END, IM_END = 32004, 32007, 32003  # the tiny model's <tool_call>, </think>, <|im_end|>
 
@@ -98,8 +116,12 @@ def test_parallel_tool_calls_off_returns_one_call(engine: Any) -> None:
 
 
 def test_thinking_comes_apart_and_the_answer_follows_the_schema(engine: Any) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     for seed in range(4):
         params = sampled(seed, json_schema=schema, logit_bias={THINK_END: 12.0}, max_new_tokens=200)
         [answer] = engine.chat(USER, params, reasoning_parser="deepseek_r1")
@@ -123,26 +145,44 @@ def test_thinking_then_a_required_call(engine: Any) -> None:
 
 def test_unconstrained_calls_are_parsed_only(engine: Any) -> None:
     # the flag off: no grammar, so the random model's "call" is whatever it writes
-    [answer] = engine.chat(USER, sampled(0, max_new_tokens=8), tools=TOOLS, tool_choice="required",
-                           constrain_tool_calls=False)
+    [answer] = engine.chat(
+        USER, sampled(0, max_new_tokens=8), tools=TOOLS, tool_choice="required", constrain_tool_calls=False
+    )
     assert answer.finish_reason == "length" and answer.prompt.endswith("<tool_call>\n")
 
 
 def test_history_with_calls_and_results_renders(engine: Any) -> None:
-    history = [*USER,
-               {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                                     "arguments": '{"city": "Paris", "days": 1}'}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    history = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
     [answer] = engine.chat(history, sampled(0, max_new_tokens=4), tools=TOOLS, tool_choice="none")
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>' in answer.prompt
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>' in answer.prompt
+    )
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in answer.prompt
     assert answer.tool_calls == []
 
 
 def test_a_schema_that_does_not_compile_names_its_tool(engine: Any) -> None:
-    bad = {"type": "function", "function": {"name": "bad", "parameters": {
-        "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}
+    bad = {
+        "type": "function",
+        "function": {
+            "name": "bad",
+            "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}},
+        },
+    }
     with pytest.raises(InvalidInputError) as e:
         engine.chat(USER, sampled(0), tools=[TOOLS[0], bad], tool_choice="required")
     assert e.value.field == "tools.1.function.parameters"
@@ -196,8 +236,12 @@ def test_several_calls_after_the_trigger_in_auto(engine: Any) -> None:
 
 
 def test_auto_with_response_format_answers_in_it_or_calls(engine: Any) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     # the trigger banned: always an answer, in the format
     for seed in range(6):
         params = sampled(seed, json_schema=schema, logit_bias={TOOL_CALL: -100.0}, max_new_tokens=200)
@@ -211,8 +255,9 @@ def test_auto_with_response_format_answers_in_it_or_calls(engine: Any) -> None:
         assert answer.finish_reason == "tool_calls" and answer.content is None, answer.text
         assert_valid_calls(answer.tool_calls)
     # forced calls: response_format has no content to shape (as OpenAI), the calls come
-    [answer] = engine.chat(USER, sampled(0, json_schema=schema, max_new_tokens=400), tools=TOOLS,
-                           tool_choice="required")
+    [answer] = engine.chat(
+        USER, sampled(0, json_schema=schema, max_new_tokens=400), tools=TOOLS, tool_choice="required"
+    )
     assert_valid_calls(answer.tool_calls)
     assert not engine.has_work()
 
@@ -221,11 +266,21 @@ def test_a_special_token_trigger_is_generated_as_the_token(engine: Any) -> None:
     # <|im_start|> is one of the tiny tokenizer's special tokens, which free text never
     # writes, but as a trigger (Mistral's [TOOL_CALLS], Llama's <|python_tag|>) it is allowed
     im_start = engine.tokenizer.hf.token_to_id("<|im_start|>")
-    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-              "required": ["a"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
     for seed in range(4):
-        params = sampled(seed, json_schema=schema, structured_after="<|im_start|>", logit_bias={im_start: 100.0},
-                         skip_special_tokens=False, max_new_tokens=60)
+        params = sampled(
+            seed,
+            json_schema=schema,
+            structured_after="<|im_start|>",
+            logit_bias={im_start: 100.0},
+            skip_special_tokens=False,
+            max_new_tokens=60,
+        )
         [result] = engine.generate("Hello", params)
         assert result.token_ids[0] == im_start
         head, _, tail = result.text.partition("<|im_start|>")

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm import SamplingParams
 from ferrolm.engine import Engine
 from ferrolm.model import LoadedModel
@@ -56,7 +55,9 @@ def test_torch_runner_greedy_equals_the_numpy_reference(
 
 
 def test_warm_cache_then_repeat_equals_the_reference(tiny: LoadedModel, reference: list[list[int]]) -> None:
-    engine = Engine(tiny, kv_capacity=4096, runner=TorchRunner(tiny.config, tiny.weights, 4096, device=TORCH_TEST_DEVICE))
+    engine = Engine(
+        tiny, kv_capacity=4096, runner=TorchRunner(tiny.config, tiny.weights, 4096, device=TORCH_TEST_DEVICE)
+    )
     assert [run_batch(engine, [p], GREEDY)[0] for p in PROMPTS] == reference
     hits = engine.core.stats()["cache_hit_tokens"]
     assert hits > 0
@@ -65,16 +66,22 @@ def test_warm_cache_then_repeat_equals_the_reference(tiny: LoadedModel, referenc
 
 
 def test_model_by_name_is_read_straight_into_torch(reference: list[list[int]]) -> None:
-    engine = Engine("tiny", kv_capacity=512, runner="torch", device=TORCH_TEST_DEVICE, dtype="float32",
-                    kv_cache_dtype="float32")
+    engine = Engine(
+        "tiny", kv_capacity=512, runner="torch", device=TORCH_TEST_DEVICE, dtype="float32", kv_cache_dtype="float32"
+    )
     assert isinstance(engine.runner, TorchRunner)
     [result] = engine.generate(PROMPTS[0], GREEDY)
     assert result.token_ids == reference[0]
 
 
 def test_bf16_runs_end_to_end_with_a_bf16_pool(tiny: LoadedModel) -> None:
-    engine = Engine("tiny", kv_capacity=512, device=TORCH_TEST_DEVICE, dtype="bfloat16",  # auto: bf16 needs torch
-                    kv_cache_dtype="bfloat16")
+    engine = Engine(
+        "tiny",
+        kv_capacity=512,
+        device=TORCH_TEST_DEVICE,
+        dtype="bfloat16",  # auto: bf16 needs torch
+        kv_cache_dtype="bfloat16",
+    )
     assert isinstance(engine.runner, TorchRunner) and engine.runner.k_pool[0].dtype == torch.bfloat16
     results = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert [len(r.token_ids) for r in results] == [8, 8, 8]
@@ -92,7 +99,9 @@ def test_generate_command_on_the_torch_runner_prints_what_numpy_prints(capsys: p
     assert "[length, 6 tokens]" in on_numpy
 
 
-def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(tiny: LoadedModel, reference: list[list[int]]) -> None:
+def test_device_greedy_off_and_a_sampled_request_beside_greedy_ones(
+    tiny: LoadedModel, reference: list[list[int]]
+) -> None:
     """Logits to the host and the core's sampler, as with the numpy runner: with
     device_greedy off, and in every step where a request that samples runs beside the
     greedy ones (the step falls back as a whole); greedy outputs are the same either way."""
@@ -129,10 +138,20 @@ def test_device_sampling_end_to_end_gives_what_the_cores_sampler_gives(tiny: Loa
     numpy_engine = Engine(tiny, kv_capacity=4096, runner="numpy", kv_cache_dtype="float32")
     params = [
         SamplingParams(temperature=0.8, seed=11, max_new_tokens=12, ignore_eos=True, logprobs=True, top_logprobs=3),
-        SamplingParams(temperature=0.0, max_new_tokens=12, repetition_penalty=1.4, frequency_penalty=0.5,
-                       logit_bias={100: 5.0}, min_new_tokens=4),
-        SamplingParams(temperature=0.7, seed=5, max_new_tokens=40, json_schema={
-            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+        SamplingParams(
+            temperature=0.0,
+            max_new_tokens=12,
+            repetition_penalty=1.4,
+            frequency_penalty=0.5,
+            logit_bias={100: 5.0},
+            min_new_tokens=4,
+        ),
+        SamplingParams(
+            temperature=0.7,
+            seed=5,
+            max_new_tokens=40,
+            json_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+        ),
     ]
     got = [on_device.generate(prompt, p)[0] for prompt, p in zip(PROMPTS, params)]
     want = [numpy_engine.generate(prompt, p)[0] for prompt, p in zip(PROMPTS, params)]
@@ -168,7 +187,6 @@ def test_forward_greedy_is_the_argmax_of_forward_with_eos_masked_where_ignored()
     assert limited.tolist() == logits[:, :10].argmax(-1).tolist()
 
 
-
 def test_pool_sized_from_memory_becomes_the_engines_kv_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
     from ferrolm.model import torch_runner as torch_runner_module
 
@@ -186,7 +204,11 @@ def test_a_chat_under_its_prepared_grammar_is_never_picked_greedily_on_the_devic
     # fields): the runner's argmax, which sees no mask, must not pick its tokens
     engine = torch_engine(tiny)
     tools = [{"type": "function", "function": {"name": "ping"}}]
-    [answer] = engine.chat([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=64, temperature=0.0),
-                           tools=tools, tool_choice="required")
+    [answer] = engine.chat(
+        [{"role": "user", "content": "hi"}],
+        SamplingParams(max_new_tokens=64, temperature=0.0),
+        tools=tools,
+        tool_choice="required",
+    )
     assert answer.finish_reason == "tool_calls" and [c.name for c in answer.tool_calls] == ["ping"], answer
     assert engine.device_greedy_steps == 0

@@ -9,13 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from conftest import make_engine
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import ForwardBatch, LoadedModel
 from ferrolm.model.runner import _COLUMNS
-
-from conftest import make_engine
 
 
 def checked(plan: Any) -> ForwardBatch:

@@ -10,17 +10,28 @@ import random
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
-
 from ferrolm import _core
 from ferrolm.bench.serve import make_requests
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.tiny import tiny_folder
+from tokenizers import Tokenizer
 
-QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 CHOSEN = [
-    "", "Hello world", "  leading and trailing  ", "x  y", " ", "\n", "'", "'s", " 's", " !", " 1",
+    "",
+    "Hello world",
+    "  leading and trailing  ",
+    "x  y",
+    " ",
+    "\n",
+    "'",
+    "'s",
+    " 's",
+    " !",
+    " 1",
     "I'm sure you'll say it's what we'd've done; THEY'RE, 'S 'sx 'ſ ''s",
     "numbers 1 12 123 1234 12345 3.14159 1,000,000 ٣٤٥ 一二三 ⅣⅫ ²³",
     "tabs\tand\t\tnewlines\n\n\r\n  \n x\n\ny \n   \n\t\t\n",
@@ -28,13 +39,17 @@ CHOSEN = [
     "unicode: héllo naïve café Ελληνικά русский 中文字符 日本語 한국어 עברית العربية",
     "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷 combining e\u0301 a\u0308",
     "nbsp\u00a0here\u2003em\u3000ideo \u0085nel \u2028ls",
-    "code: fn main() { let x = vec![1, 2, 3]; println!(\"{x:?}\"); }\n",
+    'code: fn main() { let x = vec![1, 2, 3]; println!("{x:?}"); }\n',
     "special tokens inside: <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>hm</think>",
 ]
 
 
 def random_texts(count: int, seed: int) -> list[str]:
-    alphabet = list("aZé字ſK1٣²Ⅳ 'sStTrReEvVmMlLdD\t\r\n\u00a0\u3000\u0085.,!?-_\"😀\u0301\u200d") + ["  ", "\n\n", "<|im_end|>"]
+    alphabet = list("aZé字ſK1٣²Ⅳ 'sStTrReEvVmMlLdD\t\r\n\u00a0\u3000\u0085.,!?-_\"😀\u0301\u200d") + [
+        "  ",
+        "\n\n",
+        "<|im_end|>",
+    ]
     rng = random.Random(seed)
     return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(count)]
 
@@ -65,10 +80,22 @@ def variants(tmp_path: Path) -> dict[str, tuple[Path, bool]]:
     return {
         "tiny": (tiny, True),
         "qwen2": (with_pre_tokenizer(tmp_path, "qwen2", qwen), True),
-        "gpt2": (with_pre_tokenizer(tmp_path, "gpt2", {"type": "ByteLevel", "add_prefix_space": False,
-                                                         "trim_offsets": True, "use_regex": True}), True),
-        "gpt2-prefix": (with_pre_tokenizer(tmp_path, "gpt2p", {"type": "ByteLevel", "add_prefix_space": True,
-                                                                "trim_offsets": True, "use_regex": True}), True),
+        "gpt2": (
+            with_pre_tokenizer(
+                tmp_path,
+                "gpt2",
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            ),
+            True,
+        ),
+        "gpt2-prefix": (
+            with_pre_tokenizer(
+                tmp_path,
+                "gpt2p",
+                {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            ),
+            True,
+        ),
         "other-regex": (with_pre_tokenizer(tmp_path, "other", other), False),
     }
 

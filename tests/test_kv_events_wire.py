@@ -20,8 +20,19 @@ from ferrolm.kv_wire import END_SEQ, wire_event  # noqa: E402
 from ferrolm.server.testing import free_port  # noqa: E402
 from msgpack_strict import Float, Int, decode  # noqa: E402
 
-STORED_FIELDS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                 "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]
+STORED_FIELDS = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+]
 REMOVED_FIELDS = ["type", "block_hashes", "medium", "group_idx"]
 BIG_HASH = (1 << 64) - 5  # above i64::MAX: must come as uint64
 
@@ -75,33 +86,51 @@ def check_event(e: dict) -> None:
 
 # ---- the config ----
 
+
 def test_config_has_vllms_fields_and_defaults():
     c = KvEventsConfig()
-    assert (c.enable_kv_cache_events, c.endpoint, c.replay_endpoint, c.buffer_steps, c.hwm, c.max_queue_size,
-            c.topic) == (False, "tcp://*:5557", None, 10_000, 100_000, 100_000, "")
+    assert (
+        c.enable_kv_cache_events,
+        c.endpoint,
+        c.replay_endpoint,
+        c.buffer_steps,
+        c.hwm,
+        c.max_queue_size,
+        c.topic,
+    ) == (False, "tcp://*:5557", None, 10_000, 100_000, 100_000, "")
     assert c.resolved_publisher == "null" and not c.publishes
     on = parse_kv_events_config('{"enable_kv_cache_events": true}')
     assert on.resolved_publisher == "zmq" and on.publishes
     assert not parse_kv_events_config('{"enable_kv_cache_events": true, "publisher": "null"}').publishes
     # vLLM's bind-or-connect rule
-    binds = {e: KvEventsConfig(endpoint=e).binds for e in
-             ("tcp://*:5557", "tcp://[::]:5557", "ipc:///tmp/x", "inproc://x", "tcp://router:5557")}
-    assert binds == {"tcp://*:5557": True, "tcp://[::]:5557": True, "ipc:///tmp/x": True, "inproc://x": True,
-                     "tcp://router:5557": False}
+    binds = {
+        e: KvEventsConfig(endpoint=e).binds
+        for e in ("tcp://*:5557", "tcp://[::]:5557", "ipc:///tmp/x", "inproc://x", "tcp://router:5557")
+    }
+    assert binds == {
+        "tcp://*:5557": True,
+        "tcp://[::]:5557": True,
+        "ipc:///tmp/x": True,
+        "inproc://x": True,
+        "tcp://router:5557": False,
+    }
 
 
-@pytest.mark.parametrize("text, field", [
-    ("not json", "kv_events_config"),
-    ("[1]", "kv_events_config"),
-    ('{"enable_kv_cache_event": true}', "kv_events_config.enable_kv_cache_event"),
-    ('{"enable_kv_cache_events": 1}', "kv_events_config.enable_kv_cache_events"),
-    ('{"publisher": "kafka"}', "kv_events_config.publisher"),
-    ('{"endpoint": 5557}', "kv_events_config.endpoint"),
-    ('{"endpoint": "localhost:5557"}', "kv_events_config.endpoint"),
-    ('{"buffer_steps": 0}', "kv_events_config.buffer_steps"),
-    ('{"max_queue_size": true}', "kv_events_config.max_queue_size"),
-    ('{"hwm": -1}', "kv_events_config.hwm"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("not json", "kv_events_config"),
+        ("[1]", "kv_events_config"),
+        ('{"enable_kv_cache_event": true}', "kv_events_config.enable_kv_cache_event"),
+        ('{"enable_kv_cache_events": 1}', "kv_events_config.enable_kv_cache_events"),
+        ('{"publisher": "kafka"}', "kv_events_config.publisher"),
+        ('{"endpoint": 5557}', "kv_events_config.endpoint"),
+        ('{"endpoint": "localhost:5557"}', "kv_events_config.endpoint"),
+        ('{"buffer_steps": 0}', "kv_events_config.buffer_steps"),
+        ('{"max_queue_size": true}', "kv_events_config.max_queue_size"),
+        ('{"hwm": -1}', "kv_events_config.hwm"),
+    ],
+)
 def test_a_bad_config_names_its_field(text, field):
     with pytest.raises(InvalidInputError) as e:
         parse_kv_events_config(text)
@@ -109,6 +138,7 @@ def test_a_bad_config_names_its_field(text, field):
 
 
 # ---- the publisher on its own ----
+
 
 def stored(hashes, parent, tokens, size, ns=None):
     return ("stored", hashes, parent, tokens, size, ns)
@@ -154,9 +184,16 @@ def ask_replay(ctx, endpoint: str, start: int) -> list[list[bytes]]:
 
 def test_batches_go_out_in_vllms_format_in_sequence_and_replay_from_any_point(endpoints):
     pub_ep, replay_ep = endpoints
-    config = parse_kv_events_config(json.dumps({
-        "enable_kv_cache_events": True, "endpoint": pub_ep.replace("127.0.0.1", "*"),
-        "replay_endpoint": replay_ep.replace("127.0.0.1", "*"), "topic": "kv"}))
+    config = parse_kv_events_config(
+        json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": pub_ep.replace("127.0.0.1", "*"),
+                "replay_endpoint": replay_ep.replace("127.0.0.1", "*"),
+                "topic": "kv",
+            }
+        )
+    )
     publisher = KvEventPublisher(config)
     ctx = zmq.Context()
     try:
@@ -215,8 +252,14 @@ def test_batches_go_out_in_vllms_format_in_sequence_and_replay_from_any_point(en
 
 def test_a_topic_filters_and_a_malformed_replay_request_gets_the_end_marker(endpoints):
     pub_ep, replay_ep = endpoints
-    publisher = KvEventPublisher(KvEventsConfig(enable_kv_cache_events=True, endpoint=pub_ep.replace("127.0.0.1", "*"),
-                                                replay_endpoint=replay_ep, topic="kv@pod-1@tiny"))
+    publisher = KvEventPublisher(
+        KvEventsConfig(
+            enable_kv_cache_events=True,
+            endpoint=pub_ep.replace("127.0.0.1", "*"),
+            replay_endpoint=replay_ep,
+            topic="kv@pod-1@tiny",
+        )
+    )
     ctx = zmq.Context()
     try:
         other = subscribe(ctx, pub_ep, b"kv@pod-2")
@@ -241,8 +284,9 @@ def test_a_topic_filters_and_a_malformed_replay_request_gets_the_end_marker(endp
 
 def test_a_full_queue_drops_and_counts_without_blocking(endpoints, monkeypatch):
     pub_ep, _ = endpoints
-    publisher = KvEventPublisher(KvEventsConfig(enable_kv_cache_events=True, endpoint=pub_ep.replace("127.0.0.1", "*"),
-                                                max_queue_size=2))
+    publisher = KvEventPublisher(
+        KvEventsConfig(enable_kv_cache_events=True, endpoint=pub_ep.replace("127.0.0.1", "*"), max_queue_size=2)
+    )
     try:
         # hold the thread so that the queue fills: its encoder waits on a lock we own
         import threading

@@ -35,8 +35,13 @@ def fleet() -> Iterator[Fleet]:
         replicas = []
         for i in range(REPLICAS):
             pub, replay = free_port(), free_port()
-            server = stack.enter_context(running_server(
-                *replica_flags(pub, replay, BLOCK, KV_TOKENS, f"kv@replica-{i}@tiny"), "--chunked-prefill-size", "64"))
+            server = stack.enter_context(
+                running_server(
+                    *replica_flags(pub, replay, BLOCK, KV_TOKENS, f"kv@replica-{i}@tiny"),
+                    "--chunked-prefill-size",
+                    "64",
+                )
+            )
             replicas.append(Replica(f"replica-{i}", server.url, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"))
         f = Fleet(replicas, BLOCK)
         yield f
@@ -48,8 +53,9 @@ def test_the_events_predict_every_reported_cache_hit(fleet: Fleet, policy: str) 
     fleet.flush()  # the index sees AllBlocksCleared from each replica
     assert all(fleet.index.num_blocks(r.name) == 0 for r in fleet.replicas)
     removed_before = fleet.removed_blocks
-    openings, turns = multi_turn_workload(seed=7, conversations=6, turns=4, system_prompts=2, system_len=40,
-                                          user_len=(8, 20), salted=1)
+    openings, turns = multi_turn_workload(
+        seed=7, conversations=6, turns=4, system_prompts=2, system_len=40, user_len=(8, 20), salted=1
+    )
     stats = fleet.run(openings, turns, policy, MAX_NEW)
     assert stats.mismatches == [], stats.mismatches
     assert stats.predictions_right == stats.requests == len(turns)
@@ -59,8 +65,9 @@ def test_the_events_predict_every_reported_cache_hit(fleet: Fleet, policy: str) 
 
 
 def test_routing_by_the_index_beats_round_robin(fleet: Fleet) -> None:
-    openings, turns = multi_turn_workload(seed=3, conversations=6, turns=4, system_prompts=2, system_len=40,
-                                          user_len=(8, 20))
+    openings, turns = multi_turn_workload(
+        seed=3, conversations=6, turns=4, system_prompts=2, system_len=40, user_len=(8, 20)
+    )
     rates = {}
     for policy in ("round_robin", "routed"):
         fleet.flush()
@@ -69,6 +76,7 @@ def test_routing_by_the_index_beats_round_robin(fleet: Fleet) -> None:
 
 
 # ---- NVIDIA Dynamo's indexer, fed the same streams ----
+
 
 def dynamo_python() -> str | None:
     """A Python with ``ai-dynamo-runtime``: this one, or ``FERROLM_DYNAMO_PYTHON``."""
@@ -83,10 +91,15 @@ def dynamo_indexer(python: str) -> Iterator[str]:
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"ferrolm-dynamo-indexer-{port}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([python, "-m", "dynamo.indexer", "--port", str(port), "--threads", "1"],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [python, "-m", "dynamo.indexer", "--port", str(port), "--threads", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def up() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"the Dynamo indexer exited: {log.read_text()[-2000:]}")
@@ -109,17 +122,28 @@ def dynamo_indexer(python: str) -> Iterator[str]:
 def test_dynamos_indexer_predicts_every_reported_cache_hit(fleet: Fleet) -> None:
     python = dynamo_python()
     if python is None:
-        pytest.skip("ai-dynamo-runtime is not installed here (pip install ai-dynamo-runtime, or point "
-                    "FERROLM_DYNAMO_PYTHON at a Python that has it); the same check runs above with ferrolm's index")
+        pytest.skip(
+            "ai-dynamo-runtime is not installed here (pip install ai-dynamo-runtime, or point "
+            "FERROLM_DYNAMO_PYTHON at a Python that has it); the same check runs above with ferrolm's index"
+        )
     fleet.flush()
-    openings, turns = multi_turn_workload(seed=11, conversations=6, turns=4, system_prompts=2, system_len=40,
-                                          user_len=(8, 20))  # Dynamo's /query takes no cache_salt
+    openings, turns = multi_turn_workload(
+        seed=11, conversations=6, turns=4, system_prompts=2, system_len=40, user_len=(8, 20)
+    )  # Dynamo's /query takes no cache_salt
     removed_before = fleet.removed_blocks
     ids = {r.name: i + 1 for i, r in enumerate(fleet.replicas)}
     with dynamo_indexer(python) as url, httpx.Client(base_url=url, timeout=30) as dynamo:
         for r in fleet.replicas:
-            dynamo.post("/register", json={"instance_id": ids[r.name], "endpoint": r.endpoint, "model_name": "tiny",
-                                           "block_size": BLOCK, "replay_endpoint": r.replay_endpoint}).raise_for_status()
+            dynamo.post(
+                "/register",
+                json={
+                    "instance_id": ids[r.name],
+                    "endpoint": r.endpoint,
+                    "model_name": "tiny",
+                    "block_size": BLOCK,
+                    "replay_endpoint": r.replay_endpoint,
+                },
+            ).raise_for_status()
 
         def dynamo_overlap(prompt: list[int]) -> dict[str, int]:
             scores = dynamo.post("/query", json={"token_ids": prompt, "model_name": "tiny"}).json()["scores"]
@@ -154,4 +178,3 @@ def test_dynamos_indexer_predicts_every_reported_cache_hit(fleet: Fleet) -> None
             history[turn.conversation] = prompt + output
             hits += min(got[replica.name], usable)
         assert hits > 0 and fleet.removed_blocks > removed_before, "the workload hits the cache and evicts"
-

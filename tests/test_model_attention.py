@@ -7,14 +7,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import load_model
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from small_models import SMALL_MODEL_OVERRIDES, small_config
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -71,8 +70,7 @@ def test_kernel_equals_float64_attention_on_random_plans(plan) -> None:
     k_pool = rng.uniform(-1, 1, (num_slots, kv_heads, dim)).astype(DTYPES[dtype])
     v_pool = rng.uniform(-1, 1, (num_slots, kv_heads, dim)).astype(DTYPES[dtype])
     batch = ForwardBatch.from_requests(
-        [[0] * n for _, n in requests],
-        np.split(order[:total], np.cumsum([p + n for p, n in requests])[:-1]),
+        [[0] * n for _, n in requests], np.split(order[:total], np.cumsum([p + n for p, n in requests])[:-1])
     )
     new_k = rng.uniform(-1, 1, (batch.num_tokens, kv_heads, dim)).astype(np.float32)
     new_v = rng.uniform(-1, 1, (batch.num_tokens, kv_heads, dim)).astype(np.float32)
@@ -183,9 +181,7 @@ def test_runner_with_the_kernel_matches_its_reference_path(variant: str, kv_cach
     batches = [
         ForwardBatch.from_requests([ids[:12]], [slots[:12]]),
         ForwardBatch.from_requests([ids[12:20]], [slots[:20]]),  # over the cached 12
-        ForwardBatch.from_requests(
-            [[ids[20]], ids[21:27]], [slots[:21], slots[30:36]]
-        ),  # a decode and a prefill
+        ForwardBatch.from_requests([[ids[20]], ids[21:27]], [slots[:21], slots[30:36]]),  # a decode and a prefill
     ]
     for batch in batches:
         kernel, reference = (r.forward(batch, all_logits=True) for r in runners)

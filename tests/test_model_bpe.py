@@ -6,14 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from ferrolm.model.bpe_from_ranks import build_byte_level_bpe, byte_alphabet, load_tiktoken_ranks, merges_from_ranks
 from tokenizers import Tokenizer
-
-from ferrolm.model.bpe_from_ranks import (
-    build_byte_level_bpe,
-    byte_alphabet,
-    load_tiktoken_ranks,
-    merges_from_ranks,
-)
 
 RANKS = 32000  # as the tiny model: enough for common English words
 
@@ -100,6 +94,7 @@ def test_matches_rank_merging_on_varied_text(ranks: list[bytes], tokenizer: Toke
 @pytest.mark.filterwarnings("ignore:open_binary is deprecated:DeprecationWarning")
 def test_matches_cl100k_where_its_tokens_are_all_kept(tokenizer: Tokenizer) -> None:
     import bpe_openai  # a dependency: its data is the tiny model's tokenizer
+
     cl100k = bpe_openai.get_encoding("cl100k_base")
     lines = [
         "hello world",

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm._core import Engine, Vocabulary
 from ferrolm.engine import deltas_of
 from ferrolm.errors import ProtocolError
@@ -27,9 +26,11 @@ torch: Any = pytest.importorskip("torch", reason="torch is not installed; the de
 from ferrolm.model.device_sampler import sample  # noqa: E402  (needs torch)
 from small_models import TORCH_TEST_DEVICE  # noqa: E402
 
+
 def on_device(logits: np.ndarray) -> Any:
     """The logits as a tensor on the test device (the CPU unless FERROLM_TEST_DEVICE says)."""
     return torch.from_numpy(logits).to(TORCH_TEST_DEVICE)
+
 
 VOCAB = 48
 EOS = VOCAB - 1
@@ -81,11 +82,24 @@ def test_greedy_with_bias_penalties_and_bans_picks_the_cpu_samplers_tokens() -> 
         {"temperature": 0.0, "max_new_tokens": 12, "logit_bias": {5: 3.0, 6: -2.5, EOS: 4.0}, "ignore_eos": True},
         {"temperature": 0.0, "max_new_tokens": 12, "repetition_penalty": 1.8, "prompt": [3, 4, 5, 9, 9]},
         {"temperature": 0.0, "max_new_tokens": 12, "frequency_penalty": 1.5, "presence_penalty": 0.7},
-        {"temperature": 0.0, "max_new_tokens": 12, "min_new_tokens": 6, "stop_token_ids": [7, 8],
-         "logit_bias": {EOS: 5.0, 7: 5.0}, "repetition_penalty": 0.6, "frequency_penalty": -1.0},
+        {
+            "temperature": 0.0,
+            "max_new_tokens": 12,
+            "min_new_tokens": 6,
+            "stop_token_ids": [7, 8],
+            "logit_bias": {EOS: 5.0, 7: 5.0},
+            "repetition_penalty": 0.6,
+            "frequency_penalty": -1.0,
+        },
         {"top_k": 1, "max_new_tokens": 12, "logprobs": True, "top_logprobs": 5, "presence_penalty": 2.0},
-        {"temperature": 0.0, "max_new_tokens": 12, "allowed_token_ids": [2, 3, 5, 8, 13, 21, EOS],
-         "logprobs": True, "top_logprobs": 3, "logit_bias": {4: 50.0}},
+        {
+            "temperature": 0.0,
+            "max_new_tokens": 12,
+            "allowed_token_ids": [2, 3, 5, 8, 13, 21, EOS],
+            "logprobs": True,
+            "top_logprobs": 3,
+            "logit_bias": {4: 50.0},
+        },
     ]
     cpu, device = Twins(requests).run()
     assert sorted(cpu) == sorted(device) == list(range(len(requests)))
@@ -104,8 +118,10 @@ def test_greedy_with_bias_penalties_and_bans_picks_the_cpu_samplers_tokens() -> 
 def test_plain_temperature_draws_pick_the_cpu_samplers_tokens() -> None:
     """Same uniform, same order (token order over the whole row): only float rounding at
     a boundary between two tokens could tell them apart."""
-    requests = [{"temperature": t, "seed": 100 + i, "max_new_tokens": 40, "ignore_eos": True,
-                 "logprobs": i % 2 == 0} for i, t in enumerate(np.linspace(0.3, 1.7, 32))]
+    requests = [
+        {"temperature": t, "seed": 100 + i, "max_new_tokens": 40, "ignore_eos": True, "logprobs": i % 2 == 0}
+        for i, t in enumerate(np.linspace(0.3, 1.7, 32))
+    ]
     cpu, device = Twins(requests, seed=1).run()
     agree = total = 0
     for rid in cpu:
@@ -116,7 +132,9 @@ def test_plain_temperature_draws_pick_the_cpu_samplers_tokens() -> None:
     assert agree >= 0.995 * total, f"{agree} of {total}"
 
 
-def truncated_distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+def truncated_distribution(
+    logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
+) -> np.ndarray:
     """The probabilities the core's sampler draws from (float64, written from its docs)."""
     w = np.exp((logits.astype(np.float64) - logits.max()) / temperature)
     keep = w >= min_p
@@ -161,8 +179,9 @@ def test_truncated_draws_follow_the_cpu_samplers_distribution(knobs: dict[str, A
     steps, batch = 150, 64
     requests = [{**knobs, "seed": 1000 + i, "max_new_tokens": steps} for i in range(batch)]
     cpu, device = Twins(requests).run(lambda plan: np.tile(row, (len(plan), 1)))
-    expected = truncated_distribution(row, knobs["temperature"], knobs.get("top_k", 0),
-                                      knobs.get("top_p", 1.0), knobs.get("min_p", 0.0))
+    expected = truncated_distribution(
+        row, knobs["temperature"], knobs.get("top_k", 0), knobs.get("top_p", 1.0), knobs.get("min_p", 0.0)
+    )
     support = np.flatnonzero(expected > 0)
     hist = {}
     for name, out in (("cpu", cpu), ("device", device)):
@@ -179,8 +198,17 @@ def test_truncated_draws_follow_the_cpu_samplers_distribution(knobs: dict[str, A
 
 def test_a_masked_token_is_never_sampled_and_nothing_allowed_ends_as_on_the_cpu() -> None:
     allowed = [3, 9, 10, 30]
-    requests = [{"temperature": 2.0, "seed": i, "max_new_tokens": 50, "allowed_token_ids": allowed,
-                 "logit_bias": {4: 100.0, 11: 100.0}, "ignore_eos": True} for i in range(16)]
+    requests = [
+        {
+            "temperature": 2.0,
+            "seed": i,
+            "max_new_tokens": 50,
+            "allowed_token_ids": allowed,
+            "logit_bias": {4: 100.0, 11: 100.0},
+            "ignore_eos": True,
+        }
+        for i in range(16)
+    ]
     # EOS is the only allowed token and may not come yet: nothing can be drawn
     requests.append({"temperature": 0.7, "max_new_tokens": 5, "min_new_tokens": 2, "allowed_token_ids": [EOS]})
     requests.append({"temperature": 0.0, "max_new_tokens": 5, "allowed_token_ids": [EOS], "ignore_eos": True})
@@ -195,10 +223,26 @@ def test_a_masked_token_is_never_sampled_and_nothing_allowed_ends_as_on_the_cpu(
 def test_same_seed_same_tokens_whatever_else_is_in_the_batch() -> None:
     """The watched request's logits depend only on how many tokens it has, so any
     difference in its tokens comes from the rest of the batch."""
-    watched = {"temperature": 1.1, "top_p": 0.85, "top_k": 20, "seed": 77, "max_new_tokens": 30, "ignore_eos": True,
-               "frequency_penalty": 0.4}
-    others = [{"temperature": 0.5 + i / 10, "top_p": 0.7, "seed": i, "max_new_tokens": 10 + i, "repetition_penalty": 1.3,
-               "allowed_token_ids": list(range(i, VOCAB, 3))} for i in range(1, 9)]
+    watched = {
+        "temperature": 1.1,
+        "top_p": 0.85,
+        "top_k": 20,
+        "seed": 77,
+        "max_new_tokens": 30,
+        "ignore_eos": True,
+        "frequency_penalty": 0.4,
+    }
+    others = [
+        {
+            "temperature": 0.5 + i / 10,
+            "top_p": 0.7,
+            "seed": i,
+            "max_new_tokens": 10 + i,
+            "repetition_penalty": 1.3,
+            "allowed_token_ids": list(range(i, VOCAB, 3)),
+        }
+        for i in range(1, 9)
+    ]
     others += [{"temperature": 0.0, "max_new_tokens": 20, "logprobs": True, "top_logprobs": 4}]
 
     def run(requests: list[dict[str, Any]], rid_watched: int) -> list[int]:

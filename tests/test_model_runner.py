@@ -9,15 +9,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import runner as runner_module
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
-from small_models import SMALL_MODEL_OVERRIDES, small_config
 from ferrolm.model.weights import Weights
+from small_models import SMALL_MODEL_OVERRIDES, small_config
 
 NUM_SLOTS = 256
 
@@ -152,9 +151,7 @@ def test_mixed_batch_of_decodes_and_a_prefill_chunk(model: Model) -> None:
     model.runner.forward(ForwardBatch.from_requests([waiting[:5]], [waiting_slots[:5]]))
     step_short, step_long = model.tokens(1), model.tokens(1)
     # continuous batching: two running requests decode while the third's prompt continues
-    batch = ForwardBatch.from_requests(
-        [step_short, waiting[5:], step_long], [short_slots, waiting_slots, long_slots]
-    )
+    batch = ForwardBatch.from_requests([step_short, waiting[5:], step_long], [short_slots, waiting_slots, long_slots])
     logits = model.runner.forward(batch, all_logits=True)
     assert_close(logits[:1], model.reference(short + step_short)[-1:])
     assert_close(logits[1:8], model.reference(waiting)[5:])
@@ -164,8 +161,12 @@ def test_mixed_batch_of_decodes_and_a_prefill_chunk(model: Model) -> None:
 def test_batch_from_an_engine_plan_keeps_its_columns() -> None:
     expected = ForwardBatch.from_requests([[5, 6], [7]], [[10, 11, 12], [20, 21]])
     plan = SimpleNamespace(
-        rids=np.array([1, 2], np.uint64), samples=np.array([True, False]),
-        **{name: getattr(expected, name) for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets")},
+        rids=np.array([1, 2], np.uint64),
+        samples=np.array([True, False]),
+        **{
+            name: getattr(expected, name)
+            for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets")
+        },
     )
     batch = ForwardBatch.from_plan(plan)
     for name in ("input_ids", "positions", "out_slots", "qo_offsets", "kv_slots", "kv_offsets"):

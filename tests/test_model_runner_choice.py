@@ -4,7 +4,6 @@ errors where torch is absent: these run whether torch is installed or not."""
 from __future__ import annotations
 
 import pytest
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import torch_runner as torch_runner_module
 from ferrolm.model.random_weights import random_weights
@@ -58,7 +57,6 @@ def test_importing_ferrolm_does_not_import_torch() -> None:
         assert out.stdout.strip() == "numpy False"
 
 
-
 def test_the_server_flags_offer_what_the_runner_choice_takes() -> None:
     from ferrolm.model import runner_choice, torch_runner
     from ferrolm.server import args
@@ -92,7 +90,9 @@ def test_serve_refuses_a_runner_it_cannot_build(capsys: pytest.CaptureFixture) -
     assert "the numpy runner runs on the CPU only" in capsys.readouterr().err
 
 
-def test_generate_refuses_a_runner_it_cannot_build(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_generate_refuses_a_runner_it_cannot_build(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     from ferrolm.cli import main
 
     assert main(["generate", "--runner", "numpy", "--dtype", "float16", "--prompt", "x"]) == 2
@@ -169,7 +169,6 @@ def test_mem_fraction_static_with_the_numpy_runner_is_refused() -> None:
 
 def test_kv_cache_dtype_reaches_the_numpy_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
-
     from ferrolm.engine import Engine
     from ferrolm.model import runner_choice
     from ferrolm.server import args

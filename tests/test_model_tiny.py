@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import tiny
 from ferrolm.model.config import ModelConfig
@@ -129,7 +128,9 @@ def test_eos_comes_from_the_tokenizer_when_no_config_names_one(model: LoadedMode
 
 def test_tokenizer_eos_is_added_after_the_configs_ids(model: LoadedModel, tmp_path: Path) -> None:
     folder = copy_of_tiny(tmp_path)
-    (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text()) | {"eos_token_id": 5}))
+    (folder / "config.json").write_text(
+        json.dumps(json.loads((folder / "config.json").read_text()) | {"eos_token_id": 5})
+    )
     without_eos_in(folder, "generation_config.json")
     assert load_model(folder).config.eos_token_ids == (5, 32001)
 
@@ -161,8 +162,13 @@ def test_weights_are_the_same_on_every_machine(model: LoadedModel) -> None:
 
     assert digest("model.embed_tokens.weight") == "43a61bc96c718574bb201ad6e96c087da531789a1737adae4050b1810d44303b"
     # the rows of version 1's tokens are version 1's: the added tokens' rows came after them
-    assert digest("model.embed_tokens.weight", 32004) == "0c5919c25f7b0937711ab3e5a4b9a596e9fa572aa3dffe86522c11ef07eaa84e"
-    assert digest("model.layers.3.mlp.down_proj.weight") == "cf774f4309fcbed4d65bbb1d05039ff184cecf0521b17a13d368c628454eb4fa"
+    assert (
+        digest("model.embed_tokens.weight", 32004) == "0c5919c25f7b0937711ab3e5a4b9a596e9fa572aa3dffe86522c11ef07eaa84e"
+    )
+    assert (
+        digest("model.layers.3.mlp.down_proj.weight")
+        == "cf774f4309fcbed4d65bbb1d05039ff184cecf0521b17a13d368c628454eb4fa"
+    )
     assert model.weights["lm_head.weight"] is model.weights["model.embed_tokens.weight"]
 
 
@@ -265,14 +271,27 @@ def test_chat_template_renders_chatml(model: LoadedModel) -> None:
     assert list(ids[:2]) == [32000, 32002] and int((ids == 32003).sum()) == 2
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The forecast",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 TOOL_CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris and Rome?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
 ]
@@ -283,9 +302,11 @@ def test_chat_template_writes_tools_calls_and_results_hermes_style(model: Loaded
     assert prompt.startswith("<|begin_of_text|><|im_start|>system\nBe brief.\n\n")
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "The forecast"' in prompt
     assert prompt.count("<|im_start|>system") == 1  # the system message goes with the tools
-    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-            '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
-            '<|im_end|>\n') in prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+        "<|im_end|>\n"
+    ) in prompt
     assert "<|im_start|>tool\n<tool_response>\nrain\n</tool_response><|im_end|>\n" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
     ids = model.tokenizer.encode(prompt, add_special_tokens=False)

@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import decoders, models, pre_tokenizers
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.tokenizer import Tokenizer
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import decoders, models, pre_tokenizers
 
 WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "[INST]", "[/INST]"]
 LLAMA2_STYLE_TEMPLATE = (

@@ -13,8 +13,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import torch_runner as torch_runner_module
 from ferrolm.model.config import ModelConfig
@@ -24,6 +22,7 @@ from ferrolm.model.runner import ForwardBatch, NumpyRunner
 from ferrolm.model.runner_choice import resolve_runner_kind
 from ferrolm.model.torch_runner import TorchRunner
 from ferrolm.model.weights import Weights
+from safetensors.numpy import save_file
 from small_models import SMALL_MODEL_OVERRIDES, TORCH_TEST_DEVICE, small_config
 
 NUM_SLOTS = 128
@@ -51,8 +50,9 @@ class Pair:
         self.numpy = NumpyRunner(self.config, self.weights, NUM_SLOTS)
         # the torch ops with SDPA: what CUDA runs (the CPU's kernel paths are compared with
         # it in test_the_cores_kernel_on_the_cpu_matches_the_sdpa_path)
-        self.torch = TorchRunner(self.config, self.weights, NUM_SLOTS, device=TORCH_TEST_DEVICE, dtype=dtype,
-                                 attention="reference")
+        self.torch = TorchRunner(
+            self.config, self.weights, NUM_SLOTS, device=TORCH_TEST_DEVICE, dtype=dtype, attention="reference"
+        )
         for pool in (*self.numpy.k_pool, *self.numpy.v_pool, *self.torch.k_pool, *self.torch.v_pool):
             pool.fill(np.nan) if isinstance(pool, np.ndarray) else pool.fill_(float("nan"))
         self.rng = np.random.default_rng(seed + 1)
@@ -84,8 +84,10 @@ class Pair:
         np.testing.assert_allclose(logits, expected, rtol=0, atol=tolerance)
 
 
-@pytest.fixture(params=[(v, d) for v in sorted(SMALL_MODEL_OVERRIDES) for d in ("float32", "bfloat16")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[(v, d) for v in sorted(SMALL_MODEL_OVERRIDES) for d in ("float32", "bfloat16")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def pair(request: pytest.FixtureRequest) -> Pair:
     variant, dtype = request.param
     return Pair(variant, dtype=dtype)
@@ -162,7 +164,11 @@ def test_pool_and_weights_keep_the_compute_dtype() -> None:
     weights = random_weights(config, seed=2)
     runner = TorchRunner(config, weights, 16, device="cpu", dtype="bfloat16")
     assert runner.dtype == torch.bfloat16 and runner.device.type == "cpu"
-    assert runner.k_pool[0].dtype == torch.bfloat16 and runner.k_pool[0].shape == (16, config.num_kv_heads, config.head_dim)
+    assert runner.k_pool[0].dtype == torch.bfloat16 and runner.k_pool[0].shape == (
+        16,
+        config.num_kv_heads,
+        config.head_dim,
+    )
     assert runner.layers[0].qkv.dtype == torch.bfloat16
     assert runner.kv_pool_bytes() == 16 * config.kv_bytes_per_slot(itemsize=2)
     # tied embeddings stay one tensor: on the CPU the head as [hidden, vocab] (for x @ w),
@@ -175,8 +181,11 @@ def test_pool_and_weights_keep_the_compute_dtype() -> None:
 def write_checkpoint(folder: Path, config: ModelConfig, weights: Weights, dtype: Any, shards: int = 1) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config.to_hf_dict()))
-    stored = {n: np.ascontiguousarray(w.astype(dtype)) for n, w in weights.items()
-              if not (config.tie_word_embeddings and n == "lm_head.weight")}
+    stored = {
+        n: np.ascontiguousarray(w.astype(dtype))
+        for n, w in weights.items()
+        if not (config.tie_word_embeddings and n == "lm_head.weight")
+    }
     names = sorted(stored)
     if shards == 1:
         save_file(stored, str(folder / "model.safetensors"))
@@ -255,14 +264,14 @@ def test_a_pool_that_does_not_fit_is_a_clear_error() -> None:
     assert e.value.field == "kv_capacity"
 
 
-
 def test_mem_fraction_static_sizes_the_pool_from_the_device_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     # the CPU has no mem_get_info: a device reporting 64 MiB, 16 MiB of it in use
     total = 64 * 2**20
     monkeypatch.setattr(torch_runner_module, "device_memory", lambda device: (3 * total // 4, total))
     config = small_config("llama3")
-    runner = TorchRunner(config, random_weights(config, seed=0), None, device="cpu", dtype="bfloat16",
-                         mem_fraction_static=0.5)
+    runner = TorchRunner(
+        config, random_weights(config, seed=0), None, device="cpu", dtype="bfloat16", mem_fraction_static=0.5
+    )
     per_slot = config.kv_bytes_per_slot(itemsize=2)
     assert runner.num_slots == (total // 2 - total // 4) // per_slot
     assert runner.k_pool[0].shape[0] == runner.num_slots
@@ -280,8 +289,10 @@ def test_mem_fraction_static_on_the_cpu_is_refused() -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(SMALL_MODEL_OVERRIDES))
-@pytest.mark.parametrize(("dtype", "kv_cache_dtype"), [("float32", "float32"), ("float32", "float16"),
-                                                       ("float32", "bfloat16"), ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache_dtype"),
+    [("float32", "float32"), ("float32", "float16"), ("float32", "bfloat16"), ("bfloat16", "bfloat16")],
+)
 def test_the_cores_kernel_on_the_cpu_matches_the_sdpa_path(variant: str, dtype: str, kv_cache_dtype: str) -> None:
     """On the CPU the runner attends with the core's kernel over zero-copy views of its
     pool tensors; SDPA over the gathered slots (the CUDA path) is its reference. Both
@@ -291,8 +302,12 @@ def test_the_cores_kernel_on_the_cpu_matches_the_sdpa_path(variant: str, dtype: 
     bf16 compute, by bf16 activations rounded after that."""
     config = small_config(variant)
     weights = random_weights(config, seed=3)
-    runners = {a: TorchRunner(config, weights, NUM_SLOTS, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                              attention=a) for a in ("kernel", "reference")}
+    runners = {
+        a: TorchRunner(
+            config, weights, NUM_SLOTS, device="cpu", dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention=a
+        )
+        for a in ("kernel", "reference")
+    }
     for r in runners.values():
         assert r.k_pool[0].dtype == getattr(torch, kv_cache_dtype)
         for pool in (*r.k_pool, *r.v_pool):

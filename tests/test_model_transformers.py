@@ -24,14 +24,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from ferrolm.model.loader import load_model
 from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
 from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner
 from small_models import SMALL_MODEL_OVERRIDES, TORCH_TEST_DEVICE, small_config
 
-torch: Any = pytest.importorskip("torch", reason="torch is not installed; the transformers checkpoint tests are skipped")
+torch: Any = pytest.importorskip(
+    "torch", reason="torch is not installed; the transformers checkpoint tests are skipped"
+)
 transformers: Any = pytest.importorskip(
     "transformers", reason="transformers is not installed; the transformers checkpoint tests are skipped"
 )
@@ -42,20 +43,33 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::Deprec
 
 VOCAB = 97
 COMMON = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=96, vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-5,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
 )
 LLAMA3_ROPE = {
-    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
     # a short original context, so the scaling matters at these lengths
-    "original_max_position_embeddings": 32, "rope_theta": 500000.0,
+    "original_max_position_embeddings": 32,
+    "rope_theta": 500000.0,
 }
 # architecture -> (config class, model class, settings beyond COMMON)
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": LLAMA3_ROPE}),
     # Llama 2 shape with every bias and tied embeddings
-    "llama-biases-tied": ("LlamaConfig", "LlamaForCausalLM", {
-        "num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
+    "llama-biases-tied": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    ),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 1}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 5}),
@@ -113,7 +127,9 @@ def hf_logits(model: Any, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].double().numpy()
 
 
-@pytest.fixture(scope="module", params=[(a, d) for a in ARCHITECTURES for d in TOLERANCE], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module", params=[(a, d) for a in ARCHITECTURES for d in TOLERANCE], ids=lambda p: f"{p[0]}-{p[1]}"
+)
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     arch, dtype = request.param
     config_class, model_class, settings = ARCHITECTURES[arch]
@@ -164,17 +180,36 @@ def runners(checkpoint: Checkpoint) -> list[tuple[str, ModelRunner, np.ndarray, 
     assert torch_runner.embedding_matrix().dtype == getattr(torch, stored)
     found = [
         # the numpy runner widens the checkpoint to float32: compare with float32 transformers
-        (f"{checkpoint.folder.name} numpy", NumpyRunner(loaded.config, loaded.weights, 128),
-         checkpoint.logits_a_f32, checkpoint.logits_b_f32, TOLERANCE["float32"]),
-        (f"{checkpoint.folder.name} torch-{stored}", torch_runner, checkpoint.logits_a, checkpoint.logits_b, TOLERANCE[stored]),
+        (
+            f"{checkpoint.folder.name} numpy",
+            NumpyRunner(loaded.config, loaded.weights, 128),
+            checkpoint.logits_a_f32,
+            checkpoint.logits_b_f32,
+            TOLERANCE["float32"],
+        ),
+        (
+            f"{checkpoint.folder.name} torch-{stored}",
+            torch_runner,
+            checkpoint.logits_a,
+            checkpoint.logits_b,
+            TOLERANCE[stored],
+        ),
     ]
     if TORCH_TEST_DEVICE == "cpu":
         # the torch ops with SDPA, as on CUDA (on the CPU the default is the core's kernel,
         # and in float32 the numpy runner's code over the torch tensors)
-        sdpa = TorchRunner.from_folder(checkpoint.folder, loaded.config, 128, device="cpu", dtype=stored,
-                                       attention="reference")
-        found.append((f"{checkpoint.folder.name} torch-{stored}-sdpa", sdpa, checkpoint.logits_a, checkpoint.logits_b,
-                      TOLERANCE[stored]))
+        sdpa = TorchRunner.from_folder(
+            checkpoint.folder, loaded.config, 128, device="cpu", dtype=stored, attention="reference"
+        )
+        found.append(
+            (
+                f"{checkpoint.folder.name} torch-{stored}-sdpa",
+                sdpa,
+                checkpoint.logits_a,
+                checkpoint.logits_b,
+                TOLERANCE[stored],
+            )
+        )
     return found
 
 
@@ -222,8 +257,7 @@ def test_suffix_over_a_cached_prefix_and_a_batch_of_decodes(checkpoint: Checkpoi
         # decodes of different lengths at once: A at 26 (its slots), B at 17 and A at 29
         # (the copy), each one token on top of what is in the pool
         decode = ForwardBatch.from_requests(
-            [[PROMPT_A[26]], [PROMPT_B[17]], [PROMPT_A[29]]],
-            [a_slots[:27], b_slots[:18], a2_slots[:30]],
+            [[PROMPT_A[26]], [PROMPT_B[17]], [PROMPT_A[29]]], [a_slots[:27], b_slots[:18], a2_slots[:30]]
         )
         rows = runner.forward(decode)
         assert_close(name + " decodes", rows, np.stack([expected_a[26], expected_b[17], expected_a[29]]), tolerance)
@@ -257,7 +291,10 @@ def test_reference_and_runner_match_transformers(variant: str) -> None:
         expected = model(torch.tensor([ids])).logits[0].double().numpy()
     tolerance = 2e-5 * max(1.0, float(np.abs(expected).max()))
     np.testing.assert_allclose(reference_logits(config, weights, ids), expected, rtol=0, atol=tolerance)
-    for runner in (NumpyRunner(config, weights, num_slots=32), TorchRunner(config, weights, 32, device=TORCH_TEST_DEVICE)):
+    for runner in (
+        NumpyRunner(config, weights, num_slots=32),
+        TorchRunner(config, weights, 32, device=TORCH_TEST_DEVICE),
+    ):
         # over two calls, so the second reads the first's keys and values from the pool
         first = runner.forward(ForwardBatch.from_requests([ids[:13]], [list(range(13))]), all_logits=True)
         second = runner.forward(ForwardBatch.from_requests([ids[13:]], [list(range(21))]), all_logits=True)

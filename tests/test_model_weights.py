@@ -9,18 +9,19 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
-
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.random_weights import random_weights
-from small_models import small_config
 from ferrolm.model.weights import Weights, expected_shapes, load_weights
+from safetensors.numpy import save_file
+from small_models import small_config
 
 
 def write_checkpoint(folder: Path, weights: Weights, dtype: type | None = None, shards: int = 1) -> None:
     """Saves ``weights`` (converted to ``dtype`` when given) as a Hugging Face checkpoint."""
-    tensors = {name: np.ascontiguousarray(value if dtype is None else value.astype(dtype)) for name, value in weights.items()}
+    tensors = {
+        name: np.ascontiguousarray(value if dtype is None else value.astype(dtype)) for name, value in weights.items()
+    }
     if shards == 1:
         save_file(tensors, str(folder / "model.safetensors"))
         return

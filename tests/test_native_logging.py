@@ -34,8 +34,15 @@ def test_ferrolm_log_prints_the_cores_events() -> None:
     out = run("ferrolm_core=debug,ferrolm_constraint=debug")
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
     events = out.stderr
-    for event in ("admitted", "prefix cache hit", "prefill chunk", "evicted from the prefix cache",
-                  "retracted under KV pressure", "grammar compiled", "grammar cache hit"):
+    for event in (
+        "admitted",
+        "prefix cache hit",
+        "prefill chunk",
+        "evicted from the prefix cache",
+        "retracted under KV pressure",
+        "grammar compiled",
+        "grammar cache hit",
+    ):
         assert event in events, f"no {event!r} event in:\n{events[-3000:]}"
     assert " DEBUG step{step=" in events  # events inside a step carry its span
     assert "cached=" in events and "rid=" in events  # with their fields

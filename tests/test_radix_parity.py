@@ -20,15 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import xxhash
-from hypothesis import event
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
+from conftest import make_tree
 from ferrolm._core import ManualClock
 from ferrolm.errors import FerrolmError, InvalidInputError, NotLockedError, StaleHandleError
 from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
-from conftest import make_tree
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 SHARES = (0.0, 0.3, 0.8, 1.0)  # slru: the protected segment's share
@@ -83,8 +81,13 @@ class TreeParity(RuleBasedStateMachine):
         # one clock drives both trees, so that time-to-live expires alike in both
         self.clock = ManualClock()
         kw = dict(
-            page_size=page, eviction_policy=policy, enable_kv_events=True, kv_event_block_size=block,
-            slru_protected_share=share, ttl_seconds=TTL, clock=self.clock,
+            page_size=page,
+            eviction_policy=policy,
+            enable_kv_events=True,
+            kv_event_block_size=block,
+            slru_protected_share=share,
+            ttl_seconds=TTL,
+            clock=self.clock,
         )
         self.rust = make_tree("rust", **kw)
         self.py = make_tree("python", **kw)
@@ -355,8 +358,13 @@ class TreeParity(RuleBasedStateMachine):
     @rule(
         kind=st.sampled_from(
             [
-                "mismatched_lengths", "negative_token", "big_slot", "float_tokens", "negative_evict",
-                "unknown_handle", "bad_ttl",
+                "mismatched_lengths",
+                "negative_token",
+                "big_slot",
+                "float_tokens",
+                "negative_evict",
+                "unknown_handle",
+                "bad_ttl",
             ]
         ),
         seq=st.lists(st.integers(0, 3), min_size=1, max_size=6),

@@ -6,11 +6,9 @@ suite (``test_radix_parity.py``) runs both policies against the twin op by op.""
 from __future__ import annotations
 
 import pytest
-
+from conftest import make_tree
 from ferrolm._core import ManualClock
 from ferrolm.errors import InvalidInputError
-
-from conftest import make_tree
 
 
 def drain(t) -> list[list[int]]:

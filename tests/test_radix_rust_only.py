@@ -6,13 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
+import ferrolm
 import numpy as np
 import pytest
-
-import ferrolm
-from ferrolm.errors import CorePanicError, FerrolmError
-
 from conftest import make_tree
+from ferrolm.errors import CorePanicError, FerrolmError
 
 
 def big_tree(num_convs: int = 6000, prompt_len: int = 2000, tail_len: int = 200):
@@ -269,8 +267,7 @@ def test_backend_default_is_rust(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("env", "cls"),
-    [("rust", ferrolm.RustRadixCache), ("python", ferrolm.PyRadixCache), ("", ferrolm.RustRadixCache)],
+    ("env", "cls"), [("rust", ferrolm.RustRadixCache), ("python", ferrolm.PyRadixCache), ("", ferrolm.RustRadixCache)]
 )
 def test_backend_env_picks_the_class(monkeypatch, env, cls):
     monkeypatch.setenv("FERROLM_TREE_BACKEND", env)

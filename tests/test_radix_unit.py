@@ -6,20 +6,13 @@ eviction order is the one ``python/ferrolm/radix_py.py``'s docstring states.
 
 from __future__ import annotations
 
+import ferrolm
 import numpy as np
 import pytest
 import xxhash
-
-import ferrolm
-from ferrolm.errors import (
-    FerrolmError,
-    InvalidInputError,
-    NotLockedError,
-    StaleHandleError,
-)
-from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
 from conftest import make_tree
+from ferrolm.errors import FerrolmError, InvalidInputError, NotLockedError, StaleHandleError
+from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 
@@ -95,12 +88,7 @@ def test_factory_builds_the_requested_backend(backend):
 
 def test_constructor_properties(make):
     t = make(page_size=4, eviction_policy="priority", enable_kv_events=True, kv_event_block_size=8)
-    assert (t.page_size, t.eviction_policy, t.kv_events_enabled, t.kv_event_block_size) == (
-        4,
-        "priority",
-        True,
-        8,
-    )
+    assert (t.page_size, t.eviction_policy, t.kv_events_enabled, t.kv_event_block_size) == (4, "priority", True, 8)
     assert make(page_size=4, enable_kv_events=True).kv_event_block_size == 4
 
 
@@ -838,12 +826,7 @@ def test_events_with_block_size_larger_than_the_page(make):
 
 @pytest.mark.parametrize(
     ("page", "block", "b"),
-    [
-        (2, 3, [0, 1, 2, 9]),
-        (2, 1, [0, 1, 2, 9]),
-        (4, 2, [0, 1, 2, 9, 4, 5, 6, 7]),
-        (4, 6, [0, 1, 2, 3, 4, 5, 9, 7]),
-    ],
+    [(2, 3, [0, 1, 2, 9]), (2, 1, [0, 1, 2, 9]), (4, 2, [0, 1, 2, 9, 4, 5, 6, 7]), (4, 6, [0, 1, 2, 3, 4, 5, 9, 7])],
 )
 def test_events_block_not_a_multiple_of_the_page(make, page, block, b):
     """Either such a block size is refused, or the events stay true: a block is stored
@@ -905,13 +888,7 @@ def test_rust_raw_events_are_plain_tuples():
     h12, h34 = chain(seed(None), [1, 2, 3, 4], 2)
     assert [r[0] for r in raw] == ["stored", "removed", "cleared"]
     _, hashes, parent, tokens, block_size, namespace = raw[0]
-    assert (list(hashes), parent, list(tokens), block_size, namespace) == (
-        [h12, h34],
-        None,
-        [1, 2, 3, 4],
-        2,
-        None,
-    )
+    assert (list(hashes), parent, list(tokens), block_size, namespace) == ([h12, h34], None, [1, 2, 3, 4], 2, None)
     assert list(raw[1][1]) == [h12, h34]
     assert raw[2] == ("cleared",)
     assert t.take_raw_events() == []
@@ -1160,10 +1137,7 @@ def test_page_size_bounds_are_inclusive(make):
 
 @pytest.mark.parametrize("block", [0, -4, 2**20 + 1])
 def test_bad_kv_event_block_size(backend, block):
-    assert_invalid(
-        lambda: make_tree(backend, enable_kv_events=True, kv_event_block_size=block),
-        "kv_event_block_size",
-    )
+    assert_invalid(lambda: make_tree(backend, enable_kv_events=True, kv_event_block_size=block), "kv_event_block_size")
 
 
 @pytest.mark.parametrize("policy", ["LRU", "random", "", "lru "])

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from ferrolm.server.testing import RunningServer, running_server
 
 MAX_BODY = 1024 * 1024
@@ -43,27 +42,54 @@ def assert_error(r: httpx.Response, status: int, param: str | None) -> dict[str,
 UNKNOWN = [
     pytest.param(C, {"prompt": "x", "max_tokenz": 3}, "max_tokenz", id="misspelled"),
     pytest.param(C, {"prompt": "x", "lora_path": "adapter"}, "lora_path", id="lora_path"),
-    pytest.param(C, {"prompt": "x", "guided_decoding_backend": "xgrammar"}, "guided_decoding_backend",
-                 id="guided_decoding_backend"),
+    pytest.param(
+        C,
+        {"prompt": "x", "guided_decoding_backend": "xgrammar"},
+        "guided_decoding_backend",
+        id="guided_decoding_backend",
+    ),
     pytest.param(CHAT, {"messages": MSG, "functions": [{"name": "f"}]}, "functions", id="legacy-functions"),
-    pytest.param(CHAT, {"messages": MSG, "stream_options": {"include_usag": True}}, "stream_options.include_usag",
-                 id="nested-misspelled"),
-    pytest.param(CHAT, {"messages": [{"role": "user", "contnet": "hi"}]}, "messages.0.contnet",
-                 id="message-misspelled"),
-    pytest.param(CHAT, {"messages": [{"role": "assistant", "content": "x", "tool_calls": [
-                     {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}, "extra": 1}]}]},
-                 "messages.0.tool_calls.0.extra", id="message-tool-call-misspelled"),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "stream_options": {"include_usag": True}},
+        "stream_options.include_usag",
+        id="nested-misspelled",
+    ),
+    pytest.param(
+        CHAT, {"messages": [{"role": "user", "contnet": "hi"}]}, "messages.0.contnet", id="message-misspelled"
+    ),
+    pytest.param(
+        CHAT,
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": "x",
+                    "tool_calls": [
+                        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}, "extra": 1}
+                    ],
+                }
+            ]
+        },
+        "messages.0.tool_calls.0.extra",
+        id="message-tool-call-misspelled",
+    ),
     pytest.param(G, {"text": "x", "lora_path": "adapter"}, "lora_path", id="native-lora_path"),
-    pytest.param(G, {"text": "x", "sampling_params": {"max_new_token": 3}}, "sampling_params.max_new_token",
-                 id="native-sampling-misspelled"),
+    pytest.param(
+        G,
+        {"text": "x", "sampling_params": {"max_new_token": 3}},
+        "sampling_params.max_new_token",
+        id="native-sampling-misspelled",
+    ),
     pytest.param("/abort_request", {"rid": "x", "abort_everything": True}, "abort_everything", id="abort-unknown"),
     pytest.param("/flush_cache", {"force": True}, "force", id="flush-unknown"),
 ]
 
 
 @pytest.mark.parametrize(("path", "body", "param"), UNKNOWN)
-def test_unknown_and_unsupported_fields_are_a_400_naming_them(server: RunningServer, path: str,
-                                                              body: dict[str, Any], param: str) -> None:
+def test_unknown_and_unsupported_fields_are_a_400_naming_them(
+    server: RunningServer, path: str, body: dict[str, Any], param: str
+) -> None:
     error = assert_error(post(server, path, body), 400, param)
     assert error["message"].startswith(f"{param}:")
 
@@ -80,8 +106,16 @@ def test_openai_fields_that_change_nothing_are_accepted(server: RunningServer) -
     kw: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "temperature": 0}
     plain = client.chat.completions.create(messages=MSG, **kw)  # type: ignore[arg-type]
     ignored = client.chat.completions.create(
-        messages=MSG, user="u-1", store=False, metadata={"team": "a"}, service_tier="auto",
-        parallel_tool_calls=False, safety_identifier="s-1", prompt_cache_key="k", **kw)  # type: ignore[call-overload]
+        messages=MSG,
+        user="u-1",
+        store=False,
+        metadata={"team": "a"},
+        service_tier="auto",
+        parallel_tool_calls=False,
+        safety_identifier="s-1",
+        prompt_cache_key="k",
+        **kw,
+    )  # type: ignore[call-overload]
     assert ignored.choices[0].message.content == plain.choices[0].message.content
     completion = client.completions.create(prompt="hi", user="u-1", **kw)
     assert completion.choices[0].finish_reason in ("length", "stop")
@@ -95,14 +129,17 @@ def test_openai_fields_that_change_nothing_are_accepted(server: RunningServer) -
 
 
 def test_assistant_messages_sent_back_as_openai_returns_them(server: RunningServer) -> None:
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "hello", "refusal": None, "tool_calls": None, "annotations": []},
-                {"role": "user", "content": "again", "name": "bob"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "refusal": None, "tool_calls": None, "annotations": []},
+        {"role": "user", "content": "again", "name": "bob"},
+    ]
     r = post(server, CHAT, {"messages": messages, "max_tokens": 2})
     assert r.status_code == 200, r.text
 
 
 # ---- vLLM's guided_* fields map onto structured output ----
+
 
 def test_guided_regex_and_choice(server: RunningServer) -> None:
     pattern = "[a-z]{3}-[0-9]{2}"
@@ -117,8 +154,12 @@ def test_guided_regex_and_choice(server: RunningServer) -> None:
 def test_guided_json(server: RunningServer) -> None:
     import jsonschema
 
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     for guided in (schema, json.dumps(schema)):
         r = post(server, C, {"prompt": "JSON:", "guided_json": guided, "max_tokens": 30}).json()
         jsonschema.validate(json.loads(r["choices"][0]["text"]), schema)
@@ -140,6 +181,7 @@ def test_guided_fields_refused_naming_them(server: RunningServer, body: dict[str
 
 # ---- cache_salt: the prefix cache's namespace ----
 
+
 def cached_tokens(r: httpx.Response) -> int:
     assert r.status_code == 200, r.text
     body = r.json()
@@ -157,8 +199,10 @@ def test_cache_salt_separates_cached_prefixes(server: RunningServer, path: str) 
         if path == C:
             body = {"prompt": shared + suffix, "max_tokens": 1}
         elif path == CHAT:
-            body = {"messages": [{"role": "system", "content": shared}, {"role": "user", "content": suffix}],
-                    "max_tokens": 1}
+            body = {
+                "messages": [{"role": "system", "content": shared}, {"role": "user", "content": suffix}],
+                "max_tokens": 1,
+            }
         else:
             body = {"text": shared + suffix, "sampling_params": {"max_new_tokens": 1}}
         if salt is not None:
@@ -182,6 +226,7 @@ def test_cache_salt_must_be_a_non_empty_string(server: RunningServer) -> None:
 
 # ---- size: bodies and prompts ----
 
+
 def test_a_body_over_the_limit_is_a_413(server: RunningServer) -> None:
     body = {"prompt": "x" * MAX_BODY, "max_tokens": 1}
     error = assert_error(post(server, C, body), 413, None)
@@ -199,17 +244,25 @@ def test_a_chunked_body_over_the_limit_is_a_413(server: RunningServer) -> None:
     r = httpx.post(f"{server.url}{C}", content=chunks(), headers={"content-type": "application/json"}, timeout=60)
     assert "content-length" not in r.request.headers
     assert_error(r, 413, None)
-    small = httpx.post(f"{server.url}{C}", content=iter([b'{"prompt": "hi", ', b'"max_tokens": 1}']),
-                       headers={"content-type": "application/json"}, timeout=60)
+    small = httpx.post(
+        f"{server.url}{C}",
+        content=iter([b'{"prompt": "hi", ', b'"max_tokens": 1}']),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert small.status_code == 200, small.text
 
 
 @pytest.mark.parametrize(("path", "field"), [(C, "prompt"), (G, "text"), (CHAT, "messages")])
-def test_a_text_too_long_for_any_tokenization_is_refused_untokenized(server: RunningServer, path: str,
-                                                                     field: str) -> None:
+def test_a_text_too_long_for_any_tokenization_is_refused_untokenized(
+    server: RunningServer, path: str, field: str
+) -> None:
     text = "word " * (MAX_BODY // 6)  # under the body limit; over the context at the fewest tokens it could be
-    bodies: dict[str, dict[str, Any]] = {C: {"prompt": text}, G: {"text": text},
-                                         CHAT: {"messages": [{"role": "user", "content": text}]}}
+    bodies: dict[str, dict[str, Any]] = {
+        C: {"prompt": text},
+        G: {"text": text},
+        CHAT: {"messages": [{"role": "user", "content": text}]},
+    }
     body = bodies[path]
     error = assert_error(post(server, path, body), 400, field)
     assert "at least" in error["message"], error  # the bound's refusal, not the tokenizer's count
@@ -217,27 +270,46 @@ def test_a_text_too_long_for_any_tokenization_is_refused_untokenized(server: Run
 
 # ---- content type: a web page cannot drive the API ----
 
-FORM_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None,
-              "application/json; charset=latin-1", "application/jsonp", "text/json"]
+FORM_TYPES = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    None,
+    "application/json; charset=latin-1",
+    "application/jsonp",
+    "text/json",
+]
 
 
 @pytest.mark.parametrize("content_type", FORM_TYPES)
-@pytest.mark.parametrize(("path", "body"), [
-    (C, b'{"prompt": "x", "max_tokens": 1}'), ("/abort_request", b'{"abort_all": true}'), ("/flush_cache", b""),
-    (G, b'{"text": "x"}'), (CHAT, b'{"messages": [{"role": "user", "content": "x"}]}'),
-])
-def test_a_post_that_is_not_json_is_a_415(server: RunningServer, path: str, body: bytes,
-                                          content_type: str | None) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (C, b'{"prompt": "x", "max_tokens": 1}'),
+        ("/abort_request", b'{"abort_all": true}'),
+        ("/flush_cache", b""),
+        (G, b'{"text": "x"}'),
+        (CHAT, b'{"messages": [{"role": "user", "content": "x"}]}'),
+    ],
+)
+def test_a_post_that_is_not_json_is_a_415(
+    server: RunningServer, path: str, body: bytes, content_type: str | None
+) -> None:
     headers = {} if content_type is None else {"content-type": content_type}
     r = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=60)
     assert assert_error(r, 415, None)["code"] == "unsupported_media_type"
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
-                                          "Application/JSON;charset=\"UTF-8\""])
+@pytest.mark.parametrize(
+    "content_type", ["application/json", "application/json; charset=utf-8", 'Application/JSON;charset="UTF-8"']
+)
 def test_json_content_types_are_accepted(server: RunningServer, content_type: str) -> None:
-    r = httpx.post(f"{server.url}{C}", content=b'{"prompt": "x", "max_tokens": 1}',
-                   headers={"content-type": content_type}, timeout=60)
+    r = httpx.post(
+        f"{server.url}{C}",
+        content=b'{"prompt": "x", "max_tokens": 1}',
+        headers={"content-type": content_type},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     r = httpx.post(f"{server.url}/flush_cache", headers={"content-type": content_type}, timeout=60)
     assert r.status_code == 200, r.text

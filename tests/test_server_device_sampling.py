@@ -21,10 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip(
-    "torch",
-    reason="torch is not installed; the torch runner's device sampling is not tested",
-)
+pytest.importorskip("torch", reason="torch is not installed; the torch runner's device sampling is not tested")
 
 from ferrolm.server.args import ServerArgs, build_engine
 from ferrolm.server.rust_frontend import StepLoop, start_frontend
@@ -38,12 +35,7 @@ NATIVE = [
         "text": "Once upon a time",
         "return_logprob": True,
         "top_logprobs_num": 3,
-        "sampling_params": {
-            "temperature": 0.8,
-            "seed": 11,
-            "max_new_tokens": 12,
-            "ignore_eos": True,
-        },
+        "sampling_params": {"temperature": 0.8, "seed": 11, "max_new_tokens": 12, "ignore_eos": True},
     },
     {
         "text": "The weather today",
@@ -60,12 +52,7 @@ NATIVE = [
     {
         "text": "A number:",
         "return_logprob": True,
-        "sampling_params": {
-            "temperature": 0.7,
-            "seed": 5,
-            "max_new_tokens": 40,
-            "json_schema": json.dumps(SCHEMA),
-        },
+        "sampling_params": {"temperature": 0.7, "seed": 5, "max_new_tokens": 40, "json_schema": json.dumps(SCHEMA)},
     },
     {"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 8}},
 ]

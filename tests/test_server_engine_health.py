@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from ferrolm import _core
 from ferrolm.errors import CorePanicError, InvalidInputError
 from ferrolm.server.args import ServerArgs
@@ -289,8 +288,14 @@ def test_next_plan_drains_and_schedules_in_one_call() -> None:
     out: dict[str, Any] = {}
     try:
         assert frontend.next_plan(core) is None
-        client = threading.Thread(target=lambda: out.setdefault("r", httpx.post(
-            f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True}, timeout=60)))
+        client = threading.Thread(
+            target=lambda: out.setdefault(
+                "r",
+                httpx.post(
+                    f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True}, timeout=60
+                ),
+            )
+        )
         client.start()
         assert frontend.wait(30.0)
         steps = 0

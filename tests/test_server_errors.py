@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.testing import RunningServer, running_server
 
@@ -66,22 +65,34 @@ BAD = [
     pytest.param(C, {"prompt": "x", "model": "gpt-4"}, "model", id="unknown-model"),
     pytest.param(C, {"prompt": "x", "echo": True}, "echo", id="echo-unsupported"),
     pytest.param(C, {"prompt": "x", "best_of": 3}, "best_of", id="best_of-unsupported"),
-    pytest.param(C, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type",
-                 id="response_format-unknown"),
+    pytest.param(
+        C, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type", id="response_format-unknown"
+    ),
     pytest.param(CHAT, {"messages": []}, "messages", id="chat-no-messages"),
     pytest.param(CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", id="chat-bad-role"),
     pytest.param(CHAT, {"messages": [{"role": "user", "content": 3}]}, "messages.0.content", id="chat-content-type"),
     pytest.param(CHAT, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens", id="chat-max-zero"),
     pytest.param(CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs", id="chat-top-without-logprobs"),
-    pytest.param(CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, "tools.0.function", id="chat-tool-incomplete"),
-    pytest.param(CHAT, {"messages": [{"role": "user", "content": "word " * (KV + 10)}]}, "messages",
-                 id="chat-prompt-too-long"),
+    pytest.param(
+        CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, "tools.0.function", id="chat-tool-incomplete"
+    ),
+    pytest.param(
+        CHAT, {"messages": [{"role": "user", "content": "word " * (KV + 10)}]}, "messages", id="chat-prompt-too-long"
+    ),
     pytest.param("/generate", {"sampling_params": {"max_new_tokens": 1}}, "text", id="generate-no-prompt"),
-    pytest.param("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature",
-                 id="generate-temperature"),
+    pytest.param(
+        "/generate",
+        {"text": "x", "sampling_params": {"temperature": -1}},
+        "sampling_params.temperature",
+        id="generate-temperature",
+    ),
     pytest.param("/generate", {"input_ids": [99999]}, "input_ids", id="generate-ids-outside-vocab"),
-    pytest.param("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [99999]}},
-                 "sampling_params.stop_token_ids", id="generate-stop-token-outside-vocab"),
+    pytest.param(
+        "/generate",
+        {"text": "x", "sampling_params": {"stop_token_ids": [99999]}},
+        "sampling_params.stop_token_ids",
+        id="generate-stop-token-outside-vocab",
+    ),
 ]
 
 
@@ -92,16 +103,32 @@ BIG = [
     pytest.param(C, {"prompt": "x", "max_tokens": 2**64}, "max_tokens", id="max_tokens-2**64"),
     pytest.param(C, {"prompt": "x", "max_tokens": 2**63}, "max_tokens", id="max_tokens-beyond-context-u64"),
     pytest.param(C, {"prompt": "x", "max_tokens": 10**40}, "max_tokens", id="max_tokens-10**40"),
-    pytest.param(CHAT, {"messages": MSG, "max_completion_tokens": 2**64}, "max_completion_tokens",
-                 id="max_completion_tokens-2**64"),
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "max_completion_tokens": 2**64},
+        "max_completion_tokens",
+        id="max_completion_tokens-2**64",
+    ),
     pytest.param(CHAT, {"messages": MSG, "max_tokens": 2**64}, "max_tokens", id="chat-max_tokens-2**64"),
-    pytest.param(G, {"text": "x", "sampling_params": {"max_new_tokens": 2**64}}, "sampling_params.max_new_tokens",
-                 id="max_new_tokens-2**64"),
-    pytest.param(G, {"text": "x", "sampling_params": {"max_new_tokens": 2**62}}, "sampling_params.max_new_tokens",
-                 id="max_new_tokens-beyond-context-u64"),
+    pytest.param(
+        G,
+        {"text": "x", "sampling_params": {"max_new_tokens": 2**64}},
+        "sampling_params.max_new_tokens",
+        id="max_new_tokens-2**64",
+    ),
+    pytest.param(
+        G,
+        {"text": "x", "sampling_params": {"max_new_tokens": 2**62}},
+        "sampling_params.max_new_tokens",
+        id="max_new_tokens-beyond-context-u64",
+    ),
     pytest.param(C, {"prompt": "x", "min_tokens": 2**64}, "min_tokens", id="min_tokens-2**64"),
-    pytest.param(G, {"text": "x", "sampling_params": {"min_new_tokens": 2**64}}, "sampling_params.min_new_tokens",
-                 id="min_new_tokens-2**64"),
+    pytest.param(
+        G,
+        {"text": "x", "sampling_params": {"min_new_tokens": 2**64}},
+        "sampling_params.min_new_tokens",
+        id="min_new_tokens-2**64",
+    ),
     pytest.param(C, {"prompt": "x", "top_k": 2**32}, "top_k", id="top_k-2**32"),
     pytest.param(CHAT, {"messages": MSG, "top_k": 2**32}, "top_k", id="chat-top_k-2**32"),
     pytest.param(G, {"text": "x", "sampling_params": {"top_k": 2**32}}, "sampling_params.top_k", id="native-top_k"),
@@ -111,22 +138,44 @@ BIG = [
     pytest.param(C, {"prompt": "x", "seed": 2**64}, "seed", id="seed-2**64"),
     pytest.param(C, {"prompt": "x", "logit_bias": {str(2**32): 1}}, "logit_bias", id="logit_bias-key-2**32"),
     pytest.param(C, {"prompt": "x", "logit_bias": {"9" * 5000: 1}}, "logit_bias", id="logit_bias-key-5000-digits"),
-    pytest.param(C, {"prompt": "x", "logit_bias": {"0" * 5000 + "99999": 1}}, "logit_bias",
-                 id="logit_bias-key-5000-zeros-outside-vocab"),
-    pytest.param(G, {"text": "x", "sampling_params": {"logit_bias": {str(2**40): 1}}}, "sampling_params.logit_bias",
-                 id="native-logit_bias-key"),
+    pytest.param(
+        C,
+        {"prompt": "x", "logit_bias": {"0" * 5000 + "99999": 1}},
+        "logit_bias",
+        id="logit_bias-key-5000-zeros-outside-vocab",
+    ),
+    pytest.param(
+        G,
+        {"text": "x", "sampling_params": {"logit_bias": {str(2**40): 1}}},
+        "sampling_params.logit_bias",
+        id="native-logit_bias-key",
+    ),
     pytest.param(C, {"prompt": "x", "stop_token_ids": [2**32]}, "stop_token_ids", id="stop_token_ids-2**32"),
     pytest.param(C, {"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids", id="stop_token_ids-negative"),
-    pytest.param(G, {"text": "x", "sampling_params": {"stop_token_ids": [2**64]}}, "sampling_params.stop_token_ids",
-                 id="native-stop_token_ids"),
+    pytest.param(
+        G,
+        {"text": "x", "sampling_params": {"stop_token_ids": [2**64]}},
+        "sampling_params.stop_token_ids",
+        id="native-stop_token_ids",
+    ),
     pytest.param(C, {"prompt": [1, 2**32]}, "prompt", id="prompt-id-2**32"),
     pytest.param(C, {"prompt": [[1], [2**64]]}, "prompt", id="prompts-id-2**64"),
     pytest.param(G, {"input_ids": [2**40]}, "input_ids", id="input_ids-2**40"),
     pytest.param(C, {"prompt": "x", "best_of": 2**64}, "best_of", id="best_of-2**64"),
 ]
-BIG += [pytest.param(C, {"prompt": "x", "logit_bias": {key: 1}}, "logit_bias", id=f"logit_bias-key-{name}")
-        for name, key in [("space", " 5"), ("plus", "+5"), ("underscore", "1_000"), ("arabic-digit", "\u0663"),
-                          ("minus", "-1"), ("empty", ""), ("trailing-space", "5 "), ("fullwidth", "\uff15")]]
+BIG += [
+    pytest.param(C, {"prompt": "x", "logit_bias": {key: 1}}, "logit_bias", id=f"logit_bias-key-{name}")
+    for name, key in [
+        ("space", " 5"),
+        ("plus", "+5"),
+        ("underscore", "1_000"),
+        ("arabic-digit", "\u0663"),
+        ("minus", "-1"),
+        ("empty", ""),
+        ("trailing-space", "5 "),
+        ("fullwidth", "\uff15"),
+    ]
+]
 BAD += BIG
 
 # non-finite floats: JSON has none, but Python's json (and others) write NaN and Infinity,
@@ -143,8 +192,9 @@ NON_FINITE = [
 
 
 @pytest.mark.parametrize(("path", "raw", "param"), NON_FINITE)
-def test_non_finite_numbers_are_a_400_naming_the_field(server: RunningServer, path: str, raw: bytes,
-                                                       param: str) -> None:
+def test_non_finite_numbers_are_a_400_naming_the_field(
+    server: RunningServer, path: str, raw: bytes, param: str
+) -> None:
     assert_envelope(post(server, path, raw, raw=True), 400, param)
 
 
@@ -153,23 +203,40 @@ _NOT_YET = [
     ("regex", C, {"prompt": "x", "regex": "[a-z]+"}, "regex"),
     ("json_schema", C, {"prompt": "x", "json_schema": {"type": "object"}}, "json_schema"),
     ("json_object", C, {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
-    ("json_schema", CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object"}}}}, "response_format"),
+    (
+        "json_schema",
+        CHAT,
+        {
+            "messages": MSG,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        },
+        "response_format",
+    ),
     ("regex", "/generate", {"text": "x", "sampling_params": {"regex": "a+"}}, "sampling_params.regex"),
-    ("ebnf", C, {"prompt": "x", "ebnf": "root ::= \"a\""}, "ebnf"),
+    ("ebnf", C, {"prompt": "x", "ebnf": 'root ::= "a"'}, "ebnf"),
 ]
-BAD += [pytest.param(path, body, param, id=f"{field}-not-supported-yet") for field, path, body, param in _NOT_YET
-        if field not in SamplingParams.__dataclass_fields__]
 BAD += [
-    pytest.param(CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-                 "response_format.json_schema.schema", id="response_format-without-schema"),
-    pytest.param(C, {"prompt": "x", "regex": "a+", "json_schema": {"type": "object"}}, "json_schema",
-                 id="two-constraints"),
+    pytest.param(path, body, param, id=f"{field}-not-supported-yet")
+    for field, path, body, param in _NOT_YET
+    if field not in SamplingParams.__dataclass_fields__
+]
+BAD += [
+    pytest.param(
+        CHAT,
+        {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format.json_schema.schema",
+        id="response_format-without-schema",
+    ),
+    pytest.param(
+        C, {"prompt": "x", "regex": "a+", "json_schema": {"type": "object"}}, "json_schema", id="two-constraints"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("path", "body", "param"), BAD)
-def test_bad_input_is_a_400_naming_the_field(server: RunningServer, path: str, body: dict[str, Any], param: str) -> None:
+def test_bad_input_is_a_400_naming_the_field(
+    server: RunningServer, path: str, body: dict[str, Any], param: str
+) -> None:
     assert_envelope(post(server, path, body), 400, param)
     if "stream" not in body:  # a streamed request is refused the same way, before any event
         assert_envelope(post(server, path, {**body, "stream": True}), 400, param)

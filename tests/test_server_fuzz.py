@@ -24,10 +24,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from ferrolm.server.testing import RunningServer, running_server, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ferrolm.server.testing import RunningServer, running_server, wait_until
 
 EXAMPLES = int(os.environ.get("FERROLM_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("FERROLM_FUZZ_RANDOM", "") not in ("", "0")
@@ -70,99 +69,251 @@ SCHEMA_FIELD = F(str, free=True)  # a JSON Schema as text or an object
 PENALTY = F(float, -2.0, 2.0)
 TOOL_CHOICE = F(("none", "auto", "required"), nested=("NamedToolChoice",))
 OPENAI_SAMPLING: dict[str, F] = {
-    "model": F(str), "n": F(int, 1, 128), "temperature": F(float, 0.0), "top_p": F(float, 0.0, 1.0, lo_open=True),
-    "stop": F(), "seed": F(int, 0, U64_MAX), "logit_bias": F(free=True), "frequency_penalty": PENALTY,
-    "presence_penalty": PENALTY, "stream": F(bool), "stream_options": F(nested=("StreamOptions",)),
-    "max_tokens": F(int, 1, U64_MAX), "top_k": F(int, -1, U32_MAX), "min_p": F(float, 0.0, 1.0),
-    "repetition_penalty": F(float, 0.0, lo_open=True), "ignore_eos": F(bool), "min_tokens": TOKEN_COUNT,
-    "stop_token_ids": F(), "skip_special_tokens": F(bool), "include_stop_str_in_output": F(bool),
-    "priority": F(int, I64_MIN, I64_MAX), "cache_salt": F(str), "response_format": F(nested=("ResponseFormat",)),
-    "regex": F(str), "json_schema": SCHEMA_FIELD, "ebnf": F(str), "guided_json": SCHEMA_FIELD,
-    "guided_regex": F(str), "guided_choice": F(), "guided_grammar": F(str), "grammar": F(str),
-    "user": F(str), "cache_prompt": F(bool),
+    "model": F(str),
+    "n": F(int, 1, 128),
+    "temperature": F(float, 0.0),
+    "top_p": F(float, 0.0, 1.0, lo_open=True),
+    "stop": F(),
+    "seed": F(int, 0, U64_MAX),
+    "logit_bias": F(free=True),
+    "frequency_penalty": PENALTY,
+    "presence_penalty": PENALTY,
+    "stream": F(bool),
+    "stream_options": F(nested=("StreamOptions",)),
+    "max_tokens": F(int, 1, U64_MAX),
+    "top_k": F(int, -1, U32_MAX),
+    "min_p": F(float, 0.0, 1.0),
+    "repetition_penalty": F(float, 0.0, lo_open=True),
+    "ignore_eos": F(bool),
+    "min_tokens": TOKEN_COUNT,
+    "stop_token_ids": F(),
+    "skip_special_tokens": F(bool),
+    "include_stop_str_in_output": F(bool),
+    "priority": F(int, I64_MIN, I64_MAX),
+    "cache_salt": F(str),
+    "response_format": F(nested=("ResponseFormat",)),
+    "regex": F(str),
+    "json_schema": SCHEMA_FIELD,
+    "ebnf": F(str),
+    "guided_json": SCHEMA_FIELD,
+    "guided_regex": F(str),
+    "guided_choice": F(),
+    "guided_grammar": F(str),
+    "grammar": F(str),
+    "user": F(str),
+    "cache_prompt": F(bool),
 }
 BODIES: dict[str, dict[str, F]] = {
     "StreamOptions": {"include_usage": F(bool)},
     "ResponseFormat": {"type": F(("text", "json_object", "json_schema")), "json_schema": F(free=True)},
-    "CompletionRequest": {**OPENAI_SAMPLING, "prompt": F(), "logprobs": F(int, 0, 20), "echo": F(bool),
-                          "suffix": F(str), "best_of": F(int, 1, U32_MAX)},
+    "CompletionRequest": {
+        **OPENAI_SAMPLING,
+        "prompt": F(),
+        "logprobs": F(int, 0, 20),
+        "echo": F(bool),
+        "suffix": F(str),
+        "best_of": F(int, 1, U32_MAX),
+    },
     "TextPart": {"type": F(("text",)), "text": F(str)},
     "FunctionDefinition": {"name": F(str), "description": F(str), "parameters": F(free=True), "strict": F(bool)},
     "Tool": {"type": F(("function",)), "function": F(nested=("FunctionDefinition",))},
     "FunctionName": {"name": F(str)},
     "NamedToolChoice": {"type": F(("function",)), "function": F(nested=("FunctionName",))},
     "CalledFunction": {"name": F(str), "arguments": F(str, free=True)},
-    "ToolCallMessagePart": {"id": F(str), "type": F(("function",)), "function": F(nested=("CalledFunction",)),
-                            "index": F(int)},
-    "ChatMessage": {"role": F(("system", "developer", "user", "assistant", "tool")),
-                    "content": F(str, nested=("TextPart",)), "name": F(str), "tool_call_id": F(str),
-                    "tool_calls": F(nested=("ToolCallMessagePart",)), "refusal": F(str), "annotations": F(),
-                    "reasoning_content": F(str)},
-    "ChatCompletionRequest": {**OPENAI_SAMPLING, "messages": F(nested=("ChatMessage",)),
-                              "max_completion_tokens": F(int, 1, U64_MAX), "logprobs": F(bool),
-                              "top_logprobs": F(int, 0, 20), "tools": F(nested=("Tool",)), "tool_choice": TOOL_CHOICE,
-                              "parallel_tool_calls": F(bool), "chat_template_kwargs": F(free=True),
-                              "safety_identifier": F(str), "store": F(bool), "metadata": F(free=True),
-                              "service_tier": F(str), "prompt_cache_key": F(str)},
+    "ToolCallMessagePart": {
+        "id": F(str),
+        "type": F(("function",)),
+        "function": F(nested=("CalledFunction",)),
+        "index": F(int),
+    },
+    "ChatMessage": {
+        "role": F(("system", "developer", "user", "assistant", "tool")),
+        "content": F(str, nested=("TextPart",)),
+        "name": F(str),
+        "tool_call_id": F(str),
+        "tool_calls": F(nested=("ToolCallMessagePart",)),
+        "refusal": F(str),
+        "annotations": F(),
+        "reasoning_content": F(str),
+    },
+    "ChatCompletionRequest": {
+        **OPENAI_SAMPLING,
+        "messages": F(nested=("ChatMessage",)),
+        "max_completion_tokens": F(int, 1, U64_MAX),
+        "logprobs": F(bool),
+        "top_logprobs": F(int, 0, 20),
+        "tools": F(nested=("Tool",)),
+        "tool_choice": TOOL_CHOICE,
+        "parallel_tool_calls": F(bool),
+        "chat_template_kwargs": F(free=True),
+        "safety_identifier": F(str),
+        "store": F(bool),
+        "metadata": F(free=True),
+        "service_tier": F(str),
+        "prompt_cache_key": F(str),
+    },
     "NativeSamplingParams": {
-        "max_new_tokens": F(int, 1, U64_MAX), "min_new_tokens": TOKEN_COUNT, "temperature": F(float, 0.0),
-        "top_p": F(float, 0.0, 1.0, lo_open=True), "top_k": F(int, -1, U32_MAX), "min_p": F(float, 0.0, 1.0),
-        "repetition_penalty": F(float, 0.0, lo_open=True), "frequency_penalty": PENALTY,
-        "presence_penalty": PENALTY, "stop": F(), "stop_token_ids": F(), "ignore_eos": F(bool),
-        "skip_special_tokens": F(bool), "no_stop_trim": F(bool), "seed": F(int, 0, U64_MAX), "n": F(int, 1, 128),
-        "logit_bias": F(free=True), "regex": F(str), "json_schema": SCHEMA_FIELD, "ebnf": F(str)},
-    "GenerateRequest": {"text": F(str), "input_ids": F(), "sampling_params": F(nested=("NativeSamplingParams",)),
-                        "stream": F(bool), "rid": F(str), "return_logprob": F(bool), "top_logprobs_num": F(int, 0, 20),
-                        "priority": F(int, I64_MIN, I64_MAX), "cache_salt": F(str), "tools": F(nested=("Tool",)),
-                        "tool_choice": TOOL_CHOICE, "parallel_tool_calls": F(bool), "separate_reasoning": F(bool)},
+        "max_new_tokens": F(int, 1, U64_MAX),
+        "min_new_tokens": TOKEN_COUNT,
+        "temperature": F(float, 0.0),
+        "top_p": F(float, 0.0, 1.0, lo_open=True),
+        "top_k": F(int, -1, U32_MAX),
+        "min_p": F(float, 0.0, 1.0),
+        "repetition_penalty": F(float, 0.0, lo_open=True),
+        "frequency_penalty": PENALTY,
+        "presence_penalty": PENALTY,
+        "stop": F(),
+        "stop_token_ids": F(),
+        "ignore_eos": F(bool),
+        "skip_special_tokens": F(bool),
+        "no_stop_trim": F(bool),
+        "seed": F(int, 0, U64_MAX),
+        "n": F(int, 1, 128),
+        "logit_bias": F(free=True),
+        "regex": F(str),
+        "json_schema": SCHEMA_FIELD,
+        "ebnf": F(str),
+    },
+    "GenerateRequest": {
+        "text": F(str),
+        "input_ids": F(),
+        "sampling_params": F(nested=("NativeSamplingParams",)),
+        "stream": F(bool),
+        "rid": F(str),
+        "return_logprob": F(bool),
+        "top_logprobs_num": F(int, 0, 20),
+        "priority": F(int, I64_MIN, I64_MAX),
+        "cache_salt": F(str),
+        "tools": F(nested=("Tool",)),
+        "tool_choice": TOOL_CHOICE,
+        "parallel_tool_calls": F(bool),
+        "separate_reasoning": F(bool),
+    },
     "AbortRequest": {"rid": F(str), "abort_all": F(bool)},
     "FlushCacheRequest": {},
 }
 
 # ---- values ----
 
-BOUNDARY_INTS = [0, 1, -1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 + 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1,
-                 2**64 - 1, 2**64, 10**30, -(10**30), 10**400]
+BOUNDARY_INTS = [
+    0,
+    1,
+    -1,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    -(2**63) - 1,
+    2**64 - 1,
+    2**64,
+    10**30,
+    -(10**30),
+    10**400,
+]
 ODD_FLOATS = [0.0, -0.0, 1e-320, 0.5, 1.0, 2.0, 100.0, 3.4e38, 3.5e38, 1e308, -1e308, math.inf, -math.inf, math.nan]
 scalars = st.one_of(
-    st.none(), st.booleans(), st.sampled_from(BOUNDARY_INTS), st.integers(), st.sampled_from(ODD_FLOATS),
-    st.floats(), st.text(max_size=12), st.sampled_from(["", " 5", "+5", "1_000", "\u0663", "5", "abc"]),
+    st.none(),
+    st.booleans(),
+    st.sampled_from(BOUNDARY_INTS),
+    st.integers(),
+    st.sampled_from(ODD_FLOATS),
+    st.floats(),
+    st.text(max_size=12),
+    st.sampled_from(["", " 5", "+5", "1_000", "\u0663", "5", "abc"]),
 )
-nasty = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)), max_leaves=6)
+nasty = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6,
+)
 
 # fields whose valid values set how long a generation runs: small valid values, or invalid
 # ones (never null: a chat without a budget runs to the end of the context)
-LENGTHS = st.one_of(st.integers(1, 6), st.sampled_from([0, -1, 2**32, 2**63, 2**64, 10**30, 4096, 5000]),
-                    st.sampled_from([True, "4", 4.0, [4]]))
+LENGTHS = st.one_of(
+    st.integers(1, 6),
+    st.sampled_from([0, -1, 2**32, 2**63, 2**64, 10**30, 4096, 5000]),
+    st.sampled_from([True, "4", 4.0, [4]]),
+)
 COUNTS = st.one_of(st.integers(1, 3), st.sampled_from([0, -1, 129, 2**32, 2**64, True, "2"]))
 TOKEN_IDS = st.one_of(st.integers(0, 40_000), st.sampled_from(BOUNDARY_INTS))
 TEXT = st.one_of(st.text(max_size=30), st.sampled_from(["Hello", "", "\x00", "<|im_start|>", "\ud7ff\ue000"]))
 # grammars from a fixed list: what compiles (or not) is the constraint engine's to fuzz,
 # and a random regex can be arbitrarily costly to compile
-GRAMMARS = st.sampled_from(["[a-z]{1,3}", "((", "a|b", "", '{"type": "object"}', "{", {"type": "string"},
-                            {"type": "integer", "minimum": 3}, {"type": 5}, {}, 7, None,
-                            'root ::= "a" | "(" root ")"', "root ::= x"])
+GRAMMARS = st.sampled_from(
+    [
+        "[a-z]{1,3}",
+        "((",
+        "a|b",
+        "",
+        '{"type": "object"}',
+        "{",
+        {"type": "string"},
+        {"type": "integer", "minimum": 3},
+        {"type": 5},
+        {},
+        7,
+        None,
+        'root ::= "a" | "(" root ")"',
+        "root ::= x",
+    ]
+)
 
 SPECIAL: dict[str, st.SearchStrategy[Any]] = {
-    "max_tokens": LENGTHS, "max_completion_tokens": LENGTHS, "max_new_tokens": LENGTHS,
-    "min_tokens": LENGTHS, "min_new_tokens": LENGTHS, "n": COUNTS, "best_of": COUNTS,
-    "prompt": st.one_of(TEXT, st.lists(TOKEN_IDS, max_size=5), st.lists(TEXT, max_size=3),
-                        st.lists(st.lists(TOKEN_IDS, max_size=4), max_size=3), nasty),
+    "max_tokens": LENGTHS,
+    "max_completion_tokens": LENGTHS,
+    "max_new_tokens": LENGTHS,
+    "min_tokens": LENGTHS,
+    "min_new_tokens": LENGTHS,
+    "n": COUNTS,
+    "best_of": COUNTS,
+    "prompt": st.one_of(
+        TEXT,
+        st.lists(TOKEN_IDS, max_size=5),
+        st.lists(TEXT, max_size=3),
+        st.lists(st.lists(TOKEN_IDS, max_size=4), max_size=3),
+        nasty,
+    ),
     "input_ids": st.one_of(st.lists(TOKEN_IDS, max_size=5), nasty),
     "text": st.one_of(TEXT, nasty),
     "stop_token_ids": st.one_of(st.lists(TOKEN_IDS, max_size=3), nasty),
-    "logit_bias": st.one_of(st.dictionaries(st.one_of(st.integers(-5, 2**40).map(str), st.text(max_size=6)),
-                                            st.one_of(st.floats(), st.integers(-200, 200)), max_size=3), nasty),
+    "logit_bias": st.one_of(
+        st.dictionaries(
+            st.one_of(st.integers(-5, 2**40).map(str), st.text(max_size=6)),
+            st.one_of(st.floats(), st.integers(-200, 200)),
+            max_size=3,
+        ),
+        nasty,
+    ),
     "stop": st.one_of(TEXT, st.lists(TEXT, max_size=3), nasty),
-    "regex": GRAMMARS, "json_schema": GRAMMARS, "ebnf": GRAMMARS, "guided_json": GRAMMARS, "guided_regex": GRAMMARS,
-    "guided_grammar": GRAMMARS, "grammar": GRAMMARS,
+    "regex": GRAMMARS,
+    "json_schema": GRAMMARS,
+    "ebnf": GRAMMARS,
+    "guided_json": GRAMMARS,
+    "guided_regex": GRAMMARS,
+    "guided_grammar": GRAMMARS,
+    "grammar": GRAMMARS,
     "guided_choice": st.one_of(st.lists(st.sampled_from(["yes", "no", "", "maybe so"]), max_size=3), GRAMMARS),
     "tools": st.one_of(st.just([]), st.just([{"type": "function"}]), nasty),
     "cache_salt": st.one_of(TEXT, st.text(min_size=500, max_size=600), nasty),
 }
-UNKNOWN = st.sampled_from(["max_tokenz", "lora_path", "guided_grammars", "guided_decoding_backend", "function_call",
-                           "logprob_start_len", "image_data", "Temperature", "functions", "x" * 40])
+UNKNOWN = st.sampled_from(
+    [
+        "max_tokenz",
+        "lora_path",
+        "guided_grammars",
+        "guided_decoding_backend",
+        "function_call",
+        "logprob_start_len",
+        "image_data",
+        "Temperature",
+        "functions",
+        "x" * 40,
+    ]
+)
 
 
 def valid_for(f: F) -> st.SearchStrategy[Any] | None:
@@ -268,8 +419,9 @@ def path_in(node: Any, path: str) -> bool:
         return not dot or path_in(node[int(head)], rest)
     if isinstance(node, dict):
         return any(
-            path == key or (path.startswith(key + ".") and path_in(node[key], path[len(key) + 1:]))
-            for key in node if isinstance(key, str)
+            path == key or (path.startswith(key + ".") and path_in(node[key], path[len(key) + 1 :]))
+            for key in node
+            if isinstance(key, str)
         )
     return False
 
@@ -289,18 +441,28 @@ def drain_stream(r: httpx.Response) -> None:
     for line in r.iter_lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
-        event = json.loads(line[len("data: "):])
+        event = json.loads(line[len("data: ") :])
         assert "error" not in event or event["error"]["code"] not in range(500, 600), event
 
 
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large, HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not RANDOM,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 
 @SETTINGS
-@given(request=st.one_of(posts, posts, posts, gets.map(lambda g: ("GET", g))),
-       content_type=st.sampled_from(["application/json"] * 12 + ["text/plain", None]))
+@given(
+    request=st.one_of(posts, posts, posts, gets.map(lambda g: ("GET", g))),
+    content_type=st.sampled_from(["application/json"] * 12 + ["text/plain", None]),
+)
 def test_fuzz_every_route(http: httpx.Client, request: tuple[str, Any], content_type: str | None) -> None:
     path, body = request
     if path == "GET":
@@ -311,8 +473,11 @@ def test_fuzz_every_route(http: httpx.Client, request: tuple[str, Any], content_
         if r.status_code == 404:
             assert get_path.startswith("/v1/models/") and r.json()["error"]["param"] == "model"
         return
-    if path in REQUIRED and not (isinstance(body.get(REQUIRED[path]), int) or isinstance(
-            body.get("max_completion_tokens"), int) and not isinstance(body.get("max_completion_tokens"), bool)):
+    if path in REQUIRED and not (
+        isinstance(body.get(REQUIRED[path]), int)
+        or isinstance(body.get("max_completion_tokens"), int)
+        and not isinstance(body.get("max_completion_tokens"), bool)
+    ):
         body[REQUIRED[path]] = 4
     raw = json.dumps(body).encode()  # NaN and Infinity included, as Python writes them
     headers = {} if content_type is None else {"content-type": content_type}
@@ -341,4 +506,3 @@ def test_after_the_fuzz_the_server_serves_and_holds_no_kv(http: httpx.Client) ->
     r = http.post("/v1/completions", json={"prompt": "still here", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
     assert http.get("/health").status_code == 200
-

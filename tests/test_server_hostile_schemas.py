@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, wait_until
 
 
@@ -27,8 +26,12 @@ def doubling_refs(levels: int) -> dict[str, Any]:
     defs: dict[str, Any] = {"l0": {"type": "string", "maxLength": 3}}
     for i in range(1, levels + 1):
         below = {"$ref": f"#/$defs/l{i - 1}"}
-        defs[f"l{i}"] = {"anyOf": [{"type": "array", "items": below, "maxItems": 2},
-                                   {"type": "object", "additionalProperties": below}]}
+        defs[f"l{i}"] = {
+            "anyOf": [
+                {"type": "array", "items": below, "maxItems": 2},
+                {"type": "object", "additionalProperties": below},
+            ]
+        }
     return {"$defs": defs, "$ref": f"#/$defs/l{levels}"}
 
 
@@ -37,8 +40,10 @@ HOSTILE = [
     nested_arrays(40),
     doubling_refs(20),
     {"$ref": "#"},
-    {"$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}},
-     "$ref": "#/$defs/a"},
+    {
+        "$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}},
+        "$ref": "#/$defs/a",
+    },
     {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
 ]
 
@@ -53,14 +58,20 @@ def load(server: RunningServer) -> dict[str, int]:
 
 
 def stream_tokens(server: RunningServer, out: dict[str, Any]) -> None:
-    body = {"prompt": "a stream that runs while schemas compile", "max_tokens": 150, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "a stream that runs while schemas compile",
+        "max_tokens": 150,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
-                out["finish_reason"] = next((c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]),
-                                            out.get("finish_reason"))
+                out["finish_reason"] = next(
+                    (c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), out.get("finish_reason")
+                )
                 out["usage"] = chunk.get("usage") or out.get("usage")
 
 
@@ -72,8 +83,11 @@ def test_hostile_schemas_are_answered_without_taking_the_engine_down(server: Run
     runner.start()
     for round_ in range(3):
         for i, schema in enumerate(HOSTILE):
-            body = {"messages": [{"role": "user", "content": f"JSON {round_} {i}"}], "max_tokens": 40,
-                    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+            body = {
+                "messages": [{"role": "user", "content": f"JSON {round_} {i}"}],
+                "max_tokens": 40,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+            }
             r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
             assert r.status_code in (200, 400), (r.status_code, r.text)
             if r.status_code == 400:

@@ -92,10 +92,22 @@ def ports() -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def server(ports: tuple[int, int]) -> Iterator[RunningServer]:
     pub, rep = ports
-    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{rep}",
-              "topic": TOPIC.decode()}
-    with running_server("--kv-events-config", json.dumps(config), "--page-size", str(BLOCK),
-                        "--max-total-tokens", str(KV_TOKENS), "--chunked-prefill-size", "64") as s:
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{rep}",
+        "topic": TOPIC.decode(),
+    }
+    with running_server(
+        "--kv-events-config",
+        json.dumps(config),
+        "--page-size",
+        str(BLOCK),
+        "--max-total-tokens",
+        str(KV_TOKENS),
+        "--chunked-prefill-size",
+        "64",
+    ) as s:
         yield s
 
 
@@ -121,13 +133,24 @@ def queued(http: httpx.Client) -> int:
 
 def generate(http: httpx.Client, ids: list[int], salt: str | None = None, new: int = 4) -> dict[str, Any]:
     if salt is None:
-        r = http.post("/generate", json={"input_ids": ids, "sampling_params": {
-            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+        r = http.post(
+            "/generate",
+            json={"input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}},
+        )
         r.raise_for_status()
         body = r.json()
         return {"output_ids": body["output_ids"], "cached": body["meta_info"]["cached_tokens"]}
-    r = http.post("/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": new, "temperature": 0,
-                                           "ignore_eos": True, "cache_salt": salt})
+    r = http.post(
+        "/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": ids,
+            "max_tokens": new,
+            "temperature": 0,
+            "ignore_eos": True,
+            "cache_salt": salt,
+        },
+    )
     r.raise_for_status()
     return {"output_ids": None, "cached": r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]}
 
@@ -154,7 +177,7 @@ def test_inserts_namespaces_evictions_and_flush_in_vllms_format(http: httpx.Clie
     hashes = [h for e in stored for h in e["block_hashes"]]
     tokens = [t for e in stored for t in e["token_ids"]]
     kv_len = len(sequence) - 1  # the last output token was never run
-    assert tokens == sequence[:kv_len // BLOCK * BLOCK], "whole blocks, in order, prompt then output"
+    assert tokens == sequence[: kv_len // BLOCK * BLOCK], "whole blocks, in order, prompt then output"
     assert hashes == chain_hashes(namespace_seed(None), tokens, BLOCK), "the Python twin's hashes"
     assert stored[0]["parent_block_hash"] is None and stored[0]["extra_keys"][0] is None
     for a, b in zip(stored, stored[1:]):
@@ -173,8 +196,9 @@ def test_inserts_namespaces_evictions_and_flush_in_vllms_format(http: httpx.Clie
         generate(http, list(range(2000 + 100 * k, 2000 + 100 * k + 60)), new=2)
     after_fill = queued(http)
     stream.catch_up(after_fill)
-    removed = {h for e in stream.events(after_salt, after_fill) if e["type"] == "BlockRemoved"
-               for h in e["block_hashes"]}
+    removed = {
+        h for e in stream.events(after_salt, after_fill) if e["type"] == "BlockRemoved" for h in e["block_hashes"]
+    }
     assert set(hashes) <= removed and set(salted_hashes) <= removed, "the first sequences were evicted"
     # a flush is one AllBlocksCleared
     assert http.post("/flush_cache", json={}).json()["success"]
@@ -201,8 +225,13 @@ def test_metrics_export_vllms_load_and_cache_names(http: httpx.Client) -> None:
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
     labels = '{engine="0",model_name="tiny"}'
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ):
         assert name + labels in values, name
     assert values["vllm:prefix_cache_queries_total" + labels] == values["ferrolm:prompt_tokens_total"]
     assert values["vllm:prefix_cache_hits_total" + labels] == values["ferrolm:cache_hit_tokens_total"] > 0
@@ -214,17 +243,24 @@ def test_metrics_export_vllms_load_and_cache_names(http: httpx.Client) -> None:
 
 
 def serve_fails(*flags: str, timeout: float = 120) -> str:
-    r = subprocess.run([sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(free_port()), *flags],
-                       capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(free_port()), *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode != 0
     return r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("config, field", [
-    ('{"enable_kv_cache_events": "yes"}', "kv_events_config.enable_kv_cache_events"),
-    ('{"enable_kv_cache_events": true, "buffer_step": 5}', "kv_events_config.buffer_step"),
-    ("{enable}", "kv_events_config"),
-])
+@pytest.mark.parametrize(
+    "config, field",
+    [
+        ('{"enable_kv_cache_events": "yes"}', "kv_events_config.enable_kv_cache_events"),
+        ('{"enable_kv_cache_events": true, "buffer_step": 5}', "kv_events_config.buffer_step"),
+        ("{enable}", "kv_events_config"),
+    ],
+)
 def test_a_bad_config_stops_serve_naming_the_field(config: str, field: str) -> None:
     assert field in serve_fails("--kv-events-config", config, timeout=60)
 

@@ -14,10 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-
 import httpx
 import pytest
-
 from ferrolm.server.testing import RunningServer, free_port, running_server, wait_until
 
 
@@ -54,7 +52,16 @@ def test_health_is_503_until_ready_then_200() -> None:
 
 
 def test_a_model_that_cannot_load_ends_the_server(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--port", str(free_port()), "--model", str(tmp_path / "nothing")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ferrolm.cli",
+        "serve",
+        "--port",
+        str(free_port()),
+        "--model",
+        str(tmp_path / "nothing"),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=60, start_new_session=True)
     except subprocess.TimeoutExpired as e:
@@ -89,8 +96,11 @@ def test_n_beyond_what_the_server_can_ever_hold_is_400_naming_n(crowded: Running
     two_prompts = httpx.post(url, json={"prompt": ["x", "y"], "max_tokens": 1, "n": 2}, timeout=60)
     assert two_prompts.status_code == 400, two_prompts.text
     assert two_prompts.json()["error"]["param"] == "n"
-    chat = httpx.post(f"{crowded.url}/v1/chat/completions", timeout=60,
-                      json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "n": 5})
+    chat = httpx.post(
+        f"{crowded.url}/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "n": 5},
+    )
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "n", chat.text
     # exactly what it holds is served (the samples queue, they need not run together)
     fits = httpx.post(url, json={"prompt": "x", "max_tokens": 2, "n": 3}, timeout=60)
@@ -108,8 +118,14 @@ def test_overload_is_429_when_full_and_503_after_waiting_too_long(crowded: Runni
     try:
         wait_until(lambda: load(server)["running"] == 1)
         waited: dict[str, httpx.Response] = {}
-        waiter = threading.Thread(target=lambda: waited.setdefault("r", httpx.post(
-            f"{server.url}/v1/completions", json={"prompt": "wait", "max_tokens": 2, "n": 2}, timeout=60)))
+        waiter = threading.Thread(
+            target=lambda: waited.setdefault(
+                "r",
+                httpx.post(
+                    f"{server.url}/v1/completions", json={"prompt": "wait", "max_tokens": 2, "n": 2}, timeout=60
+                ),
+            )
+        )
         waiter.start()
         # its second sample waits for the first to prefill: the queue holds one
         wait_until(lambda: load(server)["waiting"] == 1)

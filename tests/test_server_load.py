@@ -14,9 +14,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from ferrolm.server.testing import RunningServer, engine_pid, rss_bytes, running_server, wait_until
+from prometheus_client.parser import text_string_to_metric_families
 
 CONCURRENT_STREAMS = 64  # the issue asks for 64 concurrent streams
 
@@ -38,8 +37,12 @@ def assert_no_request_holds_kv(server: RunningServer) -> None:
 
 def metric_values(server: RunningServer) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if not s.labels or set(s.labels) == {"le"} and s.labels["le"] == "+Inf"}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels or set(s.labels) == {"le"} and s.labels["le"] == "+Inf"
+    }
 
 
 LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}
@@ -48,8 +51,12 @@ LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}
 def test_concurrent_streams_all_complete(server: RunningServer) -> None:
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None]:
         stream = await client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": f"client {i} says hello"}], max_tokens=12,
-            temperature=0, stream=True)
+            model="tiny",
+            messages=[{"role": "user", "content": f"client {i} says hello"}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+        )
         text, finish = "", None
         async for chunk in stream:
             if chunk.choices:
@@ -69,7 +76,8 @@ def test_concurrent_streams_all_complete(server: RunningServer) -> None:
     assert all(finish in ("length", "stop") for _, finish in results)
     # the same prompt alone gives the same text as in the crowd (greedy)
     alone = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "client 7 says hello"}], max_tokens=12, temperature=0)
+        model="tiny", messages=[{"role": "user", "content": "client 7 says hello"}], max_tokens=12, temperature=0
+    )
     assert alone.choices[0].message.content == results[7][0]
     assert_no_request_holds_kv(server)
 
@@ -102,7 +110,7 @@ def test_slow_reader_loses_nothing(server: RunningServer) -> None:
             if i == 0:
                 time.sleep(1.0)  # the engine runs ahead meanwhile
             if line.startswith("data: ") and line != "data: [DONE]":
-                text += json.loads(line[len("data: "):])["choices"][0]["text"]
+                text += json.loads(line[len("data: ") :])["choices"][0]["text"]
     assert text == whole
 
 
@@ -128,8 +136,13 @@ def test_metrics_count_the_requests_sent(server: RunningServer) -> None:
     assert delta("ferrolm:e2e_request_latency_seconds_count") == sent
     assert delta("ferrolm:queue_time_seconds_count") == sent
     assert delta("ferrolm:inter_token_latency_seconds_count") == completion_tokens - sent
-    for name in ("ferrolm:num_running_reqs", "ferrolm:num_queue_reqs", "ferrolm:kv_cache_usage",
-                 "ferrolm:cache_hit_tokens_total", "ferrolm:num_retractions_total"):
+    for name in (
+        "ferrolm:num_running_reqs",
+        "ferrolm:num_queue_reqs",
+        "ferrolm:kv_cache_usage",
+        "ferrolm:cache_hit_tokens_total",
+        "ferrolm:num_retractions_total",
+    ):
         assert name in after, name
     assert after["ferrolm:num_running_reqs"] == 0
 
@@ -138,12 +151,12 @@ def test_abort_an_openai_stream_by_its_id(server: RunningServer) -> None:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "abort me"}], "stream": True, **LONG}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as r:
         lines = (line for line in r.iter_lines() if line.startswith("data: "))
-        first = json.loads(next(lines)[len("data: "):])
+        first = json.loads(next(lines)[len("data: ") :])
         aborted = httpx.post(f"{server.url}/abort_request", json={"rid": first["id"]}, timeout=30).json()
         assert aborted == {"aborted": 1}
         rest = list(lines)  # bounded: the request ends now, well before 3000 tokens
     assert rest[-1] == "data: [DONE]"
-    finish = json.loads(rest[-2][len("data: "):])["choices"][0]
+    finish = json.loads(rest[-2][len("data: ") :])["choices"][0]
     assert finish["finish_reason"] == "abort" and finish["delta"] == {}
     assert_no_request_holds_kv(server)
 
@@ -168,16 +181,24 @@ async def soak_one(client: httpx.AsyncClient, rng: random.Random, i: int) -> str
     if rng.random() < 0.3:
         extra["cache_salt"] = rng.choice(["tenant-a", "tenant-b"])
     if route == "/generate":
-        body: dict[str, Any] = {"text": text, "rid": rid, "stream": stream,
-                                "sampling_params": {"max_new_tokens": budget, **extra, "n": 1 if stream else
-                                                    rng.choice([1, 2])}}
+        body: dict[str, Any] = {
+            "text": text,
+            "rid": rid,
+            "stream": stream,
+            "sampling_params": {"max_new_tokens": budget, **extra, "n": 1 if stream else rng.choice([1, 2])},
+        }
         if "cache_salt" in extra:
             body["cache_salt"] = body["sampling_params"].pop("cache_salt")
     elif route == "/v1/completions":
         body = {"prompt": text, "max_tokens": budget, "stream": stream, "n": rng.choice([1, 2]), **extra}
     else:
-        body = {"messages": [{"role": "user", "content": text}], "max_tokens": budget, "stream": stream,
-                "n": rng.choice([1, 2]), **extra}
+        body = {
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": budget,
+            "stream": stream,
+            "n": rng.choice([1, 2]),
+            **extra,
+        }
     if kind == "hangup":  # a non-streamed request whose client goes away at a random moment
         try:
             await asyncio.wait_for(client.post(route, json=body), timeout=rng.uniform(0.001, 0.1))
@@ -188,9 +209,14 @@ async def soak_one(client: httpx.AsyncClient, rng: random.Random, i: int) -> str
         assert r.status_code == 200, await r.aread()
         if not stream:
             payload = json.loads(await r.aread())
-            reasons = [c["finish_reason"] for c in payload["choices"]] if "choices" in payload else [
-                (p["meta_info"]["finish_reason"] or {}).get("type") for p in (payload if isinstance(payload, list)
-                                                                              else [payload])]
+            reasons = (
+                [c["finish_reason"] for c in payload["choices"]]
+                if "choices" in payload
+                else [
+                    (p["meta_info"]["finish_reason"] or {}).get("type")
+                    for p in (payload if isinstance(payload, list) else [payload])
+                ]
+            )
             assert set(reasons) <= {"length", "stop", "abort"}, payload
             return "finished"
         events = 0
@@ -199,7 +225,7 @@ async def soak_one(client: httpx.AsyncClient, rng: random.Random, i: int) -> str
             if not line.startswith("data: "):
                 continue
             events += 1
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             # An error event is an object with an "error" member; the model's own text may say "error".
             assert data == "[DONE]" or "error" not in json.loads(data), line
             if kind == "stream-hangup" and events >= stop_after:
@@ -218,6 +244,7 @@ def soak(server: RunningServer, count: int, seed: int) -> dict[str, int]:
         ends: dict[str, int] = {}
         limits = httpx.Limits(max_connections=SOAK_CONCURRENCY * 2)
         async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+
             async def one(i: int) -> None:
                 async with gate:
                     end = await soak_one(client, random.Random(rng.random()), i)
@@ -257,24 +284,41 @@ def test_without_kv_events_nothing_is_published_but_the_metrics_are_there(server
 
 # what /metrics declares, by name and type (the server README lists them)
 METRIC_TYPES = {
-    "ferrolm:prompt_tokens_total": "counter", "ferrolm:generation_tokens_total": "counter",
-    "ferrolm:cache_hit_tokens_total": "counter", "ferrolm:num_retractions_total": "counter",
-    "ferrolm:num_requests_finished_total": "counter", "ferrolm:num_request_errors_total": "counter",
-    "ferrolm:num_steps_total": "counter", "ferrolm:num_running_reqs": "gauge", "ferrolm:num_queue_reqs": "gauge",
-    "ferrolm:kv_used_tokens": "gauge", "ferrolm:kv_capacity_tokens": "gauge", "ferrolm:cached_tokens": "gauge",
-    "ferrolm:kv_cache_usage": "gauge", "ferrolm:cache_hit_rate": "gauge",
-    "ferrolm:time_to_first_token_seconds": "histogram", "ferrolm:inter_token_latency_seconds": "histogram",
-    "ferrolm:e2e_request_latency_seconds": "histogram", "ferrolm:queue_time_seconds": "histogram",
+    "ferrolm:prompt_tokens_total": "counter",
+    "ferrolm:generation_tokens_total": "counter",
+    "ferrolm:cache_hit_tokens_total": "counter",
+    "ferrolm:num_retractions_total": "counter",
+    "ferrolm:num_requests_finished_total": "counter",
+    "ferrolm:num_request_errors_total": "counter",
+    "ferrolm:num_steps_total": "counter",
+    "ferrolm:num_running_reqs": "gauge",
+    "ferrolm:num_queue_reqs": "gauge",
+    "ferrolm:kv_used_tokens": "gauge",
+    "ferrolm:kv_capacity_tokens": "gauge",
+    "ferrolm:cached_tokens": "gauge",
+    "ferrolm:kv_cache_usage": "gauge",
+    "ferrolm:cache_hit_rate": "gauge",
+    "ferrolm:time_to_first_token_seconds": "histogram",
+    "ferrolm:inter_token_latency_seconds": "histogram",
+    "ferrolm:e2e_request_latency_seconds": "histogram",
+    "ferrolm:queue_time_seconds": "histogram",
     "ferrolm:grammar_compile_seconds": "histogram",
     # as Prometheus's Python client writes a histogram's creation time
-    "ferrolm:time_to_first_token_seconds_created": "gauge", "ferrolm:inter_token_latency_seconds_created": "gauge",
-    "ferrolm:e2e_request_latency_seconds_created": "gauge", "ferrolm:queue_time_seconds_created": "gauge",
+    "ferrolm:time_to_first_token_seconds_created": "gauge",
+    "ferrolm:inter_token_latency_seconds_created": "gauge",
+    "ferrolm:e2e_request_latency_seconds_created": "gauge",
+    "ferrolm:queue_time_seconds_created": "gauge",
     "ferrolm:grammar_compile_seconds_created": "gauge",
     # the step loop's forward timing, and the CPU of the commits' sampling threads
-    "ferrolm:forward_seconds": "histogram", "ferrolm:forward_seconds_created": "gauge",
-    "ferrolm:forward_loop_cpu_seconds_total": "counter", "ferrolm:sampling_thread_cpu_seconds_total": "counter",
-    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
+    "ferrolm:forward_seconds": "histogram",
+    "ferrolm:forward_seconds_created": "gauge",
+    "ferrolm:forward_loop_cpu_seconds_total": "counter",
+    "ferrolm:sampling_thread_cpu_seconds_total": "counter",
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prefix_cache_queries_total": "counter",
+    "vllm:prefix_cache_hits_total": "counter",
 }
 
 

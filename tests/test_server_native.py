@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from ferrolm.server.testing import RunningServer, running_server, wait_until
 
 SECRET = "s3cret-key-never-shown"
@@ -43,10 +42,14 @@ def test_generate_text_and_ids_agree(http: httpx.Client) -> None:
 
 
 def test_generate_stream_is_cumulative_and_ends_with_done(http: httpx.Client) -> None:
-    body = {"text": "Stream me", "sampling_params": {"max_new_tokens": 5, "temperature": 0}, "stream": True,
-            "return_logprob": True}
+    body = {
+        "text": "Stream me",
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0},
+        "stream": True,
+        "return_logprob": True,
+    }
     r = http.post("/generate", json=body)
-    blocks = [b[len("data: "):] for b in r.text.split("\n\n") if b.strip()]
+    blocks = [b[len("data: ") :] for b in r.text.split("\n\n") if b.strip()]
     assert blocks[-1] == "[DONE]"
     events = [json.loads(b) for b in blocks[:-1]]
     texts = [e["text"] for e in events]
@@ -57,8 +60,12 @@ def test_generate_stream_is_cumulative_and_ends_with_done(http: httpx.Client) ->
 
 
 def test_abort_request_by_rid_frees_kv(http: httpx.Client, server: RunningServer) -> None:
-    body = {"text": "A long one", "rid": "long-1", "stream": True,
-            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "A long one",
+        "rid": "long-1",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0},
+    }
     result: dict[str, Any] = {}
 
     def consume() -> None:
@@ -71,7 +78,7 @@ def test_abort_request_by_rid_frees_kv(http: httpx.Client, server: RunningServer
     assert http.post("/abort_request", json={"rid": "long-1"}).json() == {"aborted": 1}
     reader.join(timeout=30)
     assert not reader.is_alive()
-    last = json.loads(result["events"][-2][len("data: "):])
+    last = json.loads(result["events"][-2][len("data: ") :])
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
     assert last["meta_info"]["completion_tokens"] < 3000
     after = wait_until(lambda: (s := load(http))["running"] == 0 and s)
@@ -88,8 +95,9 @@ def test_flush_cache_returns_kv_to_zero(http: httpx.Client) -> None:
 
 def test_flush_cache_refused_while_busy(http: httpx.Client, server: RunningServer) -> None:
     body = {"text": "busy", "rid": "busy-1", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
-    worker = threading.Thread(target=lambda: httpx.post(f"{server.url}/generate", json=body, headers=server.headers,
-                                                        timeout=60))
+    worker = threading.Thread(
+        target=lambda: httpx.post(f"{server.url}/generate", json=body, headers=server.headers, timeout=60)
+    )
     worker.start()
     try:
         wait_until(lambda: load(http)["running"] == 1)
@@ -112,7 +120,12 @@ def test_server_info_never_shows_the_key(http: httpx.Client) -> None:
 
 def test_auth(server: RunningServer) -> None:
     body = {"text": "x", "sampling_params": {"max_new_tokens": 1}}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": SECRET}, {"Authorization": f"Basic {SECRET}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": SECRET},
+        {"Authorization": f"Basic {SECRET}"},
+    ):
         for path, payload in (("/generate", body), ("/v1/completions", {"prompt": "x", "max_tokens": 1})):
             r = httpx.post(f"{server.url}{path}", json=payload, headers=headers)
             assert r.status_code == 401, headers
@@ -134,8 +147,14 @@ def test_auth_scheme_is_case_insensitive_and_the_key_is_not(server: RunningServe
     for value in (f"bearer {SECRET}", f"BEARER {SECRET}", f"BeArEr   {SECRET}"):
         r = httpx.post(f"{server.url}/generate", json=body, headers={"Authorization": value})
         assert r.status_code == 200, value
-    for value in (f"Bearer {SECRET.upper()}", f"Bearer {SECRET[:-1]}", f"Bearer {SECRET}x", "Bearer",
-                  f"Bearer{SECRET}", f"Token {SECRET}"):
+    for value in (
+        f"Bearer {SECRET.upper()}",
+        f"Bearer {SECRET[:-1]}",
+        f"Bearer {SECRET}x",
+        "Bearer",
+        f"Bearer{SECRET}",
+        f"Token {SECRET}",
+    ):
         r = httpx.post(f"{server.url}/generate", json=body, headers={"Authorization": value})
         assert r.status_code == 401, value
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from ferrolm.server.testing import RunningServer, running_server
 
 MODEL = "tiny-served"
@@ -35,7 +34,7 @@ def sse_events(response: httpx.Response) -> list[Any]:
         if not block.strip():
             continue
         assert block.startswith("data: "), block
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -85,8 +84,16 @@ def test_streamed_equals_non_streamed_at_temperature_0(client: openai.OpenAI) ->
 
 
 def test_chat_stream_framing(server: RunningServer) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0.7,
-            "n": 2, "seed": 3, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 6,
+        "temperature": 0.7,
+        "n": 2,
+        "seed": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r)
@@ -143,8 +150,14 @@ def test_logprobs_shapes(client: openai.OpenAI) -> None:
     assert all(x is not None and x <= 0 for x in lp.token_logprobs)
     assert all(len(top) <= 3 for top in lp.top_logprobs)
 
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                                          temperature=0, logprobs=True, top_logprobs=2)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == chat.usage.completion_tokens  # type: ignore[union-attr]
     for entry in content:
@@ -155,8 +168,15 @@ def test_logprobs_shapes(client: openai.OpenAI) -> None:
 
 def test_extra_sampling_fields_are_accepted(client: openai.OpenAI) -> None:
     r = client.completions.create(
-        model=MODEL, prompt="Hello", max_tokens=6, temperature=0.8, top_p=0.9, frequency_penalty=0.5,
-        presence_penalty=0.2, logit_bias={"100": 5.0}, seed=1,
+        model=MODEL,
+        prompt="Hello",
+        max_tokens=6,
+        temperature=0.8,
+        top_p=0.9,
+        frequency_penalty=0.5,
+        presence_penalty=0.2,
+        logit_bias={"100": 5.0},
+        seed=1,
         extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 6},
     )
     assert r.usage is not None and r.usage.completion_tokens == 6
@@ -166,11 +186,14 @@ def test_extra_sampling_fields_are_accepted(client: openai.OpenAI) -> None:
 def test_banned_token_never_appears(client: openai.OpenAI) -> None:
     free = client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=0)
     first = free.choices[0].logprobs.tokens[0]  # type: ignore[union-attr,index]
-    gen = httpx.post(str(client.base_url).removesuffix("/v1/") + "/generate",
-                     json={"text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()
+    gen = httpx.post(
+        str(client.base_url).removesuffix("/v1/") + "/generate",
+        json={"text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+    ).json()
     banned = gen["output_ids"][0]
-    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=0,
-                                  logit_bias={str(banned): -100})
+    r = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=0, logit_bias={str(banned): -100}
+    )
     assert r.choices[0].logprobs.tokens[0] != first  # type: ignore[union-attr,index]
 
 
@@ -193,74 +216,212 @@ def test_models(client: openai.OpenAI, server: RunningServer) -> None:
 # the right parameter (structured-output fields included) and formats what comes back
 # without loss.
 
-OBJECT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"enum": [1, 2, 3]}},
-          "required": ["name", "n"]}
+OBJECT = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"enum": [1, 2, 3]}},
+    "required": ["name", "n"],
+}
 C, G = "/v1/completions", "/v1/chat/completions"
 CHAT_MSGS: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"}]
 JSON_PLEASE: list[Any] = [{"role": "user", "content": "JSON please"}]
 OFFLINE = [
-    pytest.param(C, {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0},
-                 "The quick brown fox", dict(max_new_tokens=16, temperature=0), id="greedy"),
-    pytest.param(C, {"prompt": ["one", "two"], "max_tokens": 6, "temperature": 0.9, "seed": 7, "n": 2},
-                 ["one", "two"], dict(max_new_tokens=6, temperature=0.9, seed=7, n=2), id="seeded-n2-two-prompts"),
-    pytest.param(C, {"prompt": [1, 2, 3, 4], "max_tokens": 5, "temperature": 0, "logprobs": 2},
-                 [1, 2, 3, 4], dict(max_new_tokens=5, temperature=0, logprobs=True, top_logprobs=2), id="ids-logprobs"),
-    pytest.param(C, {"prompt": "Counting:", "max_tokens": 16, "temperature": 0, "stop": [" the", "ing"],
-                     "include_stop_str_in_output": True}, "Counting:",
-                 dict(max_new_tokens=16, temperature=0, stop=[" the", "ing"], include_stop_str=True), id="stop"),
-    pytest.param(C, {"prompt": "code:", "regex": "[a-z]{3}-[0-9]{2}", "max_tokens": 12, "temperature": 0},
-                 "code:", dict(max_new_tokens=12, temperature=0, regex="[a-z]{3}-[0-9]{2}"), id="regex-greedy"),
-    pytest.param(C, {"prompt": ["a", "b"], "guided_regex": "(yes|no|maybe)!", "max_tokens": 8, "temperature": 1.0,
-                     "seed": 4, "n": 2}, ["a", "b"],
-                 dict(max_new_tokens=8, temperature=1.0, seed=4, n=2, regex="(yes|no|maybe)!"), id="guided_regex-n2"),
-    pytest.param(C, {"prompt": "JSON:", "json_schema": OBJECT, "max_tokens": 40, "temperature": 0.8, "seed": 11,
-                     "logprobs": 1}, "JSON:",
-                 dict(max_new_tokens=40, temperature=0.8, seed=11, json_schema=OBJECT, logprobs=True, top_logprobs=1),
-                 id="json_schema-seeded-logprobs"),
-    pytest.param(C, {"prompt": "JSON:", "guided_json": json.dumps(OBJECT), "max_tokens": 40, "temperature": 0},
-                 "JSON:", dict(max_new_tokens=40, temperature=0, json_schema=json.dumps(OBJECT)), id="guided_json-text"),
-    pytest.param(C, {"prompt": "pick", "guided_choice": ["alpha", "beta", "gamma"], "max_tokens": 8,
-                     "temperature": 1.0, "seed": 2}, "pick",
-                 dict(max_new_tokens=8, temperature=1.0, seed=2, choice=["alpha", "beta", "gamma"]), id="guided_choice"),
-    pytest.param(C, {"prompt": "g", "guided_grammar": 'root ::= "(" [a-c]* ")"', "max_tokens": 10,
-                     "temperature": 0.9, "seed": 5}, "g",
-                 dict(max_new_tokens=10, temperature=0.9, seed=5, ebnf='root ::= "(" [a-c]* ")"'), id="guided_grammar"),
-    pytest.param(C, {"prompt": "g", "grammar": 'root ::= "x" | "y" root', "max_tokens": 10, "temperature": 0.9,
-                     "seed": 6}, "g", dict(max_new_tokens=10, temperature=0.9, seed=6, ebnf='root ::= "x" | "y" root'),
-                 id="grammar"),
-    pytest.param("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 10, "temperature": 0}},
-                 "Once upon a time", dict(max_new_tokens=10, temperature=0), id="generate"),
-    pytest.param("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 1,
-                               "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "seed": 1, "n": 2}},
-                 [5, 6, 7], dict(max_new_tokens=4, temperature=0.7, seed=1, n=2, logprobs=True, top_logprobs=1),
-                 id="generate-seeded-n2"),
-    pytest.param("/generate", {"text": "JSON:", "sampling_params": {"json_schema": OBJECT, "max_new_tokens": 40,
-                                                                    "temperature": 0.7, "seed": 3, "n": 2}},
-                 "JSON:", dict(max_new_tokens=40, temperature=0.7, seed=3, n=2, json_schema=OBJECT),
-                 id="generate-json_schema-n2"),
-    pytest.param("/generate", {"text": "E:", "sampling_params": {"ebnf": 'root ::= [0-9]+ "." [0-9]',
-                                                                 "max_new_tokens": 8, "temperature": 0}},
-                 "E:", dict(max_new_tokens=8, temperature=0, ebnf='root ::= [0-9]+ "." [0-9]'), id="generate-ebnf"),
-    pytest.param(G, {"messages": CHAT_MSGS, "max_tokens": 12, "temperature": 0}, CHAT_MSGS,
-                 dict(max_new_tokens=12, temperature=0), id="chat-greedy"),
-    pytest.param(G, {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-                     "max_completion_tokens": 8, "temperature": 1.0, "top_p": 0.9, "seed": 3, "logprobs": True,
-                     "top_logprobs": 2}, [{"role": "user", "content": "Hi"}],
-                 dict(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3, logprobs=True, top_logprobs=2),
-                 id="chat-seeded-logprobs"),
-    pytest.param(G, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0,
-                     "chat_template_kwargs": {"enable_thinking": False}}, [{"role": "user", "content": "Hi"}],
-                 dict(max_new_tokens=8, temperature=0), id="chat-template-kwargs"),
-    pytest.param(G, {"messages": JSON_PLEASE, "max_tokens": 30, "temperature": 1.0, "seed": 9,
-                     "response_format": {"type": "json_object"}}, JSON_PLEASE,
-                 dict(max_new_tokens=30, temperature=1.0, seed=9, json_object=True), id="chat-json_object"),
-    pytest.param(G, {"messages": JSON_PLEASE, "max_tokens": 40, "temperature": 0, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "x", "schema": OBJECT, "strict": True}}}, JSON_PLEASE,
-                 dict(max_new_tokens=40, temperature=0, json_schema=OBJECT, json_schema_strict=True),
-                 id="chat-json_schema-strict"),
-    pytest.param(G, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
-                     "response_format": {"type": "text"}}, [{"role": "user", "content": "hi"}],
-                 dict(max_new_tokens=6, temperature=0), id="chat-response_format-text"),
+    pytest.param(
+        C,
+        {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0},
+        "The quick brown fox",
+        dict(max_new_tokens=16, temperature=0),
+        id="greedy",
+    ),
+    pytest.param(
+        C,
+        {"prompt": ["one", "two"], "max_tokens": 6, "temperature": 0.9, "seed": 7, "n": 2},
+        ["one", "two"],
+        dict(max_new_tokens=6, temperature=0.9, seed=7, n=2),
+        id="seeded-n2-two-prompts",
+    ),
+    pytest.param(
+        C,
+        {"prompt": [1, 2, 3, 4], "max_tokens": 5, "temperature": 0, "logprobs": 2},
+        [1, 2, 3, 4],
+        dict(max_new_tokens=5, temperature=0, logprobs=True, top_logprobs=2),
+        id="ids-logprobs",
+    ),
+    pytest.param(
+        C,
+        {
+            "prompt": "Counting:",
+            "max_tokens": 16,
+            "temperature": 0,
+            "stop": [" the", "ing"],
+            "include_stop_str_in_output": True,
+        },
+        "Counting:",
+        dict(max_new_tokens=16, temperature=0, stop=[" the", "ing"], include_stop_str=True),
+        id="stop",
+    ),
+    pytest.param(
+        C,
+        {"prompt": "code:", "regex": "[a-z]{3}-[0-9]{2}", "max_tokens": 12, "temperature": 0},
+        "code:",
+        dict(max_new_tokens=12, temperature=0, regex="[a-z]{3}-[0-9]{2}"),
+        id="regex-greedy",
+    ),
+    pytest.param(
+        C,
+        {
+            "prompt": ["a", "b"],
+            "guided_regex": "(yes|no|maybe)!",
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "seed": 4,
+            "n": 2,
+        },
+        ["a", "b"],
+        dict(max_new_tokens=8, temperature=1.0, seed=4, n=2, regex="(yes|no|maybe)!"),
+        id="guided_regex-n2",
+    ),
+    pytest.param(
+        C,
+        {"prompt": "JSON:", "json_schema": OBJECT, "max_tokens": 40, "temperature": 0.8, "seed": 11, "logprobs": 1},
+        "JSON:",
+        dict(max_new_tokens=40, temperature=0.8, seed=11, json_schema=OBJECT, logprobs=True, top_logprobs=1),
+        id="json_schema-seeded-logprobs",
+    ),
+    pytest.param(
+        C,
+        {"prompt": "JSON:", "guided_json": json.dumps(OBJECT), "max_tokens": 40, "temperature": 0},
+        "JSON:",
+        dict(max_new_tokens=40, temperature=0, json_schema=json.dumps(OBJECT)),
+        id="guided_json-text",
+    ),
+    pytest.param(
+        C,
+        {"prompt": "pick", "guided_choice": ["alpha", "beta", "gamma"], "max_tokens": 8, "temperature": 1.0, "seed": 2},
+        "pick",
+        dict(max_new_tokens=8, temperature=1.0, seed=2, choice=["alpha", "beta", "gamma"]),
+        id="guided_choice",
+    ),
+    pytest.param(
+        C,
+        {"prompt": "g", "guided_grammar": 'root ::= "(" [a-c]* ")"', "max_tokens": 10, "temperature": 0.9, "seed": 5},
+        "g",
+        dict(max_new_tokens=10, temperature=0.9, seed=5, ebnf='root ::= "(" [a-c]* ")"'),
+        id="guided_grammar",
+    ),
+    pytest.param(
+        C,
+        {"prompt": "g", "grammar": 'root ::= "x" | "y" root', "max_tokens": 10, "temperature": 0.9, "seed": 6},
+        "g",
+        dict(max_new_tokens=10, temperature=0.9, seed=6, ebnf='root ::= "x" | "y" root'),
+        id="grammar",
+    ),
+    pytest.param(
+        "/generate",
+        {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 10, "temperature": 0}},
+        "Once upon a time",
+        dict(max_new_tokens=10, temperature=0),
+        id="generate",
+    ),
+    pytest.param(
+        "/generate",
+        {
+            "input_ids": [5, 6, 7],
+            "return_logprob": True,
+            "top_logprobs_num": 1,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "seed": 1, "n": 2},
+        },
+        [5, 6, 7],
+        dict(max_new_tokens=4, temperature=0.7, seed=1, n=2, logprobs=True, top_logprobs=1),
+        id="generate-seeded-n2",
+    ),
+    pytest.param(
+        "/generate",
+        {
+            "text": "JSON:",
+            "sampling_params": {"json_schema": OBJECT, "max_new_tokens": 40, "temperature": 0.7, "seed": 3, "n": 2},
+        },
+        "JSON:",
+        dict(max_new_tokens=40, temperature=0.7, seed=3, n=2, json_schema=OBJECT),
+        id="generate-json_schema-n2",
+    ),
+    pytest.param(
+        "/generate",
+        {"text": "E:", "sampling_params": {"ebnf": 'root ::= [0-9]+ "." [0-9]', "max_new_tokens": 8, "temperature": 0}},
+        "E:",
+        dict(max_new_tokens=8, temperature=0, ebnf='root ::= [0-9]+ "." [0-9]'),
+        id="generate-ebnf",
+    ),
+    pytest.param(
+        G,
+        {"messages": CHAT_MSGS, "max_tokens": 12, "temperature": 0},
+        CHAT_MSGS,
+        dict(max_new_tokens=12, temperature=0),
+        id="chat-greedy",
+    ),
+    pytest.param(
+        G,
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "max_completion_tokens": 8,
+            "temperature": 1.0,
+            "top_p": 0.9,
+            "seed": 3,
+            "logprobs": True,
+            "top_logprobs": 2,
+        },
+        [{"role": "user", "content": "Hi"}],
+        dict(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=3, logprobs=True, top_logprobs=2),
+        id="chat-seeded-logprobs",
+    ),
+    pytest.param(
+        G,
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 8,
+            "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+        [{"role": "user", "content": "Hi"}],
+        dict(max_new_tokens=8, temperature=0),
+        id="chat-template-kwargs",
+    ),
+    pytest.param(
+        G,
+        {
+            "messages": JSON_PLEASE,
+            "max_tokens": 30,
+            "temperature": 1.0,
+            "seed": 9,
+            "response_format": {"type": "json_object"},
+        },
+        JSON_PLEASE,
+        dict(max_new_tokens=30, temperature=1.0, seed=9, json_object=True),
+        id="chat-json_object",
+    ),
+    pytest.param(
+        G,
+        {
+            "messages": JSON_PLEASE,
+            "max_tokens": 40,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": OBJECT, "strict": True}},
+        },
+        JSON_PLEASE,
+        dict(max_new_tokens=40, temperature=0, json_schema=OBJECT, json_schema_strict=True),
+        id="chat-json_schema-strict",
+    ),
+    pytest.param(
+        G,
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 6,
+            "temperature": 0,
+            "response_format": {"type": "text"},
+        },
+        [{"role": "user", "content": "hi"}],
+        dict(max_new_tokens=6, temperature=0),
+        id="chat-response_format-text",
+    ),
 ]
 
 
@@ -282,8 +443,9 @@ def close(got: list[float], want: list[float]) -> bool:
 
 
 @pytest.mark.parametrize(("path", "body", "prompt", "params"), OFFLINE)
-def test_the_server_gives_the_offline_engines_tokens(server: RunningServer, offline: Any, path: str,
-                                                     body: dict[str, Any], prompt: Any, params: dict[str, Any]) -> None:
+def test_the_server_gives_the_offline_engines_tokens(
+    server: RunningServer, offline: Any, path: str, body: dict[str, Any], prompt: Any, params: dict[str, Any]
+) -> None:
     from ferrolm.sampling_params import SamplingParams
 
     assert httpx.post(f"{server.url}/flush_cache", json={}, timeout=60).status_code == 200
@@ -295,25 +457,29 @@ def test_the_server_gives_the_offline_engines_tokens(server: RunningServer, offl
     if path == G:
         kwargs = {"chat_template_kwargs": body["chat_template_kwargs"]} if "chat_template_kwargs" in body else {}
         chats = offline.chat(prompt, sampling, **kwargs)
-        assert [(c["message"]["content"], c["finish_reason"]) for c in answer["choices"]] == \
-            [(c.content, c.finish_reason) for c in chats]
+        assert [(c["message"]["content"], c["finish_reason"]) for c in answer["choices"]] == [
+            (c.content, c.finish_reason) for c in chats
+        ]
         assert answer["usage"]["completion_tokens"] == sum(len(c.token_ids) for c in chats)
         if body.get("logprobs"):
             [choice], [chat] = answer["choices"], chats
             assert [e["token"] for e in choice["logprobs"]["content"]] == [
-                offline.tokenizer.decode([t]) for t in chat.token_ids]
+                offline.tokenizer.decode([t]) for t in chat.token_ids
+            ]
         return
     results = offline.generate(prompt, sampling)
     if path == "/generate":
         items = answer if isinstance(answer, list) else [answer]
-        assert [(a["output_ids"], a["text"], a["meta_info"]["finish_reason"]["type"]) for a in items] == \
-            [(x.token_ids, x.text, x.finish_reason) for x in results]
+        assert [(a["output_ids"], a["text"], a["meta_info"]["finish_reason"]["type"]) for a in items] == [
+            (x.token_ids, x.text, x.finish_reason) for x in results
+        ]
         if body.get("return_logprob"):
             for a, x in zip(items, results):
                 assert close([lp for lp, *_ in a["meta_info"]["output_token_logprobs"]], x.logprobs)
         return
-    assert [(c["index"], c["text"], c["finish_reason"]) for c in answer["choices"]] == \
-        [(i, x.text, x.finish_reason) for i, x in enumerate(results)]
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in answer["choices"]] == [
+        (i, x.text, x.finish_reason) for i, x in enumerate(results)
+    ]
     assert answer["usage"]["completion_tokens"] == sum(len(x.token_ids) for x in results)
     if "logprobs" in body:
         for c, x in zip(answer["choices"], results):
@@ -323,18 +489,24 @@ def test_the_server_gives_the_offline_engines_tokens(server: RunningServer, offl
 
 # (plain completions and chat: test_streamed_equals_non_streamed_at_temperature_0; a regex:
 # test_server_structured)
-@pytest.mark.parametrize(("path", "body"), [(p.values[0], p.values[1]) for p in OFFLINE
-                                            if p.id in ("guided_choice", "chat-json_schema-strict")])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [(p.values[0], p.values[1]) for p in OFFLINE if p.id in ("guided_choice", "chat-json_schema-strict")],
+)
 def test_a_stream_carries_the_same_answer(server: RunningServer, path: str, body: dict[str, Any]) -> None:
     whole = httpx.post(f"{server.url}{path}", json=body, timeout=120).json()
-    r = httpx.post(f"{server.url}{path}", json={**body, "stream": True, "stream_options": {"include_usage": True}},
-                   timeout=120)
+    r = httpx.post(
+        f"{server.url}{path}", json={**body, "stream": True, "stream_options": {"include_usage": True}}, timeout=120
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    text = "".join((c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "")
-                   for c in chunks if c["choices"])
+    text = "".join(
+        (c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "")
+        for c in chunks
+        if c["choices"]
+    )
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     choice = whole["choices"][0]
     assert text == choice.get("text", (choice.get("message") or {}).get("content"))
@@ -343,9 +515,19 @@ def test_a_stream_carries_the_same_answer(server: RunningServer, path: str, body
     assert {k: chunks[-1]["usage"][k] for k in counts} == {k: whole["usage"][k] for k in counts}
 
 
-TRICKY_TEXTS = ["Hello, world!", "  leading and trailing  ", "tabs\tand\nnew\n\n\nlines\r\n", "123456789 3.14159",
-                "é ü ñ 中文 日本語 한국어", "emoji \U0001F600\U0001F44D\U0001F3FD", "<|im_start|>user\nhi<|im_end|>",
-                "don't you're we'll I'm", "a" * 300, "x = f(y) -> {z: [1, 2]};", "\u200b zero\u00a0width"]
+TRICKY_TEXTS = [
+    "Hello, world!",
+    "  leading and trailing  ",
+    "tabs\tand\nnew\n\n\nlines\r\n",
+    "123456789 3.14159",
+    "é ü ñ 中文 日本語 한국어",
+    "emoji \U0001f600\U0001f44d\U0001f3fd",
+    "<|im_start|>user\nhi<|im_end|>",
+    "don't you're we'll I'm",
+    "a" * 300,
+    "x = f(y) -> {z: [1, 2]};",
+    "\u200b zero\u00a0width",
+]
 
 
 @pytest.mark.parametrize("text", TRICKY_TEXTS)

@@ -37,9 +37,7 @@ def series(url: str, name: str) -> float:
     return float(value)
 
 
-def test_a_forward_that_raises_fails_its_step_and_the_loop_serves_on(
-    served: tuple[StepLoop, str],
-) -> None:
+def test_a_forward_that_raises_fails_its_step_and_the_loop_serves_on(served: tuple[StepLoop, str]) -> None:
     loop, url = served
     forward = loop.runner.forward
     calls = {"n": 0}
@@ -51,10 +49,7 @@ def test_a_forward_that_raises_fails_its_step_and_the_loop_serves_on(
         return forward(*args, **kwargs)
 
     loop.runner.forward = failing_once
-    body = {
-        "text": "Hello",
-        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
-    }
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
     failed = httpx.post(f"{url}/generate", json=body, timeout=60)
     assert failed.status_code == 500, failed.text
     assert "the device fell over" not in failed.text  # clients get no internals
@@ -67,10 +62,7 @@ def test_a_forward_that_raises_fails_its_step_and_the_loop_serves_on(
 def test_the_loops_forward_timing_is_on_metrics(served: tuple[StepLoop, str]) -> None:
     _, url = served
     assert series(url, "ferrolm:forward_seconds_count") == 0
-    body = {
-        "text": "Hello",
-        "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
-    }
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}
     assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200
     # a prefill step, then a decode step per further token
     assert series(url, "ferrolm:forward_seconds_count") == 5
@@ -97,13 +89,7 @@ def test_serve_loads_no_bench_module_fastapi_or_uvicorn() -> None:
         "from ferrolm.cli import main\n"
         "sys.exit(main(['serve', '--port', '0']))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     modules = json.loads(out.stdout.strip().splitlines()[-1])
     assert "ferrolm.server.args" in modules  # it got as far as serving
     loaded = [

@@ -14,16 +14,28 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from ferrolm.server.testing import RunningServer, running_server
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from ferrolm.server.testing import RunningServer, running_server
-
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "days"], "additionalProperties": False}
-MOVE = {"type": "object", "properties": {"to": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
-                                                 "maxItems": 3}, "fast": {"type": "boolean"}},
-        "required": ["to"], "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+MOVE = {
+    "type": "object",
+    "properties": {
+        "to": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3},
+        "fast": {"type": "boolean"},
+    },
+    "required": ["to"],
+    "additionalProperties": False,
+}
 TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}},
     {"type": "function", "function": {"name": "move", "parameters": MOVE}},
@@ -66,13 +78,21 @@ def calls_of(completion: Any) -> list[tuple[str, str]]:
     return [(c.function.name, c.function.arguments) for c in calls]
 
 
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "move"}}],
-                         ids=["required", "named"])
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "move"}}], ids=["required", "named"]
+)
 def test_forced_calls_always_validate_streamed_and_not(client: openai.OpenAI, tool_choice: Any) -> None:
     names = set()
     for seed in range(10):
-        kw = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": tool_choice, "seed": seed,
-              "temperature": 1.0, "max_tokens": 400}
+        kw = {
+            "model": "tiny",
+            "messages": MSG,
+            "tools": TOOLS,
+            "tool_choice": tool_choice,
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 400,
+        }
         whole = client.chat.completions.create(**kw)
         assert whole.choices[0].finish_reason == "tool_calls"
         assert whole.choices[0].message.content is None
@@ -87,8 +107,15 @@ def test_forced_calls_always_validate_streamed_and_not(client: openai.OpenAI, to
 
 def test_auto_with_the_trigger_forced_by_logit_bias_returns_a_valid_call(client: openai.OpenAI) -> None:
     for seed in range(4):
-        kw = {"model": "tiny", "messages": MSG, "tools": TOOLS, "seed": seed, "temperature": 1.0,
-              "max_tokens": 120, "logit_bias": {TOOL_CALL: 100}}
+        kw = {
+            "model": "tiny",
+            "messages": MSG,
+            "tools": TOOLS,
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 120,
+            "logit_bias": {TOOL_CALL: 100},
+        }
         whole = client.chat.completions.create(**kw)
         assert whole.choices[0].finish_reason == "tool_calls" and calls_of(whole)
         assert calls_of(streamed(client, **kw)) == calls_of(whole)
@@ -109,28 +136,38 @@ def test_streamed_deltas_follow_openais_shape(server: RunningServer) -> None:
 
 
 def test_the_conversation_goes_on_with_the_calls_and_their_results(client: openai.OpenAI) -> None:
-    first = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=2,
-                                           max_tokens=120)
+    first = client.chat.completions.create(
+        model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=2, max_tokens=120
+    )
     call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
-    history = [*MSG, first.choices[0].message,  # as the openai client returns it
-               {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
-    second = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, seed=2, max_tokens=8,
-                                            logit_bias={TOOL_CALL: -100})
+    history = [
+        *MSG,
+        first.choices[0].message,  # as the openai client returns it
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    second = client.chat.completions.create(
+        model="tiny", messages=history, tools=TOOLS, seed=2, max_tokens=8, logit_bias={TOOL_CALL: -100}
+    )
     assert second.choices[0].message.tool_calls is None
     assert second.usage is not None and first.usage is not None
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result are in the prompt
 
 
 def test_none_shows_the_tools_but_parses_nothing(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="none", seed=0,
-                                       max_tokens=8, logit_bias={TOOL_CALL: 100})
+    r = client.chat.completions.create(
+        model="tiny", messages=MSG, tools=TOOLS, tool_choice="none", seed=0, max_tokens=8, logit_bias={TOOL_CALL: 100}
+    )
     assert r.choices[0].message.tool_calls is None
     assert r.choices[0].message.content is not None and r.choices[0].message.content.startswith("<tool_call>")
 
 
 def test_native_generate_returns_parsed_calls(server: RunningServer) -> None:
-    body = {"text": "Call a tool:", "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "sampling_params": {"max_new_tokens": 120, "temperature": 1.0, "seed": 4}}
+    body = {
+        "text": "Call a tool:",
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "sampling_params": {"max_new_tokens": 120, "temperature": 1.0, "seed": 4},
+    }
     out = httpx.post(f"{server.url}/generate", json=body, timeout=120).json()
     [call] = out["tool_calls"]
     assert call["function"]["name"] == "get_weather" and out["content"] is None
@@ -138,45 +175,89 @@ def test_native_generate_returns_parsed_calls(server: RunningServer) -> None:
     assert out["meta_info"]["finish_reason"]["type"] == "tool_calls"
     assert json.loads(out["text"])["arguments"] == json.loads(call["function"]["arguments"])
     # auto over token ids, the trigger forced: the calls come parsed too
-    body = {"input_ids": [5, 6, 7], "tools": TOOLS, "sampling_params": {"max_new_tokens": 120, "temperature": 0,
-                                                                        "logit_bias": {TOOL_CALL: 100}}}
+    body = {
+        "input_ids": [5, 6, 7],
+        "tools": TOOLS,
+        "sampling_params": {"max_new_tokens": 120, "temperature": 0, "logit_bias": {TOOL_CALL: 100}},
+    }
     out = httpx.post(f"{server.url}/generate", json=body, timeout=120).json()
     assert out["tool_calls"] and out["meta_info"]["finish_reason"]["type"] == "tool_calls", out
     for call in out["tool_calls"]:
         jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
 
 
-BAD_PATTERN = {"type": "function", "function": {"name": "bad", "parameters": {
-    "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}
+BAD_PATTERN = {
+    "type": "function",
+    "function": {
+        "name": "bad",
+        "parameters": {"type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}},
+    },
+}
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"tools": [TOOLS[0], BAD_PATTERN], "tool_choice": "required"}, "tools.1.function.parameters"),
-    ({"tools": [TOOLS[0], BAD_PATTERN]}, "tools.1.function.parameters"),  # auto: the same grammar behind the trigger
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tool_choice": "none"}, "tool_choice"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]}, "tools.0.function.extra"),
-    ({"tools": []}, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
-    ({"tools": [TOOLS[2], TOOLS[2]]}, "tools.1.function.name"),
-    ({"tools": TOOLS, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}}}}}, "response_format"),
-    ({"tools": TOOLS, "regex": "<[a-z]+>"}, "regex"),  # an answer that could begin as a call does
-    ({"tools": TOOLS, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
-    ({"chat_template_kwargs": {"bos_token": "<x>", "messages": []}}, "chat_template_kwargs"),
-    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "ping"}}]}]},
-     "messages.1.tool_calls.0.function.arguments"),
-    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}]}]},
-     "messages.1.tool_calls.0.function.arguments"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [TOOLS[0], BAD_PATTERN], "tool_choice": "required"}, "tools.1.function.parameters"),
+        (
+            {"tools": [TOOLS[0], BAD_PATTERN]},
+            "tools.1.function.parameters",
+        ),  # auto: the same grammar behind the trigger
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "none"}, "tool_choice"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}]}, "tools.0.function.extra"),
+        ({"tools": []}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
+        ({"tools": [TOOLS[2], TOOLS[2]]}, "tools.1.function.name"),
+        (
+            {
+                "tools": TOOLS,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}},
+                    },
+                },
+            },
+            "response_format",
+        ),
+        ({"tools": TOOLS, "regex": "<[a-z]+>"}, "regex"),  # an answer that could begin as a call does
+        ({"tools": TOOLS, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"bos_token": "<x>", "messages": []}}, "chat_template_kwargs"),
+        (
+            {
+                "messages": [
+                    *MSG,
+                    {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "ping"}}]},
+                ]
+            },
+            "messages.1.tool_calls.0.function.arguments",
+        ),
+        (
+            {
+                "messages": [
+                    *MSG,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{not json"}}
+                        ],
+                    },
+                ]
+            },
+            "messages.1.tool_calls.0.function.arguments",
+        ),
+    ],
+)
 def test_bad_input_is_a_400_naming_the_field(server: RunningServer, body: dict[str, Any], param: str) -> None:
     for stream in (False, True):
-        r = httpx.post(f"{server.url}{CHAT}", json={"messages": MSG, "max_tokens": 4, **body, "stream": stream},
-                       timeout=60)
+        r = httpx.post(
+            f"{server.url}{CHAT}", json={"messages": MSG, "max_tokens": 4, **body, "stream": stream}, timeout=60
+        )
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param, r.text
 
@@ -185,8 +266,16 @@ def test_several_calls_in_one_answer_streamed_and_not(client: openai.OpenAI) -> 
     counts = []
     for seed in range(8):
         # the end of the turn made less likely (the tiny model mostly stops after one call)
-        kw: dict[str, Any] = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": "required",
-                              "seed": seed, "temperature": 1.0, "max_tokens": 400, "logit_bias": {IM_END: -3}}
+        kw: dict[str, Any] = {
+            "model": "tiny",
+            "messages": MSG,
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": 400,
+            "logit_bias": {IM_END: -3},
+        }
         whole = client.chat.completions.create(**kw)
         assert whole.choices[0].finish_reason == "tool_calls"
         calls = calls_of(whole)
@@ -197,19 +286,37 @@ def test_several_calls_in_one_answer_streamed_and_not(client: openai.OpenAI) -> 
     assert max(counts) > 1, counts
     # parallel_tool_calls false: one call, always
     for seed in range(4):
-        kw = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": "required", "seed": seed,
-              "max_tokens": 400, "parallel_tool_calls": False}
+        kw = {
+            "model": "tiny",
+            "messages": MSG,
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "seed": seed,
+            "max_tokens": 400,
+            "parallel_tool_calls": False,
+        }
         assert len(calls_of(client.chat.completions.create(**kw))) == 1
         assert len(calls_of(streamed(client, **kw))) == 1
 
 
 def test_auto_with_response_format_answers_in_it_or_calls(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"enum": [1, 2, 3]}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
     for seed in range(3):
-        kw: dict[str, Any] = {"model": "tiny", "messages": MSG, "tools": TOOLS, "seed": seed, "max_tokens": 400,
-                              "response_format": fmt, "logit_bias": {TOOL_CALL: -100}}
+        kw: dict[str, Any] = {
+            "model": "tiny",
+            "messages": MSG,
+            "tools": TOOLS,
+            "seed": seed,
+            "max_tokens": 400,
+            "response_format": fmt,
+            "logit_bias": {TOOL_CALL: -100},
+        }
         whole = client.chat.completions.create(**kw)
         assert whole.choices[0].message.tool_calls is None
         jsonschema.validate(json.loads(whole.choices[0].message.content or ""), schema)
@@ -220,18 +327,41 @@ def test_auto_with_response_format_answers_in_it_or_calls(client: openai.OpenAI)
         assert calls_of(streamed(client, **kw)) == calls_of(whole)
 
 
-HISTORY: list[Any] = [*MSG, {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_x", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
-    {"role": "tool", "tool_call_id": "call_x", "content": "sunny"}]
+HISTORY: list[Any] = [
+    *MSG,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_x",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_x", "content": "sunny"},
+]
 # answers asked whole and streamed that the tests above do not ask both ways (required,
 # named, auto with the trigger forced, not parallel, auto with response_format: above)
 ANSWERS = [
-    pytest.param({"tools": TOOLS, "tool_choice": "required", "temperature": 0, "max_tokens": 200, "n": 2,
-                  "logit_bias": {IM_END: -3}}, id="required-greedy-n2"),
+    pytest.param(
+        {
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "temperature": 0,
+            "max_tokens": 200,
+            "n": 2,
+            "logit_bias": {IM_END: -3},
+        },
+        id="required-greedy-n2",
+    ),
     pytest.param({"tools": TOOLS, "temperature": 1.0, "seed": 2, "max_tokens": 12}, id="auto-free"),
     pytest.param({"tools": TOOLS, "tool_choice": "none", "temperature": 0, "max_tokens": 8}, id="none"),
-    pytest.param({"messages": HISTORY, "tools": TOOLS, "temperature": 0, "max_tokens": 8,
-                  "logit_bias": {TOOL_CALL: -100}}, id="history"),
+    pytest.param(
+        {"messages": HISTORY, "tools": TOOLS, "temperature": 0, "max_tokens": 8, "logit_bias": {TOOL_CALL: -100}},
+        id="history",
+    ),
 ]
 
 
@@ -239,8 +369,9 @@ def streamed_choices(server: RunningServer, body: dict[str, Any]) -> list[dict[s
     """Each choice of a raw stream put together (content, reasoning, calls, finish reason),
     checking OpenAI's shape of streamed calls: a call's first delta carries its id, name
     and empty arguments at the next index, later ones only arguments."""
-    r = httpx.post(f"{server.url}{CHAT}", json={**body, "stream": True, "stream_options": {"include_usage": True}},
-                   timeout=120)
+    r = httpx.post(
+        f"{server.url}{CHAT}", json={**body, "stream": True, "stream_options": {"include_usage": True}}, timeout=120
+    )
     assert r.status_code == 200, r.text
     out: dict[int, dict[str, Any]] = {}
     usage = None
@@ -295,12 +426,14 @@ def test_whole_and_streamed_answers_agree(server: RunningServer, body: dict[str,
 
 
 def test_the_server_still_serves_after_refusals(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0,
-                                       max_tokens=120)
+    r = client.chat.completions.create(
+        model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0, max_tokens=120
+    )
     assert calls_of(r)
 
 
 # ---- reasoning, and calls without the constraint ----
+
 
 @pytest.fixture(scope="module")
 def thinking_server() -> Iterator[RunningServer]:
@@ -321,11 +454,21 @@ def test_reasoning_alone_whole_and_streamed_agree(thinking_server: RunningServer
 
 
 def check_reasoning(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"enum": [1, 2, 3]}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     for seed in range(3):
-        kw = {"model": "tiny", "messages": MSG, "seed": seed, "max_tokens": 200, "logit_bias": {THINK_END: 12},
-              "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}}
+        kw = {
+            "model": "tiny",
+            "messages": MSG,
+            "seed": seed,
+            "max_tokens": 200,
+            "logit_bias": {THINK_END: 12},
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        }
         whole = client.chat.completions.create(**kw)
         jsonschema.validate(json.loads(whole.choices[0].message.content or ""), schema)
         stream = streamed(client, **kw)
@@ -334,26 +477,38 @@ def check_reasoning(client: openai.OpenAI) -> None:
         assert "reasoning_content" in extra
         streamed_reasoning = "".join(  # not in the accumulator's model: read from the raw chunks
             (c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
-            for c in client.chat.completions.create(stream=True, **kw) if c.choices)
+            for c in client.chat.completions.create(stream=True, **kw)
+            if c.choices
+        )
         assert streamed_reasoning == (extra["reasoning_content"] or "")
     # tools after the thinking
-    kw = {"model": "tiny", "messages": MSG, "tools": TOOLS, "tool_choice": "required", "seed": 0, "max_tokens": 200,
-          "logit_bias": {THINK_END: 12, TOOL_CALL: 12}}
+    kw = {
+        "model": "tiny",
+        "messages": MSG,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "seed": 0,
+        "max_tokens": 200,
+        "logit_bias": {THINK_END: 12, TOOL_CALL: 12},
+    }
     whole = client.chat.completions.create(**kw)
     assert whole.choices[0].finish_reason == "tool_calls" and calls_of(whole)
     assert calls_of(streamed(client, **kw)) == calls_of(whole)
 
 
 def test_the_constraint_can_be_turned_off() -> None:
-    with running_server("--disable-tool-call-constraint", "--tool-call-parser", "hermes") as s, \
-            client_of(s) as client:
-        r = client.chat.completions.create(model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0,
-                                           max_tokens=6)
+    with running_server("--disable-tool-call-constraint", "--tool-call-parser", "hermes") as s, client_of(s) as client:
+        r = client.chat.completions.create(
+            model="tiny", messages=MSG, tools=TOOLS, tool_choice="required", seed=0, max_tokens=6
+        )
         # the random model's free text is no call: parsed as content, not forced into one
         assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
         # auto with response_format needs the constraint to tell an answer from calls
-        r2 = httpx.post(f"{s.url}{CHAT}", json={"messages": MSG, "tools": TOOLS, "max_tokens": 4,
-                                                "response_format": {"type": "json_object"}}, timeout=60)
+        r2 = httpx.post(
+            f"{s.url}{CHAT}",
+            json={"messages": MSG, "tools": TOOLS, "max_tokens": 4, "response_format": {"type": "json_object"}},
+            timeout=60,
+        )
         assert r2.status_code == 400 and r2.json()["error"]["param"] == "response_format", r2.text
         info = httpx.get(f"{s.url}/server_info", timeout=30).json()["settings"]
         assert info["disable_tool_call_constraint"] is True and info["tool_call_parser"] == "hermes"

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 import tokenizers
-from hypothesis import given
-from hypothesis import strategies as st
-
 from ferrolm.model.loader import resolve_model_folder
 from ferrolm.model.tokenizer import Tokenizer
 from ferrolm.server.args import add_serve_arguments, server_args_from
 from ferrolm.server.prompt_bounds import NF_COMPOSE_SHRINK, max_input_chars_per_token, min_tokens
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +33,7 @@ def tiny_bound(tiny_tokenizer: Tokenizer) -> int:
 
 # ---- the prompt length bound never refuses a prompt that fits ----
 
+
 @pytest.fixture(scope="module")
 def long_tokens(tiny_tokenizer: Tokenizer) -> list[str]:
     """The vocabulary's longest pieces, as text: the texts that pack most into a token."""
@@ -42,14 +42,20 @@ def long_tokens(tiny_tokenizer: Tokenizer) -> list[str]:
 
 
 @given(st.data())
-def test_the_bound_is_a_lower_bound(tiny_tokenizer: Tokenizer, tiny_bound: int, long_tokens: list[str],
-                                    data: st.DataObject) -> None:
-    parts = data.draw(st.lists(st.one_of(
-        st.sampled_from(long_tokens),
-        st.sampled_from(["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", " " * 40, "\n" * 30, "=" * 64]),
-        st.text(max_size=20),
-        st.integers(1, 500).map(lambda n: " " * n),
-    ), max_size=30))
+def test_the_bound_is_a_lower_bound(
+    tiny_tokenizer: Tokenizer, tiny_bound: int, long_tokens: list[str], data: st.DataObject
+) -> None:
+    parts = data.draw(
+        st.lists(
+            st.one_of(
+                st.sampled_from(long_tokens),
+                st.sampled_from(["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", " " * 40, "\n" * 30, "=" * 64]),
+                st.text(max_size=20),
+                st.integers(1, 500).map(lambda n: " " * n),
+            ),
+            max_size=30,
+        )
+    )
     text = "".join(parts)
     for special in (True, False):
         assert len(tiny_tokenizer.encode(text, add_special_tokens=special)) >= min_tokens(text, tiny_bound)
@@ -71,14 +77,17 @@ def _normalizer(kind: dict[str, Any]) -> Any:
     return lambda spec: spec.__setitem__("normalizer", kind)
 
 
-@pytest.mark.parametrize("change", [
-    pytest.param(_normalizer({"type": "Strip", "strip_left": True, "strip_right": True}), id="strip"),
-    pytest.param(_normalizer({"type": "StripAccents"}), id="strip-accents"),
-    pytest.param(_normalizer({"type": "Replace", "pattern": {"String": " "}, "content": ""}), id="delete"),
-    pytest.param(_normalizer({"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}), id="regex"),
-    pytest.param(lambda spec: spec.__setitem__("pre_tokenizer", {"type": "WhitespaceSplit"}), id="drops-spaces"),
-    pytest.param(lambda spec: spec["added_tokens"][0].__setitem__("rstrip", True), id="added-token-rstrip"),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(_normalizer({"type": "Strip", "strip_left": True, "strip_right": True}), id="strip"),
+        pytest.param(_normalizer({"type": "StripAccents"}), id="strip-accents"),
+        pytest.param(_normalizer({"type": "Replace", "pattern": {"String": " "}, "content": ""}), id="delete"),
+        pytest.param(_normalizer({"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}), id="regex"),
+        pytest.param(lambda spec: spec.__setitem__("pre_tokenizer", {"type": "WhitespaceSplit"}), id="drops-spaces"),
+        pytest.param(lambda spec: spec["added_tokens"][0].__setitem__("rstrip", True), id="added-token-rstrip"),
+    ],
+)
 def test_no_bound_where_text_can_vanish(tiny_tokenizer: Tokenizer, change: Any) -> None:
     tokenizer = _with(tiny_tokenizer, change)
     assert max_input_chars_per_token(tokenizer, tokenizer.token_bytes()) is None
@@ -99,6 +108,7 @@ def test_no_canonical_composition_folds_more_than_four_code_points() -> None:
 
 # ---- the API key ----
 
+
 def _parse(*flags: str, environ: dict[str, str]) -> Any:
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
@@ -112,8 +122,9 @@ def test_api_key_from_the_environment_and_the_flag_wins() -> None:
     assert _parse(environ={"FERROLM_API_KEY": "k"}).public_dict()["api_key"] == "set"
 
 
-@pytest.mark.parametrize(("flags", "environ"), [((), {"FERROLM_API_KEY": ""}), ((), {"FERROLM_API_KEY": "  "}),
-                                               (("--api-key", ""), {})])
+@pytest.mark.parametrize(
+    ("flags", "environ"), [((), {"FERROLM_API_KEY": ""}), ((), {"FERROLM_API_KEY": "  "}), (("--api-key", ""), {})]
+)
 def test_an_empty_key_is_refused_not_taken_for_none(flags: tuple[str, ...], environ: dict[str, str]) -> None:
     with pytest.raises(SystemExit):
         _parse(*flags, environ=environ)

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import make_engine
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
@@ -45,8 +44,10 @@ def record_engine_run(tiny: Any, path: Path) -> dict[str, int]:
     prompts = [SYSTEM + q for q in ("What is a radix tree?", "Name a color.", "Why chunk a prefill?")]
     engine.generate(prompts[:1], greedy)  # cached: the others hit its prefix
     engine.submit(SYSTEM + "Say one word.", SamplingParams(max_new_tokens=30, temperature=0.0, stop=["h *"]))
-    engine.generate(prompts + [" ".join(["a long prompt that needs several chunks"] * 6)],
-                    SamplingParams(max_new_tokens=24, temperature=0.7, seed=5, n=2))
+    engine.generate(
+        prompts + [" ".join(["a long prompt that needs several chunks"] * 6)],
+        SamplingParams(max_new_tokens=24, temperature=0.7, seed=5, n=2),
+    )
     while engine.has_work():
         engine.step()
     stats = engine.core.stats()
@@ -101,28 +102,40 @@ def test_bad_traces_and_settings_raise(tmp_path: Path, engine_trace: tuple[Path,
     with pytest.raises(InvalidInputError, match="line 2: not JSON") as e:
         _core.replay_trace(broken)
     assert e.value.field == "trace"
-    cases = [({"eviction_policy": "random"}, "eviction_policy"), ({"schedule_policy": "sjf"}, "schedule_policy"),
-             ({"kv_capacity": 0}, "settings"), ({"step_ms": 5.0}, "by_time"),
-             ({"by_time": True, "step_ms": -1.0}, "step_ms")]
+    cases = [
+        ({"eviction_policy": "random"}, "eviction_policy"),
+        ({"schedule_policy": "sjf"}, "schedule_policy"),
+        ({"kv_capacity": 0}, "settings"),
+        ({"step_ms": 5.0}, "by_time"),
+        ({"by_time": True, "step_ms": -1.0}, "step_ms"),
+    ]
     for kw, field in cases:
         with pytest.raises(InvalidInputError) as e:
             _core.replay_trace(path, **kw)
         assert e.value.field == field, (kw, e.value)
     with pytest.raises(OSError, match="record_trace"):
-        _core.Engine(_core.Vocabulary([b"a", b"b"], eos_token_ids=[1]), record_trace=tmp_path / "no" / "such" / "dir.jsonl")
+        _core.Engine(
+            _core.Vocabulary([b"a", b"b"], eos_token_ids=[1]), record_trace=tmp_path / "no" / "such" / "dir.jsonl"
+        )
 
 
 def test_the_binary_and_the_command_agree_with_the_binding(engine_trace: tuple[Path, dict[str, int]]) -> None:
     path, _ = engine_trace
     report = _core.replay_trace(path)["report"]
-    cli = subprocess.run([sys.executable, "-m", "ferrolm.cli", "replay", "-q", str(path)], capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "ferrolm.cli", "replay", "-q", str(path)], capture_output=True, text=True
+    )
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.splitlines() == report
-    diverged = subprocess.run([sys.executable, "-m", "ferrolm.cli", "replay", "-q", "--max-prefill-tokens", "4",
-                               "--expect-same", str(path)], capture_output=True, text=True)
+    diverged = subprocess.run(
+        [sys.executable, "-m", "ferrolm.cli", "replay", "-q", "--max-prefill-tokens", "4", "--expect-same", str(path)],
+        capture_output=True,
+        text=True,
+    )
     assert diverged.returncode == 3, diverged.stdout
-    missing = subprocess.run([sys.executable, "-m", "ferrolm.cli", "replay", str(path) + ".absent"],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "ferrolm.cli", "replay", str(path) + ".absent"], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "absent" in missing.stderr
     binary = replay_binary()
     if binary is None:
@@ -135,7 +148,10 @@ def test_the_binary_and_the_command_agree_with_the_binding(engine_trace: tuple[P
 def test_a_server_records_a_trace_that_replays(tmp_path: Path) -> None:
     path = tmp_path / "server.trace.jsonl"
     prompts = [SYSTEM + f"Question {i}: what is {i} plus {i}?" for i in range(6)]
-    with running_server("--max-total-tokens", "256", "--chunked-prefill-size", "32", "--record-trace", str(path)) as server:
+    with running_server(
+        "--max-total-tokens", "256", "--chunked-prefill-size", "32", "--record-trace", str(path)
+    ) as server:
+
         def ask(prompt: str) -> None:
             body = {"text": prompt, "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
             r = httpx.post(f"{server.url}/generate", json=body, timeout=120)
@@ -165,8 +181,10 @@ def test_serve_and_generate_take_record_trace(tmp_path: Path) -> None:
     add_serve_arguments(parser)
     assert server_args_from(parser.parse_args(["--record-trace", "t.jsonl"]), environ={}).record_trace == "t.jsonl"
     path = tmp_path / "generate.trace.jsonl"
-    assert main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3",
-                 "--record-trace", str(path)]) == 0
+    assert (
+        main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3", "--record-trace", str(path)])
+        == 0
+    )
     s = _core.replay_trace(path)
     assert s["ok"] and s["same"] and s["requests"] == 1 and s["generated_tokens"] == 3, s["report"]
 

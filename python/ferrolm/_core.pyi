@@ -637,14 +637,7 @@ class Vocabulary:
         the text of one of the vocabulary's special tokens (``[TOOL_CALLS]``) may also be
         written as that token (special tokens are otherwise never allowed)."""
     def structural_tags(
-        self,
-        then: Grammar,
-        *,
-        begin: str,
-        end: str,
-        separator: str = "",
-        repeated: bool = True,
-        begun: str = "",
+        self, then: Grammar, *, begin: str, end: str, separator: str = "", repeated: bool = True, begun: str = ""
     ) -> Grammar:
         """``begin``, ``then``, ``end`` (``<tool_call>\\n{...}\\n</tool_call>``); with
         ``repeated``, then any number more, each after ``separator``. ``begun``: the part of
@@ -710,6 +703,7 @@ def json_schema_normalized(schema: str) -> str:
     within the document resolved to ``#/$defs/<JSON pointer of its target>``. For tools
     that follow the engine, e.g. writing a document's members in the order it generates
     them. Raises ``InvalidInputError`` (field ``json_schema``) on text that is not JSON."""
+
 def replay_trace(
     path: str | os.PathLike[str],
     *,
@@ -865,8 +859,7 @@ class Frontend:
         """``drain``, then ``engine.schedule()`` in the same call (the GIL released once):
         the step's plan, ``None`` when the core has no work."""
     def commit(
-        self, engine: Engine, logits: npt.ArrayLike, forward_s: float | None = None,
-        forward_cpu_s: float | None = None,
+        self, engine: Engine, logits: npt.ArrayLike, forward_s: float | None = None, forward_cpu_s: float | None = None
     ) -> npt.NDArray[np.uint64]:
         """``engine.commit(logits)``, the outputs handed to the streams. ``forward_s`` and
         ``forward_cpu_s``: the step's forward as the loop timed it (wall seconds, and its
@@ -1026,11 +1019,7 @@ class ChatOutputParser:
     def finish(self) -> list[tuple[str, str, int, str]]: ...
 
 def rms_norm(
-    x: npt.NDArray[np.float32],
-    weight: npt.NDArray[np.float32],
-    out: npt.NDArray[np.float32],
-    *,
-    eps: float,
+    x: npt.NDArray[np.float32], weight: npt.NDArray[np.float32], out: npt.NDArray[np.float32], *, eps: float
 ) -> None:
     """RMSNorm of each row of ``x`` (along its last axis) into ``out``: ``x / sqrt(mean(x**2)
     + eps) * weight``, in float32 (the mean of squares summed in float64), as the Llama

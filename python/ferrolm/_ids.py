@@ -29,18 +29,14 @@ def as_ids(obj: Any, what: str, max_value: int = U32_MAX) -> list[int]:
     ):
         # what the binding takes as a sequence (PySequence): not sets, dicts, iterators
         raise InvalidInputError(
-            f"{what} must be a 1-D numpy integer array or a sequence of ints, "
-            f"got {type(obj).__name__}",
-            what,
+            f"{what} must be a 1-D numpy integer array or a sequence of ints, got {type(obj).__name__}", what
         )
     else:
         try:
             values = [_as_int(v) for v in obj]
         except (TypeError, ValueError):
             raise InvalidInputError(
-                f"{what} must be a 1-D numpy integer array or a sequence of ints, "
-                f"got {type(obj).__name__}",
-                what,
+                f"{what} must be a 1-D numpy integer array or a sequence of ints, got {type(obj).__name__}", what
             ) from None
     for i, v in enumerate(values):
         if v < 0 or v > max_value:
@@ -65,8 +61,7 @@ def as_count(obj: Any, what: str) -> int:
 def as_handle(obj: Any) -> int:
     if not isinstance(obj, (int, np.integer)) or obj < 0:
         raise InvalidInputError(
-            f"node must be a handle from match_prefix (a non-negative int), got {type(obj).__name__}",
-            "node",
+            f"node must be a handle from match_prefix (a non-negative int), got {type(obj).__name__}", "node"
         )
     return int(obj)
 

@@ -18,8 +18,9 @@ def _generate(args: argparse.Namespace) -> int:
     from ferrolm.server.args import ServerArgs, build_engine
 
     # the flags generate shares with serve, mapped onto the engine as serve maps them
-    engine = build_engine(ServerArgs(**{name: getattr(args, name) for name in ServerArgs.__dataclass_fields__
-                                        if hasattr(args, name)}))
+    engine = build_engine(
+        ServerArgs(**{name: getattr(args, name) for name in ServerArgs.__dataclass_fields__ if hasattr(args, name)})
+    )
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -61,8 +62,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--stream", action="store_true")
     p.add_argument("--blas-threads", type=int, default=None, help="cap numpy's BLAS threads (default: half the cores)")
-    p.add_argument("--record-trace", metavar="PATH", default=None,
-                   help="record the engine's calls in PATH, to replay with 'ferrolm replay PATH'")
+    p.add_argument(
+        "--record-trace",
+        metavar="PATH",
+        default=None,
+        help="record the engine's calls in PATH, to replay with 'ferrolm replay PATH'",
+    )
     add_runner_arguments(p)
     p.set_defaults(func=_generate)
 
@@ -75,8 +80,14 @@ def _replay(args: argparse.Namespace) -> int:
         overrides["enable_prefix_cache"] = False
     timing = {"step_ms": args.step_ms, "token_ms": args.token_ms} if args.by_time else {}
     try:
-        summary = _core.replay_trace(args.trace, by_time=args.by_time, check_every=args.check_every,
-                                     verbose=not args.quiet, **timing, **overrides)
+        summary = _core.replay_trace(
+            args.trace,
+            by_time=args.by_time,
+            check_every=args.check_every,
+            verbose=not args.quiet,
+            **timing,
+            **overrides,
+        )
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -90,21 +101,35 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-REPLAY_OVERRIDES = ("kv_capacity", "max_running_requests", "max_prefill_tokens", "schedule_policy", "eviction_policy",
-                    "new_token_ratio")
+REPLAY_OVERRIDES = (
+    "kv_capacity",
+    "max_running_requests",
+    "max_prefill_tokens",
+    "schedule_policy",
+    "eviction_policy",
+    "new_token_ratio",
+)
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="replay an engine trace (--record-trace) without the model and check the KV pool",
-                       description="Replays a trace through the Rust core, the recorded tokens standing in for the "
-                                   "model: prints each step's decisions and a summary; exit status 1 if a KV check "
-                                   "failed, 3 with --expect-same if the replay differs from the recording. The same "
-                                   "as the ferrolm-replay binary.")
+    p = sub.add_parser(
+        "replay",
+        help="replay an engine trace (--record-trace) without the model and check the KV pool",
+        description="Replays a trace through the Rust core, the recorded tokens standing in for the "
+        "model: prints each step's decisions and a summary; exit status 1 if a KV check "
+        "failed, 3 with --expect-same if the replay differs from the recording. The same "
+        "as the ferrolm-replay binary.",
+    )
     p.add_argument("trace")
     p.add_argument("-q", "--quiet", action="store_true", help="the summary only, not a line per step")
-    p.add_argument("--by-time", action="store_true",
-                   help="requests arrive at their recorded times on a virtual clock (default: in recorded step order)")
-    p.add_argument("--step-ms", type=float, default=None, help="--by-time: each step's cost (default: the recording's mean)")
+    p.add_argument(
+        "--by-time",
+        action="store_true",
+        help="requests arrive at their recorded times on a virtual clock (default: in recorded step order)",
+    )
+    p.add_argument(
+        "--step-ms", type=float, default=None, help="--by-time: each step's cost (default: the recording's mean)"
+    )
     p.add_argument("--token-ms", type=float, default=0.0, help="--by-time: added per token in the step")
     p.add_argument("--check-every", type=int, default=1, help="check the KV pool every N steps (0: at the end)")
     p.add_argument("--expect-same", action="store_true", help="exit 3 if any step or finish differs from the recording")
@@ -136,7 +161,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ferrolm", description="ferrolm: an LLM serving runtime whose hot paths run in Rust")
+    parser = argparse.ArgumentParser(
+        prog="ferrolm", description="ferrolm: an LLM serving runtime whose hot paths run in Rust"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks that print ratios measured in one run")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -122,12 +122,21 @@ def deltas_of(out: _core.StepOutputs) -> list[Delta]:
     deltas = []
     for i, (rid, text, fin) in enumerate(zip(out.rids.tolist(), out.texts, out.finished)):
         a, b = offsets[i], offsets[i + 1]
-        top = [list(zip(top_ids[top_offsets[j] : top_offsets[j + 1]], top_lps[top_offsets[j] : top_offsets[j + 1]]))
-               for j in range(a, b)]
+        top = [
+            list(zip(top_ids[top_offsets[j] : top_offsets[j + 1]], top_lps[top_offsets[j] : top_offsets[j + 1]]))
+            for j in range(a, b)
+        ]
         d = Delta(rid, ids[a:b], text, logprobs[a:b], top)
         if fin is not None:
-            (d.finish_reason, d.matched_stop, d.error, d.prompt_tokens, d.cached_tokens, d.completion_tokens,
-             d.error_kind) = fin
+            (
+                d.finish_reason,
+                d.matched_stop,
+                d.error,
+                d.prompt_tokens,
+                d.cached_tokens,
+                d.completion_tokens,
+                d.error_kind,
+            ) = fin
         deltas.append(d)
     return deltas
 
@@ -205,8 +214,13 @@ class Engine:
             self.runner = runner
         else:
             self.runner = build_runner(
-                loaded, kv_capacity, runner=kind or "auto", device=device, dtype=dtype,
-                kv_cache_dtype=kv_cache_dtype, mem_fraction_static=mem_fraction_static,
+                loaded,
+                kv_capacity,
+                runner=kind or "auto",
+                device=device,
+                dtype=dtype,
+                kv_cache_dtype=kv_cache_dtype,
+                mem_fraction_static=mem_fraction_static,
             )
             kv_capacity = self.runner.num_slots  # the same, unless sized from memory
         if blas_threads is not None:
@@ -235,8 +249,12 @@ class Engine:
         # and device sampling on where asked for (None: where the runner's device is not
         # the CPU) and the runner has them
         self.loop = StepLoop(
-            self.core, self.runner, eos_token_ids=self.config.eos_token_ids, device_greedy=device_greedy,
-            device_sampling=device_sampling, on_interrupt=lambda out: self._route(deltas_of(out)),
+            self.core,
+            self.runner,
+            eos_token_ids=self.config.eos_token_ids,
+            device_greedy=device_greedy,
+            device_sampling=device_sampling,
+            on_interrupt=lambda out: self._route(deltas_of(out)),
         )
         self._grammar_seconds: list[float] = []  # per structured request, for metrics
         self._rids = itertools.count()
@@ -431,12 +449,19 @@ class Engine:
         The request core is the server's (``_core.ChatCore``): template, tool plan,
         grammar and output parser are the same as ``/v1/chat/completions``'s."""
         params = params or SamplingParams(max_new_tokens=256)
-        request = {"messages": list(messages), "tools": tools, "tool_choice": tool_choice,
-                   "parallel_tool_calls": parallel_tool_calls, "chat_template_kwargs": chat_template_kwargs}
+        request = {
+            "messages": list(messages),
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": parallel_tool_calls,
+            "chat_template_kwargs": chat_template_kwargs,
+        }
         constraint = params.constraint_fields()
         prepared = self.chat_core.prepare(
-            json.dumps(request), constraint_json=json.dumps(constraint) if constraint else None,
-            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser or "none",
+            json.dumps(request),
+            constraint_json=json.dumps(constraint) if constraint else None,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser or "none",
             constrain_tool_calls=constrain_tool_calls,
         )
         # the prepared grammar stands for the caller's constraint (which the plan took in)
@@ -448,16 +473,26 @@ class Engine:
         answers = []
         for r in results:
             content, reasoning, calls, finish = prepared.parse(r.text, r.finish_reason)
-            answers.append(ChatResult(content, reasoning, [ToolCall(*c) for c in calls], finish, r.text,
-                                      list(r.token_ids), prepared.prompt))
+            answers.append(
+                ChatResult(
+                    content,
+                    reasoning,
+                    [ToolCall(*c) for c in calls],
+                    finish,
+                    r.text,
+                    list(r.token_ids),
+                    prepared.prompt,
+                )
+            )
         return answers
 
     @functools.cached_property
     def chat_core(self) -> _core.ChatCore:
         """The request core of ``chat``, over this engine's vocabulary and tokenizer."""
         tok = self.tokenizer
-        return _core.ChatCore(self.vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token,
-                              eos_token=tok.eos_token)
+        return _core.ChatCore(
+            self.vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token
+        )
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Delta]:
         """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep

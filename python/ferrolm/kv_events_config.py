@@ -55,10 +55,18 @@ def describe_stream(config: KvEventsConfig | None, block_size: int) -> dict[str,
     if config is None or not config.publishes:
         return {"enabled": False, "block_size": block_size}
     return {
-        "enabled": True, "format": "vllm", "publisher": config.resolved_publisher, "endpoint": config.endpoint,
-        "replay_endpoint": config.replay_endpoint, "topic": config.topic, "block_size": block_size,
-        "medium": "GPU", "data_parallel_rank": 0,
-        "bind": config.binds, "buffer_steps": config.buffer_steps, "hwm": config.hwm,
+        "enabled": True,
+        "format": "vllm",
+        "publisher": config.resolved_publisher,
+        "endpoint": config.endpoint,
+        "replay_endpoint": config.replay_endpoint,
+        "topic": config.topic,
+        "block_size": block_size,
+        "medium": "GPU",
+        "data_parallel_rank": 0,
+        "bind": config.binds,
+        "buffer_steps": config.buffer_steps,
+        "hwm": config.hwm,
         "max_queue_size": config.max_queue_size,
     }
 
@@ -81,7 +89,8 @@ def parse_kv_events_config(text: str | dict[str, Any]) -> KvEventsConfig:
         field = known.get(name)
         if field is None:
             raise InvalidInputError(
-                f"kv_events_config.{name}: unknown field; known: {', '.join(known)}", f"kv_events_config.{name}")
+                f"kv_events_config.{name}: unknown field; known: {', '.join(known)}", f"kv_events_config.{name}"
+            )
         _check(name, value)
     return KvEventsConfig(**raw)
 

@@ -42,7 +42,7 @@ class _ReplicaBlocks:
             salt = extra[0][0] if extra[0] else None
             parent = _root(salt)
         for i, h in enumerate(hashes):
-            key = (parent, tuple(tokens[i * block_size:(i + 1) * block_size]))
+            key = (parent, tuple(tokens[i * block_size : (i + 1) * block_size]))
             self.by_hash[h] = key
             self.by_key[key] = h
             parent = h
@@ -57,7 +57,7 @@ class _ReplicaBlocks:
         parent: Hashable = _root(cache_salt)
         n = 0
         for start in range(0, len(tokens) - block_size + 1, block_size):
-            h = self.by_key.get((parent, tuple(tokens[start:start + block_size])))
+            h = self.by_key.get((parent, tuple(tokens[start : start + block_size])))
             if h is None:
                 break
             parent, n = h, n + 1
@@ -110,8 +110,9 @@ class KvIndex:
         usable = (len(prompt) - 1) // self.block_size * self.block_size
         return min(self.overlap(replica, prompt, cache_salt), usable)
 
-    def best_replica(self, prompt: Sequence[int], cache_salt: str | None = None,
-                     load: dict[str, float] | None = None) -> str:
+    def best_replica(
+        self, prompt: Sequence[int], cache_salt: str | None = None, load: dict[str, float] | None = None
+    ) -> str:
         """The replica with the largest overlap; ties go to the least loaded (``load``,
         e.g. running requests), then to the first listed."""
         load = load or {}

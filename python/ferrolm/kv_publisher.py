@@ -51,8 +51,14 @@ class KvEventPublisher:
     (aborts, flushes), and ``wait_earlier`` before a step's outputs go out, so that a
     router following the events never lags the outputs by more than the step in flight."""
 
-    def __init__(self, config: KvEventsConfig, *, data_parallel_rank: int = 0, medium: str = MEDIUM_GPU,
-                 on_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: KvEventsConfig,
+        *,
+        data_parallel_rank: int = 0,
+        medium: str = MEDIUM_GPU,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.config = config
         self.on_change = on_change
         self.data_parallel_rank = data_parallel_rank
@@ -71,9 +77,11 @@ class KvEventPublisher:
         self._started.wait()
         if self._start_error is not None:
             self._thread.join()
-            raise OSError(f"kv_events_config: cannot open {config.endpoint!r}"
-                          f"{' / ' + repr(config.replay_endpoint) if config.replay_endpoint else ''}: "
-                          f"{self._start_error}") from self._start_error
+            raise OSError(
+                f"kv_events_config: cannot open {config.endpoint!r}"
+                f"{' / ' + repr(config.replay_endpoint) if config.replay_endpoint else ''}: "
+                f"{self._start_error}"
+            ) from self._start_error
 
     # ---- the step loop's side ----
 
@@ -85,8 +93,12 @@ class KvEventPublisher:
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("KV event queue full (%d batches): %d batches dropped so far; routers following "
-                            "this replica see a stale cache", self.config.max_queue_size, self.dropped)
+                log.warning(
+                    "KV event queue full (%d batches): %d batches dropped so far; routers following "
+                    "this replica see a stale cache",
+                    self.config.max_queue_size,
+                    self.dropped,
+                )
             return False
         self.queued += 1
         return True
@@ -122,9 +134,13 @@ class KvEventPublisher:
         return False
 
     def stats(self) -> dict[str, int]:
-        return {"kv_events_queued": self.queued, "kv_events_sent": self.sent,
-                "kv_events_dropped": self.dropped, "kv_events_replays": self.replays,
-                "kv_events_late": self.late}
+        return {
+            "kv_events_queued": self.queued,
+            "kv_events_sent": self.sent,
+            "kv_events_dropped": self.dropped,
+            "kv_events_replays": self.replays,
+            "kv_events_late": self.late,
+        }
 
     def shutdown(self) -> None:
         """Sends what is queued (for up to ``STOP_TIMEOUT_S``), then closes the sockets."""

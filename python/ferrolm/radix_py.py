@@ -34,14 +34,7 @@ import numpy as np
 
 from ferrolm._ids import I32_MAX, as_count, as_handle, as_ids, as_int_in_range, as_namespace
 from ferrolm.errors import InvalidInputError, InvariantViolation, NotLockedError, StaleHandleError
-from ferrolm.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvEvent,
-    chain_hashes,
-    namespace_seed,
-)
+from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, chain_hashes, namespace_seed
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 ROOT_HANDLE = 0
@@ -138,8 +131,7 @@ class PyRadixCache:
             )
         if eviction_policy not in POLICIES:
             raise InvalidInputError(
-                f"eviction_policy: unknown eviction policy {eviction_policy!r}; "
-                f"expected one of {', '.join(POLICIES)}",
+                f"eviction_policy: unknown eviction policy {eviction_policy!r}; expected one of {', '.join(POLICIES)}",
                 "eviction_policy",
             )
         if kv_event_block_size is not None:
@@ -262,8 +254,7 @@ class PyRadixCache:
             )
         if len(tokens) != len(kv_slots):
             raise InvalidInputError(
-                f"kv_slots has {len(kv_slots)} entries but tokens has {len(tokens)}; "
-                "they must be the same length"
+                f"kv_slots has {len(kv_slots)} entries but tokens has {len(tokens)}; they must be the same length"
             )
         self._clock += 1
         now = self._now()
@@ -426,9 +417,7 @@ class PyRadixCache:
             return self._root
         node = self._nodes.get(h)
         if node is None:
-            raise StaleHandleError(
-                f"node handle {h:#x} is stale: its node was evicted or the tree was reset"
-            )
+            raise StaleHandleError(f"node handle {h:#x} is stale: its node was evicted or the tree was reset")
         return node
 
     def _child_key(self, tokens: list[int], pos: int) -> object:

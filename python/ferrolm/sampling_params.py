@@ -82,22 +82,27 @@ class SamplingParams:
         kinds = [k for k in ("regex", "json_schema", "choice", "ebnf") if getattr(self, k) is not None]
         kinds += ["json_object"] if self.json_object else []
         if len(kinds) > 1:
-            raise InvalidInputError(f"give at most one of regex, json_schema, json_object, choice, ebnf; got {kinds}",
-                                    kinds[1])
+            raise InvalidInputError(
+                f"give at most one of regex, json_schema, json_object, choice, ebnf; got {kinds}", kinds[1]
+            )
         if self.ebnf is not None and not isinstance(self.ebnf, str):
-            raise InvalidInputError(f"ebnf must be a string (the grammar's text), got {type(self.ebnf).__name__}",
-                                    "ebnf")
+            raise InvalidInputError(
+                f"ebnf must be a string (the grammar's text), got {type(self.ebnf).__name__}", "ebnf"
+            )
         if not isinstance(self.json_schema_strict, bool):
-            raise InvalidInputError(f"json_schema_strict must be a bool, got {self.json_schema_strict!r}",
-                                    "json_schema_strict")
+            raise InvalidInputError(
+                f"json_schema_strict must be a bool, got {self.json_schema_strict!r}", "json_schema_strict"
+            )
         if self.json_schema_strict and self.json_schema is None:
             raise InvalidInputError("json_schema_strict needs a json_schema", "json_schema_strict")
         if self.structured_after is not None and not kinds:
-            raise InvalidInputError("structured_after needs a regex, json_schema, json_object, choice or ebnf",
-                                    "structured_after")
+            raise InvalidInputError(
+                "structured_after needs a regex, json_schema, json_object, choice or ebnf", "structured_after"
+            )
         if self.structured_after is not None and not all(isinstance(t, str) and t for t in self.triggers()):
-            raise InvalidInputError("structured_after must be a non-empty string or a non-empty list of them",
-                                    "structured_after")
+            raise InvalidInputError(
+                "structured_after must be a non-empty string or a non-empty list of them", "structured_after"
+            )
         if self.structured_optional and self.structured_after is None:
             raise InvalidInputError("structured_optional needs structured_after", "structured_optional")
         if self.structured_tags is not None:
@@ -110,13 +115,20 @@ class SamplingParams:
     def _check_tags(self, kinds: list[str]) -> None:
         tags = self.structured_tags
         if not kinds:
-            raise InvalidInputError("structured_tags needs a regex, json_schema, json_object, choice or ebnf",
-                                    "structured_tags")
+            raise InvalidInputError(
+                "structured_tags needs a regex, json_schema, json_object, choice or ebnf", "structured_tags"
+            )
         keys = {"begin", "end", "separator", "begun", "repeated"}
-        if (not isinstance(tags, dict) or not {"begin", "end"} <= tags.keys() <= keys
-                or not all(isinstance(v, bool if k == "repeated" else str) for k, v in tags.items())):
-            raise InvalidInputError('structured_tags must be a dict of strings with "begin" and "end" (and '
-                                    'optionally "separator", "begun", and "repeated", a bool)', "structured_tags")
+        if (
+            not isinstance(tags, dict)
+            or not {"begin", "end"} <= tags.keys() <= keys
+            or not all(isinstance(v, bool if k == "repeated" else str) for k, v in tags.items())
+        ):
+            raise InvalidInputError(
+                'structured_tags must be a dict of strings with "begin" and "end" (and '
+                'optionally "separator", "begun", and "repeated", a bool)',
+                "structured_tags",
+            )
         if not tags["begin"].startswith(tags.get("begun", "")):
             raise InvalidInputError('structured_tags: "begun" must be a prefix of "begin"', "structured_tags")
 
@@ -124,8 +136,11 @@ class SamplingParams:
         alternative = self.structured_or
         allowed = {"regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf"}
         if not kinds or not isinstance(alternative, dict) or not alternative.keys() <= allowed:
-            raise InvalidInputError("structured_or needs a structured part and is a dict of constraint fields "
-                                    f"({', '.join(sorted(allowed))})", "structured_or")
+            raise InvalidInputError(
+                "structured_or needs a structured part and is a dict of constraint fields "
+                f"({', '.join(sorted(allowed))})",
+                "structured_or",
+            )
         try:
             inner = SamplingParams(**alternative)
         except InvalidInputError as e:
@@ -168,9 +183,21 @@ class SamplingParams:
 
     def without_constraint(self) -> SamplingParams:
         """The same parameters with no structured-output field set."""
-        return replace(self, regex=None, json_schema=None, json_schema_strict=False, json_object=False, choice=None,
-                       ebnf=None, structured_after=None, structured_optional=False, structured_tags=None,
-                       structured_or=None, json_schema_parts=None, whitespace="compact")
+        return replace(
+            self,
+            regex=None,
+            json_schema=None,
+            json_schema_strict=False,
+            json_object=False,
+            choice=None,
+            ebnf=None,
+            structured_after=None,
+            structured_optional=False,
+            structured_tags=None,
+            structured_or=None,
+            json_schema_parts=None,
+            whitespace="compact",
+        )
 
     def core_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``_core.Engine.submit``."""
@@ -181,5 +208,17 @@ class SamplingParams:
 
 
 # the fields that ask for structured output (a grammar), not of the core's submit
-_CONSTRAINT_FIELDS = ("regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf", "structured_after",
-                      "structured_optional", "structured_tags", "structured_or", "json_schema_parts", "whitespace")
+_CONSTRAINT_FIELDS = (
+    "regex",
+    "json_schema",
+    "json_schema_strict",
+    "json_object",
+    "choice",
+    "ebnf",
+    "structured_after",
+    "structured_optional",
+    "structured_tags",
+    "structured_or",
+    "json_schema_parts",
+    "whitespace",
+)

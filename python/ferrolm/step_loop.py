@@ -93,10 +93,7 @@ class StepLoop:
         self._commit: Callable[..., Any]
         self._commit_tokens: Callable[..., Any]
         if frontend is None:
-            self._commit, self._commit_tokens = (
-                self._core_commit,
-                self._core_commit_tokens,
-            )
+            self._commit, self._commit_tokens = (self._core_commit, self._core_commit_tokens)
             self._fail: Callable[[str], Any] = core.fail_step
             self._take: Callable[[], Any] = core.take_outputs
         else:
@@ -185,12 +182,7 @@ class StepLoop:
         # concurrency the Python work between forwards is most of what a token costs the
         # server outside the forward, so nothing else is done per step.
         frontend, core, stopping = self.frontend, self.core, self.stopping
-        next_plan, wait, take, step = (
-            frontend.next_plan,
-            frontend.wait,
-            self._take,
-            self.step,
-        )
+        next_plan, wait, take, step = (frontend.next_plan, frontend.wait, self._take, self.step)
         while not stopping.is_set():
             plan = next_plan(core)
             if plan is None:

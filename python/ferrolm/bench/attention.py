@@ -43,7 +43,9 @@ def _config(heads: int, kv_heads: int, head_dim: int) -> ModelConfig:
     )
 
 
-def _paired_medians(a: Callable[[], Any], b: Callable[[], Any], budget: float, min_reps: int = 5) -> tuple[float, float]:
+def _paired_medians(
+    a: Callable[[], Any], b: Callable[[], Any], budget: float, min_reps: int = 5
+) -> tuple[float, float]:
     """Median seconds of ``a`` and of ``b``, called alternately so that both see the same
     moments of a shared machine."""
     a(), b()  # warm up
@@ -100,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         total = sum(p + n for p, n in requests)
         slots = rng.permutation(need)[:total].astype(np.int32)
         batch = ForwardBatch.from_requests(
-            [[0] * n for _, n in requests], [s.tolist() for s in np.split(slots, np.cumsum([p + n for p, n in requests])[:-1])]
+            [[0] * n for _, n in requests],
+            [s.tolist() for s in np.split(slots, np.cumsum([p + n for p, n in requests])[:-1])],
         )
         plan = _AttentionPlan.of(batch, config.sliding_window)
         shape = (batch.num_tokens, config.num_heads, config.head_dim)
@@ -114,10 +117,14 @@ def run(args: argparse.Namespace) -> int:
             k_pool[slots] = rng.standard_normal((total, *kv_shape[1:]), np.float32)
             v_pool[slots] = rng.standard_normal((total, *kv_shape[1:]), np.float32)
 
-            def gather_path(runner: NumpyRunner = runner, k_pool: np.ndarray = k_pool, v_pool: np.ndarray = v_pool) -> Any:
+            def gather_path(
+                runner: NumpyRunner = runner, k_pool: np.ndarray = k_pool, v_pool: np.ndarray = v_pool
+            ) -> Any:
                 return runner._attend_reference(q.copy(), k, v, batch, plan, k_pool, v_pool)
 
-            def kernel_path(runner: NumpyRunner = runner, k_pool: np.ndarray = k_pool, v_pool: np.ndarray = v_pool) -> Any:
+            def kernel_path(
+                runner: NumpyRunner = runner, k_pool: np.ndarray = k_pool, v_pool: np.ndarray = v_pool
+            ) -> Any:
                 return runner._attend_kernel(q.copy(), k, v, batch, k_pool, v_pool)
 
             a, b = _paired_medians(gather_path, kernel_path, args.budget)

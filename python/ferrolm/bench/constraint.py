@@ -76,9 +76,13 @@ PAT_STR = {
 }
 # Without tiktoken (and its `regex` module): an approximation with Python's `re`
 # (\p{L} ~ [^\W\d_], \p{N} ~ \d, ``_`` punctuation), close on ASCII JSON.
-_APPROX_PAT = re.compile(r"""'(?i:[sdmt]|ll|ve|re)|(?:[^\r\n\w]|_)?[^\W\d_]+|\d{1,3}| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""")
+_APPROX_PAT = re.compile(
+    r"""'(?i:[sdmt]|ll|ve|re)|(?:[^\r\n\w]|_)?[^\W\d_]+|\d{1,3}| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
 
-SUITE_DIR = Path(__file__).resolve().parents[3] / "crates/ferrolm-constraint/tests/data/json-schema-test-suite/draft2020-12"
+SUITE_DIR = (
+    Path(__file__).resolve().parents[3] / "crates/ferrolm-constraint/tests/data/json-schema-test-suite/draft2020-12"
+)
 
 
 # --------------------------------------------------------------------------- vocabulary
@@ -174,8 +178,11 @@ def load_vocab(name: str) -> BenchVocab:
             name, pat_str=PAT_STR[name], mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eos}
         )
     except ImportError:
-        print("note: tiktoken is not installed; documents are tokenized by a pure-Python BPE "
-              "with an approximate pre-tokenizer", file=sys.stderr)
+        print(
+            "note: tiktoken is not installed; documents are tokenized by a pure-Python BPE "
+            "with an approximate pre-tokenizer",
+            file=sys.stderr,
+        )
     return vocab
 
 
@@ -438,8 +445,11 @@ class LlguidanceEngine(Engine):
         if vocab.tiktoken_encoding is None:
             raise RuntimeError("needs tiktoken to build its tokenizer")
         self.tokenizer = llguidance.LLTokenizer.from_tiktoken(  # type: ignore[attr-defined]
-            encoder=vocab.ranks, special_tokens={"<|endoftext|>": vocab.eos}, pattern=PAT_STR[vocab.name],
-            eos_token=vocab.eos, n_vocab=vocab.size,
+            encoder=vocab.ranks,
+            special_tokens={"<|endoftext|>": vocab.eos},
+            pattern=PAT_STR[vocab.name],
+            eos_token=vocab.eos,
+            n_vocab=vocab.size,
         )
         self.executor = llguidance.LLExecutor()
 
@@ -470,8 +480,9 @@ class XgrammarEngine(Engine):
         import xgrammar
 
         self._xgr = xgrammar
-        info = xgrammar.TokenizerInfo(vocab.token_bytes(), xgrammar.VocabType.RAW, vocab_size=vocab.size,
-                                      stop_token_ids=[vocab.eos])
+        info = xgrammar.TokenizerInfo(
+            vocab.token_bytes(), xgrammar.VocabType.RAW, vocab_size=vocab.size, stop_token_ids=[vocab.eos]
+        )
         # no cache: each schema's compile is timed from scratch, as the other engines'
         self.compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
         self.batcher = xgrammar.BatchGrammarMatcher()
@@ -570,8 +581,9 @@ class EngineRun:
     note: str = ""
 
 
-def walk_document(engine: Engine, grammar: Any, tokens: list[int], eos: int, row: np.ndarray,
-                  times: list[float]) -> tuple[bool, int, str]:
+def walk_document(
+    engine: Engine, grammar: Any, tokens: list[int], eos: int, row: np.ndarray, times: list[float]
+) -> tuple[bool, int, str]:
     """Fill, check and accept each token, then check EOS; returns (ok, position, why)."""
     m = engine.matcher(grammar)
     for pos, tok in enumerate(tokens + [eos]):
@@ -598,8 +610,16 @@ def check_document(engine: Engine, grammar: Any, tokens: list[int], eos: int, ro
     return True, len(tokens), ""
 
 
-def run_engine(engine: Engine, cases: list[Case], tokenized: dict[str, list[list[int]]], vocab_size: int, eos: int,
-               timeout_s: float = 10.0, budget_s: float | None = None, walk_budget_s: float | None = None) -> EngineRun:
+def run_engine(
+    engine: Engine,
+    cases: list[Case],
+    tokenized: dict[str, list[list[int]]],
+    vocab_size: int,
+    eos: int,
+    timeout_s: float = 10.0,
+    budget_s: float | None = None,
+    walk_budget_s: float | None = None,
+) -> EngineRun:
     """Compiles each case's schema and walks its documents. After ``budget_s`` of wall time
     no further schema is attempted; after ``walk_budget_s`` spent walking, schemas are
     still compiled (counted and timed) but their documents are not walked."""
@@ -641,13 +661,24 @@ def run_engine(engine: Engine, cases: list[Case], tokenized: dict[str, list[list
         out.warm_mask_us[case.name] = warm_walks(engine, grammar, case, tokenized[case.name], eos, row)
         walking_s += time.perf_counter() - t1
     if len(out.mask_us) < len(out.compiled):
-        out.note = "; ".join(filter(None, [out.note, (
-            f"walk budget of {walk_budget_s:.0f} s spent: the documents of {len(out.mask_us)} of the "
-            f"{len(out.compiled)} schemas compiled walked, of the others accepted token by token without masks")]))
+        out.note = "; ".join(
+            filter(
+                None,
+                [
+                    out.note,
+                    (
+                        f"walk budget of {walk_budget_s:.0f} s spent: the documents of {len(out.mask_us)} of the "
+                        f"{len(out.compiled)} schemas compiled walked, of the others accepted token by token without masks"
+                    ),
+                ],
+            )
+        )
     return out
 
 
-def warm_walks(engine: Engine, grammar: Any, case: Case, tokens: list[list[int]], eos: int, row: np.ndarray) -> list[float]:
+def warm_walks(
+    engine: Engine, grammar: Any, case: Case, tokens: list[list[int]], eos: int, row: np.ndarray
+) -> list[float]:
     """Fill times of a second walk of each document, by a fresh matcher of the same grammar."""
     times: list[float] = []
     for toks in tokens:
@@ -671,8 +702,15 @@ def _one_case(engine: Engine, case: Case, tokens: list[list[int]], vocab_size: i
     return res
 
 
-def run_engine_forked(engine: Engine, cases: list[Case], tokenized: dict[str, list[list[int]]], vocab_size: int, eos: int,
-                      timeout_s: float, budget_s: float | None) -> EngineRun:
+def run_engine_forked(
+    engine: Engine,
+    cases: list[Case],
+    tokenized: dict[str, list[list[int]]],
+    vocab_size: int,
+    eos: int,
+    timeout_s: float,
+    budget_s: float | None,
+) -> EngineRun:
     """Each schema in a forked child (compile and walk), killed after ``timeout_s`` (counted
     as not compiled); schemas after ``budget_s`` of wall time in all are not attempted. For
     engines whose compile can take minutes. The compiled grammars stay in the children, so
@@ -737,8 +775,9 @@ def run_engine_forked(engine: Engine, cases: list[Case], tokenized: dict[str, li
     return out
 
 
-def batch_positions(cases: list[Case], tokenized: dict[str, list[list[int]]], names: set[str], rng: random.Random,
-                    n: int) -> list[tuple[str, list[int]]]:
+def batch_positions(
+    cases: list[Case], tokenized: dict[str, list[list[int]]], names: set[str], rng: random.Random, n: int
+) -> list[tuple[str, list[int]]]:
     """``n`` (case, token prefix) pairs drawn from the documents of the cases in ``names``."""
     pool = [(c.name, toks) for c in cases if c.name in names for toks in tokenized[c.name] if toks]
     if not pool:
@@ -750,7 +789,9 @@ def batch_positions(cases: list[Case], tokenized: dict[str, list[list[int]]], na
     return picks
 
 
-def time_batch(engine: Engine, run: EngineRun, positions_per_round: list[list[tuple[str, list[int]]]], vocab_size: int) -> float | None:
+def time_batch(
+    engine: Engine, run: EngineRun, positions_per_round: list[list[tuple[str, list[int]]]], vocab_size: int
+) -> float | None:
     if engine.out_of_process or not positions_per_round or not positions_per_round[0]:
         return None
     mask = np.zeros((len(positions_per_round[0]), (vocab_size + 31) // 32), dtype=np.int32)
@@ -786,7 +827,8 @@ def summarize(run: EngineRun, cases: list[Case]) -> dict[str, Any]:
         times = [run.compile_ms[n] for n in compiled]
         fills = [t for n in compiled for t in run.mask_us.get(n, [])]
         by_source[source] = {
-            "schemas": len(in_source), "compiled": len(compiled),
+            "schemas": len(in_source),
+            "compiled": len(compiled),
             "documents": sum(len(c.documents) for c in in_source if c.name in run.mask_us or c.name in run.checked),
             "rejected_valid": sum(r["case"] in set(compiled) for r in run.rejected),
             "compile_ms": {"p50": _pct(times, 50), "p95": _pct(times, 95)},
@@ -799,7 +841,11 @@ def summarize(run: EngineRun, cases: list[Case]) -> dict[str, Any]:
         "compiled": len(run.compiled),
         "compile_rate": len(run.compiled) / run.attempted if run.attempted else 0.0,
         "by_source": by_source,
-        "compile_ms": {"p50": _pct(compile_ms, 50), "p95": _pct(compile_ms, 95), "max": max(compile_ms) if compile_ms else None},
+        "compile_ms": {
+            "p50": _pct(compile_ms, 50),
+            "p95": _pct(compile_ms, 95),
+            "max": max(compile_ms) if compile_ms else None,
+        },
         "documents": run.documents,
         "tokens": len(tokens),
         "mask_us": {"p50": _pct(tokens, 50), "p99": _pct(tokens, 99), "max": max(tokens) if tokens else None},
@@ -808,8 +854,14 @@ def summarize(run: EngineRun, cases: list[Case]) -> dict[str, Any]:
         "rejected_valid": len(run.rejected),
         "rejections": run.rejected,
         "compile_errors": run.compile_errors,
-        "per_schema": {n: {"compile_ms": run.compile_ms[n], "mask_us_p50": _pct(run.mask_us.get(n, []), 50),
-                           "mask_us_max": max(run.mask_us[n]) if run.mask_us.get(n) else None} for n in run.compile_ms},
+        "per_schema": {
+            n: {
+                "compile_ms": run.compile_ms[n],
+                "mask_us_p50": _pct(run.mask_us.get(n, []), 50),
+                "mask_us_max": max(run.mask_us[n]) if run.mask_us.get(n) else None,
+            }
+            for n in run.compile_ms
+        },
     }
 
 
@@ -820,14 +872,27 @@ def head_to_head(ours: EngineRun, peer: EngineRun) -> dict[str, Any]:
     for label, run in (("ferrolm", ours), ("peer", peer)):
         c = [run.compile_ms[n] for n in both]
         t = [x for n in both for x in run.mask_us.get(n, [])]
-        res[label] = {"compile_ms_p50": _pct(c, 50), "compile_ms_p95": _pct(c, 95), "mask_us_p50": _pct(t, 50), "mask_us_p99": _pct(t, 99)}
+        res[label] = {
+            "compile_ms_p50": _pct(c, 50),
+            "compile_ms_p95": _pct(c, 95),
+            "mask_us_p50": _pct(t, 50),
+            "mask_us_p99": _pct(t, 99),
+        }
     return res
 
 
-def bench(vocab: BenchVocab, cases: list[Case], engine_names: Sequence[str] = ("ferrolm", "llguidance", "xgrammar", "outlines-core"),
-          seed: int = 0, batch: int = BATCH, batch_rounds: int = BATCH_ROUNDS, timeout_s: float = 10.0,
-          peer_budget_s: float | None = None, peer_walk_budget_s: float | None = None,
-          log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def bench(
+    vocab: BenchVocab,
+    cases: list[Case],
+    engine_names: Sequence[str] = ("ferrolm", "llguidance", "xgrammar", "outlines-core"),
+    seed: int = 0,
+    batch: int = BATCH,
+    batch_rounds: int = BATCH_ROUNDS,
+    timeout_s: float = 10.0,
+    peer_budget_s: float | None = None,
+    peer_walk_budget_s: float | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
     """Runs every engine on ``cases``; returns the report (JSON-serializable)."""
     t0 = time.perf_counter()
     tokenized = {c.name: [vocab.encode(d) for d in c.documents] for c in cases}
@@ -841,10 +906,20 @@ def bench(vocab: BenchVocab, cases: list[Case], engine_names: Sequence[str] = ("
     for engine in engines:
         t1 = time.perf_counter()
         peer = engine.name != "ferrolm"
-        runs[engine.name] = run_engine(engine, cases, tokenized, vocab.size, vocab.eos, timeout_s,
-                                       peer_budget_s if peer else None, peer_walk_budget_s if peer else None)
+        runs[engine.name] = run_engine(
+            engine,
+            cases,
+            tokenized,
+            vocab.size,
+            vocab.eos,
+            timeout_s,
+            peer_budget_s if peer else None,
+            peer_walk_budget_s if peer else None,
+        )
         r = runs[engine.name]
-        log(f"{engine.name}: {len(r.compiled)}/{r.attempted} compiled, walked in {time.perf_counter() - t1:.1f} s {r.note}")
+        log(
+            f"{engine.name}: {len(r.compiled)}/{r.attempted} compiled, walked in {time.perf_counter() - t1:.1f} s {r.note}"
+        )
     in_process = [e for e in engines if not e.out_of_process]
     if in_process:
         common = set.intersection(*(set(runs[e.name].compiled) for e in in_process))
@@ -862,7 +937,11 @@ def bench(vocab: BenchVocab, cases: list[Case], engine_names: Sequence[str] = ("
         "document_tokens": sum(len(t) for v in tokenized.values() for t in v),
         "engines": {name: summarize(run, cases) for name, run in runs.items()},
         "skipped": skipped,
-        "head_to_head": {name: head_to_head(runs["ferrolm"], run) for name, run in runs.items() if name != "ferrolm" and "ferrolm" in runs},
+        "head_to_head": {
+            name: head_to_head(runs["ferrolm"], run)
+            for name, run in runs.items()
+            if name != "ferrolm" and "ferrolm" in runs
+        },
     }
     return report
 
@@ -882,21 +961,28 @@ def format_table(report: dict[str, Any]) -> str:
         f"{report['schemas']['total']} schemas ({described}), "
         f"{report['documents']} valid documents, {report['document_tokens']} tokens",
         "",
-        f"{'engine':<14}{'compiled':>10}" + "".join(f"{s:>{max(9, len(s) + 2)}}" for s in sources)
+        f"{'engine':<14}{'compiled':>10}"
+        + "".join(f"{s:>{max(9, len(s) + 2)}}" for s in sources)
         + f"{'compile ms p50':>16}{'p95':>9}{'max':>9}"
         f"{'mask us p50':>13}{'p99':>9}{'batch64 us':>12}{'docs':>6}{'rejected':>10}",
     ]
     for name, s in report["engines"].items():
         bs = s["by_source"]
         per_source = "".join(
-            f"{str(bs[src]['compiled']) + '/' + str(bs[src]['schemas']):>{max(9, len(src) + 2)}}" for src in sources)
+            f"{str(bs[src]['compiled']) + '/' + str(bs[src]['schemas']):>{max(9, len(src) + 2)}}" for src in sources
+        )
         lines.append(
             f"{name:<14}{s['compile_rate'] * 100:>9.0f}%{per_source}{_f(s['compile_ms']['p50'], '.2f'):>16}"
             f"{_f(s['compile_ms']['p95'], '.2f'):>9}{_f(s['compile_ms']['max'], '.1f'):>9}{_f(s['mask_us']['p50']):>13}"
             f"{_f(s['mask_us']['p99']):>9}{_f(s['batch64_us'], '.0f'):>12}{s['documents']:>6}{s['rejected_valid']:>10}"
         )
-    lines.append("mask us on a second walk of the same documents (a schema many requests share): " + ", ".join(
-        f"{name} p50 {_f(s['warm_mask_us']['p50'])} p99 {_f(s['warm_mask_us']['p99'])}" for name, s in report["engines"].items()))
+    lines.append(
+        "mask us on a second walk of the same documents (a schema many requests share): "
+        + ", ".join(
+            f"{name} p50 {_f(s['warm_mask_us']['p50'])} p99 {_f(s['warm_mask_us']['p99'])}"
+            for name, s in report["engines"].items()
+        )
+    )
     for name, s in report["engines"].items():
         if s["note"]:
             lines.append(f"{name:<14}{s['note']} (compiled % is of those attempted)")
@@ -920,19 +1006,24 @@ def format_table(report: dict[str, Any]) -> str:
             )
     if len(sources) > 1 and any(src in REAL_WORLD for src in sources):
         lines.append("")
-        lines.append("per corpus: compiled, compile ms p50 / p95, mask us p50 / p99, valid docs rejected of those checked")
+        lines.append(
+            "per corpus: compiled, compile ms p50 / p95, mask us p50 / p99, valid docs rejected of those checked"
+        )
         for src in sources:
             for name, s in report["engines"].items():
                 b = s["by_source"][src]
                 lines.append(
                     f"  {src:<12}{name:<14}{b['compiled']:>4}/{b['schemas']:<4}{_f(b['compile_ms']['p50'], '.2f'):>9} /"
                     f"{_f(b['compile_ms']['p95'], '.2f'):>8}{_f(b['mask_us']['p50']):>9} /{_f(b['mask_us']['p99']):>8}"
-                    f"{b['rejected_valid']:>6} of {b['documents']}")
+                    f"{b['rejected_valid']:>6} of {b['documents']}"
+                )
     for peer in ("llguidance", "xgrammar"):
         missing = missed_by_ferrolm(report, peer)
         if missing:
-            lines.append(f"ferrolm refuses {len(missing)} schemas {peer} compiles: " + "; ".join(
-                f"{n} ({why[:120]})" for n, why in missing.items()))
+            lines.append(
+                f"ferrolm refuses {len(missing)} schemas {peer} compiles: "
+                + "; ".join(f"{n} ({why[:120]})" for n, why in missing.items())
+            )
     for name, s in report["engines"].items():
         for r in s["rejections"][:5]:
             lines.append(f"{name} rejected {r['case']} at token {r['token_index']} ({r['why']}): {r['document'][:160]}")
@@ -950,7 +1041,9 @@ def missed_by_ferrolm(report: dict[str, Any], peer: str) -> dict[str, str]:
     ours, theirs = report["engines"].get("ferrolm"), report["engines"].get(peer)
     if ours is None or theirs is None:
         return {}
-    return {n: ours["compile_errors"].get(n, "not attempted") for n in theirs["per_schema"] if n not in ours["per_schema"]}
+    return {
+        n: ours["compile_errors"].get(n, "not attempted") for n in theirs["per_schema"] if n not in ours["per_schema"]
+    }
 
 
 def floor_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
@@ -965,8 +1058,12 @@ def floor_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
     llg = report["engines"].get("llguidance")
     # The issue compares speed on the same schemas: the ones both compiled.
     both = report.get("head_to_head", {}).get("llguidance")
-    if both is not None and both["schemas"] and both["ferrolm"]["mask_us_p50"] is not None \
-            and both["peer"]["mask_us_p50"] is not None:
+    if (
+        both is not None
+        and both["schemas"]
+        and both["ferrolm"]["mask_us_p50"] is not None
+        and both["peer"]["mask_us_p50"] is not None
+    ):
         a, b = both["ferrolm"], both["peer"]
         on = f"on the {both['schemas']} schemas both compile"
         checks.append((f"mask p50 no worse than llguidance's {on}", a["mask_us_p50"] <= b["mask_us_p50"]))
@@ -986,7 +1083,7 @@ def select_cases(cases: list[Case], max_schemas: int | None, seed: int) -> list[
     hand = [c for c in cases if c.source == "hand"]
     rest = [c for c in cases if c.source != "hand"]
     random.Random(seed).shuffle(rest)
-    chosen = [c for pair in zip(hand, rest) for c in pair] + hand[len(rest):] + rest[len(hand):]
+    chosen = [c for pair in zip(hand, rest) for c in pair] + hand[len(rest) :] + rest[len(hand) :]
     return chosen if max_schemas is None else chosen[:max_schemas]
 
 
@@ -1000,25 +1097,38 @@ def run(args: argparse.Namespace) -> int:
         suite_stats: dict[str, Any] = {}
         for name in REAL_WORLD if args.corpus == "all" else (args.corpus,):
             found, stats = corpus_cases(name)
-            log(f"{name}: {stats['schemas']} schemas, {stats['documents']} documents from "
+            log(
+                f"{name}: {stats['schemas']} schemas, {stats['documents']} documents from "
                 f"{stats['valid_instances']} valid instances ({stats['invalid_instances']} invalid, "
-                f"{stats['undecided']} undecided by jsonschema)")
+                f"{stats['undecided']} undecided by jsonschema)"
+            )
             taken = {c.name for c in real}
             real += [c if c.name not in taken else dataclasses.replace(c, name=f"{name}:{c.name}") for c in found]
             suite_stats[name] = stats
         random.Random(args.seed).shuffle(real)
-        cases = real if args.max_schemas is None else real[:args.max_schemas]
+        cases = real if args.max_schemas is None else real[: args.max_schemas]
     else:
         suite, suite_stats = suite_cases(Path(args.suite))
-        log(f"suite: {suite_stats['schemas']} distinct schemas, {suite_stats['documents']} documents from "
-            f"{suite_stats['valid_instances']} valid instances ({suite_stats['left_out']} left out: undeclared members or strings under format)")
+        log(
+            f"suite: {suite_stats['schemas']} distinct schemas, {suite_stats['documents']} documents from "
+            f"{suite_stats['valid_instances']} valid instances ({suite_stats['left_out']} left out: undeclared members or strings under format)"
+        )
         cases = select_cases(hand_cases() + suite, args.max_schemas, args.seed)
-    report = bench(vocab, cases, args.engines, seed=args.seed, timeout_s=args.timeout_s,
-                   peer_budget_s=args.peer_budget_s if args.peer_budget_s > 0 else None,
-                   peer_walk_budget_s=args.peer_walk_budget_s if args.peer_walk_budget_s > 0 else None, log=log)
+    report = bench(
+        vocab,
+        cases,
+        args.engines,
+        seed=args.seed,
+        timeout_s=args.timeout_s,
+        peer_budget_s=args.peer_budget_s if args.peer_budget_s > 0 else None,
+        peer_walk_budget_s=args.peer_walk_budget_s if args.peer_walk_budget_s > 0 else None,
+        log=log,
+    )
     report["suite"] = suite_stats
     report["corpus"] = args.corpus
-    report["command"] = " ".join(["ferrolm", "bench", "constraint", *sys.argv[3:]]) if len(sys.argv) > 2 else "ferrolm bench constraint"
+    report["command"] = (
+        " ".join(["ferrolm", "bench", "constraint", *sys.argv[3:]]) if len(sys.argv) > 2 else "ferrolm bench constraint"
+    )
     report["wall_s"] = time.perf_counter() - t0
     print(format_table(report))
     if args.json:
@@ -1029,25 +1139,50 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("constraint", help="structured-output masks against llguidance / xgrammar / outlines-core",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "constraint",
+        help="structured-output masks against llguidance / xgrammar / outlines-core",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--vocab", default="o200k_base", choices=sorted(PAT_STR))
-    p.add_argument("--max-schemas", type=int, default=None, help="the first N of hand-written and (seeded) suite schemas, alternating")
+    p.add_argument(
+        "--max-schemas",
+        type=int,
+        default=None,
+        help="the first N of hand-written and (seeded) suite schemas, alternating",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.add_argument("--engines", nargs="+", default=["ferrolm", "llguidance", "xgrammar", "outlines-core"])
-    p.add_argument("--timeout-s", type=float, default=10.0,
-                   help="per-schema limit for engines run out of process (outlines-core: compile and walk)")
-    p.add_argument("--peer-budget-s", type=float, default=120.0,
-                   help="wall time each peer may spend in all (0: no limit); later schemas are not attempted")
-    p.add_argument("--peer-walk-budget-s", type=float, default=0.0,
-                   help="wall time each in-process peer may spend walking documents (0: no limit); later schemas "
-                        "are compiled and timed, and their documents accepted token by token without masks "
-                        "(xgrammar's masks are slow on large open schemas)")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=10.0,
+        help="per-schema limit for engines run out of process (outlines-core: compile and walk)",
+    )
+    p.add_argument(
+        "--peer-budget-s",
+        type=float,
+        default=120.0,
+        help="wall time each peer may spend in all (0: no limit); later schemas are not attempted",
+    )
+    p.add_argument(
+        "--peer-walk-budget-s",
+        type=float,
+        default=0.0,
+        help="wall time each in-process peer may spend walking documents (0: no limit); later schemas "
+        "are compiled and timed, and their documents accepted token by token without masks "
+        "(xgrammar's masks are slow on large open schemas)",
+    )
     p.add_argument("--suite", default=str(SUITE_DIR), help="the JSON-Schema-Test-Suite draft2020-12 folder")
-    p.add_argument("--corpus", default="suite", choices=["suite", *REAL_WORLD, "all"],
-                   help="suite: the test suite and hand-written schemas; schemastore: the SchemaStore sample; "
-                        "kubernetes: Kubernetes object schemas; github: GitHub webhook payload schemas; "
-                        "all: the three real-world corpora")
+    p.add_argument(
+        "--corpus",
+        default="suite",
+        choices=["suite", *REAL_WORLD, "all"],
+        help="suite: the test suite and hand-written schemas; schemastore: the SchemaStore sample; "
+        "kubernetes: Kubernetes object schemas; github: GitHub webhook payload schemas; "
+        "all: the three real-world corpora",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a floor is missed")
     p.set_defaults(func=run)

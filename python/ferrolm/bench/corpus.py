@@ -40,7 +40,9 @@ class CorpusSchema:
 # extra packages (RFC 3339 date-time, RFC 3986 URI with a scheme, RFC 1123 host names).
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f\\\"<>^`{|}]*$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 ASSERTED_FORMATS = ("date", "time", "date-time", "uuid", "ipv4", "ipv6", "uri", "email", "hostname")
 
 
@@ -121,7 +123,7 @@ class Orderer:
         if ref == "#":
             return self.root
         if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            name = ref[len("#/$defs/"):].replace("%25", "%").replace("~1", "/").replace("~0", "~")
+            name = ref[len("#/$defs/") :].replace("%25", "%").replace("~1", "/").replace("~0", "~")
             return self.defs.get(name)
         return None
 

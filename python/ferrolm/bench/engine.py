@@ -130,16 +130,22 @@ def run(args: argparse.Namespace) -> int:
                     ids_checked = True
                     ids_failed |= p50 / 1e3 > IDS_FLOOR_MS
     if greedy_checked:
-        print(f"floor: schedule + commit <= {FLOOR_MS} ms per step at batch 64, greedy, 32k vocab: "
-              + ("MISSED" if failed else "met"))
+        print(
+            f"floor: schedule + commit <= {FLOOR_MS} ms per step at batch 64, greedy, 32k vocab: "
+            + ("MISSED" if failed else "met")
+        )
     if ids_checked:
-        print(f"floor: schedule + commit_tokens (ids from the device) <= {IDS_FLOOR_MS} ms per step at batch 64, "
-              "vocab >= 150k: " + ("MISSED" if ids_failed else "met"))
+        print(
+            f"floor: schedule + commit_tokens (ids from the device) <= {IDS_FLOOR_MS} ms per step at batch 64, "
+            "vocab >= 150k: " + ("MISSED" if ids_failed else "met")
+        )
     for (vocab, mode, batch), device in p50s.items():
         cpu = p50s.get((vocab, "top_p", batch))
         if mode == "device" and cpu is not None:
-            print(f"top-p sampling at vocab {vocab}, batch {batch}: core CPU time per step {cpu / 1e3:.2f} ms with "
-                  f"the CPU sampler, {device / 1e3:.3f} ms with the device sampler ({cpu / device:.0f}x less)")
+            print(
+                f"top-p sampling at vocab {vocab}, batch {batch}: core CPU time per step {cpu / 1e3:.2f} ms with "
+                f"the CPU sampler, {device / 1e3:.3f} ms with the device sampler ({cpu / device:.0f}x less)"
+            )
     failed |= ids_failed
     if not args.skip_tiny:
         print()
@@ -154,14 +160,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("engine", help="engine core time per step with a null model", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "engine",
+        help="engine core time per step with a null model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--vocab", type=int, nargs="+", default=[32_000, 150_000, 200_000])
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
-                   help="greedy / top_p: the core samples the logits; ids: the runner hands it greedy token ids; "
-                        "device: top-p drawn by the device sampler (sampling_batch + commit_tokens)")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="greedy / top_p: the core samples the logits; ids: the runner hands it greedy token ids; "
+        "device: top-p drawn by the device sampler (sampling_batch + commit_tokens)",
+    )
     p.add_argument("--skip-tiny", action="store_true", help="skip the tiny-model end-to-end run")
     p.add_argument("--strict", action="store_true", help="exit 1 when the floor is missed")
     p.set_defaults(func=run)

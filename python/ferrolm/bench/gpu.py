@@ -33,17 +33,40 @@ from ferrolm.model.weights import expected_shapes
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "1b": {
-        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
-        "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": 128001,
-        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     },
     "tiny": {
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2,
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     },
 }
 
@@ -115,14 +138,18 @@ def run(args: argparse.Namespace) -> int:
     # row per request (its full read is the tied lm_head's)
     weight_bytes = sum(
         int(t.numel()) * itemsize
-        for t in {id(t): t for t in [runner.lm_head, runner.final_norm,
-                                      *(w for layer in runner.layers for w in vars_of(layer))]}.values()
+        for t in {
+            id(t): t
+            for t in [runner.lm_head, runner.final_norm, *(w for layer in runner.layers for w in vars_of(layer))]
+        }.values()
     )
     bandwidth = args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else measure_bandwidth(device)
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
-          f"dtype {str(dtype).removeprefix('torch.')}, model {args.model}: {config.num_layers} layers, "
-          f"{weight_bytes / 1e9:.3f} GB of weights read per step, KV {config.kv_bytes_per_slot(itemsize)} B per token; "
-          f"bandwidth {bandwidth / 1e9:.0f} GB/s ({'given' if args.bandwidth_gbs else 'measured: device copy'})")
+    print(
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
+        f"dtype {str(dtype).removeprefix('torch.')}, model {args.model}: {config.num_layers} layers, "
+        f"{weight_bytes / 1e9:.3f} GB of weights read per step, KV {config.kv_bytes_per_slot(itemsize)} B per token; "
+        f"bandwidth {bandwidth / 1e9:.0f} GB/s ({'given' if args.bandwidth_gbs else 'measured: device copy'})"
+    )
     rng = np.random.default_rng(0)
     results = []
     for batch_size in batches:
@@ -148,17 +175,35 @@ def run(args: argparse.Namespace) -> int:
         bytes_per_step = weight_bytes + batch_size * context * config.kv_bytes_per_slot(itemsize)
         limit = bytes_per_step / bandwidth
         sampler_s = float(np.median(sampler_times(batch_size, config.vocab_size, device, args.steps)))
-        row = {"batch": batch_size, "step_ms": step_s * 1e3, "tokens_per_s": batch_size / step_s,
-               "bytes_per_step": bytes_per_step, "limit_ms": limit * 1e3, "fraction_of_limit": limit / step_s,
-               "sampler_ms": sampler_s * 1e3}
+        row = {
+            "batch": batch_size,
+            "step_ms": step_s * 1e3,
+            "tokens_per_s": batch_size / step_s,
+            "bytes_per_step": bytes_per_step,
+            "limit_ms": limit * 1e3,
+            "fraction_of_limit": limit / step_s,
+            "sampler_ms": sampler_s * 1e3,
+        }
         results.append(row)
-        print(f"batch {batch_size:4d}: decode step p50 {step_s * 1e3:8.3f} ms, {batch_size / step_s:10.1f} tok/s; "
-              f"bandwidth limit {limit * 1e3:.3f} ms/step: {limit / step_s:.2f} of the limit "
-              f"(floor on a GPU at batch 64: >= 0.5); device sampler (top-p, logprobs) {sampler_s * 1e3:.3f} ms/step")
+        print(
+            f"batch {batch_size:4d}: decode step p50 {step_s * 1e3:8.3f} ms, {batch_size / step_s:10.1f} tok/s; "
+            f"bandwidth limit {limit * 1e3:.3f} ms/step: {limit / step_s:.2f} of the limit "
+            f"(floor on a GPU at batch 64: >= 0.5); device sampler (top-p, logprobs) {sampler_s * 1e3:.3f} ms/step"
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": str(device), "dtype": str(dtype), "model": args.model, "bandwidth": bandwidth,
-                       "weight_bytes": weight_bytes, "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "device": str(device),
+                    "dtype": str(dtype),
+                    "model": args.model,
+                    "bandwidth": bandwidth,
+                    "weight_bytes": weight_bytes,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 
@@ -192,12 +237,20 @@ def vars_of(layer: Any) -> list[Any]:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("gpu", help="torch runner decode tokens/s against the memory-bandwidth limit",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "gpu",
+        help="torch runner decode tokens/s against the memory-bandwidth limit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", choices=sorted(CONFIGS), default="1b")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
-                   help="auto: bf16 on CUDA, float32 on the CPU")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bfloat16", "float16", "float32"),
+        help="auto: bf16 on CUDA, float32 on the CPU",
+    )
     p.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     p.add_argument("--context", type=int, default=512, help="tokens of context per request")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per batch size")

@@ -52,9 +52,21 @@ def _one_run(server: Any, requests: list[Any], args: argparse.Namespace) -> dict
 
     _flush_cache(server.url, None)
     before, cpu_before = _server_get(server.url, "/server_info", None)["load"], server.cpu()
-    results, duration = asyncio.run(run_load(
-        server.url, args.model, requests, request_rate=None, concurrency=args.concurrency, api_key=None,
-        seed=args.seed, ignore_eos=True, temperature=0.0, timeout=600, progress=False))
+    results, duration = asyncio.run(
+        run_load(
+            server.url,
+            args.model,
+            requests,
+            request_rate=None,
+            concurrency=args.concurrency,
+            api_key=None,
+            seed=args.seed,
+            ignore_eos=True,
+            temperature=0.0,
+            timeout=600,
+            progress=False,
+        )
+    )
     after, cpu_after = _server_get(server.url, "/server_info", None)["load"], server.cpu()
     if not all(r.ok for r in results):
         raise RuntimeError(f"{sum(not r.ok for r in results)} requests failed")
@@ -99,8 +111,9 @@ class _Loop:
             self.kv_publisher.publish_from(self.engine.core)
 
 
-def _loop_run(loop: _Loop, openings: list[list[int]], turns: int, users: list[list[list[int]]],
-              max_new: int) -> tuple[float, float, int]:
+def _loop_run(
+    loop: _Loop, openings: list[list[int]], turns: int, users: list[list[list[int]]], max_new: int
+) -> tuple[float, float, int]:
     """The workload through one loop, every conversation's turn t at once; returns the
     seconds spent in steps (wall, and the loop thread's CPU) and the steps."""
     import time
@@ -142,8 +155,10 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     conversations, turns = args.concurrency, 4
     systems = [[rng.randrange(100, 30_000) for _ in range(96)] for _ in range(2)]
     openings = [list(systems[c % 2]) for c in range(conversations)]
-    users = [[[rng.randrange(100, 30_000) for _ in range(rng.randint(16, 48))] for _ in range(turns)]
-             for _ in range(conversations)]
+    users = [
+        [[rng.randrange(100, 30_000) for _ in range(rng.randint(16, 48))] for _ in range(turns)]
+        for _ in range(conversations)
+    ]
     port = free_port()
     publisher = KvEventPublisher(KvEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{port}"))
     stop, counts = threading.Event(), {"batches": 0}
@@ -158,6 +173,7 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
                 return f(*a, **kw)
             finally:
                 on_events[slot] += time.perf_counter() - t0
+
         return wrapper
 
     # publish_kv_events takes the core's events and queues them; wait_handled is called
@@ -165,25 +181,35 @@ def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     publisher.wait_handled = timed(publisher.wait_handled, 1)  # type: ignore[method-assign]
     loops = {}
     for name in ("off", "on"):
-        engine = Engine(model, kv_capacity=args.loop_kv_tokens, enable_kv_events=name == "on",
-                        kv_event_block_size=args.page_size, blas_threads=1)
+        engine = Engine(
+            model,
+            kv_capacity=args.loop_kv_tokens,
+            enable_kv_events=name == "on",
+            kv_event_block_size=args.page_size,
+            blas_threads=1,
+        )
         loops[name] = _Loop(engine, publisher if name == "on" else None)
         loops[name].publish_kv_events = timed(loops[name].publish_kv_events, 0)  # type: ignore[method-assign]
     runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     try:
         for r in range(args.rounds + 1):  # the first round warms up, unmeasured
-            for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 on_events[:] = [0.0, 0.0]
                 busy = publisher.busy_s
                 seconds, cpu, steps = _loop_run(loops[name], openings, turns, users, 16)
                 loops[name].engine.core.flush_cache()
                 loops[name].publish_kv_events()
                 if r:
-                    runs[name].append({"ms_per_step": seconds * 1e3 / steps, "steps": steps,
-                                       "loop_cpu_ms_per_step": cpu * 1e3 / steps,
-                                       "publisher_cpu_ms_per_step": (publisher.busy_s - busy) * 1e3 / steps,
-                                       "take_queue_ms_per_step": on_events[0] * 1e3 / steps,
-                                       "wait_ms_per_step": on_events[1] * 1e3 / steps})
+                    runs[name].append(
+                        {
+                            "ms_per_step": seconds * 1e3 / steps,
+                            "steps": steps,
+                            "loop_cpu_ms_per_step": cpu * 1e3 / steps,
+                            "publisher_cpu_ms_per_step": (publisher.busy_s - busy) * 1e3 / steps,
+                            "take_queue_ms_per_step": on_events[0] * 1e3 / steps,
+                            "wait_ms_per_step": on_events[1] * 1e3 / steps,
+                        }
+                    )
     finally:
         stop.set()
         publisher.shutdown()
@@ -196,8 +222,10 @@ def run(args: argparse.Namespace) -> int:
 
     loop = _in_process(args)
     print()
-    print(f"ferrolm bench kv-events: the engine loop in process, {args.concurrency} conversations x 4 turns, "
-          f"KV pool {args.loop_kv_tokens} tokens, page {args.page_size}, {args.rounds} rounds each")
+    print(
+        f"ferrolm bench kv-events: the engine loop in process, {args.concurrency} conversations x 4 turns, "
+        f"KV pool {args.loop_kv_tokens} tokens, page {args.page_size}, {args.rounds} rounds each"
+    )
     off = statistics.median(x["ms_per_step"] for x in loop["runs"]["off"])
     on = statistics.median(x["ms_per_step"] for x in loop["runs"]["on"])
     take = statistics.median(x["take_queue_ms_per_step"] for x in loop["runs"]["on"])
@@ -213,20 +241,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'publisher thread CPU ms / step':32}{'':>12}{pub_cpu:>12.4f}{pub_cpu / on:>9.2%}")
     print(f"{'  taking + queueing events':32}{take_off:>12.4f}{take:>12.4f}{take / on:>9.2%}")
     print(f"{'  waiting for earlier batches':32}{'':>12}{wait:>12.4f}{wait / on:>9.2%}")
-    print(f"{'steps':32}{statistics.median(x['steps'] for x in loop['runs']['off']):>12.0f}"
-          f"{statistics.median(x['steps'] for x in loop['runs']['on']):>12.0f}")
+    print(
+        f"{'steps':32}{statistics.median(x['steps'] for x in loop['runs']['off']):>12.0f}"
+        f"{statistics.median(x['steps'] for x in loop['runs']['on']):>12.0f}"
+    )
     print(f"batches sent {loop['batches_sent']}, received by the subscriber {loop['batches_received']}")
     verdict = "within" if on / off <= 1.02 else "OVER"
-    print(f"loop step time with events on: {on / off:.3f}x off ({verdict} the 2% floor); the loop's own time on "
-          f"events: {spent / on:.2%} of a step")
+    print(
+        f"loop step time with events on: {on / off:.3f}x off ({verdict} the 2% floor); the loop's own time on "
+        f"events: {spent / on:.2%} of a step"
+    )
     if args.no_server:
         return 0
     print()
-    requests = make_requests(args.num_requests, seed=args.seed, output_lens=(16, 32, 64),
-                             output_weights=(0.5, 0.35, 0.15))
+    requests = make_requests(
+        args.num_requests, seed=args.seed, output_lens=(16, 32, 64), output_weights=(0.5, 0.35, 0.15)
+    )
     pub, replay = free_port(), free_port()
-    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
-              "topic": "kv-events"}
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+        "topic": "kv-events",
+    }
     common = ["--max-total-tokens", str(args.kv_tokens), "--page-size", str(args.page_size)]
     servers: dict[str, LaunchedServer] = {}
     stop = threading.Event()
@@ -243,12 +280,17 @@ def run(args: argparse.Namespace) -> int:
             for name in order:
                 runs[name].append(_one_run(servers[name], requests, args))
                 print(f"round {r + 1} {name:>3}: {runs[name][-1]}", file=sys.stderr)
-        print(f"ferrolm bench kv-events: {args.num_requests} chat requests at concurrency {args.concurrency}, "
-              f"{args.rounds} rounds each, KV pool {args.kv_tokens} tokens, page {args.page_size}, seed {args.seed}")
+        print(
+            f"ferrolm bench kv-events: {args.num_requests} chat requests at concurrency {args.concurrency}, "
+            f"{args.rounds} rounds each, KV pool {args.kv_tokens} tokens, page {args.page_size}, seed {args.seed}"
+        )
         print(f"{'median per run':32}{'events off':>12}{'events on':>12}{'on/off':>9}")
         ratios = {}
-        for key, label in (("engine_cpu_ms_per_step", "server CPU ms / step"), ("wall_ms_per_step", "wall ms / step"),
-                           ("forward_ms_per_step", "forward ms / step")):
+        for key, label in (
+            ("engine_cpu_ms_per_step", "server CPU ms / step"),
+            ("wall_ms_per_step", "wall ms / step"),
+            ("forward_ms_per_step", "forward ms / step"),
+        ):
             off = statistics.median(x[key] for x in runs["off"])
             on = statistics.median(x[key] for x in runs["on"])
             ratios[key] = on / off
@@ -256,12 +298,16 @@ def run(args: argparse.Namespace) -> int:
         steps = [statistics.median(x["steps"] for x in runs[n]) for n in ("off", "on")]
         print(f"{'steps':32}{steps[0]:>12.0f}{steps[1]:>12.0f}")
         batches = statistics.median(x["batches"] for x in runs["on"])
-        hit = [sum(x["cached_tokens"] for x in runs[n]) / max(1, sum(x["prompt_tokens"] for x in runs[n]))
-               for n in ("off", "on")]
+        hit = [
+            sum(x["cached_tokens"] for x in runs[n]) / max(1, sum(x["prompt_tokens"] for x in runs[n]))
+            for n in ("off", "on")
+        ]
         print(f"{'prefix cache hit rate':32}{hit[0] * 100:>11.1f}%{hit[1] * 100:>11.1f}%")
         print(f"event batches per run (median): {batches:.0f}; received by the subscriber: {counts['batches']}")
-        print(f"served step time with events on: {ratios['wall_ms_per_step']:.3f}x off (wall; two processes on a "
-              "shared machine: their forward times differ by more than the events could)")
+        print(
+            f"served step time with events on: {ratios['wall_ms_per_step']:.3f}x off (wall; two processes on a "
+            "shared machine: their forward times differ by more than the events could)"
+        )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"in_process": loop, "served": runs, "ratios": ratios}, f, indent=1)
@@ -279,8 +325,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("kv-events", help="engine step time with KV events published vs off",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "kv-events",
+        help="engine step time with KV events published vs off",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny")
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--concurrency", type=int, default=8)

@@ -34,9 +34,16 @@ class Turn:
     cache_salt: str | None = None
 
 
-def multi_turn_workload(seed: int, conversations: int, turns: int, *, system_prompts: int = 3,
-                        system_len: int = 48, user_len: tuple[int, int] = (8, 24),
-                        salted: int = 0) -> tuple[list[list[int]], list[Turn]]:
+def multi_turn_workload(
+    seed: int,
+    conversations: int,
+    turns: int,
+    *,
+    system_prompts: int = 3,
+    system_len: int = 48,
+    user_len: tuple[int, int] = (8, 24),
+    salted: int = 0,
+) -> tuple[list[list[int]], list[Turn]]:
     """Each conversation's opening (a shared system prompt) and the turns in send order
     (every conversation's turns in order, conversations interleaved at random). The last
     ``salted`` conversations carry a ``cache_salt`` of their own."""
@@ -110,10 +117,14 @@ class Fleet:
                 self.removed_blocks += sum(len(e["block_hashes"]) for e in events if e["type"] == "BlockRemoved")
                 self.index.apply(r.name, events)
 
-    def send(self, replica: Replica, prompt: list[int], cache_salt: str | None, max_new_tokens: int) -> tuple[list[int], int]:
+    def send(
+        self, replica: Replica, prompt: list[int], cache_salt: str | None, max_new_tokens: int
+    ) -> tuple[list[int], int]:
         """One greedy request; its output ids and the cached prompt tokens it reports."""
-        body: dict[str, Any] = {"input_ids": prompt, "sampling_params": {
-            "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+        body: dict[str, Any] = {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        }
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
         r = self.http.post(f"{replica.url}/generate", json=body)
@@ -136,8 +147,9 @@ class Fleet:
             if policy == "round_robin":
                 replica = self.replicas[i % len(self.replicas)]
             else:
-                name = self.index.best_replica(prompt, turn.cache_salt,
-                                               load={k: float(v) for k, v in stats.per_replica.items()})
+                name = self.index.best_replica(
+                    prompt, turn.cache_salt, load={k: float(v) for k, v in stats.per_replica.items()}
+                )
                 replica = next(r for r in self.replicas if r.name == name)
             predicted = self.index.predicted_cached_tokens(replica.name, prompt, turn.cache_salt)
             output, cached = self.send(replica, prompt, turn.cache_salt, max_new_tokens)
@@ -151,8 +163,15 @@ class Fleet:
             if cached // block * block == predicted:
                 stats.predictions_right += 1
             else:
-                stats.mismatches.append({"request": i, "replica": replica.name, "prompt_tokens": len(prompt),
-                                         "reported": cached, "predicted": predicted})
+                stats.mismatches.append(
+                    {
+                        "request": i,
+                        "replica": replica.name,
+                        "prompt_tokens": len(prompt),
+                        "reported": cached,
+                        "predicted": predicted,
+                    }
+                )
             history[turn.conversation] = prompt + output
         return stats
 
@@ -164,18 +183,29 @@ class Fleet:
 
 def replica_flags(pub_port: int, replay_port: int, page_size: int, kv_tokens: int, topic: str) -> list[str]:
     # a wildcard address: by vLLM's rule the replica binds it (and subscribers connect)
-    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{pub_port}",
-              "replay_endpoint": f"tcp://*:{replay_port}", "topic": topic}
-    return ["--kv-events-config", json.dumps(config), "--page-size", str(page_size),
-            "--max-total-tokens", str(kv_tokens)]
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://*:{pub_port}",
+        "replay_endpoint": f"tcp://*:{replay_port}",
+        "topic": topic,
+    }
+    return [
+        "--kv-events-config",
+        json.dumps(config),
+        "--page-size",
+        str(page_size),
+        "--max-total-tokens",
+        str(kv_tokens),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
     from ferrolm.bench.serve import LaunchedServer
     from ferrolm.server.testing import free_port
 
-    openings, turns = multi_turn_workload(args.seed, args.conversations, args.turns,
-                                          system_prompts=args.system_prompts, salted=args.salted)
+    openings, turns = multi_turn_workload(
+        args.seed, args.conversations, args.turns, system_prompts=args.system_prompts, salted=args.salted
+    )
     servers: list[LaunchedServer] = []
     fleet: Fleet | None = None
     try:
@@ -185,8 +215,9 @@ def run(args: argparse.Namespace) -> int:
             flags = replica_flags(pub, replay, args.page_size, args.kv_tokens, f"kv@replica-{i}@{args.model}")
             print(f"launching replica {i}: ferrolm serve --model {args.model} {' '.join(flags[2:])}", file=sys.stderr)
             servers.append(LaunchedServer(args.model, flags, None))
-            replicas.append(Replica(f"replica-{i}", servers[-1].url, f"tcp://127.0.0.1:{pub}",
-                                    f"tcp://127.0.0.1:{replay}"))
+            replicas.append(
+                Replica(f"replica-{i}", servers[-1].url, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+            )
         fleet = Fleet(replicas, args.page_size)
         results = {}
         for policy in ("round_robin", "routed"):
@@ -194,18 +225,26 @@ def run(args: argparse.Namespace) -> int:
             started = time.perf_counter()
             results[policy] = fleet.run(openings, turns, policy, args.max_new_tokens)
             results[policy].seconds = time.perf_counter() - started  # type: ignore[attr-defined]
-        print(f"ferrolm bench route: {args.replicas} replicas of {args.model!r} ({args.kv_tokens} KV tokens each, "
-              f"page {args.page_size}), {args.conversations} conversations x {args.turns} turns "
-              f"({len(turns)} requests, one at a time), seed {args.seed}")
+        print(
+            f"ferrolm bench route: {args.replicas} replicas of {args.model!r} ({args.kv_tokens} KV tokens each, "
+            f"page {args.page_size}), {args.conversations} conversations x {args.turns} turns "
+            f"({len(turns)} requests, one at a time), seed {args.seed}"
+        )
         print(f"{'':28}{'round robin':>14}{'routed':>14}")
         rr, rt = results["round_robin"], results["routed"]
         print(f"{'prefix cache hit rate':28}{rr.hit_rate * 100:>13.1f}%{rt.hit_rate * 100:>13.1f}%")
-        print(f"{'cached / prompt tokens':28}{f'{rr.cached_tokens}/{rr.prompt_tokens}':>14}"
-              f"{f'{rt.cached_tokens}/{rt.prompt_tokens}':>14}")
-        print(f"{'predicted = reported':28}{f'{rr.predictions_right}/{rr.requests}':>14}"
-              f"{f'{rt.predictions_right}/{rt.requests}':>14}")
-        print(f"{'requests per replica':28}{'/'.join(map(str, rr.per_replica.values())):>14}"
-              f"{'/'.join(map(str, rt.per_replica.values())):>14}")
+        print(
+            f"{'cached / prompt tokens':28}{f'{rr.cached_tokens}/{rr.prompt_tokens}':>14}"
+            f"{f'{rt.cached_tokens}/{rt.prompt_tokens}':>14}"
+        )
+        print(
+            f"{'predicted = reported':28}{f'{rr.predictions_right}/{rr.requests}':>14}"
+            f"{f'{rt.predictions_right}/{rt.requests}':>14}"
+        )
+        print(
+            f"{'requests per replica':28}{'/'.join(map(str, rr.per_replica.values())):>14}"
+            f"{'/'.join(map(str, rt.per_replica.values())):>14}"
+        )
         print(f"{'seconds':28}{rr.seconds:>14.1f}{rt.seconds:>14.1f}")  # type: ignore[attr-defined]
         print(f"routed / round robin hit rate: {rt.hit_rate / rr.hit_rate:.2f}x" if rr.hit_rate else "")
         print(f"blocks evicted meanwhile (BlockRemoved): {fleet.removed_blocks}")
@@ -213,10 +252,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"  mismatch: {m}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({k: {"hit_rate": v.hit_rate, "prompt_tokens": v.prompt_tokens, "cached_tokens": v.cached_tokens,
-                               "predictions_right": v.predictions_right, "requests": v.requests,
-                               "per_replica": v.per_replica, "mismatches": v.mismatches}
-                           for k, v in results.items()}, f, indent=1)
+                json.dump(
+                    {
+                        k: {
+                            "hit_rate": v.hit_rate,
+                            "prompt_tokens": v.prompt_tokens,
+                            "cached_tokens": v.cached_tokens,
+                            "predictions_right": v.predictions_right,
+                            "requests": v.requests,
+                            "per_replica": v.per_replica,
+                            "mismatches": v.mismatches,
+                        }
+                        for k, v in results.items()
+                    },
+                    f,
+                    indent=1,
+                )
         return 1 if rr.mismatches or rt.mismatches else 0
     except BaseException:
         for s in servers:
@@ -232,8 +283,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("route", help="cache-aware routing over replicas (KV events) vs round robin: hit rates",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "route",
+        help="cache-aware routing over replicas (KV events) vs round robin: hit rates",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--kv-tokens", type=int, default=1024, help="each replica's KV pool (--max-total-tokens)")

@@ -67,10 +67,18 @@ class BenchRequest:
     turn: int
 
 
-def make_requests(n: int, *, seed: int, system_prompts: int = 4, system_words: tuple[int, int] = (150, 400),
-                  turns: tuple[int, int] = (1, 4), user_words: tuple[int, int] = (10, 60),
-                  reply_words: tuple[int, int] = (20, 80), output_lens: tuple[int, ...] = (16, 64, 256),
-                  output_weights: tuple[float, ...] = (0.5, 0.35, 0.15)) -> list[BenchRequest]:
+def make_requests(
+    n: int,
+    *,
+    seed: int,
+    system_prompts: int = 4,
+    system_words: tuple[int, int] = (150, 400),
+    turns: tuple[int, int] = (1, 4),
+    user_words: tuple[int, int] = (10, 60),
+    reply_words: tuple[int, int] = (20, 80),
+    output_lens: tuple[int, ...] = (16, 64, 256),
+    output_weights: tuple[float, ...] = (0.5, 0.35, 0.15),
+) -> list[BenchRequest]:
     """``n`` chat requests: conversations over a few shared system prompts (the first more
     popular), each turn repeating the conversation so far (earlier user messages and
     synthetic assistant replies) and adding a user message; conversations interleave, each
@@ -133,8 +141,9 @@ class RequestResult:
         return (self.e2e - self.ttft) / (self.completion_tokens - 1)
 
 
-async def _send(client: Any, url: str, headers: dict[str, str], body: dict[str, Any], result: RequestResult,
-                t0: float) -> None:
+async def _send(
+    client: Any, url: str, headers: dict[str, str], body: dict[str, Any], result: RequestResult, t0: float
+) -> None:
     import httpx
 
     start = time.perf_counter()
@@ -201,16 +210,30 @@ class _Progress:
             self.drawn = now
             width = 30
             filled = width * self.done // self.total
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-                             f" errors {self.errors}  {now - self.started:6.1f} s")
+            sys.stderr.write(
+                f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+                f" errors {self.errors}  {now - self.started:6.1f} s"
+            )
             if self.done == self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
 
 
-async def run_load(base_url: str, model: str, requests: list[BenchRequest], *, request_rate: float | None,
-                   concurrency: int | None, api_key: str | None, seed: int, ignore_eos: bool, temperature: float,
-                   timeout: float, progress: bool = True, label: str = "") -> tuple[list[RequestResult], float]:
+async def run_load(
+    base_url: str,
+    model: str,
+    requests: list[BenchRequest],
+    *,
+    request_rate: float | None,
+    concurrency: int | None,
+    api_key: str | None,
+    seed: int,
+    ignore_eos: bool,
+    temperature: float,
+    timeout: float,
+    progress: bool = True,
+    label: str = "",
+) -> tuple[list[RequestResult], float]:
     """Sends ``requests``; returns their results and the run's duration (first send to last
     finish). With a rate, arrivals are Poisson (``inf``: all at once), capped at
     ``concurrency`` in flight when that is given too; without one, ``concurrency`` clients
@@ -222,9 +245,14 @@ async def run_load(base_url: str, model: str, requests: list[BenchRequest], *, r
     results = [RequestResult(r.index, r.max_tokens) for r in requests]
     bodies = []
     for r in requests:
-        body: dict[str, Any] = {"model": model, "messages": r.messages, "max_tokens": r.max_tokens,
-                                "temperature": temperature, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": r.messages,
+            "max_tokens": r.max_tokens,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if ignore_eos:
             body["ignore_eos"] = True
         bodies.append(body)
@@ -277,8 +305,13 @@ def _dist(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     a = np.asarray(values, dtype=np.float64) * 1e3  # ms
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
@@ -294,13 +327,18 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
         if len(first_errors) == 5:
             break
     return {
-        "requests": len(results), "completed": len(ok), "errors": len(errors), "first_errors": first_errors,
+        "requests": len(results),
+        "completed": len(ok),
+        "errors": len(errors),
+        "first_errors": first_errors,
         "length_mismatches": sum(1 for r in ok if r.completion_tokens != r.max_tokens),
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration > 0 else 0.0,
         "output_throughput": output / duration if duration > 0 else 0.0,
         "total_token_throughput": (prompt + output) / duration if duration > 0 else 0.0,
-        "prompt_tokens": prompt, "cached_tokens": cached, "output_tokens": output,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": output,
         "cache_hit_rate": cached / prompt if prompt else 0.0,
         "ttft_ms": _dist([r.ttft for r in ok if r.ttft is not None]),
         "tpot_ms": _dist([t for r in ok if (t := r.tpot) is not None]),
@@ -405,8 +443,21 @@ class LaunchedServer:
 
         log_fd, self.log_path = tempfile.mkstemp(prefix="ferrolm-bench-server-", suffix=".log")
         port = free_port()
-        cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--model", model, "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning", *extra_flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ferrolm.cli",
+            "serve",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *extra_flags,
+        ]
         if api_key:
             cmd += ["--api-key", api_key]
         import subprocess
@@ -432,11 +483,17 @@ class LaunchedServer:
             forward = {}
         pid = self.process.pid
         threads = _thread_cpu_s(pid)
-        return {"process_cpu_s": _proc_cpu_s(pid), "http_cpu_s": threads["http"], "loop_cpu_s": threads["main"],
-                "other_cpu_s": threads["other"], "ended_threads_cpu_s": _ended_threads_cpu_s(pid),
-                "loop_forward_cpu_s": forward.get("loop_forward_cpu_s"),
-                "sampling_threads_cpu_s": forward.get("sampling_threads_cpu_s"),
-                "forward_wall_s": forward.get("forward_wall_s"), "forward_calls": forward.get("forward_calls")}
+        return {
+            "process_cpu_s": _proc_cpu_s(pid),
+            "http_cpu_s": threads["http"],
+            "loop_cpu_s": threads["main"],
+            "other_cpu_s": threads["other"],
+            "ended_threads_cpu_s": _ended_threads_cpu_s(pid),
+            "loop_forward_cpu_s": forward.get("loop_forward_cpu_s"),
+            "sampling_threads_cpu_s": forward.get("sampling_threads_cpu_s"),
+            "forward_wall_s": forward.get("forward_wall_s"),
+            "forward_calls": forward.get("forward_calls"),
+        }
 
     def log_tail(self, chars: int = 2000) -> str:
         try:
@@ -458,6 +515,7 @@ class LaunchedServer:
 def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) -> dict[str, Any]:
     """The server's CPU per generated token (µs) between two ``LaunchedServer.cpu``
     readings: outside the forward (the overhead) and in it."""
+
     def delta(key: str) -> float | None:
         a, b = before.get(key), after.get(key)
         return None if a is None or b is None else b - a
@@ -524,35 +582,46 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 
 
 def _print_point(load_label: str, s: dict[str, Any]) -> None:
-    print(f"  {load_label}: {s['completed']}/{s['requests']} requests in {s['duration_s']:.1f} s, "
-          f"{s['errors']} errors")
+    print(f"  {load_label}: {s['completed']}/{s['requests']} requests in {s['duration_s']:.1f} s, {s['errors']} errors")
     print(f"  {'(ms)':<8}{'mean':>9}{'P50':>9}{'P90':>9}{'P99':>9}{'max':>9}")
     for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms")):
         d = s[key]
         print(f"  {name:<8}" + "".join(f"{_fmt(d[q]):>9}" for q in ("mean", "p50", "p90", "p99", "max")))
-    print(f"  throughput: {s['request_throughput']:.2f} req/s, {s['output_throughput']:.0f} output tok/s, "
-          f"{s['total_token_throughput']:.0f} total tok/s")
-    print(f"  prompt tokens {s['prompt_tokens']}, cached {s['cached_tokens']}: cache hit rate "
-          f"{s['cache_hit_rate'] * 100:.1f}%; output tokens {s['output_tokens']}"
-          + (f" ({s['length_mismatches']} requests not at their max_tokens)" if s["length_mismatches"] else ""))
+    print(
+        f"  throughput: {s['request_throughput']:.2f} req/s, {s['output_throughput']:.0f} output tok/s, "
+        f"{s['total_token_throughput']:.0f} total tok/s"
+    )
+    print(
+        f"  prompt tokens {s['prompt_tokens']}, cached {s['cached_tokens']}: cache hit rate "
+        f"{s['cache_hit_rate'] * 100:.1f}%; output tokens {s['output_tokens']}"
+        + (f" ({s['length_mismatches']} requests not at their max_tokens)" if s["length_mismatches"] else "")
+    )
     for e in s["first_errors"]:
         print(f"  error: {e}")
     cpu = s.get("server_cpu")
     if cpu:
-        print(f"  server CPU per generated token ({cpu['generated_tokens']} tokens): "
-              f"{_fmt(cpu['process_cpu_us_per_token'])} us in all")
+        print(
+            f"  server CPU per generated token ({cpu['generated_tokens']} tokens): "
+            f"{_fmt(cpu['process_cpu_us_per_token'])} us in all"
+        )
         if cpu["forward_cpu_us_per_token"] is None:
-            print("  forward time: the server's /metrics has no ferrolm:forward_* series; overhead excluding "
-                  "the forward unknown")
+            print(
+                "  forward time: the server's /metrics has no ferrolm:forward_* series; overhead excluding "
+                "the forward unknown"
+            )
         else:
             verdict = "met" if cpu["floor_met"] else "MISSED"
-            print(f"  forward (the step loop's own timing, /metrics): {_fmt(cpu['forward_cpu_us_per_token'])} us "
-                  f"CPU per token over {_fmt(cpu['forward_calls'], 0)} calls "
-                  f"({_fmt(cpu['forward_wall_us_per_token'])} us wall)")
-            print(f"  overhead excluding the forward (HTTP threads {_fmt(cpu['frontend_cpu_us_per_token'])} + "
-                  f"step loop outside the forward {_fmt(cpu['loop_outside_forward_us_per_token'])} + sampling "
-                  f"threads {_fmt(cpu['sampling_threads_us_per_token'])}): {_fmt(cpu['overhead_us_per_token'])} us "
-                  f"per token; floor (overhead < forward): {verdict}")
+            print(
+                f"  forward (the step loop's own timing, /metrics): {_fmt(cpu['forward_cpu_us_per_token'])} us "
+                f"CPU per token over {_fmt(cpu['forward_calls'], 0)} calls "
+                f"({_fmt(cpu['forward_wall_us_per_token'])} us wall)"
+            )
+            print(
+                f"  overhead excluding the forward (HTTP threads {_fmt(cpu['frontend_cpu_us_per_token'])} + "
+                f"step loop outside the forward {_fmt(cpu['loop_outside_forward_us_per_token'])} + sampling "
+                f"threads {_fmt(cpu['sampling_threads_us_per_token'])}): {_fmt(cpu['overhead_us_per_token'])} us "
+                f"per token; floor (overhead < forward): {verdict}"
+            )
     if s.get("mean_batch") is not None:
         print(f"  engine: {s['engine_steps']} steps, {s['mean_batch']:.1f} generated tokens per step")
 
@@ -620,8 +689,13 @@ def run(args: argparse.Namespace) -> int:
     if len(output_lens) != len(output_weights):
         print("error: --output-lens and --output-weights differ in length", file=sys.stderr)
         return 2
-    requests = make_requests(args.num_requests, seed=args.seed, system_prompts=args.system_prompts,
-                             output_lens=output_lens, output_weights=output_weights)
+    requests = make_requests(
+        args.num_requests,
+        seed=args.seed,
+        system_prompts=args.system_prompts,
+        output_lens=output_lens,
+        output_weights=output_weights,
+    )
     points = _run_on(args, loads, sweep_by, requests, output_lens, output_weights)
     failed = any(p["summary"]["errors"] for p in points)
     return 1 if failed and args.strict else 0
@@ -632,6 +706,7 @@ IDLE_MEASURE_S = 2.0  # how long the launched server's idle CPU is measured
 
 def _idle_cpu_percent(server: LaunchedServer) -> float | None:
     """The server's CPU (every process of it) over a quiet moment, in % of one core."""
+
     def total() -> float | None:
         return _proc_cpu_s(server.process.pid)
 
@@ -642,9 +717,14 @@ def _idle_cpu_percent(server: LaunchedServer) -> float | None:
     return None if a is None or b is None else (b - a) / (t1 - t0) * 100
 
 
-def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
-            requests: list[BenchRequest], output_lens: tuple[int, ...],
-            output_weights: tuple[float, ...]) -> list[dict[str, Any]]:
+def _run_on(
+    args: argparse.Namespace,
+    loads: list[Any],
+    sweep_by: str,
+    requests: list[BenchRequest],
+    output_lens: tuple[int, ...],
+    output_weights: tuple[float, ...],
+) -> list[dict[str, Any]]:
     server: LaunchedServer | None = None
     points: list[dict[str, Any]] = []
     if args.launch:
@@ -673,15 +753,29 @@ def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
         except Exception:  # noqa: BLE001 - optional
             pass
         forward_exposed = bool(metrics_text and "ferrolm:forward_seconds" in metrics_text)
-        print(f"ferrolm bench serve: {len(requests)} requests to {base_url} (model {model!r}); "
-              f"outputs {'/'.join(map(str, output_lens))} tokens; seed {args.seed}")
+        print(
+            f"ferrolm bench serve: {len(requests)} requests to {base_url} (model {model!r}); "
+            f"outputs {'/'.join(map(str, output_lens))} tokens; seed {args.seed}"
+        )
         idle = None
         for load in loads:
             if args.warmup:
                 warm = make_requests(args.warmup, seed=args.seed + 10_000, output_lens=(8,), output_weights=(1.0,))
-                asyncio.run(run_load(base_url, model, warm, request_rate=math.inf, concurrency=None,
-                                     api_key=args.api_key, seed=args.seed, ignore_eos=not args.no_ignore_eos,
-                                     temperature=args.temperature, timeout=args.timeout, progress=False))
+                asyncio.run(
+                    run_load(
+                        base_url,
+                        model,
+                        warm,
+                        request_rate=math.inf,
+                        concurrency=None,
+                        api_key=args.api_key,
+                        seed=args.seed,
+                        ignore_eos=not args.no_ignore_eos,
+                        temperature=args.temperature,
+                        timeout=args.timeout,
+                        progress=False,
+                    )
+                )
             if server is not None and idle is None:
                 idle = _idle_cpu_percent(server)
                 print(f"  idle server CPU: {_fmt(idle, 2)}% of a core (over {IDLE_MEASURE_S:g} s)")
@@ -694,10 +788,22 @@ def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
                 label = f"concurrency {int(load)}"
             load_before = (_server_get(base_url, "/server_info", args.api_key) or {}).get("load")
             cpu_before = server.cpu() if server else None
-            results, duration = asyncio.run(run_load(
-                base_url, model, requests, request_rate=rate, concurrency=conc, api_key=args.api_key,
-                seed=args.seed, ignore_eos=not args.no_ignore_eos, temperature=args.temperature,
-                timeout=args.timeout, progress=not args.no_progress, label=label))
+            results, duration = asyncio.run(
+                run_load(
+                    base_url,
+                    model,
+                    requests,
+                    request_rate=rate,
+                    concurrency=conc,
+                    api_key=args.api_key,
+                    seed=args.seed,
+                    ignore_eos=not args.no_ignore_eos,
+                    temperature=args.temperature,
+                    timeout=args.timeout,
+                    progress=not args.no_progress,
+                    label=label,
+                )
+            )
             cpu_after = server.cpu() if server else None
             load_after = (_server_get(base_url, "/server_info", args.api_key) or {}).get("load")
             summary = summarize(results, duration)
@@ -711,8 +817,14 @@ def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
             if server is not None and cpu_before and cpu_after:
                 summary["server_cpu"] = cpu_per_token(cpu_before, cpu_after, generated)
                 summary["idle_cpu_percent"] = idle
-            points.append({"sweep_by": sweep_by, "load": load, "summary": summary,
-                           "requests": [asdict(r) | {"tpot": r.tpot} for r in results] if args.json else None})
+            points.append(
+                {
+                    "sweep_by": sweep_by,
+                    "load": load,
+                    "summary": summary,
+                    "requests": [asdict(r) | {"tpot": r.tpot} for r in results] if args.json else None,
+                }
+            )
             _print_point(label, summary)
         if len(points) > 1:
             _print_sweep_table(points, sweep_by)
@@ -726,13 +838,24 @@ def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
         if args.json:
             path = args.json
             with open(path, "w") as f:
-                json.dump({"base_url": base_url, "model": model, "launched": args.launch, "seed": args.seed,
-                           "num_requests": len(requests), "output_lens": output_lens,
-                           "output_weights": output_weights, "sweep_by": sweep_by,
-                           "forward_exposed_by_server": forward_exposed,
-                           "server_info": info,
-                           "points": [p | {"load": p["load"] if math.isfinite(p["load"]) else "inf"} for p in points]},
-                          f, indent=1, default=str)
+                json.dump(
+                    {
+                        "base_url": base_url,
+                        "model": model,
+                        "launched": args.launch,
+                        "seed": args.seed,
+                        "num_requests": len(requests),
+                        "output_lens": output_lens,
+                        "output_weights": output_weights,
+                        "sweep_by": sweep_by,
+                        "forward_exposed_by_server": forward_exposed,
+                        "server_info": info,
+                        "points": [p | {"load": p["load"] if math.isfinite(p["load"]) else "inf"} for p in points],
+                    },
+                    f,
+                    indent=1,
+                    default=str,
+                )
             print(f"json: {path}")
     except BaseException:
         if server is not None:
@@ -749,26 +872,37 @@ def _run_on(args: argparse.Namespace, loads: list[Any], sweep_by: str,
 def _print_sweep_table(points: list[dict[str, Any]], by: str) -> None:
     print()
     head = "clients" if by == "concurrency" else "req/s in"
-    print(f"{head:>8}{'req/s':>8}{'tok/s':>8}{'TTFT50':>9}{'TTFT99':>9}{'TPOT50':>8}{'TPOT99':>8}{'ITL50':>8}"
-          f"{'E2E50':>9}{'E2E99':>9}{'hit%':>6}{'err':>5}{'ovh us':>8}{'fwd us':>8}")
+    print(
+        f"{head:>8}{'req/s':>8}{'tok/s':>8}{'TTFT50':>9}{'TTFT99':>9}{'TPOT50':>8}{'TPOT99':>8}{'ITL50':>8}"
+        f"{'E2E50':>9}{'E2E99':>9}{'hit%':>6}{'err':>5}{'ovh us':>8}{'fwd us':>8}"
+    )
     for p in points:
         s = p["summary"]
         cpu = s.get("server_cpu") or {}
-        print(f"{p['load']:>8g}{s['request_throughput']:>8.2f}{s['output_throughput']:>8.0f}"
-              f"{_fmt(s['ttft_ms']['p50']):>9}{_fmt(s['ttft_ms']['p99']):>9}{_fmt(s['tpot_ms']['p50']):>8}"
-              f"{_fmt(s['tpot_ms']['p99']):>8}{_fmt(s['itl_ms']['p50']):>8}{_fmt(s['e2e_ms']['p50'], 0):>9}"
-              f"{_fmt(s['e2e_ms']['p99'], 0):>9}{s['cache_hit_rate'] * 100:>6.1f}{s['errors']:>5}"
-              f"{_fmt(cpu.get('overhead_us_per_token')):>8}{_fmt(cpu.get('forward_cpu_us_per_token')):>8}")
+        print(
+            f"{p['load']:>8g}{s['request_throughput']:>8.2f}{s['output_throughput']:>8.0f}"
+            f"{_fmt(s['ttft_ms']['p50']):>9}{_fmt(s['ttft_ms']['p99']):>9}{_fmt(s['tpot_ms']['p50']):>8}"
+            f"{_fmt(s['tpot_ms']['p99']):>8}{_fmt(s['itl_ms']['p50']):>8}{_fmt(s['e2e_ms']['p50'], 0):>9}"
+            f"{_fmt(s['e2e_ms']['p99'], 0):>9}{s['cache_hit_rate'] * 100:>6.1f}{s['errors']:>5}"
+            f"{_fmt(cpu.get('overhead_us_per_token')):>8}{_fmt(cpu.get('forward_cpu_us_per_token')):>8}"
+        )
     print("(latencies in ms; ovh: server CPU per generated token excluding the forward; fwd: forward CPU per token)")
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serving benchmark: latency and throughput over HTTP", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "serve",
+        help="serving benchmark: latency and throughput over HTTP",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     target = p.add_argument_group("server")
     target.add_argument("--base-url", help="a running OpenAI-compatible server, e.g. http://127.0.0.1:30000")
-    target.add_argument("--launch", metavar="MODEL", help="start `ferrolm serve --model MODEL` on a free loopback "
-                        "port, measure its CPU time, stop it after")
+    target.add_argument(
+        "--launch",
+        metavar="MODEL",
+        help="start `ferrolm serve --model MODEL` on a free loopback port, measure its CPU time, stop it after",
+    )
     target.add_argument("--server-args", help="extra flags for the launched server, as one string")
     target.add_argument("--api-key")
     target.add_argument("--model", help="the model id to send (default: the first of /v1/models)")
@@ -777,8 +911,11 @@ def add_parser(sub: Any) -> None:
     load.add_argument("--concurrency", type=int, help="clients in flight (with --request-rate: a cap)")
     load.add_argument("--num-requests", type=int, default=200)
     load.add_argument("--sweep", help="comma-separated loads (rates or concurrencies) run one after the other")
-    load.add_argument("--sweep-by", choices=("rate", "concurrency"),
-                      help="what --sweep varies (default: rate if --request-rate is given, else concurrency)")
+    load.add_argument(
+        "--sweep-by",
+        choices=("rate", "concurrency"),
+        help="what --sweep varies (default: rate if --request-rate is given, else concurrency)",
+    )
     load.add_argument("--warmup", type=int, default=2, help="short requests sent (unmeasured) before each run")
     load.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request")
     wl = p.add_argument_group("workload")
@@ -792,7 +929,10 @@ def add_parser(sub: Any) -> None:
     out.add_argument("--json", help="write all figures (and each request's) to this file")
     out.add_argument("--plot", default="bench_serve.png", help="the PNG a sweep writes")
     out.add_argument("--no-progress", action="store_true")
-    out.add_argument("--no-flush", action="store_true", help="keep the prefix cache between runs (default: "
-                     "POST /flush_cache before each run where the server has it)")
+    out.add_argument(
+        "--no-flush",
+        action="store_true",
+        help="keep the prefix cache between runs (default: POST /flush_cache before each run where the server has it)",
+    )
     out.add_argument("--strict", action="store_true", help="exit 1 on any request error")
     p.set_defaults(func=run)

@@ -21,11 +21,22 @@ from typing import Any
 
 from ferrolm.sampling_params import SamplingParams
 
-PARAMETERS = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 24}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "days"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather forecast for a city",
-                                           "parameters": PARAMETERS}}]
+PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The weather forecast for a city", "parameters": PARAMETERS},
+    }
+]
 MESSAGES = [{"role": "user", "content": "What will the weather be in Paris for the next three days?"}]
 
 
@@ -53,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         for seed in range(args.seeds):
             params = SamplingParams(max_new_tokens=args.max_tokens, temperature=1.0, seed=seed)
-            [answer] = engine.chat(MESSAGES, params, tools=TOOLS, tool_choice="required",
-                                   constrain_tool_calls=constrain)
+            [answer] = engine.chat(
+                MESSAGES, params, tools=TOOLS, tool_choice="required", constrain_tool_calls=constrain
+            )
             calls = [c for c in answer.tool_calls if c.name == "get_weather"]
             try:
                 json.loads(calls[0].arguments)
@@ -80,15 +92,18 @@ def run(args: argparse.Namespace) -> int:
         calls_total += len(answer.tool_calls)
         calls_valid += sum(bool(_valid(c.arguments)) for c in answer.tool_calls)
     seconds = time.perf_counter() - started
-    print(f"several calls: {answers_done}/{args.seeds} answers complete, {several} with more than one call; "
-          f"{calls_valid}/{calls_total} calls valid for the schema; {seconds:.1f} s")
+    print(
+        f"several calls: {answers_done}/{args.seeds} answers complete, {several} with more than one call; "
+        f"{calls_valid}/{calls_total} calls valid for the schema; {seconds:.1f} s"
+    )
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris %d", "days": 3, "notes": "%s"}}\n</tool_call>\n'
     output = "Let me check.\n" + "".join(call % (i, "x y " * 40) for i in range(8))
-    deltas = [output[i:i + 4] for i in range(0, len(output), 4)]  # ~ a token each
+    deltas = [output[i : i + 4] for i in range(0, len(output), 4)]  # ~ a token each
     repeats = 5 if args.quick else 50
     # auto: the output may be text, then calls, as this one is
-    prepared = engine.chat_core.prepare(json.dumps({"messages": MESSAGES, "tools": TOOLS}), tool_call_parser="hermes",
-                                        reasoning_parser="none")
+    prepared = engine.chat_core.prepare(
+        json.dumps({"messages": MESSAGES, "tools": TOOLS}), tool_call_parser="hermes", reasoning_parser="none"
+    )
     started = time.perf_counter()
     for _ in range(repeats):
         parser = prepared.output_parser()
@@ -96,14 +111,20 @@ def run(args: argparse.Namespace) -> int:
             parser.feed(delta)
         parser.finish()
     per_output = (time.perf_counter() - started) / repeats
-    print(f"streaming parse (hermes, 8 calls): {len(output)} chars in {len(deltas)} deltas, "
-          f"{per_output * 1e3:.2f} ms per output, {per_output / len(deltas) * 1e6:.1f} us per delta")
+    print(
+        f"streaming parse (hermes, 8 calls): {len(output)} chars in {len(deltas)} deltas, "
+        f"{per_output * 1e3:.2f} ms per output, {per_output / len(deltas) * 1e6:.1f} us per delta"
+    )
     return 0
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("tools", help="tool calls with and without the constraint: how many parse and validate",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "tools",
+        help="tool calls with and without the constraint: how many parse and validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny", help="'tiny' (embedded) or a Hugging Face model folder")
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=64)

@@ -66,7 +66,7 @@ ARGUMENTS = ("cold", "fresh")
 ARGUMENT_TITLES = {
     "cold": "arguments made before the replay, cold in cache when the call reads them",
     "fresh": "each argument made just before its call (outside the timing), warm as a caller "
-             "that has just tokenized holds it",
+    "that has just tokenized holds it",
 }
 
 
@@ -230,9 +230,7 @@ def _stats(ns: np.ndarray) -> dict[str, float]:
     }
 
 
-def by_prompt_length(
-    results: dict[str, dict[str, Any]], label: str = ""
-) -> tuple[list[dict[str, Any]], list[str]]:
+def by_prompt_length(results: dict[str, dict[str, Any]], label: str = "") -> tuple[list[dict[str, Any]], list[str]]:
     """p50 of match_prefix and insert per prompt-length bucket, per backend; and the
     targets the target bucket misses (each named with ``label``, where given)."""
     rows, missed = [], []
@@ -249,8 +247,10 @@ def by_prompt_length(
             for op, target in TARGETS_US.items():
                 got = row[f"{op} rust p50_us"]
                 if got is not None and not got < target:
-                    missed.append(f"{op} p50 {got:.2f} us >= {target} us at {lo}-{hi} prompt tokens"
-                                  + (f" ({label})" if label else ""))
+                    missed.append(
+                        f"{op} p50 {got:.2f} us >= {target} us at {lo}-{hi} prompt tokens"
+                        + (f" ({label})" if label else "")
+                    )
     return rows, missed
 
 
@@ -278,8 +278,9 @@ def print_by_prompt_length(rows: list[dict[str, Any]], peer: bool = False, title
                     line += f"{o:>9.{1 if o >= 10 else 2}f}{o / r if r > 0 else float('inf'):>6.1f}x"
         print(line)
     lo, hi = TARGET_BUCKET
-    print(f"targets at {lo}-{hi} prompt tokens (rust p50): "
-          + ", ".join(f"{op} < {t} us" for op, t in TARGETS_US.items()))
+    print(
+        f"targets at {lo}-{hi} prompt tokens (rust p50): " + ", ".join(f"{op} < {t} us" for op, t in TARGETS_US.items())
+    )
 
 
 def single_calls(sizes: tuple[int, ...] = (256, 2048)) -> dict[str, dict[str, float]]:
@@ -319,8 +320,10 @@ def run(args: argparse.Namespace) -> int:
     by_mode: dict[str, dict[str, dict[str, Any]]] = {}
     for mode in modes:
         # the backends one after another in each mode, every backend's arguments made alike
-        results = {b: replay(b, requests, args.capacity, args.page_size, args.policy, arguments=mode)
-                   for b in ("rust", "python")}
+        results = {
+            b: replay(b, requests, args.capacity, args.page_size, args.policy, arguments=mode)
+            for b in ("rust", "python")
+        }
         rust, py = results["rust"], results["python"]
         if abs(rust["hit_rate"] - py["hit_rate"]) > 1e-12 or rust["cached_tokens"] != py["cached_tokens"]:
             raise AssertionError("the backends disagree on the workload's outcome")
@@ -334,7 +337,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"per-op table: {ARGUMENT_TITLES[modes[0]]}")
 
     rows = []
-    header = f"{'op':<14}{'backend':<8}{'n':>7}{'ops/s':>12}{'p50 us':>10}{'p99 us':>10}{'ratio mean':>12}{'ratio p50':>11}"
+    header = (
+        f"{'op':<14}{'backend':<8}{'n':>7}{'ops/s':>12}{'p50 us':>10}{'p99 us':>10}{'ratio mean':>12}{'ratio p50':>11}"
+    )
     print(header)
     print("-" * len(header))
     report: dict[str, Any] = {"workload": asdict(cfg), "capacity": args.capacity, "ops": {}}
@@ -345,15 +350,24 @@ def run(args: argparse.Namespace) -> int:
         ratio_p50 = s_py["p50_us"] / s_rust["p50_us"] if s_rust["n"] and s_rust["p50_us"] > 0 else float("nan")
         for name, s in (("rust", s_rust), ("python", s_py)):
             ratio = f"{ratio_mean:>11.1f}x{ratio_p50:>10.1f}x" if name == "rust" else ""
-            print(f"{op:<14}{name:<8}{s['n']:>7}{s['ops_per_s']:>12,.0f}{s['p50_us']:>10.2f}{s['p99_us']:>10.2f}{ratio}")
+            print(
+                f"{op:<14}{name:<8}{s['n']:>7}{s['ops_per_s']:>12,.0f}{s['p50_us']:>10.2f}{s['p99_us']:>10.2f}{ratio}"
+            )
         if peer is not None:
             s_peer = _stats(peer["times"].get(op, np.array([])))
             peer_mean = s_peer["mean_us"] / s_rust["mean_us"] if s_rust["n"] and s_peer["n"] else float("nan")
-            peer_p50 = s_peer["p50_us"] / s_rust["p50_us"] if s_rust["n"] and s_peer["n"] and s_rust["p50_us"] > 0 else float("nan")
-            print(f"{op:<14}{PEER:<8}{s_peer['n']:>7}{s_peer['ops_per_s']:>12,.0f}{s_peer['p50_us']:>10.2f}"
-                  f"{s_peer['p99_us']:>10.2f}{peer_mean:>11.1f}x{peer_p50:>10.1f}x  ({PEER} / rust)")
+            peer_p50 = (
+                s_peer["p50_us"] / s_rust["p50_us"]
+                if s_rust["n"] and s_peer["n"] and s_rust["p50_us"] > 0
+                else float("nan")
+            )
+            print(
+                f"{op:<14}{PEER:<8}{s_peer['n']:>7}{s_peer['ops_per_s']:>12,.0f}{s_peer['p50_us']:>10.2f}"
+                f"{s_peer['p99_us']:>10.2f}{peer_mean:>11.1f}x{peer_p50:>10.1f}x  ({PEER} / rust)"
+            )
             report["ops"].setdefault(op, {}).update(
-                {PEER: s_peer, f"{PEER}_ratio_mean": peer_mean, f"{PEER}_ratio_p50": peer_p50})
+                {PEER: s_peer, f"{PEER}_ratio_mean": peer_mean, f"{PEER}_ratio_p50": peer_p50}
+            )
         floor = FLOORS.get(op)
         if floor is not None and s_rust["n"] and not ratio_mean >= floor:
             failed.append(f"{op}: {ratio_mean:.1f}x < {floor:.0f}x")
@@ -363,8 +377,9 @@ def run(args: argparse.Namespace) -> int:
     missed: list[str] = []
     for mode in modes:
         mode_rows, mode_missed = by_prompt_length(by_mode[mode], label=f"arguments {mode}")
-        print_by_prompt_length(mode_rows, peer=peer is not None,
-                               title=f"by prompt length, arguments {mode}: {ARGUMENT_TITLES[mode]}")
+        print_by_prompt_length(
+            mode_rows, peer=peer is not None, title=f"by prompt length, arguments {mode}: {ARGUMENT_TITLES[mode]}"
+        )
         print()
         missed.extend(mode_missed)
         report["by_prompt_length" if mode == "cold" else f"by_prompt_length_{mode}"] = mode_rows
@@ -372,10 +387,12 @@ def run(args: argparse.Namespace) -> int:
         for mode in (m for m in modes if PEER in by_mode[m]):
             both_us, ours_us, idx_us = match_and_indices(by_mode[mode])
             lo, hi = TARGET_BUCKET
-            print(f"{PEER}'s match returns no KV indices; it gathers them with collect_full_device_indices "
-                  f"(p50 {idx_us:.2f} us, not in its match row). Match and indices at {lo}-{hi} prompt tokens, "
-                  f"arguments {mode}: {PEER} {both_us:.2f} us p50, {both_us / ours_us:.1f}x ferrolm's match "
-                  f"({ours_us:.2f} us)")
+            print(
+                f"{PEER}'s match returns no KV indices; it gathers them with collect_full_device_indices "
+                f"(p50 {idx_us:.2f} us, not in its match row). Match and indices at {lo}-{hi} prompt tokens, "
+                f"arguments {mode}: {PEER} {both_us:.2f} us p50, {both_us / ours_us:.1f}x ferrolm's match "
+                f"({ours_us:.2f} us)"
+            )
             key = "peer_match_and_indices_p50_us" + ("" if mode == "cold" else f"_{mode}")
             report[key] = both_us
     if "cold" in by_mode:
@@ -385,10 +402,12 @@ def run(args: argparse.Namespace) -> int:
         lengths = cold["lengths"]["match_prefix"]
         ours = cold["times"]["match_prefix"][(lengths >= lo) & (lengths < hi)]
         ours_us = float(np.percentile(ours, 50)) / 1e3 if len(ours) else float("nan")
-        print(f"reading the prompt alone at {lo}-{hi} tokens, cold as a match finds it (a binding call that reads "
-              f"it as match_prefix does, no tree; a second replay): p50 {floor_us:.2f} us, the floor under any "
-              f"cold match on this machine now; match_prefix (arguments cold) {ours_us:.2f} us is "
-              f"{ours_us - floor_us:.2f} us over it")
+        print(
+            f"reading the prompt alone at {lo}-{hi} tokens, cold as a match finds it (a binding call that reads "
+            f"it as match_prefix does, no tree; a second replay): p50 {floor_us:.2f} us, the floor under any "
+            f"cold match on this machine now; match_prefix (arguments cold) {ours_us:.2f} us is "
+            f"{ours_us - floor_us:.2f} us over it"
+        )
         report["prompt_read_p50_us"] = floor_us
     failed.extend(missed)
     print()
@@ -412,8 +431,10 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print("below the issue's floors: " + "; ".join(failed))
         return 1 if args.strict else 0
-    print("all floors met (match_prefix and request cycle >= 20x, insert and evict >= 10x, <= 32 B/token; "
-          "match_prefix < 1.5 us and insert < 3 us p50 at 1500-2000 prompt tokens)")
+    print(
+        "all floors met (match_prefix and request cycle >= 20x, insert and evict >= 10x, <= 32 B/token; "
+        "match_prefix < 1.5 us and insert < 3 us p50 at 1500-2000 prompt tokens)"
+    )
     return 0
 
 
@@ -466,15 +487,21 @@ def peer_result(
     result = replay(PEER, requests, args.capacity, args.page_size, args.policy, arguments=arguments)
     lengths = result["match_lengths"]
     same = sum(a == b for a, b in zip(lengths, rust_lengths))
-    print(f"peer: {PEER} {version}'s Rust tree core (its rust_tree_core extension, called as its "
-          f"scheduler's cache calls it), arguments {arguments}; the same match length as ferrolm's on "
-          f"{same} of {len(lengths)} requests")
+    print(
+        f"peer: {PEER} {version}'s Rust tree core (its rust_tree_core extension, called as its "
+        f"scheduler's cache calls it), arguments {arguments}; the same match length as ferrolm's on "
+        f"{same} of {len(lengths)} requests"
+    )
     return result
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("tree", help="radix tree: Rust core vs the Python twin", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "tree",
+        help="radix tree: Rust core vs the Python twin",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--conversations", type=int, default=400)
     p.add_argument("--capacity", type=int, default=300_000, help="KV slots in the pool")
     p.add_argument("--page-size", type=int, default=1)
@@ -482,12 +509,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--dump-workload", help="write the requests' token sequences (for ferrolm-tree-replay)")
-    p.add_argument("--arguments", choices=("both",) + ARGUMENTS, default="both",
-                   help="how each call's token argument is made: cold (all made before the replay, cold in "
-                        "cache when read), fresh (each made just before its call, outside the timing, as a "
-                        "caller that has just tokenized holds it), or both (default: the per-op table is "
-                        "cold's, and a by-length table for each)")
+    p.add_argument(
+        "--arguments",
+        choices=("both",) + ARGUMENTS,
+        default="both",
+        help="how each call's token argument is made: cold (all made before the replay, cold in "
+        "cache when read), fresh (each made just before its call, outside the timing, as a "
+        "caller that has just tokenized holds it), or both (default: the per-op table is "
+        "cold's, and a by-length table for each)",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a floor is missed")
-    p.add_argument("--no-peer", action="store_true",
-                   help=f"leave out {PEER}'s Rust tree core even where it is installed ({tree_peer.INSTALL_HINT})")
+    p.add_argument(
+        "--no-peer",
+        action="store_true",
+        help=f"leave out {PEER}'s Rust tree core even where it is installed ({tree_peer.INSTALL_HINT})",
+    )
     p.set_defaults(func=run)

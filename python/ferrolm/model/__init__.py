@@ -8,8 +8,8 @@ the forward pass over a paged KV pool, one ``ForwardBatch`` per engine step.
 from ferrolm.model.config import ModelConfig, RopeScaling
 from ferrolm.model.loader import LoadedModel, load_model
 from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner
-from ferrolm.model.torch_runner import TorchRunner  # imports torch only when one is built
 from ferrolm.model.tokenizer import Tokenizer
+from ferrolm.model.torch_runner import TorchRunner  # imports torch only when one is built
 from ferrolm.model.weights import Weights, load_weights
 
 __all__ = [

@@ -105,8 +105,7 @@ class ModelConfig:
         kv_heads = _positive_int(raw, "num_key_value_heads", default=heads)
         if heads % kv_heads:
             raise InvalidInputError(
-                f"config field 'num_key_value_heads' ({kv_heads}) must divide "
-                f"'num_attention_heads' ({heads})"
+                f"config field 'num_key_value_heads' ({kv_heads}) must divide 'num_attention_heads' ({heads})"
             )
         # Qwen3's transformers config defaults head_dim to 128; the others derive it
         derived_head_dim = 128 if model_type == "qwen3" else None

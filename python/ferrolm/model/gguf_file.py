@@ -88,6 +88,8 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
 @dataclass(frozen=True, slots=True)
 class PreTokenizer:
     splits: tuple[str, ...]
@@ -117,8 +119,15 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 # token texts that end a turn in chat templates; llama.cpp stops on them too when the
 # file marks them control tokens, though only one is named by tokenizer.ggml.eos_token_id
 _END_OF_GENERATION_TEXTS = (
-    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<|return|>", "<|call|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|return|>",
+    "<|call|>",
 )
 # bump whenever the tokenizer files written for a GGUF change: the cache key carries it
 TOKENIZER_FILES_VERSION = "1"
@@ -160,9 +169,7 @@ def _reader_class() -> type:
                 if type_name is None or type_id not in readable:
                     known = ", ".join(sorted(_core.quant_types()))
                     what = f"type {type_name}" if type_name else f"unknown type id {type_id}"
-                    raise InvalidInputError(
-                        f"GGUF tensor {name!r} has {what}; ferrolm reads {known}", name
-                    )
+                    raise InvalidInputError(f"GGUF tensor {name!r} has {what}; ferrolm reads {known}", name)
                 elems = math.prod(int(d) for d in dims)
                 block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(type_id)]
                 if elems % block:
@@ -172,8 +179,7 @@ def _reader_class() -> type:
                 end = start_offs + int(offset[0]) + elems // block * block_bytes
                 if end > size:
                     raise InvalidInputError(
-                        f"GGUF tensor {name!r} ends at byte {end} but the file has {size} bytes: "
-                        "the file is truncated",
+                        f"GGUF tensor {name!r} ends at byte {end} but the file has {size} bytes: the file is truncated",
                         name,
                     )
             super()._build_tensors(start_offs, fields)
@@ -376,8 +382,7 @@ def _llama3_scaling(meta: Metadata, arch: str, config: ModelConfig, tensor: Any)
     divisors = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
     if divisors.size != config.head_dim // 2 or not np.all(np.isfinite(divisors)) or divisors.min() <= 0:
         raise InvalidInputError(
-            f"GGUF tensor {ROPE_FREQS!r} must hold head_dim / 2 = {config.head_dim // 2} positive divisors",
-            ROPE_FREQS,
+            f"GGUF tensor {ROPE_FREQS!r} must hold head_dim / 2 = {config.head_dim // 2} positive divisors", ROPE_FREQS
         )
     if np.allclose(divisors, 1.0):
         return None
@@ -419,8 +424,9 @@ def read_tokenizer(meta: Metadata) -> GGUFTokenizer:
         raise InvalidInputError("GGUF metadata has no key 'tokenizer.ggml.model'", "tokenizer.ggml.model")
     tokens = meta.array("tokenizer.ggml.tokens")
     if not tokens or not all(isinstance(t, str) for t in tokens):
-        raise InvalidInputError("GGUF metadata key 'tokenizer.ggml.tokens' must be a non-empty list of strings",
-                                "tokenizer.ggml.tokens")
+        raise InvalidInputError(
+            "GGUF metadata key 'tokenizer.ggml.tokens' must be a non-empty list of strings", "tokenizer.ggml.tokens"
+        )
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise InvalidInputError(
@@ -508,8 +514,9 @@ def _byte_level_bpe(meta: Metadata, tokens: list[str], pre: PreTokenizer) -> Any
     try:
         model = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.llama3_style)
     except Exception as exc:  # a merge of tokens not in the vocabulary
-        raise InvalidInputError(f"the GGUF tokenizer cannot be built from 'tokenizer.ggml.merges': {exc}",
-                                "tokenizer.ggml.merges") from None
+        raise InvalidInputError(
+            f"the GGUF tokenizer cannot be built from 'tokenizer.ggml.merges': {exc}", "tokenizer.ggml.merges"
+        ) from None
     hf = Tokenizer(model)
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.splits]
@@ -704,5 +711,6 @@ def write_tokenizer_files(tokenizer: GGUFTokenizer, folder: Path) -> None:
     }
     if tokenizer.chat_template is not None:
         settings["chat_template"] = tokenizer.chat_template
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
-                                                  encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )

@@ -36,10 +36,7 @@ def rotation(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, n
     ``position * frequency``.
     """
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
-    return (
-        np.cos(angles).astype(np.float32)[:, None, :],
-        np.sin(angles).astype(np.float32)[:, None, :],
-    )
+    return (np.cos(angles).astype(np.float32)[:, None, :], np.sin(angles).astype(np.float32)[:, None, :])
 
 
 def apply_rotation(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ def _check_offsets(name: str, offsets: np.ndarray, total: int, data: str) -> Non
 # heads x _QUERY_BLOCK x context floats
 _QUERY_BLOCK = 256
 
+
 # KV pool element types: name -> numpy dtype (bfloat16 from ml_dtypes)
 def _kv_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
@@ -106,8 +107,10 @@ class ForwardBatch:
             raise InvalidInputError("ForwardBatch.kv_offsets gives a request fewer KV slots than new tokens")
         # the tail of each request's kv_slots must be the slots its new tokens write
         request_of_token = np.repeat(np.arange(self.batch_size), new_lengths)
-        tail_index = self.kv_offsets[1:][request_of_token] - new_lengths[request_of_token] + (
-            np.arange(num_new) - self.qo_offsets[:-1][request_of_token]
+        tail_index = (
+            self.kv_offsets[1:][request_of_token]
+            - new_lengths[request_of_token]
+            + (np.arange(num_new) - self.qo_offsets[:-1][request_of_token])
         )
         if not np.array_equal(self.kv_slots[tail_index], self.out_slots):
             raise InvalidInputError("ForwardBatch.kv_slots must end, for each request, with its out_slots")
@@ -150,9 +153,7 @@ class ForwardBatch:
         return batch
 
     @classmethod
-    def from_requests(
-        cls, new_token_ids: Sequence[Sequence[int]], kv_slots: Sequence[Sequence[int]]
-    ) -> ForwardBatch:
+    def from_requests(cls, new_token_ids: Sequence[Sequence[int]], kv_slots: Sequence[Sequence[int]]) -> ForwardBatch:
         """Builds a batch from per-request lists (for tests and simple callers): request b
         appends ``new_token_ids[b]`` to a sequence whose slots, new tokens included, are
         ``kv_slots[b]``; positions count from 0 at the first slot."""
@@ -430,13 +431,7 @@ class NumpyRunner(ModelRunner):
         return o
 
     def _attend_kernel(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        batch: Batch,
-        k_pool: np.ndarray,
-        v_pool: np.ndarray,
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, batch: Batch, k_pool: np.ndarray, v_pool: np.ndarray
     ) -> np.ndarray:
         """The core's kernel: writes the new keys and values into the pool, then attends
         over the pool in place. Returns ``[T, heads * d]``."""

@@ -58,9 +58,13 @@ def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str =
             runner = "numpy"
     if runner == "numpy":
         if wants_cuda:
-            raise InvalidInputError(f"the numpy runner runs on the CPU only, not on {device!r}; use the torch runner", "device")
+            raise InvalidInputError(
+                f"the numpy runner runs on the CPU only, not on {device!r}; use the torch runner", "device"
+            )
         if half:
-            raise InvalidInputError(f"the numpy runner computes in float32 only, not {dtype}; use the torch runner", "dtype")
+            raise InvalidInputError(
+                f"the numpy runner computes in float32 only, not {dtype}; use the torch runner", "dtype"
+            )
         return "numpy"
     if not torch_available():
         raise InvalidInputError(TORCH_MISSING, "runner")
@@ -83,8 +87,9 @@ def build_runner(
     ``model.folder`` when ``model`` was loaded without weights."""
     kind = resolve_runner_kind(runner, device, dtype)
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise InvalidInputError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}",
-                                "kv_cache_dtype")
+        raise InvalidInputError(
+            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
+        )
     if kind == "numpy":
         if mem_fraction_static is not None:
             raise InvalidInputError(
@@ -99,7 +104,12 @@ def build_runner(
     # the runner's compute dtype
     on_cpu = resolve_device(device).type == "cpu"
     kv = numpy_kv_cache_dtype(kv_cache_dtype) if on_cpu else (None if kv_cache_dtype == "auto" else kv_cache_dtype)
-    options: dict[str, Any] = {"device": device, "dtype": dtype, "mem_fraction_static": mem_fraction_static, "kv_cache_dtype": kv}
+    options: dict[str, Any] = {
+        "device": device,
+        "dtype": dtype,
+        "mem_fraction_static": mem_fraction_static,
+        "kv_cache_dtype": kv,
+    }
     if model.weights:
         return TorchRunner(model.config, model.weights, slots, **options)
     if model.folder is None:

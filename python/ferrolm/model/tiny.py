@@ -45,7 +45,7 @@ CHAT_TEMPLATE = (
     "{{ 'You can call functions. Their signatures:\\n<tools>\\n' }}"
     "{% for tool in tools %}{{ (tool | tojson) + '\\n' }}{% endfor %}"
     "{{ '</tools>\\nTo call one, write a JSON object with its name and arguments in <tool_call></tool_call> "
-    "tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>"
+    'tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>'
     "<|im_end|>\\n' }}"
     "{% endif %}"
     "{% for message in messages %}"
@@ -153,8 +153,14 @@ def write_tiny(folder: Path) -> None:
             "clean_up_tokenization_spaces": False,
             "chat_template": CHAT_TEMPLATE,
             "added_tokens_decoder": {
-                str(BPE_RANKS + i): {"content": t, "special": t in SPECIAL_TOKENS, "lstrip": False, "rstrip": False,
-                                      "normalized": False, "single_word": False}
+                str(BPE_RANKS + i): {
+                    "content": t,
+                    "special": t in SPECIAL_TOKENS,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "single_word": False,
+                }
                 for i, t in enumerate(SPECIAL_TOKENS + ADDED_TOKENS)
             },
         },

@@ -41,7 +41,9 @@ class Tokenizer:
             return None
         token_id = self.hf.token_to_id(token)
         if token_id is None:
-            raise InvalidInputError(f"tokenizer_config.json field {field!r} names {token!r}, which is not in the vocabulary")
+            raise InvalidInputError(
+                f"tokenizer_config.json field {field!r} names {token!r}, which is not in the vocabulary"
+            )
         return int(token_id)
 
     @classmethod
@@ -128,8 +130,12 @@ class Tokenizer:
         if self.chat_template is None:
             raise InvalidInputError("this model has no chat template (tokenizer_config.json 'chat_template')")
         return _core.render_chat_template(
-            self.chat_template, json.dumps(list(messages)), bos_token=self.bos_token, eos_token=self.eos_token,
-            add_generation_prompt=add_generation_prompt, variables_json=json.dumps(variables) if variables else None,
+            self.chat_template,
+            json.dumps(list(messages)),
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            add_generation_prompt=add_generation_prompt,
+            variables_json=json.dumps(variables) if variables else None,
         )
 
 

@@ -201,6 +201,11 @@ ATTENTION_BACKENDS = ("kernel", "reference")
 KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
 
 
+def _numpy_fields(layer: Any) -> dict[str, Any]:
+    """A layer's tensors as numpy arrays (no copy), by ``_Layer``'s field names."""
+    return {f: None if getattr(layer, f) is None else getattr(layer, f).numpy() for f in _Layer.__slots__}
+
+
 def _numpy_view(tensor: Any) -> np.ndarray:
     """A CPU tensor's memory as a numpy array, no copy (bf16 through ml_dtypes, whose bits
     are torch's)."""
@@ -282,12 +287,14 @@ class TorchRunner(ModelRunner):
         if attention not in ATTENTION_BACKENDS:
             raise InvalidInputError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}", "attention")
         if attention == "kernel" and not on_cpu:
-            raise InvalidInputError("the core's attention kernel runs on the CPU; on CUDA use attention='reference'",
-                                    "attention")
+            raise InvalidInputError(
+                "the core's attention kernel runs on the CPU; on CUDA use attention='reference'", "attention"
+            )
         self.attention = attention
         if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InvalidInputError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}",
-                                    "kv_cache_dtype")
+            raise InvalidInputError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
+            )
         self.kv_dtype = getattr(torch, kv_cache_dtype) if kv_cache_dtype else self.dtype
         # [in, out] matrices for x @ w on the CPU (see the module's doc); [out, in] for F.linear elsewhere
         self.rows_in = on_cpu
@@ -360,8 +367,12 @@ class TorchRunner(ModelRunner):
         pool_shape = (num_slots, c.num_kv_heads, c.head_dim)
         # the paged KV pool: slot s of layer l holds the key/value of one token
         try:
-            self.k_pool = [torch.zeros(pool_shape, dtype=self.kv_dtype, device=self.device) for _ in range(c.num_layers)]
-            self.v_pool = [torch.zeros(pool_shape, dtype=self.kv_dtype, device=self.device) for _ in range(c.num_layers)]
+            self.k_pool = [
+                torch.zeros(pool_shape, dtype=self.kv_dtype, device=self.device) for _ in range(c.num_layers)
+            ]
+            self.v_pool = [
+                torch.zeros(pool_shape, dtype=self.kv_dtype, device=self.device) for _ in range(c.num_layers)
+            ]
         except (torch.OutOfMemoryError, RuntimeError) as e:  # CUDA OOM; the CPU allocator's RuntimeError
             self.k_pool = self.v_pool = []
             size = num_slots * c.kv_bytes_per_slot(torch.empty((), dtype=self.kv_dtype).element_size())
@@ -380,8 +391,7 @@ class TorchRunner(ModelRunner):
         if attention == "kernel" and self.dtype == torch.float32:
             self._numpy = NumpyRunner.over(
                 c,
-                [_Layer(**{f: None if getattr(layer, f) is None else getattr(layer, f).numpy()
-                           for f in _Layer.__slots__}) for layer in self.layers],
+                [_Layer(**_numpy_fields(layer)) for layer in self.layers],
                 head=self.lm_head.numpy(),
                 embed=None if self.embed is None else self.embed.numpy(),
                 final_norm=self.final_norm.numpy(),
@@ -411,8 +421,15 @@ class TorchRunner(ModelRunner):
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
         # consumed as the fused tensors are built: peak memory is the checkpoint plus one layer
         return cls(
-            config, tensors, num_slots, device=place, dtype=dtype, mem_fraction_static=mem_fraction_static,
-            kv_cache_dtype=kv_cache_dtype, attention=attention, _consume=True,
+            config,
+            tensors,
+            num_slots,
+            device=place,
+            dtype=dtype,
+            mem_fraction_static=mem_fraction_static,
+            kv_cache_dtype=kv_cache_dtype,
+            attention=attention,
+            _consume=True,
         )
 
     def embedding_matrix(self) -> Any:
@@ -451,7 +468,9 @@ class TorchRunner(ModelRunner):
         ``vocab_size`` logits count (the engine core's vocabulary may be smaller than the
         model's padded one). Ties go to the lowest id, as in the core's sampler."""
         self._check(batch)
-        masked = ignore_eos is not None and len(eos_token_ids) > 0 and bool(ignore_eos.any())
+        # the rows that never pick an EOS id (none without EOS ids to exclude)
+        eos_rows = np.flatnonzero(ignore_eos) if ignore_eos is not None and len(eos_token_ids) > 0 else np.empty(0, int)
+        masked = len(eos_rows) > 0
         with torch.inference_mode():
             logits = self._logits(batch)
             if self.device.type == "cpu":
@@ -459,10 +478,10 @@ class TorchRunner(ModelRunner):
                 # assignment ~20x torch's on a column slice
                 host = logits.float().numpy()
                 if masked:
-                    host[np.ix_(np.flatnonzero(ignore_eos), np.asarray(eos_token_ids))] = -np.inf
+                    host[np.ix_(eos_rows, np.asarray(eos_token_ids))] = -np.inf
                 return np.argmax(host[:, :vocab_size], axis=-1).astype(np.int32)
             if masked:
-                rows = self._index(np.flatnonzero(ignore_eos))
+                rows = self._index(eos_rows)
                 eos = self._index(np.asarray(eos_token_ids))
                 logits[rows[:, None], eos[None, :]] = float("-inf")
             return logits[:, :vocab_size].argmax(dim=-1).to(torch.int32).cpu().numpy()
@@ -526,7 +545,6 @@ class TorchRunner(ModelRunner):
         return _TorchPlan(rows, slots, mask, chunks)
 
     def _forward(self, batch: Batch, all_logits: bool) -> Any:
-        c = self.config
         cos_np, sin_np = rotation(self.inv_freq, batch.positions)  # float32 [T, 1, d/2], angles in float64
         cos = torch.from_numpy(np.concatenate([cos_np, cos_np], axis=-1)).to(device=self.device, dtype=self.dtype)
         sin = torch.from_numpy(np.concatenate([-sin_np, sin_np], axis=-1)).to(device=self.device, dtype=self.dtype)
@@ -568,7 +586,9 @@ class TorchRunner(ModelRunner):
             q = _rotate(self._norm(q, layer.q_norm), cos, sin)
             k = _rotate(self._norm(k, layer.k_norm), cos, sin)
         else:  # q and k side by side in qkv: rotated in one go
-            qk = _rotate(qkv[:, : q_width + kv_width].reshape(num_new, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
+            qk = _rotate(
+                qkv[:, : q_width + kv_width].reshape(num_new, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin
+            )
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
         # index_copy_/index_select move whole slots: far faster on the CPU than
         # advanced indexing, which walks element by element
@@ -611,7 +631,10 @@ class TorchRunner(ModelRunner):
             keys = k_pool.index_select(0, flat).to(q.dtype).view(shape).transpose(1, 2)
             values = v_pool.index_select(0, flat).to(q.dtype).view(shape).transpose(1, 2)
             attended = F.scaled_dot_product_attention(
-                q.index_select(0, plan.decode_rows).unsqueeze(2), keys, values, attn_mask=plan.decode_mask,
+                q.index_select(0, plan.decode_rows).unsqueeze(2),
+                keys,
+                values,
+                attn_mask=plan.decode_mask,
                 enable_gqa=grouped,
             )
             out.index_copy_(0, plan.decode_rows, attended.squeeze(2))

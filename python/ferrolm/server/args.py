@@ -48,7 +48,9 @@ class ServerArgs:
     chunked_prefill_size: int = ENGINE_DEFAULTS.max_prefill_tokens
     max_total_tokens: int = ENGINE_DEFAULTS.kv_capacity
     disable_radix_cache: bool = not ENGINE_DEFAULTS.enable_prefix_cache
-    radix_eviction_policy: str = ENGINE_DEFAULTS.eviction_policy  # which cached prefix goes first when the KV pool is short
+    radix_eviction_policy: str = (
+        ENGINE_DEFAULTS.eviction_policy
+    )  # which cached prefix goes first when the KV pool is short
     max_queued_requests: int | None = None  # beyond running + this many waiting: 429
     queue_timeout: float | None = None  # seconds a request may wait before its first step: then 503
     engine_heartbeat_timeout: float = 60.0  # seconds without word from the engine: 503 until it answers; 0: off
@@ -85,92 +87,187 @@ class ServerArgs:
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServerArgs()
-    parser.add_argument("--model", "--model-path", dest="model", default=defaults.model,
-                        help="'tiny' (embedded) or a Hugging Face model folder")
+    parser.add_argument(
+        "--model",
+        "--model-path",
+        dest="model",
+        default=defaults.model,
+        help="'tiny' (embedded) or a Hugging Face model folder",
+    )
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port)
-    parser.add_argument("--api-key", default=None,
-                        help=f"require 'Authorization: Bearer KEY' (not on /health, /metrics); better: set {API_KEY_ENV}, "
-                             "which does not show in ps (the flag wins when both are given)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' (not on /health, /metrics); better: set {API_KEY_ENV}, "
+        "which does not show in ps (the flag wins when both are given)",
+    )
     parser.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
-    parser.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests,
-                        help="requests in a batch at most (default %(default)s)")
-    parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=defaults.schedule_policy,
-                        help="which waiting request goes first (default %(default)s)")
-    parser.add_argument("--chunked-prefill-size", type=int, default=defaults.chunked_prefill_size,
-                        help="prompt tokens prefilled per step (default %(default)s)")
-    parser.add_argument("--max-total-tokens", type=int, default=None,
-                        help=f"KV cache capacity in tokens (default {defaults.max_total_tokens}, or from "
-                             "--mem-fraction-static)")
+    parser.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=defaults.max_running_requests,
+        help="requests in a batch at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--schedule-policy",
+        choices=SCHEDULE_POLICIES,
+        default=defaults.schedule_policy,
+        help="which waiting request goes first (default %(default)s)",
+    )
+    parser.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=defaults.chunked_prefill_size,
+        help="prompt tokens prefilled per step (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help=f"KV cache capacity in tokens (default {defaults.max_total_tokens}, or from --mem-fraction-static)",
+    )
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching")
-    parser.add_argument("--radix-eviction-policy", choices=EVICTION_POLICIES, default=defaults.radix_eviction_policy,
-                        help="which cached prefix is evicted first: lru, lfu, fifo, mru, filo, priority (the "
-                             "request's), slru (segmented LRU: prefixes hit twice are kept longer), tlru (LRU "
-                             "where prefixes unused for 5 minutes go first)")
-    parser.add_argument("--max-queued-requests", type=int, default=None,
-                        help="requests allowed to wait beyond the running ones; more are refused with 429")
-    parser.add_argument("--queue-timeout", type=float, default=None,
-                        help="seconds a request may wait in the queue; longer is answered with 503")
-    parser.add_argument("--engine-heartbeat-timeout", type=_heartbeat_timeout, default=defaults.engine_heartbeat_timeout,
-                        help="seconds without word from the engine loop (it reports between steps, at least "
-                             "every 0.5 s) before it counts as frozen: /health and requests get 503 until it "
-                             "answers again; well above the longest step; 0 turns the watch off")
-    parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help="the engine's RNG seed for unseeded requests (default %(default)s)")
+    parser.add_argument(
+        "--radix-eviction-policy",
+        choices=EVICTION_POLICIES,
+        default=defaults.radix_eviction_policy,
+        help="which cached prefix is evicted first: lru, lfu, fifo, mru, filo, priority (the "
+        "request's), slru (segmented LRU: prefixes hit twice are kept longer), tlru (LRU "
+        "where prefixes unused for 5 minutes go first)",
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="requests allowed to wait beyond the running ones; more are refused with 429",
+    )
+    parser.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        help="seconds a request may wait in the queue; longer is answered with 503",
+    )
+    parser.add_argument(
+        "--engine-heartbeat-timeout",
+        type=_heartbeat_timeout,
+        default=defaults.engine_heartbeat_timeout,
+        help="seconds without word from the engine loop (it reports between steps, at least "
+        "every 0.5 s) before it counts as frozen: /health and requests get 503 until it "
+        "answers again; well above the longest step; 0 turns the watch off",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help="the engine's RNG seed for unseeded requests (default %(default)s)",
+    )
     parser.add_argument("--blas-threads", type=int, default=None, help="numpy BLAS threads (default: half the cores)")
     add_runner_arguments(parser)
-    parser.add_argument("--mem-fraction-static", type=float, default=None,
-                        help="torch runner on CUDA: size the KV pool so that weights and pool take this "
-                             "fraction of the GPU's memory (e.g. 0.85), instead of --max-total-tokens")
+    parser.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="torch runner on CUDA: size the KV pool so that weights and pool take this "
+        "fraction of the GPU's memory (e.g. 0.85), instead of --max-total-tokens",
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
-    parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes,
-                        help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)")
-    parser.add_argument("--tool-call-parser", choices=PARSER_CHOICES, default=defaults.tool_call_parser,
-                        help="how the model writes tool calls: hermes (Qwen 2.5/3), llama3_json, mistral; auto: "
-                             "the format the chat template shows, if exactly one")
-    parser.add_argument("--reasoning-parser", choices=REASONING_CHOICES, default=defaults.reasoning_parser,
-                        help="split <think>...</think> into reasoning_content (qwen3, deepseek_r1); structured "
-                             "output and tool calls are then constrained after the thinking; auto (default): the "
-                             "format the chat template shows (one that writes </think>), none: off")
-    parser.add_argument("--record-trace", metavar="PATH", default=None,
-                        help="record every call to the engine core (arrivals, sampling settings, each step's plan "
-                             "and tokens) in PATH as JSON lines, to replay offline without the model: "
-                             "ferrolm replay PATH (or the ferrolm-replay binary)")
-    parser.add_argument("--disable-tool-call-constraint", action="store_true",
-                        help="generate tool calls freely and only parse them (by default the calls are generated "
-                             "under a grammar built from the functions' schemas, so they always parse)")
-    parser.add_argument("--kv-events-config", default=None, metavar="JSON",
-                        help="publish KV cache events for cache-aware routers (Dynamo, llm-d), as vLLM does: "
-                             "a JSON object with vLLM's fields, e.g. '{\"enable_kv_cache_events\": true, "
-                             "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", "
-                             "\"topic\": \"kv-events\"}'")
-    parser.add_argument("--page-size", type=int, default=defaults.page_size,
-                        help="tokens per block in the KV events (a router's block size must be the same; "
-                             f"default {defaults.page_size}, vLLM's)")
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=defaults.max_request_bytes,
+        help="largest request body accepted; larger ones are refused with 413 (default 8 MiB)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_CHOICES,
+        default=defaults.tool_call_parser,
+        help="how the model writes tool calls: hermes (Qwen 2.5/3), llama3_json, mistral; auto: "
+        "the format the chat template shows, if exactly one",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_CHOICES,
+        default=defaults.reasoning_parser,
+        help="split <think>...</think> into reasoning_content (qwen3, deepseek_r1); structured "
+        "output and tool calls are then constrained after the thinking; auto (default): the "
+        "format the chat template shows (one that writes </think>), none: off",
+    )
+    parser.add_argument(
+        "--record-trace",
+        metavar="PATH",
+        default=None,
+        help="record every call to the engine core (arrivals, sampling settings, each step's plan "
+        "and tokens) in PATH as JSON lines, to replay offline without the model: "
+        "ferrolm replay PATH (or the ferrolm-replay binary)",
+    )
+    parser.add_argument(
+        "--disable-tool-call-constraint",
+        action="store_true",
+        help="generate tool calls freely and only parse them (by default the calls are generated "
+        "under a grammar built from the functions' schemas, so they always parse)",
+    )
+    parser.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish KV cache events for cache-aware routers (Dynamo, llm-d), as vLLM does: "
+        "a JSON object with vLLM's fields, e.g. '{\"enable_kv_cache_events\": true, "
+        '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", '
+        '"topic": "kv-events"}\'',
+    )
+    parser.add_argument(
+        "--page-size",
+        type=int,
+        default=defaults.page_size,
+        help="tokens per block in the KV events (a router's block size must be the same; "
+        f"default {defaults.page_size}, vLLM's)",
+    )
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
     """``--runner``, ``--device``, ``--dtype``, ``--kv-cache-dtype``: for ``serve`` and
     ``generate``."""
-    parser.add_argument("--runner", choices=RUNNERS, default="auto",
-                        help="model runner: numpy (float32, CPU) or torch (CPU or CUDA, any dtype; needs "
-                             "pip install 'ferrolm[torch]'); auto: torch where CUDA is present or a half "
-                             "precision --dtype is asked for, else numpy")
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="where the torch runner runs; auto: cuda if present, else cpu")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto",
-                        help="the torch runner's weights, activations and KV cache; auto: the checkpoint's "
-                             "dtype on CUDA, float32 on the CPU")
-    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                        help="the KV pool's element type (attention computes in float32); auto: float16 on the "
-                             "numpy runner (half the bytes its attention kernel reads), the --dtype on torch")
-    parser.add_argument("--device-sampling", action=argparse.BooleanOptionalAction, default=None,
-                        help="the runner draws every token on its device (penalties, bias, grammar masks, seeds "
-                             "and logprobs included; only ids and logprobs reach the host); default: on where "
-                             "the runner's device is not the CPU and the runner can (the torch runner)")
-    parser.add_argument("--device-greedy", action=argparse.BooleanOptionalAction, default=None,
-                        help="the runner picks the tokens of steps whose requests are all plain greedy on its "
-                             "device; default: as --device-sampling")
+    parser.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="auto",
+        help="model runner: numpy (float32, CPU) or torch (CPU or CUDA, any dtype; needs "
+        "pip install 'ferrolm[torch]'); auto: torch where CUDA is present or a half "
+        "precision --dtype is asked for, else numpy",
+    )
+    parser.add_argument(
+        "--device", choices=DEVICES, default="auto", help="where the torch runner runs; auto: cuda if present, else cpu"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the torch runner's weights, activations and KV cache; auto: the checkpoint's "
+        "dtype on CUDA, float32 on the CPU",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="the KV pool's element type (attention computes in float32); auto: float16 on the "
+        "numpy runner (half the bytes its attention kernel reads), the --dtype on torch",
+    )
+    parser.add_argument(
+        "--device-sampling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the runner draws every token on its device (penalties, bias, grammar masks, seeds "
+        "and logprobs included; only ids and logprobs reach the host); default: on where "
+        "the runner's device is not the CPU and the runner can (the torch runner)",
+    )
+    parser.add_argument(
+        "--device-greedy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the runner picks the tokens of steps whose requests are all plain greedy on its "
+        "device; default: as --device-sampling",
+    )
 
 
 def kv_events_on(args: ServerArgs) -> bool:

@@ -35,8 +35,11 @@ def max_input_chars_per_token(tokenizer: Tokenizer, token_bytes: list[bytes]) ->
     hf = tokenizer.hf
     if type(hf.model).__name__ != "BPE":
         return None  # WordPiece / WordLevel / Unigram: an unknown word can be one token
-    if getattr(hf.model, "unk_token", None) and getattr(hf.model, "fuse_unk", False) \
-            and not getattr(hf.model, "byte_fallback", False):
+    if (
+        getattr(hf.model, "unk_token", None)
+        and getattr(hf.model, "fuse_unk", False)
+        and not getattr(hf.model, "byte_fallback", False)
+    ):
         return None  # a run of unknown characters fuses into one token
     if not _pre_tokenizer_keeps_text(_state(hf.pre_tokenizer)):
         return None

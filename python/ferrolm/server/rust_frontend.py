@@ -51,7 +51,7 @@ from ferrolm import _core, step_loop
 from ferrolm.engine import Engine
 from ferrolm.kv_events_config import describe_stream
 from ferrolm.kv_publisher import KvEventPublisher
-from ferrolm.model.loader import resolve_model_folder
+from ferrolm.model.loader import tokenizer_json_path
 from ferrolm.server.args import ServerArgs, build_engine, kv_events_on
 from ferrolm.server.prompt_bounds import max_input_chars_per_token
 
@@ -86,7 +86,7 @@ def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoad
     info = model_info(engine)
     return _core.Frontend(
         engine.vocabulary,
-        str(resolve_model_folder(args.model) / "tokenizer.json"),
+        str(tokenizer_json_path(args.model)),
         host=args.host,
         port=args.port,
         model_name=args.model_name,
@@ -120,8 +120,12 @@ class StepLoop(step_loop.StepLoop):
 
     def __init__(self, engine: Engine, frontend: _core.Frontend, kv_publisher: KvEventPublisher | None = None) -> None:
         super().__init__(
-            engine.core, engine.runner, eos_token_ids=engine.config.eos_token_ids,
-            device_greedy=engine.device_greedy, device_sampling=engine.device_sampling, frontend=frontend,
+            engine.core,
+            engine.runner,
+            eos_token_ids=engine.config.eos_token_ids,
+            device_greedy=engine.device_greedy,
+            device_sampling=engine.device_sampling,
+            frontend=frontend,
             kv_publisher=kv_publisher,
         )
         self.engine = engine
@@ -173,6 +177,7 @@ def serve(loop: StepLoop) -> None:
     further use). Either way the front end then stops, answering what still waits with 503
     (streams end with an error event), and the KV publisher shuts down; a failure goes on
     up, so ``ferrolm serve`` exits with it rather than linger half-alive."""
+    assert loop.frontend is not None
     try:
         loop.run()
     finally:

@@ -61,8 +61,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(*flags: str, api_key: str | None = None, log_path: str | None = None,
-                   env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+def running_server(
+    *flags: str, api_key: str | None = None, log_path: str | None = None, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
     """Starts the server with ``flags`` (and ``env`` added to the environment) and waits
     until /health says ready; stops it (SIGTERM, then SIGKILL) however the block ends.
     ``api_key`` goes in through ``FERROLM_API_KEY``, as it should in production."""
@@ -70,8 +71,20 @@ def running_server(*flags: str, api_key: str | None = None, log_path: str | None
     # FERROLM_TEST_RUNNER=torch runs a suite's servers on the torch runner (flags still win)
     runner = os.environ.get("FERROLM_TEST_RUNNER")
     runner_flags = ["--runner", runner, "--device", "cpu"] if runner and "--runner" not in flags else []
-    cmd = [sys.executable, "-m", "ferrolm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", *runner_flags, *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ferrolm.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *runner_flags,
+        *flags,
+    ]
     environ = {k: v for k, v in os.environ.items() if k != "FERROLM_API_KEY"}
     environ.update(env or {})
     if api_key:
