@@ -61,6 +61,8 @@ pub struct Frontend {
     local_addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// The server task: it ends once the connections open at the shutdown signal closed.
+    served: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Frontend {
@@ -147,7 +149,7 @@ impl Frontend {
                 tracing::debug!("TCP_NODELAY could not be set on a connection: {e}");
             }
         });
-        runtime.spawn(async move {
+        let served = runtime.spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async {
                 let _ = rx.await;
             });
@@ -163,6 +165,7 @@ impl Frontend {
             local_addr,
             runtime: Some(runtime),
             shutdown: Some(tx),
+            served: Some(served),
         })
     }
 
@@ -180,7 +183,16 @@ impl Frontend {
             let _ = tx.send(());
         }
         if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(timeout);
+            // The requests just failed are answered (503, or a stream's error event) by
+            // their handlers, on the runtime's threads: wait for the graceful shutdown to
+            // see their connections close before the runtime drops its tasks, or a client
+            // is cut off without a response. Not from inside a runtime, where it cannot block.
+            let served = self.served.take();
+            if let (Some(served), Err(_)) = (served, tokio::runtime::Handle::try_current()) {
+                // the timer is made inside the runtime, whose clock it needs
+                let _ = rt.block_on(async move { tokio::time::timeout(timeout, served).await });
+            }
+            rt.shutdown_timeout(Duration::from_millis(100));
         }
     }
 }
