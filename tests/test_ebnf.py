@@ -105,7 +105,6 @@ def test_engine_output_parses_under_the_grammar(tiny: LoadedModel) -> None:
 
 
 def test_sampling_params_take_one_constraint() -> None:
-    assert SamplingParams(ebnf=NESTED).grammar_source() == ("ebnf", NESTED)
     with pytest.raises(InvalidInputError) as e:
         SamplingParams(ebnf=NESTED, regex="a")
     assert e.value.field == "ebnf"

@@ -42,6 +42,7 @@ __all__ = [
     "PreparedChat",
     "ChatOutputParser",
     "request_grammar",
+    "check_constraint",
     "TOOL_CALL_PARSERS",
     "REASONING_PARSERS",
     "frontend_encode",
@@ -924,6 +925,11 @@ def render_chat_template(
     Python's string methods). ``tools_json`` (a JSON list of tools) is the template's
     ``tools``; ``variables_json`` (a JSON object) more variables, a null one left
     undefined. Raises ``InvalidInputError`` when the template does not compile or fails."""
+
+def check_constraint(constraint_json: str) -> None:
+    """Checks structured-output fields (a JSON object, as ``request_grammar`` takes them)
+    without compiling them: one body at most, what each placing field needs, each field's
+    shape. Raises ``InvalidInputError`` naming the field; the GIL is released."""
 
 def request_grammar(vocabulary: Vocabulary, constraint_json: str) -> Grammar | None:
     """The grammar of ``SamplingParams``' structured-output fields (a JSON object, as

@@ -1,5 +1,6 @@
-"""``SamplingParams``: what a caller may ask of one generation, checked for types here and
-for ranges by the Rust core (which names the field at fault)."""
+"""``SamplingParams``: what a caller may ask of one generation, checked for types here, for
+ranges by the Rust core, and its structured-output fields by the request core
+(``_core.check_constraint``), each refusal naming the field at fault."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 
 
@@ -79,97 +81,11 @@ class SamplingParams:
                 raise InvalidInputError(f"{name} must be a number, got {value!r}", name)
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
             raise InvalidInputError(f"seed must be an int in [0, 2**64), got {self.seed!r}", "seed")
-        kinds = [k for k in ("regex", "json_schema", "choice", "ebnf") if getattr(self, k) is not None]
-        kinds += ["json_object"] if self.json_object else []
-        if len(kinds) > 1:
-            raise InvalidInputError(
-                f"give at most one of regex, json_schema, json_object, choice, ebnf; got {kinds}", kinds[1]
-            )
-        if self.ebnf is not None and not isinstance(self.ebnf, str):
-            raise InvalidInputError(
-                f"ebnf must be a string (the grammar's text), got {type(self.ebnf).__name__}", "ebnf"
-            )
-        if not isinstance(self.json_schema_strict, bool):
-            raise InvalidInputError(
-                f"json_schema_strict must be a bool, got {self.json_schema_strict!r}", "json_schema_strict"
-            )
-        if self.json_schema_strict and self.json_schema is None:
-            raise InvalidInputError("json_schema_strict needs a json_schema", "json_schema_strict")
-        if self.structured_after is not None and not kinds:
-            raise InvalidInputError(
-                "structured_after needs a regex, json_schema, json_object, choice or ebnf", "structured_after"
-            )
-        if self.structured_after is not None and not all(isinstance(t, str) and t for t in self.triggers()):
-            raise InvalidInputError(
-                "structured_after must be a non-empty string or a non-empty list of them", "structured_after"
-            )
-        if self.structured_optional and self.structured_after is None:
-            raise InvalidInputError("structured_optional needs structured_after", "structured_optional")
-        if self.structured_tags is not None:
-            self._check_tags(kinds)
-        if self.structured_or is not None:
-            self._check_alternative(kinds)
-        if self.json_schema_parts is not None and self.json_schema is None:
-            raise InvalidInputError("json_schema_parts needs a json_schema", "json_schema_parts")
-
-    def _check_tags(self, kinds: list[str]) -> None:
-        tags = self.structured_tags
-        if not kinds:
-            raise InvalidInputError(
-                "structured_tags needs a regex, json_schema, json_object, choice or ebnf", "structured_tags"
-            )
-        keys = {"begin", "end", "separator", "begun", "repeated"}
-        if (
-            not isinstance(tags, dict)
-            or not {"begin", "end"} <= tags.keys() <= keys
-            or not all(isinstance(v, bool if k == "repeated" else str) for k, v in tags.items())
-        ):
-            raise InvalidInputError(
-                'structured_tags must be a dict of strings with "begin" and "end" (and '
-                'optionally "separator", "begun", and "repeated", a bool)',
-                "structured_tags",
-            )
-        if not tags["begin"].startswith(tags.get("begun", "")):
-            raise InvalidInputError('structured_tags: "begun" must be a prefix of "begin"', "structured_tags")
-
-    def _check_alternative(self, kinds: list[str]) -> None:
-        alternative = self.structured_or
-        allowed = {"regex", "json_schema", "json_schema_strict", "json_object", "choice", "ebnf"}
-        if not kinds or not isinstance(alternative, dict) or not alternative.keys() <= allowed:
-            raise InvalidInputError(
-                "structured_or needs a structured part and is a dict of constraint fields "
-                f"({', '.join(sorted(allowed))})",
-                "structured_or",
-            )
-        try:
-            inner = SamplingParams(**alternative)
-        except InvalidInputError as e:
-            raise InvalidInputError(f"structured_or: {e}", "structured_or") from None
-        if inner.grammar_source() is None:
-            raise InvalidInputError("structured_or sets no constraint", "structured_or")
-
-    def triggers(self) -> list[str]:
-        """``structured_after`` as a list, in the order the output meets them."""
-        if self.structured_after is None:
-            return []
-        if isinstance(self.structured_after, str):
-            return [self.structured_after]
-        return list(self.structured_after) if isinstance(self.structured_after, list) else [self.structured_after]
-
-    def grammar_source(self) -> tuple[str, Any] | None:
-        """(kind, source) of the structured-output grammar, if any."""
-        if self.regex is not None:
-            return ("regex", self.regex)
-        if self.json_schema is not None:
-            schema = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)
-            return ("json_schema", schema)
-        if self.json_object:
-            return ("json_object", None)
-        if self.choice is not None:
-            return ("choice", list(self.choice))
-        if self.ebnf is not None:
-            return ("ebnf", self.ebnf)
-        return None
+        constraint = self.constraint_fields()
+        if constraint:
+            # what may be combined, and each field's shape: the request core's rules, the
+            # ones a submit applies (one copy, in Rust)
+            _core.check_constraint(json.dumps(constraint))
 
     def constraint_fields(self) -> dict[str, Any]:
         """The structured-output fields that are set, as the request core

@@ -239,6 +239,20 @@ fn request_grammar(
     Ok(compiled.map_err(|e| api_error(py, e))?.map(|grammar| PyGrammar { grammar }))
 }
 
+/// Checks structured-output fields (as `request_grammar` takes them) without compiling:
+/// which combinations are allowed and each field's shape, as the request core reads them,
+/// so `ferrolm.SamplingParams` refuses at construction what a submit would refuse.
+#[pyfunction]
+fn check_constraint(py: Python<'_>, constraint_json: &str) -> PyResult<()> {
+    let checked = contain(py, || -> Result<(), ApiError> {
+        let value: serde_json::Value = serde_json::from_str(constraint_json).map_err(|e| {
+            ApiError::bad_request(format!("constraint_json: not JSON: {e}"), "constraint_json")
+        })?;
+        typed::<ConstraintFields>(&value, "")?.planned().map(drop)
+    })?;
+    checked.map_err(|e| api_error(py, e))
+}
+
 /// Renders chat messages (a JSON list of `{"role", "content"}`, with `name`,
 /// `tool_call_id`, `reasoning_content` and `tool_calls` as templates take them) with a chat
 /// template as the server does (minijinja); `tools_json` and `variables_json` (a JSON
@@ -281,6 +295,7 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyChatOutputParser>()?;
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)?;
     m.add_function(wrap_pyfunction!(request_grammar, m)?)?;
+    m.add_function(wrap_pyfunction!(check_constraint, m)?)?;
     let py = m.py();
     m.add("TOOL_CALL_PARSERS", PyTuple::new(py, tools::formats::PARSER_CHOICES)?)?;
     m.add("REASONING_PARSERS", PyTuple::new(py, tools::reasoning::REASONING_CHOICES)?)?;
