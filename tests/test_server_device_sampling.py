@@ -12,7 +12,6 @@ on a thread), so that the test can check that the tokens really were drawn on th
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,8 +22,9 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed; the torch runner's device sampling is not tested")
 
-from ferrolm.server.args import ServerArgs, build_engine
-from ferrolm.server.rust_frontend import StepLoop, start_frontend
+from ferrolm.server.args import ServerArgs
+from ferrolm.server.rust_frontend import StepLoop
+from ferrolm.server.testing import serving_in_process
 from small_models import TORCH_TEST_DEVICE
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -79,17 +79,8 @@ def serving(device_sampling: bool) -> Iterator[tuple[StepLoop, str]]:
         device_sampling=device_sampling,
         device_greedy=False,
     )
-    engine = build_engine(args)
-    frontend = start_frontend(engine, args)
-    loop = StepLoop(engine, frontend)
-    thread = threading.Thread(target=loop.run, daemon=True)
-    thread.start()
-    try:
-        yield loop, f"http://127.0.0.1:{frontend.port}"
-    finally:
-        loop.stopping.set()
-        thread.join(timeout=30)
-        frontend.stop(5.0)
+    with serving_in_process(args) as served:
+        yield served
 
 
 def native(url: str, body: dict[str, Any], stream: bool) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from ferrolm import _core
 from ferrolm.errors import CorePanicError, InvalidInputError
 from ferrolm.server.args import ServerArgs
 from ferrolm.server.rust_frontend import StepLoop, build_engine, serve, start_frontend
-from ferrolm.server.testing import wait_until
+from ferrolm.server.testing import serving_in_process, wait_until
 
 HEARTBEAT_S = 2.0
 LONG = {"prompt": "a long one", "max_tokens": 3000, "ignore_eos": True}
@@ -115,19 +115,8 @@ def test_a_loading_port_that_is_stopped_is_free_again() -> None:
 
 @pytest.fixture
 def served() -> Iterator[tuple[HeldLoop, str]]:
-    args = server_args(engine_heartbeat_timeout=HEARTBEAT_S)
-    engine = build_engine(args)
-    frontend = start_frontend(engine, args)
-    loop = HeldLoop(engine, frontend)
-    thread = threading.Thread(target=loop.run, daemon=True)
-    thread.start()
-    try:
-        yield loop, f"http://127.0.0.1:{frontend.port}"
-    finally:
-        loop.release.set()
-        loop.stopping.set()
-        thread.join(timeout=30)
-        frontend.stop(5.0)
+    with serving_in_process(server_args(engine_heartbeat_timeout=HEARTBEAT_S), HeldLoop) as served:
+        yield served
 
 
 def load(url: str) -> Any:

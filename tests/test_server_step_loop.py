@@ -5,30 +5,20 @@ the loop keeps serving), and the loop's own timing of the forward reaches ``/met
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from ferrolm.server.args import ServerArgs, build_engine
-from ferrolm.server.rust_frontend import StepLoop, start_frontend
+from ferrolm.server.args import ServerArgs
+from ferrolm.server.rust_frontend import StepLoop
+from ferrolm.server.testing import serving_in_process
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[StepLoop, str]]:
-    args = ServerArgs(port=0, max_total_tokens=4096, runner="numpy")
-    engine = build_engine(args)
-    frontend = start_frontend(engine, args)
-    loop = StepLoop(engine, frontend)
-    thread = threading.Thread(target=loop.run, daemon=True)
-    thread.start()
-    try:
-        yield loop, f"http://127.0.0.1:{frontend.port}"
-    finally:
-        loop.stopping.set()
-        thread.join(timeout=30)
-        frontend.stop(5.0)
+    with serving_in_process(ServerArgs(port=0, max_total_tokens=4096, runner="numpy")) as served:
+        yield served
 
 
 def series(url: str, name: str) -> float:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -128,3 +129,29 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def serving_in_process(args: Any, loop_class: Any = None) -> Iterator[tuple[Any, str]]:
+    """The server ``args`` describe, in this process: its engine, the Rust front end on a
+    free port (``args.port`` 0) and the step loop (``loop_class``, by default
+    ``rust_frontend.StepLoop``) on a thread; yields the loop and the base URL, and stops
+    both however the block ends. For tests that reach into the loop (hold, fail or time
+    its forward) while clients talk HTTP to it."""
+    from ferrolm.server.args import build_engine
+    from ferrolm.server.rust_frontend import StepLoop, start_frontend
+
+    engine = build_engine(args)
+    frontend = start_frontend(engine, args)
+    loop = (loop_class or StepLoop)(engine, frontend)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        yield loop, f"http://127.0.0.1:{frontend.port}"
+    finally:
+        release = getattr(loop, "release", None)  # a loop held in its forward lets go
+        if release is not None:
+            release.set()
+        loop.stopping.set()
+        thread.join(timeout=30)
+        frontend.stop(5.0)
