@@ -237,29 +237,54 @@ pub fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     sum
 }
 
-/// Activations of one token quantized for a weight type.
-enum Activations {
+/// The activation block format a weight type's dot product reads (ggml's
+/// `vec_dot_type`): each token's activations are quantized once per format, however
+/// many matrices of that format read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActivationFormat {
+    Float,
+    Q8_0,
+    Q8_1,
+    Q8K,
+}
+
+impl QuantType {
+    pub fn activation_format(self) -> ActivationFormat {
+        match self {
+            QuantType::F32 | QuantType::F16 | QuantType::BF16 => ActivationFormat::Float,
+            QuantType::Q8_0 | QuantType::Q4_0 => ActivationFormat::Q8_0,
+            QuantType::Q4_1 => ActivationFormat::Q8_1,
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => ActivationFormat::Q8K,
+        }
+    }
+}
+
+/// Activations of one token quantized in one [`ActivationFormat`].
+pub enum Activations {
     Float(Vec<f32>),
     Q8_0(Vec<BlockQ8_0>),
     Q8_1(Vec<BlockQ8_1>),
     Q8K(Vec<BlockQ8K>),
 }
 
-fn quantize_for(ty: QuantType, x: &[f32]) -> Activations {
-    match ty {
-        QuantType::F32 | QuantType::F16 | QuantType::BF16 => Activations::Float(x.to_vec()),
-        QuantType::Q8_0 | QuantType::Q4_0 => Activations::Q8_0(quantize_q8_0(x)),
-        QuantType::Q4_1 => Activations::Q8_1(quantize_q8_1(x)),
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => Activations::Q8K(quantize_q8_k(x)),
+/// `x` (whole blocks of the format) quantized as `format`.
+pub fn quantize_activations(format: ActivationFormat, x: &[f32]) -> Activations {
+    match format {
+        ActivationFormat::Float => Activations::Float(x.to_vec()),
+        ActivationFormat::Q8_0 => Activations::Q8_0(quantize_q8_0(x)),
+        ActivationFormat::Q8_1 => Activations::Q8_1(quantize_q8_1(x)),
+        ActivationFormat::Q8K => Activations::Q8K(quantize_q8_k(x)),
     }
 }
 
 fn view<B: Block>(row: &[u8]) -> &[B] {
-    super::blocks::as_blocks::<B>(row).expect("rows are whole blocks, checked by matmul")
+    super::blocks::as_blocks::<B>(row).expect("rows are whole blocks, checked by the caller")
 }
 
-/// One weight row (its bytes) times one token's activations.
-fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) -> f32 {
+/// One weight row (its bytes: whole blocks of `ty`) times one token's activations,
+/// which must be in `ty`'s [`ActivationFormat`] and as long as the row. `scratch` holds
+/// a float row's widened weights (as long as the row; unused for quantized types).
+pub fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) -> f32 {
     match (ty, a) {
         (QuantType::F32 | QuantType::F16 | QuantType::BF16, Activations::Float(x)) => {
             super::dequantize_serial(ty, row, scratch);
@@ -272,7 +297,7 @@ fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) -> f
         (QuantType::Q4K, Activations::Q8K(a)) => dot_q4_k(view(row), a),
         (QuantType::Q5K, Activations::Q8K(a)) => dot_q5_k(view(row), a),
         (QuantType::Q6K, Activations::Q8K(a)) => dot_q6_k(view(row), a),
-        _ => unreachable!("activations are quantized for the weight type"),
+        _ => panic!("{ty} weights read {:?} activations", ty.activation_format()),
     }
 }
 
@@ -314,7 +339,8 @@ pub fn matmul(
     if tokens == 0 || rows == 0 {
         return Ok(());
     }
-    let acts: Vec<Activations> = x.chunks_exact(cols).map(|xt| quantize_for(ty, xt)).collect();
+    let format = ty.activation_format();
+    let acts: Vec<Activations> = x.chunks_exact(cols).map(|xt| quantize_activations(format, xt)).collect();
     let threads = if w.len() < PARALLEL_FROM_BYTES { 1 } else { available_threads().min(rows) };
     let rows_per = rows.div_ceil(threads.max(1)).max(1);
     let run = |chunk: &[u8]| -> Vec<f32> {
