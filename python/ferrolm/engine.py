@@ -197,12 +197,21 @@ class Engine:
         each step's plan and tokens), replayable without the model: ``ferrolm replay``,
         the ``ferrolm-replay`` binary (README, "Traces, logs, the wheel")."""
         given = runner is not None and not isinstance(runner, str)  # a runner object (any with forward)
-        kind = None if given else resolve_runner_kind(runner if isinstance(runner, str) else "auto", device, dtype)
+        kind = (
+            None
+            if given
+            else resolve_runner_kind(
+                runner if isinstance(runner, str) else "auto",
+                device,
+                dtype,
+                model=model.gguf if isinstance(model, LoadedModel) else model,
+            )
+        )
         if isinstance(model, LoadedModel):
             loaded = model
         else:
             # the torch runner reads the checkpoint itself, in its own dtype
-            loaded = load_model(model, with_weights=kind != "torch")
+            loaded = load_model(model, with_weights=kind not in ("torch", "quant"))
         self.config, self.tokenizer = loaded.config, loaded.tokenizer
         if given:
             assert runner is not None and not isinstance(runner, str)

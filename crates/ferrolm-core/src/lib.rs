@@ -28,6 +28,7 @@
 //! ```
 
 pub mod attention;
+pub mod cpu_model;
 pub mod detok;
 pub mod engine;
 pub mod logging;

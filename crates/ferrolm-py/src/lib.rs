@@ -8,6 +8,7 @@ mod attention;
 mod chat;
 mod constraint;
 mod convert;
+mod cpu_model;
 mod engine;
 mod errors;
 mod frontend;
@@ -30,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     chat::init(m)?;
     norm::init(m)?;
     quant::init(m)?;
+    cpu_model::init(m)?;
     trace::init(m)?;
     Ok(())
 }

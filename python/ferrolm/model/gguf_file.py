@@ -41,7 +41,7 @@ GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # llama.cpp rotates interleaved pairs for these and its converter permutes q/k rows to
 # match; qwen2/qwen3 use the half-split ("neox") rotation as stored
-_PERMUTED_QK = ("llama", "mistral")
+PERMUTED_QK = ("llama", "mistral")
 
 # GGUF tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.")
 _LAYER_TENSORS = {
@@ -605,10 +605,10 @@ def read_weights(reader: Any, config: ModelConfig) -> Weights:
         values = _core.dequantize(raw, int(tensor.tensor_type))
         shape = tuple(reversed([int(d) for d in tensor.shape]))
         array = values.reshape(shape)
-        if config.model_type in _PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias")):
-            array = _unpermute(array, config.num_heads, tensor.name)
-        elif config.model_type in _PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
-            array = _unpermute(array, config.num_kv_heads, tensor.name)
+        if config.model_type in PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias")):
+            array = unpermute(array, config.num_heads, tensor.name)
+        elif config.model_type in PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
+            array = unpermute(array, config.num_kv_heads, tensor.name)
         weights[name] = array
     if config.tie_word_embeddings and "model.embed_tokens.weight" in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
@@ -647,7 +647,7 @@ def _gguf_name_in(message: str) -> str | None:
     return gguf_tensor_name(match.group(1)) if match else None
 
 
-def _unpermute(array: np.ndarray, heads: int, name: str) -> np.ndarray:
+def unpermute(array: np.ndarray, heads: int, name: str) -> np.ndarray:
     """Undoes the converter's row permutation of a query/key projection: within each
     head, llama.cpp's order interleaves the two halves that Hugging Face keeps apart."""
     rows = array.shape[0]
@@ -658,7 +658,7 @@ def _unpermute(array: np.ndarray, heads: int, name: str) -> np.ndarray:
 
 
 def permute_for_gguf(array: np.ndarray, heads: int) -> np.ndarray:
-    """The converter's permutation (the inverse of ``_unpermute``), for writing files."""
+    """The converter's permutation (the inverse of ``unpermute``), for writing files."""
     rows = array.shape[0]
     half = rows // heads // 2
     return np.ascontiguousarray(array.reshape(heads, 2, half, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape))

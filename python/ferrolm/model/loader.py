@@ -23,6 +23,8 @@ class LoadedModel(NamedTuple):
     tokenizer: Tokenizer
     # the folder it was read from, for runners that read the checkpoint themselves
     folder: Path | None = None
+    # the GGUF file it was read from, for the runner that keeps its weights quantized
+    gguf: Path | None = None
 
 
 def resolve_model_folder(model: str | Path) -> Path:
@@ -62,11 +64,12 @@ def load_model(model: str | Path, *, with_weights: bool = True) -> LoadedModel:
     checkpoint itself (from ``folder``) in its own dtype.
 
     A GGUF file (``model`` is its path) gives everything from its metadata and tensors
-    (``gguf_file``); its weights are always loaded, dequantized to float32, and
-    ``folder`` is ``None``: there is no checkpoint folder for a runner to read.
+    (``gguf_file``): ``gguf`` is the file (the quantized runner reads its weights as
+    stored), ``weights`` those weights dequantized to float32 (for the numpy and torch
+    runners) unless ``with_weights=False``, and ``folder`` is ``None``.
     """
     if not (isinstance(model, str) and model in EMBEDDED_MODELS) and gguf_file.is_gguf(model):
-        return _load_gguf(Path(model))
+        return _load_gguf(Path(model), with_weights)
     folder = resolve_model_folder(model)
     config = ModelConfig.from_folder(folder)
     tokenizer = Tokenizer.from_folder(folder)
@@ -110,7 +113,7 @@ def _generation_eos_ids(folder: Path) -> list[int]:
     return ids
 
 
-def _load_gguf(path: Path) -> LoadedModel:
+def _load_gguf(path: Path, with_weights: bool) -> LoadedModel:
     reader = gguf_file.open_gguf(path)
     meta = gguf_file.Metadata(reader)
     config = gguf_file.read_config(meta)
@@ -128,5 +131,6 @@ def _load_gguf(path: Path) -> LoadedModel:
             "tokenizer.ggml.eos_token_id",
         )
     config = dataclasses.replace(config, eos_token_ids=eos_ids)
-    weights = gguf_file.read_weights(reader, config)
-    return LoadedModel(config, weights, tokenizer, None)
+    if not with_weights:
+        return LoadedModel(config, {}, tokenizer, None, path)
+    return LoadedModel(config, gguf_file.read_weights(reader, config), tokenizer, None, path)

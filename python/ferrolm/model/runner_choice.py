@@ -1,10 +1,13 @@
-"""Which model runner an engine gets: ``--runner auto|numpy|torch``, ``--device
+"""Which model runner an engine gets: ``--runner auto|numpy|torch|quant``, ``--device
 auto|cpu|cuda``, ``--dtype auto|bfloat16|float16|float32``, as ``ferrolm serve``,
 ``ferrolm generate`` and ``ferrolm.Engine`` take them.
 
 ``auto`` picks the torch runner where it can use CUDA or where a half-precision dtype is
 asked for (the numpy runner computes in float32 only), and the numpy runner otherwise:
 on the CPU in float32 the two compute the same thing, and the numpy runner needs no torch.
+For a GGUF file on the CPU, ``auto`` is the quantized runner (``quant``: the weights stay
+in their block formats, the forward runs in the Rust core); ``numpy`` and ``torch``
+dequantize the file instead.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import os
 from typing import Any
 
 from ferrolm.errors import InvalidInputError
+from ferrolm.model import gguf_file
 from ferrolm.model.loader import LoadedModel
+from ferrolm.model.quant_runner import QUANT_KV_CACHE_DTYPES, QuantRunner
 from ferrolm.model.runner import ModelRunner, NumpyRunner
 from ferrolm.model.torch_runner import (
     DEVICES,
@@ -25,7 +30,7 @@ from ferrolm.model.torch_runner import (
     torch_available,
 )
 
-RUNNERS = ("auto", "numpy", "torch")
+RUNNERS = ("auto", "numpy", "torch", "quant")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -39,8 +44,9 @@ def numpy_kv_cache_dtype(kv_cache_dtype: str) -> str:
     return os.environ.get("FERROLM_KV_CACHE_DTYPE") or "float16"
 
 
-def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str = "auto") -> str:
-    """``"numpy"`` or ``"torch"``; refuses combinations the runner cannot do."""
+def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str = "auto", *, model: Any = None) -> str:
+    """``"numpy"``, ``"torch"`` or ``"quant"`` (for ``model``, a name or path); refuses
+    combinations the runner cannot do."""
     if runner not in RUNNERS:
         raise InvalidInputError(f"runner must be one of {RUNNERS}, got {runner!r}", "runner")
     if device not in DEVICES and not (isinstance(device, str) and device.startswith("cuda:")):
@@ -49,6 +55,17 @@ def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str =
         raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype!r}", "dtype")
     wants_cuda = device.startswith("cuda")
     half = dtype in ("bfloat16", "float16")
+    gguf = model is not None and gguf_file.is_gguf(model)
+    if runner == "auto" and gguf and not wants_cuda and not half and not (device == "auto" and cuda_available()):
+        runner = "quant"
+    if runner == "quant":
+        if not gguf:
+            raise InvalidInputError("the quant runner reads GGUF files; this model is not one", "runner")
+        if wants_cuda or half:
+            raise InvalidInputError(
+                "the quant runner computes on the CPU from the file's own types; no --device cuda or --dtype", "runner"
+            )
+        return "quant"
     if runner == "auto":
         if wants_cuda or half:
             runner = "torch"  # the numpy runner can do neither; torch's absence is named below
@@ -85,11 +102,17 @@ def build_runner(
     ``mem_fraction_static`` (torch on CUDA), of as many slots as that fraction of the
     device's memory holds beside the weights. The torch runner reads the checkpoint from
     ``model.folder`` when ``model`` was loaded without weights."""
-    kind = resolve_runner_kind(runner, device, dtype)
+    kind = resolve_runner_kind(runner, device, dtype, model=model.gguf)
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidInputError(
             f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
         )
+    if kind == "quant":
+        assert model.gguf is not None
+        kv = numpy_kv_cache_dtype(kv_cache_dtype)
+        if kv not in QUANT_KV_CACHE_DTYPES:
+            raise InvalidInputError(f"the quant runner's KV pool is one of {QUANT_KV_CACHE_DTYPES}", "kv_cache_dtype")
+        return QuantRunner.from_gguf(model.gguf, model.config, num_slots, kv_cache_dtype=kv)
     if kind == "numpy":
         if mem_fraction_static is not None:
             raise InvalidInputError(

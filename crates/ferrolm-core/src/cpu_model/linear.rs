@@ -1,0 +1,145 @@
+//! A weight matrix kept in its file's block format, and its product with a batch of
+//! tokens' activations, split by rows over the thread pool.
+//!
+//! Each token's activations are quantized once per [`ActivationFormat`] ([`Inputs`]) and
+//! shared by every matrix that reads them (q, k and v; gate and up). A thread takes a
+//! run of weight rows and multiplies each row by every token before moving on, so a
+//! weight row is read from memory once per step, however many tokens the step has.
+
+use rayon::prelude::*;
+
+use crate::quant::dot::{dot_row, quantize_activations, ActivationFormat, Activations};
+use crate::quant::QuantType;
+
+use super::ModelError;
+
+/// `rows` rows of `cols` weights of type `ty`, as a GGUF stores a matrix (row `r` holds
+/// the weights of output `r`), and an optional f32 bias per row.
+pub struct Linear {
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    data: Vec<u8>,
+    row_bytes: usize,
+    bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// `name` is the tensor's name, for errors.
+    pub fn new(
+        name: &str,
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        bias: Option<Vec<f32>>,
+    ) -> Result<Linear, ModelError> {
+        let row_bytes = ty.bytes_for(cols).ok_or_else(|| {
+            ModelError::new(
+                name,
+                format!("rows of {cols} weights are not whole {ty} blocks of {}", ty.block_elems()),
+            )
+        })?;
+        if data.len() != rows * row_bytes {
+            return Err(ModelError::new(
+                name,
+                format!("{} bytes; {rows} rows of {cols} {ty} weights take {}", data.len(), rows * row_bytes),
+            ));
+        }
+        if let Some(b) = &bias {
+            if b.len() != rows {
+                return Err(ModelError::new(
+                    name,
+                    format!("the bias has {} values for {rows} rows", b.len()),
+                ));
+            }
+        }
+        Ok(Linear { ty, rows, cols, data, row_bytes, bias })
+    }
+
+    /// Bytes of weights one product reads.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Row `r` as floats (an embedding lookup).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let bytes = &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        crate::quant::dequantize(self.ty, bytes, out).expect("a row is whole blocks of its type");
+    }
+
+    /// `out[t * rows + r] = row r . x[t] (+ bias[r])` for the `tokens` of `inputs`.
+    pub fn forward(&self, inputs: &mut Inputs<'_>, out: &mut [f32]) {
+        let tokens = inputs.tokens;
+        debug_assert_eq!(inputs.width, self.cols);
+        debug_assert_eq!(out.len(), tokens * self.rows);
+        let acts = inputs.get(self.ty.activation_format());
+        let chunk = rows_per_task(self.rows, self.row_bytes);
+        let float_scratch = self.ty.activation_format() == ActivationFormat::Float;
+        let run = |first: usize, dst: &mut [f32]| {
+            let n = dst.len() / tokens;
+            let mut scratch = vec![0f32; if float_scratch { self.cols } else { 0 }];
+            let rows =
+                self.data[first * self.row_bytes..(first + n) * self.row_bytes].chunks_exact(self.row_bytes);
+            for (i, row) in rows.enumerate() {
+                for (t, a) in acts.iter().enumerate() {
+                    dst[i * tokens + t] = dot_row(self.ty, row, a, &mut scratch);
+                }
+            }
+        };
+        if tokens == 1 {
+            out.par_chunks_mut(chunk).enumerate().for_each(|(c, dst)| run(c * chunk, dst));
+        } else {
+            // rows outermost (each weight row read once), then transposed to [tokens, rows]
+            let mut by_row = vec![0f32; out.len()];
+            by_row.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, dst)| run(c * chunk, dst));
+            for (r, per_token) in by_row.chunks_exact(tokens).enumerate() {
+                for (t, &v) in per_token.iter().enumerate() {
+                    out[t * self.rows + r] = v;
+                }
+            }
+        }
+        if let Some(bias) = &self.bias {
+            for row in out.chunks_exact_mut(self.rows) {
+                for (o, b) in row.iter_mut().zip(bias) {
+                    *o += b;
+                }
+            }
+        }
+    }
+}
+
+/// Weight bytes one task reads at least: below that, handing rows to another thread
+/// costs more than it saves.
+const MIN_TASK_BYTES: usize = 32 << 10;
+/// Tasks per thread aimed at (balance, when another thread is busy with Python).
+const TASKS_PER_THREAD: usize = 4;
+
+fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_balance = rows.div_ceil(threads * TASKS_PER_THREAD);
+    let by_size = MIN_TASK_BYTES.div_ceil(row_bytes.max(1));
+    by_balance.max(by_size).clamp(1, rows.max(1))
+}
+
+/// The activations of a step's tokens (`[tokens, width]` f32), quantized on first use in
+/// each format a matrix asks for.
+pub struct Inputs<'a> {
+    x: &'a [f32],
+    tokens: usize,
+    width: usize,
+    quantized: [Option<Vec<Activations>>; 4],
+}
+
+impl<'a> Inputs<'a> {
+    pub fn new(x: &'a [f32], width: usize) -> Inputs<'a> {
+        debug_assert_eq!(x.len() % width, 0);
+        Inputs { x, tokens: x.len() / width, width, quantized: [None, None, None, None] }
+    }
+
+    fn get(&mut self, format: ActivationFormat) -> &[Activations] {
+        let (x, width) = (self.x, self.width);
+        self.quantized[format as usize]
+            .get_or_insert_with(|| x.par_chunks(width).map(|row| quantize_activations(format, row)).collect())
+    }
+}

@@ -1,0 +1,455 @@
+//! The Llama-family forward pass on the CPU over weights kept in their GGUF block formats
+//! (Q8_0, Q4_K, ... or plain floats): one call per step computes every layer, with
+//! integer-dot matrix products ([`linear`]), the core's paged attention over a KV pool
+//! this model owns, and no Python in between.
+//!
+//! It computes what the numpy runner computes over the same weights dequantized (Hugging
+//! Face's Llama: RMSNorm, "rotate half" RoPE, grouped-query attention, SwiGLU), except
+//! that each matrix product quantizes its input per block to int8 first, as llama.cpp
+//! does: logits agree with the float forward within the activations' rounding.
+//! Variants: biases on q/k/v (Qwen2), RMSNorm of each query and key head (Qwen3), a
+//! sliding window, tied embeddings (no head: the embedding's rows are its rows).
+
+mod linear;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+use half::{bf16, f16};
+
+use crate::attention::{self, Geometry, KvElem, Options, Step};
+use crate::norm::rms_norm;
+
+pub use linear::{Inputs, Linear};
+
+/// A model or batch that does not fit; `field` names the tensor or argument at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ModelError {
+    pub fn new(field: impl Into<String>, message: String) -> ModelError {
+        ModelError { field: field.into(), message }
+    }
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ModelError {}
+
+/// Sizes and constants of the architecture.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub hidden: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub rms_eps: f32,
+    pub sliding_window: Option<usize>,
+    /// `[head_dim / 2]`: each dimension pair's rotation speed, scaling applied (the Python
+    /// side computes it, with the model's RoPE scaling).
+    pub inv_freq: Vec<f64>,
+}
+
+/// One decoder layer.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub o: Linear,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// The KV pool's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+enum Pool {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl Pool {
+    fn new(dtype: KvDtype, len: usize) -> Pool {
+        match dtype {
+            KvDtype::F32 => Pool::F32(vec![0.0; len]),
+            KvDtype::F16 => Pool::F16(vec![f16::ZERO; len]),
+            KvDtype::BF16 => Pool::BF16(vec![bf16::ZERO; len]),
+        }
+    }
+}
+
+/// One layer's keys and values: `[num_slots, num_kv_heads, head_dim]` each.
+struct LayerPool {
+    k: Pool,
+    v: Pool,
+}
+
+/// One step's columns, as the engine's plan gives them (see `attention::Step`), plus the
+/// new tokens and the slots they write.
+pub struct Batch<'a> {
+    pub input_ids: &'a [u32],
+    pub positions: &'a [u32],
+    pub out_slots: &'a [u32],
+    pub qo_offsets: &'a [u32],
+    pub kv_slots: &'a [u32],
+    pub kv_offsets: &'a [u32],
+}
+
+pub struct QuantModel {
+    pub shape: Shape,
+    embed: Linear,
+    /// `None`: tied to `embed`.
+    head: Option<Linear>,
+    final_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    pools: Vec<LayerPool>,
+    num_slots: usize,
+}
+
+impl QuantModel {
+    pub fn new(
+        shape: Shape,
+        embed: Linear,
+        head: Option<Linear>,
+        final_norm: Vec<f32>,
+        layers: Vec<Layer>,
+        num_slots: usize,
+        kv_dtype: KvDtype,
+    ) -> Result<QuantModel, ModelError> {
+        check_shapes(&shape, &embed, head.as_ref(), &final_norm, &layers)?;
+        if num_slots == 0 {
+            return Err(ModelError::new("num_slots", "num_slots must be positive".into()));
+        }
+        let pool_len = num_slots * shape.num_kv_heads * shape.head_dim;
+        let pools = (0..layers.len())
+            .map(|_| LayerPool { k: Pool::new(kv_dtype, pool_len), v: Pool::new(kv_dtype, pool_len) })
+            .collect();
+        Ok(QuantModel { shape, embed, head, final_norm, layers, pools, num_slots })
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.num_slots
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Bytes of weights a decode step reads (every matrix once, the head included).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes()).sum::<usize>()
+            })
+            .sum();
+        layers + self.head.as_ref().unwrap_or(&self.embed).bytes()
+    }
+
+    /// Writes the new tokens' keys and values to their slots and returns f32 logits
+    /// `[B, vocab]` of each request's last new token, or `[T, vocab]` of every new token
+    /// when `all_logits`.
+    pub fn forward(&mut self, batch: &Batch<'_>, all_logits: bool) -> Result<Vec<f32>, ModelError> {
+        self.check(batch)?;
+        let s = &self.shape;
+        let (hidden, tokens) = (s.hidden, batch.input_ids.len());
+        let mut x = vec![0f32; tokens * hidden];
+        for (t, &id) in batch.input_ids.iter().enumerate() {
+            self.embed.row_into(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
+        }
+        let rope = Rope::new(&s.inv_freq, batch.positions);
+        let mut scratch = Scratch::new(s, tokens);
+        for (layer, pool) in self.layers.iter().zip(&mut self.pools) {
+            layer_forward(s, layer, pool, batch, &rope, &mut x, &mut scratch)?;
+        }
+        let rows: Vec<usize> = if all_logits {
+            (0..tokens).collect()
+        } else {
+            batch.qo_offsets[1..].iter().map(|&end| end as usize - 1).collect()
+        };
+        let mut last = Vec::with_capacity(rows.len() * hidden);
+        for &t in &rows {
+            last.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+        }
+        let mut normed = vec![0f32; last.len()];
+        norm(&last, &self.final_norm, s.rms_eps, &mut normed);
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0f32; rows.len() * head.rows];
+        head.forward(&mut Inputs::new(&normed, hidden), &mut logits);
+        Ok(logits)
+    }
+
+    fn check(&self, batch: &Batch<'_>) -> Result<(), ModelError> {
+        let tokens = batch.input_ids.len();
+        if tokens == 0 {
+            return Err(ModelError::new("input_ids", "a step needs at least one token".into()));
+        }
+        if batch.positions.len() != tokens || batch.out_slots.len() != tokens {
+            return Err(ModelError::new(
+                "positions",
+                format!(
+                    "positions ({}) and out_slots ({}) need one entry per new token ({tokens})",
+                    batch.positions.len(),
+                    batch.out_slots.len()
+                ),
+            ));
+        }
+        if let Some(&id) = batch.input_ids.iter().find(|&&id| id as usize >= self.embed.rows) {
+            return Err(ModelError::new(
+                "input_ids",
+                format!("token id {id} >= vocab size {}", self.embed.rows),
+            ));
+        }
+        if let Some(&slot) =
+            batch.out_slots.iter().chain(batch.kv_slots).find(|&&s| s as usize >= self.num_slots)
+        {
+            return Err(ModelError::new("kv_slots", format!("slot {slot} >= num_slots {}", self.num_slots)));
+        }
+        let requests = batch.qo_offsets.len().saturating_sub(1);
+        if requests == 0 || batch.qo_offsets[requests] as usize != tokens {
+            return Err(ModelError::new(
+                "qo_offsets",
+                format!("qo_offsets must end at the {tokens} new tokens"),
+            ));
+        }
+        if batch.qo_offsets.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(ModelError::new("qo_offsets", "every request needs at least one new token".into()));
+        }
+        Ok(())
+    }
+}
+
+fn check_shapes(
+    s: &Shape,
+    embed: &Linear,
+    head: Option<&Linear>,
+    final_norm: &[f32],
+    layers: &[Layer],
+) -> Result<(), ModelError> {
+    let want = |name: &str, m: &Linear, rows: usize, cols: usize| {
+        if m.rows == rows && m.cols == cols {
+            Ok(())
+        } else {
+            Err(ModelError::new(name, format!("shape [{}, {}], want [{rows}, {cols}]", m.rows, m.cols)))
+        }
+    };
+    let vector = |name: &str, v: &[f32], len: usize| {
+        if v.len() == len {
+            Ok(())
+        } else {
+            Err(ModelError::new(name, format!("{} values, want {len}", v.len())))
+        }
+    };
+    if s.num_heads == 0 || s.num_kv_heads == 0 || s.num_heads % s.num_kv_heads != 0 || s.head_dim % 2 != 0 {
+        return Err(ModelError::new("shape", format!("heads / kv heads / head_dim do not fit: {s:?}")));
+    }
+    if s.inv_freq.len() != s.head_dim / 2 {
+        return Err(ModelError::new("inv_freq", format!("{} values, want head_dim / 2", s.inv_freq.len())));
+    }
+    let (h, q, kv) = (s.hidden, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+    want("token_embd", embed, s.vocab, h)?;
+    if let Some(head) = head {
+        want("output", head, s.vocab, h)?;
+    }
+    vector("output_norm", final_norm, h)?;
+    for (i, l) in layers.iter().enumerate() {
+        let name = |part: &str| format!("blk.{i}.{part}");
+        vector(&name("attn_norm"), &l.attn_norm, h)?;
+        want(&name("attn_q"), &l.q, q, h)?;
+        want(&name("attn_k"), &l.k, kv, h)?;
+        want(&name("attn_v"), &l.v, kv, h)?;
+        want(&name("attn_output"), &l.o, h, q)?;
+        vector(&name("ffn_norm"), &l.ffn_norm, h)?;
+        want(&name("ffn_gate"), &l.gate, s.intermediate, h)?;
+        want(&name("ffn_up"), &l.up, s.intermediate, h)?;
+        want(&name("ffn_down"), &l.down, h, s.intermediate)?;
+        for (part, n) in [("attn_q_norm", &l.q_norm), ("attn_k_norm", &l.k_norm)] {
+            if let Some(n) = n {
+                vector(&name(part), n, s.head_dim)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Buffers of one step, reused by every layer.
+struct Scratch {
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(s: &Shape, tokens: usize) -> Scratch {
+        let (q, kv) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        Scratch {
+            h: vec![0.0; tokens * s.hidden],
+            q: vec![0.0; tokens * q],
+            k: vec![0.0; tokens * kv],
+            v: vec![0.0; tokens * kv],
+            attn: vec![0.0; tokens * q],
+            proj: vec![0.0; tokens * s.hidden],
+            gate: vec![0.0; tokens * s.intermediate],
+            up: vec![0.0; tokens * s.intermediate],
+        }
+    }
+}
+
+fn norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm(x, weight, eps, out).expect("norm weights are checked at load");
+}
+
+fn layer_forward(
+    s: &Shape,
+    layer: &Layer,
+    pool: &mut LayerPool,
+    batch: &Batch<'_>,
+    rope: &Rope,
+    x: &mut [f32],
+    b: &mut Scratch,
+) -> Result<(), ModelError> {
+    let d = s.head_dim;
+    norm(x, &layer.attn_norm, s.rms_eps, &mut b.h);
+    {
+        let mut inputs = Inputs::new(&b.h, s.hidden);
+        layer.q.forward(&mut inputs, &mut b.q);
+        layer.k.forward(&mut inputs, &mut b.k);
+        layer.v.forward(&mut inputs, &mut b.v);
+    }
+    if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+        let (q, k) = (b.q.clone(), b.k.clone());
+        norm(&q, qn, s.rms_eps, &mut b.q);
+        norm(&k, kn, s.rms_eps, &mut b.k);
+    }
+    rope.apply(&mut b.q, d);
+    rope.apply(&mut b.k, d);
+    attend(s, pool, batch, b)?;
+    layer.o.forward(&mut Inputs::new(&b.attn, s.num_heads * d), &mut b.proj);
+    add(x, &b.proj);
+
+    norm(x, &layer.ffn_norm, s.rms_eps, &mut b.h);
+    {
+        let mut inputs = Inputs::new(&b.h, s.hidden);
+        layer.gate.forward(&mut inputs, &mut b.gate);
+        layer.up.forward(&mut inputs, &mut b.up);
+    }
+    for (g, &u) in b.gate.iter_mut().zip(&b.up) {
+        *g = silu(*g) * u;
+    }
+    layer.down.forward(&mut Inputs::new(&b.gate, s.intermediate), &mut b.proj);
+    add(x, &b.proj);
+    Ok(())
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// SiLU through tanh, as the numpy runner writes it (exp(-x) would overflow for very
+/// negative x).
+#[inline]
+fn silu(x: f32) -> f32 {
+    x * (0.5 + 0.5 * (0.5 * x).tanh())
+}
+
+fn attend(s: &Shape, pool: &mut LayerPool, batch: &Batch<'_>, b: &mut Scratch) -> Result<(), ModelError> {
+    let geometry = Geometry { num_heads: s.num_heads, num_kv_heads: s.num_kv_heads, head_dim: s.head_dim };
+    let step = Step {
+        positions: batch.positions,
+        qo_offsets: batch.qo_offsets,
+        kv_slots: batch.kv_slots,
+        kv_offsets: batch.kv_offsets,
+    };
+    let mut options = Options::new((s.head_dim as f32).powf(-0.5));
+    options.sliding_window = s.sliding_window;
+    let failed = |e: attention::AttentionError| ModelError::new(e.field, e.message);
+    fn run<E: KvElem>(
+        g: Geometry,
+        step: &Step<'_>,
+        out_slots: &[u32],
+        b: &mut Scratch,
+        k: &mut [E],
+        v: &mut [E],
+        options: &Options,
+    ) -> Result<(), attention::AttentionError> {
+        attention::write_kv(g, out_slots, &b.k, &b.v, k, v)?;
+        attention::attend(g, step, &b.q, k, v, options, &mut b.attn)
+    }
+    match (&mut pool.k, &mut pool.v) {
+        (Pool::F32(k), Pool::F32(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
+        (Pool::F16(k), Pool::F16(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
+        (Pool::BF16(k), Pool::BF16(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
+        _ => unreachable!("a layer's k and v pools share a type"),
+    }
+    .map_err(failed)
+}
+
+/// The cos and sin of each token's rotation angles, `[T, head_dim / 2]`, computed in f64
+/// and rounded to f32 as the numpy runner's `rotation` does.
+struct Rope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    pairs: usize,
+}
+
+impl Rope {
+    fn new(inv_freq: &[f64], positions: &[u32]) -> Rope {
+        let pairs = inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * pairs);
+        let mut sin = Vec::with_capacity(positions.len() * pairs);
+        for &p in positions {
+            for &f in inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Rope { cos, sin, pairs }
+    }
+
+    /// Rotates `x` (`[T, heads, head_dim]`): dimension `i` pairs with `i + head_dim / 2`.
+    fn apply(&self, x: &mut [f32], head_dim: usize) {
+        let half = self.pairs;
+        let heads = x.len() / head_dim / (self.cos.len() / half).max(1);
+        for (t, token) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+            let (cos, sin) = (&self.cos[t * half..(t + 1) * half], &self.sin[t * half..(t + 1) * half]);
+            for head in token.chunks_exact_mut(head_dim) {
+                let (first, second) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (first[i], second[i]);
+                    first[i] = a * cos[i] - b * sin[i];
+                    second[i] = b * cos[i] + a * sin[i];
+                }
+            }
+        }
+    }
+}

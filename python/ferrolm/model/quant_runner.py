@@ -1,0 +1,118 @@
+"""The quantized runner: a GGUF file's weights kept in their block formats (Q8_0, Q4_K,
+...) and the whole forward pass of a step in the Rust core (``_core.QuantModel``:
+integer-dot matrix products, the core's paged attention, its own KV pool), one call per
+step with the GIL released. It is what ``--runner auto`` picks for a GGUF file on the
+CPU; ``--runner numpy`` dequantizes the same file to float32 instead (the reference it is
+tested against).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ferrolm import _core
+from ferrolm.errors import InvalidInputError
+from ferrolm.model import gguf_file
+from ferrolm.model.config import ModelConfig
+from ferrolm.model.rope import inverse_frequencies
+from ferrolm.model.runner import Batch, ModelRunner
+
+QUANT_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _shape(config: ModelConfig) -> dict[str, Any]:
+    return {
+        "hidden": config.hidden_size,
+        "num_heads": config.num_heads,
+        "num_kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "intermediate": config.intermediate_size,
+        "vocab": config.vocab_size,
+        "rms_eps": config.rms_norm_eps,
+        "sliding_window": config.sliding_window,
+        "inv_freq": [float(f) for f in inverse_frequencies(config)],
+    }
+
+
+def _gguf_tensors(reader: Any, config: ModelConfig) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The file's matrices as ``name -> (ggml type, rows, cols, raw uint8 rows)`` (query
+    and key rows put back in Hugging Face's order, which the runner's RoPE expects) and its
+    vectors (norms, biases) as float32."""
+    matrices: dict[str, Any] = {}
+    vectors: dict[str, np.ndarray] = {}
+    permuted = config.model_type in gguf_file.PERMUTED_QK
+    for tensor in reader.tensors:
+        if gguf_file.hf_tensor_name(tensor.name) is None:
+            continue
+        raw = np.asarray(tensor.data).reshape(-1).view(np.uint8)
+        dims = [int(d) for d in tensor.shape]  # ne0 (a row's length) first
+        heads = None
+        if permuted and ".attn_q." in tensor.name:
+            heads = config.num_heads
+        elif permuted and ".attn_k." in tensor.name:
+            heads = config.num_kv_heads
+        if len(dims) == 1 or (len(dims) == 2 and dims[1] == 1):
+            values = (
+                raw.view(np.float32) if int(tensor.tensor_type) == 0 else _core.dequantize(raw, int(tensor.tensor_type))
+            )
+            if heads is not None:  # a bias of a permuted projection
+                values = gguf_file.unpermute(values, heads, tensor.name)
+            vectors[tensor.name] = np.ascontiguousarray(values, dtype=np.float32)
+            continue
+        cols, rows = dims[0], int(np.prod(dims[1:]))
+        data = raw.reshape(rows, -1)
+        if heads is not None:
+            data = gguf_file.unpermute(data, heads, tensor.name)
+        matrices[tensor.name] = (int(tensor.tensor_type), rows, cols, np.ascontiguousarray(data).reshape(-1))
+    return matrices, vectors
+
+
+class QuantRunner(ModelRunner):
+    """``forward`` of the Rust core's ``QuantModel`` over a GGUF file's weights as stored.
+
+    ``kv_cache_dtype``: the pool's element type (float32, float16 or bfloat16; attention
+    computes in float32 either way)."""
+
+    def __init__(self, config: ModelConfig, model: Any) -> None:
+        self.config = config
+        self.model = model
+        self.num_slots = int(model.num_slots)
+
+    @classmethod
+    def from_gguf(
+        cls, path: str | os.PathLike[str], config: ModelConfig, num_slots: int, *, kv_cache_dtype: str = "float16"
+    ) -> QuantRunner:
+        if num_slots < 1:
+            raise InvalidInputError(f"num_slots must be positive, got {num_slots}", "num_slots")
+        if kv_cache_dtype not in QUANT_KV_CACHE_DTYPES:
+            raise InvalidInputError(
+                f"kv_cache_dtype must be one of {QUANT_KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
+            )
+        reader = gguf_file.open_gguf(path)
+        matrices, vectors = _gguf_tensors(reader, config)
+        if config.tie_word_embeddings:
+            matrices.pop("output.weight", None)
+        model = _core.QuantModel(
+            _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
+        )
+        del matrices, vectors, reader  # the core holds its own copy; the file's mapping goes
+        return cls(config, model)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads."""
+        return int(self.model.weight_bytes)
+
+    def forward(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
+        return self.model.forward(
+            batch.input_ids,
+            batch.positions,
+            batch.out_slots,
+            batch.qo_offsets,
+            batch.kv_slots,
+            batch.kv_offsets,
+            all_logits=all_logits,
+        )
