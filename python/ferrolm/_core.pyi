@@ -1050,9 +1050,67 @@ def quant_matmul(
     tensor's bytes, read in place) and ``x`` is C-contiguous float32 ``[tokens, cols]``.
     Quantized types multiply integer codes with activations quantized per block to int8
     (Q8_0 for Q8_0/Q4_0, Q8_1 for Q4_1, Q8_K for the k-quants, rounded as ggml's
-    reference quantizers round); float types multiply in float. The portable reference of
-    the matmul kernels, not yet used by a runner; the GIL is released meanwhile.
+    reference quantizers round); float types multiply in float. The products
+    ``QuantModel`` computes, as one call; the GIL is released meanwhile.
     ``InvalidInputError`` naming ``ggml_type``, ``weight``, ``x``, ``cols`` or ``w``."""
 
 def quant_types() -> dict[str, int]:
     """ggml's name of every tensor type ``dequantize`` reads (``"Q4_K"``) to its type id."""
+
+def read_bandwidth(megabytes: int = 512, threads: int = 0, passes: int = 5) -> float:
+    """Bytes per second this machine reads from memory: a STREAM-like sum over a buffer of
+    ``megabytes`` on ``threads`` threads (0: one per available core), the best of
+    ``passes``. The GIL is released meanwhile."""
+
+class QuantModel:
+    """The Llama-family forward pass on the CPU over weights kept in their GGUF block
+    formats, with its own paged KV pool of ``num_slots`` slots (what
+    ``ferrolm.model.quant_runner.QuantRunner`` wraps).
+
+    ``shape``: ``hidden``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``intermediate``,
+    ``vocab``, ``rms_eps``, ``sliding_window`` (int or None) and ``inv_freq`` (the RoPE
+    speeds, ``head_dim / 2`` floats, scaling applied). ``matrices``: GGUF tensor name
+    (``token_embd.weight``, ``output.weight`` (absent: tied), ``blk.N.attn_q.weight``, ...,
+    ``blk.N.ffn_down.weight``) -> ``(ggml_type, rows, cols, data)`` with ``data`` the raw
+    blocks as a C-contiguous uint8 array, query and key rows in Hugging Face's order
+    (copied: the caller's arrays may go afterwards). ``vectors``: norms and biases
+    (``blk.N.attn_norm.weight``, ``blk.N.attn_q.bias``, ``blk.N.attn_q_norm.weight``,
+    ``output_norm.weight``, ...) as float32 arrays. ``kv_cache_dtype``: ``float32``,
+    ``float16`` or ``bfloat16``. ``num_threads``: the threads a step runs on (0: one per
+    available core). A missing or misshapen tensor is an ``InvalidInputError`` whose
+    ``field`` is its GGUF name."""
+
+    def __init__(
+        self,
+        shape: dict[str, Any],
+        num_layers: int,
+        matrices: dict[str, tuple[int, int, int, npt.NDArray[np.uint8]]],
+        vectors: dict[str, npt.NDArray[np.float32]],
+        num_slots: int,
+        kv_cache_dtype: str = "float32",
+        num_threads: int = 0,
+    ) -> None: ...
+    @property
+    def num_slots(self) -> int: ...
+    @property
+    def num_threads(self) -> int: ...
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads (every matrix once, the head included)."""
+    def forward(
+        self,
+        input_ids: npt.ArrayLike,
+        positions: npt.ArrayLike,
+        out_slots: npt.ArrayLike,
+        qo_offsets: npt.ArrayLike,
+        kv_slots: npt.ArrayLike,
+        kv_offsets: npt.ArrayLike,
+        all_logits: bool = False,
+    ) -> npt.NDArray[np.float32]:
+        """One step, with the columns of ``ferrolm.model.runner.ForwardBatch``: writes the
+        new tokens' keys and values to their slots and returns float32 logits ``[B, vocab]``
+        of each request's last new token (``[T, vocab]`` of every token with
+        ``all_logits``). Each matrix product quantizes its input per block to int8 first,
+        as ``quant_matmul`` does. The GIL is released for the whole step.
+        ``InvalidInputError`` naming ``input_ids`` (an id beyond the vocabulary),
+        ``kv_slots`` (a slot beyond the pool), ``positions`` or ``qo_offsets``."""

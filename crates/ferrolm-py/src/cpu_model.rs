@@ -3,7 +3,9 @@
 //! construction (the caller's arrays, e.g. a memory-mapped file, can go afterwards); a
 //! forward releases the GIL for the whole step. Behaviour and errors: `_core.pyi`.
 
-use ferrolm_core::cpu_model::{Batch, KvDtype, Layer, Linear, ModelError, QuantModel as Core, Shape};
+use ferrolm_core::cpu_model::{
+    Batch, KvDtype, Layer, Linear, ModelError, QuantModel as Core, Shape, Weights,
+};
 use ferrolm_core::quant::QuantType;
 use numpy::{IntoPyArray, PyArray2, PyArrayDyn, PyArrayMethods};
 use pyo3::prelude::*;
@@ -94,7 +96,8 @@ pub struct QuantModel {
 #[pymethods]
 impl QuantModel {
     #[new]
-    #[pyo3(signature = (shape, num_layers, matrices, vectors, num_slots, kv_cache_dtype = "float32"))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    #[pyo3(signature = (shape, num_layers, matrices, vectors, num_slots, kv_cache_dtype = "float32", num_threads = 0))]
     fn new(
         py: Python<'_>,
         shape: &Bound<'_, PyDict>,
@@ -103,6 +106,7 @@ impl QuantModel {
         vectors: &Bound<'_, PyDict>,
         num_slots: usize,
         kv_cache_dtype: &str,
+        num_threads: usize,
     ) -> PyResult<Self> {
         let shape = shape_of(py, shape)?;
         let kv = match kv_cache_dtype {
@@ -149,9 +153,15 @@ impl QuantModel {
             None
         };
         let final_norm = required(py, vectors, "output_norm.weight")?;
-        let core = Core::new(shape, embed, head, final_norm, layers, num_slots, kv)
+        let core = Core::new(shape, Weights { embed, head, final_norm, layers }, num_slots, kv, num_threads)
             .map_err(|e| model_error(py, e))?;
         Ok(QuantModel { core, poison: Poison::default() })
+    }
+
+    /// Threads a step runs on.
+    #[getter]
+    fn num_threads(&self) -> usize {
+        self.core.num_threads()
     }
 
     #[getter]
@@ -203,6 +213,15 @@ impl QuantModel {
     }
 }
 
+/// Bytes per second this machine reads from memory (a STREAM-like sum over a buffer of
+/// `megabytes`, on `threads` threads, 0 = one per core; the best of `passes`).
+#[pyfunction]
+#[pyo3(signature = (megabytes = 512, threads = 0, passes = 5))]
+fn read_bandwidth(py: Python<'_>, megabytes: usize, threads: usize, passes: usize) -> f64 {
+    py.detach(|| ferrolm_core::cpu_model::read_bandwidth(megabytes << 20, threads, passes))
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(read_bandwidth, m)?)?;
     m.add_class::<QuantModel>()
 }

@@ -109,10 +109,10 @@ def build_runner(
         )
     if kind == "quant":
         assert model.gguf is not None
-        kv = numpy_kv_cache_dtype(kv_cache_dtype)
-        if kv not in QUANT_KV_CACHE_DTYPES:
+        pool = numpy_kv_cache_dtype(kv_cache_dtype)
+        if pool not in QUANT_KV_CACHE_DTYPES:
             raise InvalidInputError(f"the quant runner's KV pool is one of {QUANT_KV_CACHE_DTYPES}", "kv_cache_dtype")
-        return QuantRunner.from_gguf(model.gguf, model.config, num_slots, kv_cache_dtype=kv)
+        return QuantRunner.from_gguf(model.gguf, model.config, num_slots, kv_cache_dtype=pool)
     if kind == "numpy":
         if mem_fraction_static is not None:
             raise InvalidInputError(

@@ -18,7 +18,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
 # as ferrolm.radix_py.POLICIES has them (SGLang's flag name; slru and tlru beside its six)
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
 # as ferrolm.model.runner_choice has them (not imported: that would load the model package here)
-RUNNERS = ("auto", "numpy", "torch")
+RUNNERS = ("auto", "numpy", "torch", "quant")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -232,9 +232,10 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         "--runner",
         choices=RUNNERS,
         default="auto",
-        help="model runner: numpy (float32, CPU) or torch (CPU or CUDA, any dtype; needs "
-        "pip install 'ferrolm[torch]'); auto: torch where CUDA is present or a half "
-        "precision --dtype is asked for, else numpy",
+        help="model runner: numpy (float32, CPU), torch (CPU or CUDA, any dtype; needs "
+        "pip install 'ferrolm[torch]') or quant (a GGUF's weights as stored, the forward in "
+        "the Rust core); auto: quant for a GGUF on the CPU, torch where CUDA is present or "
+        "a half precision --dtype is asked for, else numpy",
     )
     parser.add_argument(
         "--device", choices=DEVICES, default="auto", help="where the torch runner runs; auto: cuda if present, else cpu"
@@ -251,7 +252,7 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         choices=KV_CACHE_DTYPES,
         default="auto",
         help="the KV pool's element type (attention computes in float32); auto: float16 on the "
-        "numpy runner (half the bytes its attention kernel reads), the --dtype on torch",
+        "numpy and quant runners (half the bytes its attention kernel reads), the --dtype on torch",
     )
     parser.add_argument(
         "--device-sampling",

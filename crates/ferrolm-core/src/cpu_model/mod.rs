@@ -10,17 +10,20 @@
 //! Variants: biases on q/k/v (Qwen2), RMSNorm of each query and key head (Qwen3), a
 //! sliding window, tied embeddings (no head: the embedding's rows are its rows).
 
+mod bandwidth;
 mod linear;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
 use crate::attention::{self, Geometry, KvElem, Options, Step};
 use crate::norm::rms_norm;
 
+pub use bandwidth::read_bandwidth;
 pub use linear::{Inputs, Linear};
 
 /// A model or batch that does not fit; `field` names the tensor or argument at fault.
@@ -116,6 +119,15 @@ pub struct Batch<'a> {
     pub kv_offsets: &'a [u32],
 }
 
+/// Every tensor of the model.
+pub struct Weights {
+    pub embed: Linear,
+    /// `None`: tied to `embed`.
+    pub head: Option<Linear>,
+    pub final_norm: Vec<f32>,
+    pub layers: Vec<Layer>,
+}
+
 pub struct QuantModel {
     pub shape: Shape,
     embed: Linear,
@@ -125,18 +137,21 @@ pub struct QuantModel {
     layers: Vec<Layer>,
     pools: Vec<LayerPool>,
     num_slots: usize,
+    /// The threads a step runs on (0 at construction: one per available core). The whole step runs inside it (`install`), so each
+    /// matrix product splits its rows among threads already awake instead of waking
+    /// the pool from outside hundreds of times a step.
+    threads: Arc<rayon::ThreadPool>,
 }
 
 impl QuantModel {
     pub fn new(
         shape: Shape,
-        embed: Linear,
-        head: Option<Linear>,
-        final_norm: Vec<f32>,
-        layers: Vec<Layer>,
+        weights: Weights,
         num_slots: usize,
         kv_dtype: KvDtype,
+        num_threads: usize,
     ) -> Result<QuantModel, ModelError> {
+        let Weights { embed, head, final_norm, layers } = weights;
         check_shapes(&shape, &embed, head.as_ref(), &final_norm, &layers)?;
         if num_slots == 0 {
             return Err(ModelError::new("num_slots", "num_slots must be positive".into()));
@@ -145,7 +160,13 @@ impl QuantModel {
         let pools = (0..layers.len())
             .map(|_| LayerPool { k: Pool::new(kv_dtype, pool_len), v: Pool::new(kv_dtype, pool_len) })
             .collect();
-        Ok(QuantModel { shape, embed, head, final_norm, layers, pools, num_slots })
+        let threads = rayon::ThreadPoolBuilder::new()
+            .num_threads(num_threads)
+            .thread_name(|i| format!("ferrolm-cpu-model-{i}"))
+            .build()
+            .map(Arc::new)
+            .map_err(|e| ModelError::new("num_threads", format!("cannot start the model's threads: {e}")))?;
+        Ok(QuantModel { shape, embed, head, final_norm, layers, pools, num_slots, threads })
     }
 
     pub fn num_slots(&self) -> usize {
@@ -173,6 +194,15 @@ impl QuantModel {
     /// when `all_logits`.
     pub fn forward(&mut self, batch: &Batch<'_>, all_logits: bool) -> Result<Vec<f32>, ModelError> {
         self.check(batch)?;
+        let threads = Arc::clone(&self.threads);
+        threads.install(|| self.forward_here(batch, all_logits))
+    }
+
+    pub fn num_threads(&self) -> usize {
+        self.threads.current_num_threads()
+    }
+
+    fn forward_here(&mut self, batch: &Batch<'_>, all_logits: bool) -> Result<Vec<f32>, ModelError> {
         let s = &self.shape;
         let (hidden, tokens) = (s.hidden, batch.input_ids.len());
         let mut x = vec![0f32; tokens * hidden];

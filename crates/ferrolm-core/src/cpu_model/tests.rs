@@ -75,7 +75,8 @@ fn model(ty: QuantType, layers: usize, slots: usize) -> QuantModel {
         .collect();
     let embed = linear(&mut rng, "embed", ty, VOCAB, HIDDEN);
     let final_norm = norm(&mut rng, HIDDEN);
-    QuantModel::new(shape(), embed, None, final_norm, layers, slots, KvDtype::F32).unwrap()
+    QuantModel::new(shape(), Weights { embed, head: None, final_norm, layers }, slots, KvDtype::F32, 2)
+        .unwrap()
 }
 
 /// One request's prefill of `ids` into slots `first..first + len` (nothing cached).
@@ -177,7 +178,14 @@ fn shapes_that_do_not_fit_name_the_tensor() {
     let layer = wrong.layers.pop().unwrap();
     let bad = Layer { down: linear(&mut rng, "down", QuantType::F32, HIDDEN, HIDDEN), ..layer };
     let embed = linear(&mut rng, "embed", QuantType::F32, VOCAB, HIDDEN);
-    let err =
-        QuantModel::new(shape(), embed, None, vec![1.0; HIDDEN], vec![bad], 4, KvDtype::F32).err().unwrap();
+    let err = QuantModel::new(
+        shape(),
+        Weights { embed, head: None, final_norm: vec![1.0; HIDDEN], layers: vec![bad] },
+        4,
+        KvDtype::F32,
+        1,
+    )
+    .err()
+    .unwrap();
     assert_eq!(err.field, "blk.0.ffn_down");
 }
