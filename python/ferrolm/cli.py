@@ -10,7 +10,19 @@ from ferrolm.errors import FerrolmError
 
 # ``ferrolm bench NAME``: the module ferrolm.bench.NAME, imported only for ``ferrolm bench``
 # (``ferrolm serve`` loads none of them, nor what they import)
-BENCHES = ("tree", "engine", "serve", "constraint", "gpu", "attention", "tools", "route", "kv_events", "quant")
+BENCHES = (
+    "tree",
+    "engine",
+    "serve",
+    "constraint",
+    "gpu",
+    "attention",
+    "tools",
+    "route",
+    "kv_events",
+    "quant",
+    "perplexity",
+)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -1,0 +1,36 @@
+"""``ferrolm bench perplexity``: the NLL arithmetic against a direct softmax, and a run on
+a GGUF the test writes (a chunk scored, a finite perplexity printed)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ferrolm.bench.perplexity import chunk_nll
+from ferrolm.cli import main
+from gguf_files import wide_tiny, write_tiny_gguf
+
+
+def test_chunk_nll_is_the_negative_log_softmax_of_the_target() -> None:
+    logits = np.array([[1.0, 2.0, 3.0], [1000.0, 0.0, -1000.0]], dtype=np.float32)
+    targets = np.array([2, 1])
+    want = [-math.log(math.exp(3) / (math.exp(1) + math.exp(2) + math.exp(3))), 1000.0]
+    np.testing.assert_allclose(chunk_nll(logits, targets), want, rtol=1e-9)
+
+
+def test_perplexity_run_prints_a_running_estimate_and_the_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FERROLM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(wide_tiny(tmp_path / "wide"), path)
+    text = tmp_path / "text.txt"
+    text.write_text("It was the best of times, it was the worst of times. " * 20, encoding="utf-8")
+    assert main(["bench", "perplexity", "--model", str(path), "--text", str(text), "--ctx", "64"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\[1\][\d.]+", out, re.M)
+    ppl = float(re.search(r"PPL = ([\d.]+) over (\d+) tokens", out).group(1))  # type: ignore[union-attr]
+    assert 1.0 < ppl < 1e6
