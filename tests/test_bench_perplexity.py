@@ -33,4 +33,4 @@ def test_perplexity_run_prints_a_running_estimate_and_the_result(
     out = capsys.readouterr().out
     assert re.search(r"^\[1\][\d.]+", out, re.M)
     ppl = float(re.search(r"PPL = ([\d.]+) over (\d+) tokens", out).group(1))  # type: ignore[union-attr]
-    assert 1.0 < ppl < 1e6
+    assert ppl > 1.0 and math.isfinite(ppl)  # a random model: confidently wrong, so large
