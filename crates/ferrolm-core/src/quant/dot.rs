@@ -16,7 +16,8 @@
 use half::f16;
 
 use super::blocks::{
-    scale_min_k4, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK, QK_K,
+    scale_min_k4, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    QK, QK_K,
 };
 use super::{available_threads, QuantError, QuantType};
 
@@ -25,7 +26,7 @@ fn half(bytes: [u8; 2]) -> f32 {
     f16::from_le_bytes(bytes).to_f32()
 }
 
-/// `Q8_1` activations (paired with `Q4_1` weights): `Q8_0` plus `s = d * sum(qs)`, which
+/// `Q8_1` activations (paired with `Q4_1` and `Q5_1` weights): `Q8_0` plus `s = d * sum(qs)`, which
 /// carries the weights' minimum through the product.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ8_1 {
@@ -164,6 +165,24 @@ pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     sum
 }
 
+pub fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let sumi = dot32(w.codes().into_iter().map(|q| q as i32 - 16), &a.qs);
+        sum += sumi as f32 * (half(w.d) * half(a.d));
+    }
+    sum
+}
+
+pub fn dot_q5_1(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let sumi = dot32(w.codes().into_iter().map(|q| q as i32), &a.qs);
+        sum += sumi as f32 * (half(w.d) * a.d) + half(w.m) * a.s;
+    }
+    sum
+}
+
 /// Q4_K and Q5_K: `codes(block, sub)` gives the 32 codes of sub-block `sub`.
 fn dot_k4<B>(
     w: &[B],
@@ -252,8 +271,8 @@ impl QuantType {
     pub fn activation_format(self) -> ActivationFormat {
         match self {
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => ActivationFormat::Float,
-            QuantType::Q8_0 | QuantType::Q4_0 => ActivationFormat::Q8_0,
-            QuantType::Q4_1 => ActivationFormat::Q8_1,
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => ActivationFormat::Q8_0,
+            QuantType::Q4_1 | QuantType::Q5_1 => ActivationFormat::Q8_1,
             QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => ActivationFormat::Q8K,
         }
     }
@@ -294,6 +313,8 @@ pub fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) 
         (QuantType::Q8_0, Activations::Q8_0(a)) => dot_q8_0(view(row), a),
         (QuantType::Q4_0, Activations::Q8_0(a)) => dot_q4_0(view(row), a),
         (QuantType::Q4_1, Activations::Q8_1(a)) => dot_q4_1(view(row), a),
+        (QuantType::Q5_0, Activations::Q8_0(a)) => dot_q5_0(view(row), a),
+        (QuantType::Q5_1, Activations::Q8_1(a)) => dot_q5_1(view(row), a),
         (QuantType::Q4K, Activations::Q8K(a)) => dot_q4_k(view(row), a),
         (QuantType::Q5K, Activations::Q8K(a)) => dot_q5_k(view(row), a),
         (QuantType::Q6K, Activations::Q8K(a)) => dot_q6_k(view(row), a),

@@ -16,7 +16,9 @@ mod tests;
 use std::fmt;
 use std::sync::OnceLock;
 
-use blocks::{as_blocks, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0};
+use blocks::{
+    as_blocks, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+};
 
 /// A tensor element type of a GGUF file that ferrolm reads. The discriminants are ggml's
 /// type ids (`ggml_type`), as the file stores them.
@@ -27,6 +29,8 @@ pub enum QuantType {
     F16 = 1,
     Q4_0 = 2,
     Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
     Q8_0 = 8,
     Q4K = 12,
     Q5K = 13,
@@ -35,13 +39,15 @@ pub enum QuantType {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 9] = [
+    pub const ALL: [QuantType; 11] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
         QuantType::Q8_0,
         QuantType::Q4_0,
         QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
         QuantType::Q4K,
         QuantType::Q5K,
         QuantType::Q6K,
@@ -62,6 +68,8 @@ impl QuantType {
             QuantType::Q8_0 => "Q8_0",
             QuantType::Q4_0 => "Q4_0",
             QuantType::Q4_1 => "Q4_1",
+            QuantType::Q5_0 => "Q5_0",
+            QuantType::Q5_1 => "Q5_1",
             QuantType::Q4K => "Q4_K",
             QuantType::Q5K => "Q5_K",
             QuantType::Q6K => "Q6_K",
@@ -75,6 +83,8 @@ impl QuantType {
             QuantType::Q8_0 => BlockQ8_0::ELEMS,
             QuantType::Q4_0 => BlockQ4_0::ELEMS,
             QuantType::Q4_1 => BlockQ4_1::ELEMS,
+            QuantType::Q5_0 => BlockQ5_0::ELEMS,
+            QuantType::Q5_1 => BlockQ5_1::ELEMS,
             QuantType::Q4K => BlockQ4K::ELEMS,
             QuantType::Q5K => BlockQ5K::ELEMS,
             QuantType::Q6K => BlockQ6K::ELEMS,
@@ -89,6 +99,8 @@ impl QuantType {
             QuantType::Q8_0 => BlockQ8_0::BYTES,
             QuantType::Q4_0 => BlockQ4_0::BYTES,
             QuantType::Q4_1 => BlockQ4_1::BYTES,
+            QuantType::Q5_0 => BlockQ5_0::BYTES,
+            QuantType::Q5_1 => BlockQ5_1::BYTES,
             QuantType::Q4K => BlockQ4K::BYTES,
             QuantType::Q5K => BlockQ5K::BYTES,
             QuantType::Q6K => BlockQ6K::BYTES,
@@ -190,6 +202,8 @@ fn dequantize_serial(ty: QuantType, data: &[u8], out: &mut [f32]) {
         QuantType::Q8_0 => run::<BlockQ8_0>(data, out),
         QuantType::Q4_0 => run::<BlockQ4_0>(data, out),
         QuantType::Q4_1 => run::<BlockQ4_1>(data, out),
+        QuantType::Q5_0 => run::<BlockQ5_0>(data, out),
+        QuantType::Q5_1 => run::<BlockQ5_1>(data, out),
         QuantType::Q4K => run::<BlockQ4K>(data, out),
         QuantType::Q5K => run::<BlockQ5K>(data, out),
         QuantType::Q6K => run::<BlockQ6K>(data, out),

@@ -85,6 +85,32 @@ fn q4_1_adds_the_minimum() {
     });
 }
 
+/// Bit 4 of weight `i` of a Q5_0/Q5_1 block: bit `i % 8` of byte `i / 8` of `qh` (the
+/// little-endian u32's bit `i`).
+fn fifth_bit(qh: &[u8], i: usize) -> u8 {
+    (qh[i / 8] >> (i % 8)) & 1
+}
+
+#[test]
+fn q5_0_takes_its_fifth_bit_from_qh_offset_16() {
+    check(QuantType::Q5_0, &[0], |b, i| {
+        let byte = b[6 + i % 16];
+        let low = if i < 16 { byte & 15 } else { byte >> 4 };
+        let q = low as i32 + 16 * fifth_bit(&b[2..6], i) as i32;
+        (q - 16) as f32 * h(b)
+    });
+}
+
+#[test]
+fn q5_1_takes_its_fifth_bit_from_qh_and_adds_the_minimum() {
+    check(QuantType::Q5_1, &[0, 2], |b, i| {
+        let byte = b[8 + i % 16];
+        let low = if i < 16 { byte & 15 } else { byte >> 4 };
+        let q = low + 16 * fifth_bit(&b[4..8], i);
+        q as f32 * h(b) + h(&b[2..])
+    });
+}
+
 /// Scale and min of sub-block `sub` from the 12 packed bytes, bit by bit from the layout:
 /// sub-blocks 0..4 use the low 6 bits of bytes `sub` and `sub + 4`; 4..8 take their low
 /// nibble from byte `sub + 4` (scale low, min high) and their top 2 bits from bits 6..8
@@ -201,7 +227,8 @@ fn types_are_ggml_ids_with_their_block_sizes() {
         assert_eq!(QuantType::from_ggml(ty as u32), Some(ty));
     }
     assert_eq!(QuantType::from_ggml(12), Some(QuantType::Q4K));
-    assert_eq!(QuantType::from_ggml(6), None); // Q5_0: not read
+    assert_eq!(QuantType::from_ggml(6), Some(QuantType::Q5_0));
+    assert_eq!(QuantType::from_ggml(10), None); // Q2_K: not read
     assert_eq!(QuantType::from_ggml(4), None); // a retired id
     assert_eq!(QuantType::Q4K.bytes_for(512), Some(288));
     assert_eq!(QuantType::Q4K.bytes_for(100), None);
@@ -218,10 +245,12 @@ mod products {
     use super::super::dot::{matmul, quantize_q8_0, quantize_q8_1, quantize_q8_k};
     use super::*;
 
-    const SCALES: [(QuantType, &[usize]); 6] = [
+    const SCALES: [(QuantType, &[usize]); 8] = [
         (QuantType::Q8_0, &[0]),
         (QuantType::Q4_0, &[0]),
         (QuantType::Q4_1, &[0, 2]),
+        (QuantType::Q5_0, &[0]),
+        (QuantType::Q5_1, &[0, 2]),
         (QuantType::Q4K, &[0, 2]),
         (QuantType::Q5K, &[0, 2]),
         (QuantType::Q6K, &[208]),
@@ -234,10 +263,12 @@ mod products {
     /// The activations as the kernel sees them, dequantized.
     fn seen(ty: QuantType, x: &[f32]) -> Vec<f32> {
         match ty {
-            QuantType::Q8_0 | QuantType::Q4_0 => {
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => {
                 quantize_q8_0(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * h(&b.d))).collect()
             }
-            QuantType::Q4_1 => quantize_q8_1(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect(),
+            QuantType::Q4_1 | QuantType::Q5_1 => {
+                quantize_q8_1(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect()
+            }
             QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
                 quantize_q8_k(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect()
             }
