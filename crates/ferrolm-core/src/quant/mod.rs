@@ -2,13 +2,17 @@
 //! ([`blocks`]) and dequantization to f32.
 //!
 //! Dequantization is what a runner that computes in float needs to load a GGUF; the
-//! integer-dot products in [`dot`] read the blocks in place (the portable reference of
-//! the matmul kernels; not yet used by a runner). Large tensors are split by blocks over scoped threads: loading an 8B model
-//! converts billions of weights once, and the work is embarrassingly parallel.
+//! integer-dot products in [`dot`] read the blocks in place (the matmul kernels, with
+//! SIMD versions in [`simd`]; not yet used by a runner). Large tensors are split by
+//! blocks over scoped threads: loading an 8B model converts billions of weights once,
+//! and the work is embarrassingly parallel.
 
 pub mod blocks;
 pub mod dot;
+// the SIMD kernels use Rust 1.88 (`slice::as_chunks`; safe `#[target_feature]` functions
+// from 1.86), whatever the workspace's rust-version says
 #[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.88"]
 pub mod simd;
 #[cfg(test)]
 mod tests;
