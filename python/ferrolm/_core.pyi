@@ -1051,8 +1051,8 @@ def quant_matmul(
     Quantized types multiply integer codes with activations quantized per block to int8
     (Q8_0 for Q8_0/Q4_0/Q5_0, Q8_1 for Q4_1/Q5_1, Q8_K for the k-quants, rounded as ggml's
     reference quantizers round); float types multiply in float. The matmul kernels (AVX2
-    where the CPU has it, the same floats as the portable code), not yet used by a runner;
-    the GIL is released meanwhile.
+    or AVX-512 VNNI where the CPU has them, the same floats as the portable code), not yet
+    used by a runner; the GIL is released meanwhile.
     ``InvalidInputError`` naming ``ggml_type``, ``weight``, ``x``, ``cols`` or ``w``."""
 
 def quant_types() -> dict[str, int]:

@@ -9,7 +9,7 @@
 //! read once for all the tokens of a call (prefill chunks, decode batches), and rows are
 //! split over scoped threads for large products.
 //!
-//! Every quantized type has an x86-64 version ([`super::simd`]: AVX2),
+//! Every quantized type has x86-64 versions ([`super::simd`]: AVX-512 VNNI, else AVX2),
 //! picked at run time by the `dot_*` functions; `dot_*_portable` is the code they
 //! equal, and what other CPUs run. Not yet wired into a runner: the runners still
 //! dequantize at load.
@@ -116,13 +116,14 @@ fn dot32(w: impl Iterator<Item = i32>, a: &[i8]) -> i32 {
     w.zip(a).map(|(w, &a)| w * a as i32).sum()
 }
 
-/// The fastest version of a dot product this CPU runs ([`super::simd::level`]): AVX2 or
-/// the portable code; the same floats from each.
+/// The fastest version of a dot product this CPU runs ([`super::simd::level`]): AVX-512
+/// VNNI, AVX2, or the portable code; the same floats from each.
 macro_rules! dispatch {
     ($name:ident, $portable:ident, $w:expr, $a:expr) => {{
         #[cfg(target_arch = "x86_64")]
         match super::simd::level() {
             // SAFETY: the level's CPU features are present (detected at run time)
+            super::simd::Level::Avx512Vnni => return unsafe { super::simd::vnni::$name($w, $a) },
             super::simd::Level::Avx2 => return unsafe { super::simd::avx2::$name($w, $a) },
             super::simd::Level::Portable => {}
         }

@@ -1,8 +1,10 @@
 //! x86-64 versions of the block dot products of [`super::dot`] (every quantized type:
-//! Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K), picked at run time: [`avx2`] (AVX2
-//! and F16C). The body (`kernels!`) is written against a few integer primitives that the
-//! level's module defines (byte products, the fifth bits of Q5_0/Q5_1/Q5_K), so that
-//! another level can reuse it.
+//! Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K), at two levels picked at run time:
+//! [`avx2`] (AVX2 and F16C) and [`vnni`] (AVX-512 VNNI, VL and BW on 256-bit vectors, as
+//! Zen 4 and Ice Lake and later have). One body (`kernels!`) is compiled for each level;
+//! the levels differ only in a few integer primitives: byte products (`maddubs` + `madd`
+//! against `dpbusd`, `madd` + add against `dpwssd`) and the fifth bits of Q5_0/Q5_1/Q5_K
+//! (a compare per byte against an AVX-512 byte mask).
 //!
 //! Same floats as the portable code, bit for bit (the tests check every level): each
 //! block's integer sum is exact, whatever order it is added in, and the float steps of
@@ -12,7 +14,7 @@
 //! the additions to the running sum stay one at a time, in block order.
 //!
 //! Integer tricks, each exact:
-//! - `maddubs` multiplies unsigned by signed bytes. Q8_0's signed weights move
+//! - `maddubs` and `dpbusd` multiply unsigned by signed bytes. Q8_0's signed weights move
 //!   their sign onto the activations (`sign`): |w| <= 128 fits the unsigned operand, and
 //!   activation codes are never -128 (the quantizers clamp to +-127), so negating them
 //!   cannot wrap.
@@ -32,11 +34,22 @@ pub enum Level {
     Portable,
     /// AVX2 with F16C.
     Avx2,
+    /// AVX-512 VNNI, VL and BW (256-bit `dpbusd`/`dpwssd`, byte masks) on top of AVX2
+    /// and F16C.
+    Avx512Vnni,
 }
 
 /// Whether the CPU has what [`avx2`] needs.
 pub fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+}
+
+/// Whether the CPU has what [`vnni`] needs.
+pub fn has_avx512_vnni() -> bool {
+    has_avx2()
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
 }
 
 /// The best level this CPU runs, detected once: the dot products ask on every row.
@@ -46,8 +59,15 @@ pub fn level() -> Level {
     match LEVEL.load(Ordering::Relaxed) {
         0 => Level::Portable,
         1 => Level::Avx2,
+        2 => Level::Avx512Vnni,
         _ => {
-            let level = if has_avx2() { Level::Avx2 } else { Level::Portable };
+            let level = if has_avx512_vnni() {
+                Level::Avx512Vnni
+            } else if has_avx2() {
+                Level::Avx2
+            } else {
+                Level::Portable
+            };
             LEVEL.store(level as u8, Ordering::Relaxed);
             level
         }
@@ -535,4 +555,45 @@ pub mod avx2 {
     }
 
     kernels!("avx2,f16c", has_avx2);
+}
+
+/// AVX-512 VNNI on 256-bit vectors: `dpbusd` sums four byte products straight into i32
+/// (no i16 step, no saturation), `dpwssd` fuses `madd` with the accumulation, and BW's
+/// byte masks add the fifth bits of the 5-bit codes in one instruction.
+pub mod vnni {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn dot_offset(q: __m256i, o: __m256i, s: __m256i) -> __m256i {
+        _mm256_sub_epi32(dot_u8i8(q, s), dot_u8i8(o, s))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn madd_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, x, y)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn codes5(nibbles: __m256i, qh: [u8; 4]) -> __m256i {
+        // qh is a byte mask as it stands
+        _mm256_mask_add_epi8(nibbles, u32::from_le_bytes(qh), nibbles, _mm256_set1_epi8(16))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn k5_codes(nibbles: __m256i, qh: __m256i, sub: i32) -> __m256i {
+        let set = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << sub) as i8));
+        _mm256_mask_add_epi8(nibbles, set, nibbles, _mm256_set1_epi8(16))
+    }
+
+    kernels!("avx2,f16c,avx512vnni,avx512vl,avx512bw", has_avx512_vnni);
 }

@@ -489,6 +489,24 @@ mod products {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_vnni_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::simd::{has_avx512_vnni, vnni};
+        if !has_avx512_vnni() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI, VL and BW");
+            return;
+        }
+        let level = dots! {
+            q8_0: vnni::dot_q8_0, q4_0: vnni::dot_q4_0, q5_0: vnni::dot_q5_0, q4_1: vnni::dot_q4_1,
+            q5_1: vnni::dot_q5_1, q4_k: vnni::dot_q4_k, q5_k: vnni::dot_q5_k, q6_k: vnni::dot_q6_k,
+        };
+        // SAFETY: the CPU has AVX-512 VNNI, VL and BW, AVX2 and F16C
+        compare_level("avx512-vnni", &|ty, w, x| unsafe {
+            (dot_with(&level, ty, w, x), dot_with(&PORTABLE, ty, w, x))
+        });
+    }
+
+    #[test]
     fn dispatched_dots_equal_the_portable_ones() {
         // whatever level this CPU picks, through dot_row as a runner calls it
         let mut rng = Rng(0xD15);
