@@ -61,8 +61,11 @@ def tiny_files(
 
 # ---------------------------------------------------------------- dequantization
 
+# every tensor type ferrolm reads
+TYPE_NAMES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 
-@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+
+@pytest.mark.parametrize("type_name", TYPE_NAMES)
 def test_dequantize_equals_gguf_py_bit_for_bit(type_name: str) -> None:
     qtype = gguf.GGMLQuantizationType[type_name]
     rng = np.random.default_rng(abs(hash(type_name)) % 2**32)
@@ -81,8 +84,8 @@ def test_dequantize_equals_gguf_py_bit_for_bit(type_name: str) -> None:
 
 
 def test_dequantize_rejects_what_it_cannot_read() -> None:
-    with pytest.raises(InvalidInputError, match="ggml type 6 is not one") as info:
-        _core.dequantize(np.zeros(22, np.uint8), int(gguf.GGMLQuantizationType.Q5_0))
+    with pytest.raises(InvalidInputError, match="ggml type 10 is not one") as info:
+        _core.dequantize(np.zeros(84, np.uint8), int(gguf.GGMLQuantizationType.Q2_K))
     assert info.value.field == "ggml_type"
     with pytest.raises(InvalidInputError, match="whole Q8_0 blocks") as info:
         _core.dequantize(np.zeros(35, np.uint8), int(gguf.GGMLQuantizationType.Q8_0))
@@ -97,13 +100,15 @@ def test_dequantize_rejects_what_it_cannot_read() -> None:
         "Q8_0": 8,
         "Q4_0": 2,
         "Q4_1": 3,
+        "Q5_0": 6,
+        "Q5_1": 7,
         "Q4_K": 12,
         "Q5_K": 13,
         "Q6_K": 14,
     }
 
 
-@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", TYPE_NAMES)
 def test_quant_matmul_is_the_product_with_the_dequantized_weights(type_name: str) -> None:
     qtype = gguf.GGMLQuantizationType[type_name]
     rows, cols, tokens = 6, 512, 3
@@ -124,7 +129,7 @@ def test_quant_matmul_is_the_product_with_the_dequantized_weights(type_name: str
     # plus the f16 rounding of a Q8_0 scale
     bound = np.abs(w).sum(axis=1) * (1 / 254 + 1 / 2048) * np.abs(x).max()
     assert (np.abs(got - exact) <= bound * 1.01).all()
-    if type_name in ("Q8_0", "Q4_0"):
+    if type_name in ("Q8_0", "Q4_0", "Q5_0"):
         # the activations as gguf-py quantizes them to Q8_0: the same codes and scales
         q8 = gguf.GGMLQuantizationType.Q8_0
         xq = gguf.quants.dequantize(gguf.quants.quantize(x, q8), q8).astype(np.float64)

@@ -1049,9 +1049,10 @@ def quant_matmul(
     weights of ggml type ``ggml_type`` given as raw blocks (``weight``, uint8, a GGUF
     tensor's bytes, read in place) and ``x`` is C-contiguous float32 ``[tokens, cols]``.
     Quantized types multiply integer codes with activations quantized per block to int8
-    (Q8_0 for Q8_0/Q4_0, Q8_1 for Q4_1, Q8_K for the k-quants, rounded as ggml's
-    reference quantizers round); float types multiply in float. The products
-    ``QuantModel`` computes, as one call; the GIL is released meanwhile.
+    (Q8_0 for Q8_0/Q4_0/Q5_0, Q8_1 for Q4_1/Q5_1, Q8_K for the k-quants, rounded as ggml's
+    reference quantizers round); float types multiply in float. The kernels are AVX2 or
+    AVX-512 VNNI where the CPU has them (the same floats as the portable code); the
+    products ``QuantModel`` computes, as one call. The GIL is released meanwhile.
     ``InvalidInputError`` naming ``ggml_type``, ``weight``, ``x``, ``cols`` or ``w``."""
 
 def quant_types() -> dict[str, int]:

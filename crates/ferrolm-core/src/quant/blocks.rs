@@ -13,7 +13,7 @@
 
 use half::f16;
 
-/// Weights per block of the legacy formats (Q4_0, Q4_1, Q8_0).
+/// Weights per block of the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub const QK: usize = 32;
 /// Weights per super-block of the k-quants (Q4_K, Q5_K, Q6_K).
 pub const QK_K: usize = 256;
@@ -99,6 +99,79 @@ unsafe impl Block for BlockQ4_1 {
         for ((l, h), &byte) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.qs) {
             *l = d * (byte & 0x0F) as f32 + m;
             *h = d * (byte >> 4) as f32 + m;
+        }
+    }
+}
+
+/// The 5-bit codes of a `Q5_0`/`Q5_1` block, weight order: the low four bits are `qs`'s
+/// nibbles laid out as in `Q4_0`, and bit `j` of `qh` (read as a little-endian u32) is
+/// bit 4 of weight `j`.
+#[inline]
+fn codes5(qh: [u8; 4], qs: &[u8; QK / 2]) -> [u8; QK] {
+    let high = u32::from_le_bytes(qh);
+    let mut codes = [0u8; QK];
+    for (j, &byte) in qs.iter().enumerate() {
+        codes[j] = (byte & 0x0F) | (((high >> j) & 1) << 4) as u8;
+        codes[j + QK / 2] = (byte >> 4) | (((high >> (j + QK / 2)) & 1) << 4) as u8;
+    }
+    codes
+}
+
+/// `Q5_0`: 32 five-bit codes with an implicit offset of 16 and one f16 scale;
+/// `w = (q - 16) * d`. The low nibbles as in `Q4_0`, the fifth bits in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+impl BlockQ5_0 {
+    /// The 32 codes (0..32, before the offset), in weight order.
+    #[inline]
+    pub fn codes(&self) -> [u8; QK] {
+        codes5(self.qh, &self.qs)
+    }
+}
+
+unsafe impl Block for BlockQ5_0 {
+    const ELEMS: usize = QK;
+    const BYTES: usize = 22;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = half(self.d);
+        for (o, q) in out.iter_mut().zip(self.codes()) {
+            *o = (q as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+/// `Q5_1`: 32 five-bit codes, an f16 scale and an f16 minimum; `w = q * d + m`. Code
+/// layout as in `Q5_0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+impl BlockQ5_1 {
+    /// The 32 codes (0..32), in weight order.
+    #[inline]
+    pub fn codes(&self) -> [u8; QK] {
+        codes5(self.qh, &self.qs)
+    }
+}
+
+unsafe impl Block for BlockQ5_1 {
+    const ELEMS: usize = QK;
+    const BYTES: usize = 24;
+    fn dequantize(&self, out: &mut [f32]) {
+        let (d, m) = (half(self.d), half(self.m));
+        for (o, q) in out.iter_mut().zip(self.codes()) {
+            *o = q as f32 * d + m;
         }
     }
 }
@@ -230,6 +303,8 @@ const _: () = {
     assert!(size_of::<BlockQ8_0>() == BlockQ8_0::BYTES && align_of::<BlockQ8_0>() == 1);
     assert!(size_of::<BlockQ4_0>() == BlockQ4_0::BYTES && align_of::<BlockQ4_0>() == 1);
     assert!(size_of::<BlockQ4_1>() == BlockQ4_1::BYTES && align_of::<BlockQ4_1>() == 1);
+    assert!(size_of::<BlockQ5_0>() == BlockQ5_0::BYTES && align_of::<BlockQ5_0>() == 1);
+    assert!(size_of::<BlockQ5_1>() == BlockQ5_1::BYTES && align_of::<BlockQ5_1>() == 1);
     assert!(size_of::<BlockQ4K>() == BlockQ4K::BYTES && align_of::<BlockQ4K>() == 1);
     assert!(size_of::<BlockQ5K>() == BlockQ5K::BYTES && align_of::<BlockQ5K>() == 1);
     assert!(size_of::<BlockQ6K>() == BlockQ6K::BYTES && align_of::<BlockQ6K>() == 1);

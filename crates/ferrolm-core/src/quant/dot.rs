@@ -9,14 +9,16 @@
 //! read once for all the tokens of a call (prefill chunks, decode batches), and rows are
 //! split over scoped threads for large products.
 //!
-//! `Q8_0` and `Q4_0` have AVX2 versions ([`super::simd`]) picked at run time; the rest
-//! are portable only so far. Not yet wired into a runner: the runners still dequantize
-//! at load.
+//! Every quantized type has x86-64 versions ([`super::simd`]: AVX-512 VNNI, else AVX2),
+//! picked at run time by the `dot_*` functions; `dot_*_portable` is the code they
+//! equal, and what other CPUs run. Not yet wired into a runner: the runners still
+//! dequantize at load.
 
 use half::f16;
 
 use super::blocks::{
-    scale_min_k4, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK, QK_K,
+    scale_min_k4, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    QK, QK_K,
 };
 use super::{available_threads, QuantError, QuantType};
 
@@ -25,7 +27,7 @@ fn half(bytes: [u8; 2]) -> f32 {
     f16::from_le_bytes(bytes).to_f32()
 }
 
-/// `Q8_1` activations (paired with `Q4_1` weights): `Q8_0` plus `s = d * sum(qs)`, which
+/// `Q8_1` activations (paired with `Q4_1` and `Q5_1` weights): `Q8_0` plus `s = d * sum(qs)`, which
 /// carries the weights' minimum through the product.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ8_1 {
@@ -114,25 +116,61 @@ fn dot32(w: impl Iterator<Item = i32>, a: &[i8]) -> i32 {
     w.zip(a).map(|(w, &a)| w * a as i32).sum()
 }
 
-/// `Q8_0` weights by `Q8_0` activations: AVX2 where the CPU has it, else portable (the
-/// same floats either way).
-pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2() {
-        // SAFETY: AVX2 is present; activations come from `quantize_q8_0` (never -128)
-        return unsafe { super::simd::dot_q8_0(w, a) };
-    }
-    dot_q8_0_portable(w, a)
+/// The fastest version of a dot product this CPU runs ([`super::simd::level`]): AVX-512
+/// VNNI, AVX2, or the portable code; the same floats from each.
+macro_rules! dispatch {
+    ($name:ident, $portable:ident, $w:expr, $a:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        match super::simd::level() {
+            // SAFETY: the level's CPU features are present (detected at run time)
+            super::simd::Level::Avx512Vnni => return unsafe { super::simd::vnni::$name($w, $a) },
+            super::simd::Level::Avx2 => return unsafe { super::simd::avx2::$name($w, $a) },
+            super::simd::Level::Portable => {}
+        }
+        $portable($w, $a)
+    }};
 }
 
-/// `Q4_0` weights by `Q8_0` activations, AVX2 where the CPU has it.
+/// `Q8_0` weights by `Q8_0` activations. The activations come from [`quantize_q8_0`]:
+/// the SIMD versions rely on their codes never being -128.
+pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    dispatch!(dot_q8_0, dot_q8_0_portable, w, a)
+}
+
+/// `Q4_0` weights by `Q8_0` activations.
 pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2() {
-        // SAFETY: as in `dot_q8_0`
-        return unsafe { super::simd::dot_q4_0(w, a) };
-    }
-    dot_q4_0_portable(w, a)
+    dispatch!(dot_q4_0, dot_q4_0_portable, w, a)
+}
+
+/// `Q5_0` weights by `Q8_0` activations.
+pub fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    dispatch!(dot_q5_0, dot_q5_0_portable, w, a)
+}
+
+/// `Q4_1` weights by `Q8_1` activations.
+pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+    dispatch!(dot_q4_1, dot_q4_1_portable, w, a)
+}
+
+/// `Q5_1` weights by `Q8_1` activations.
+pub fn dot_q5_1(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+    dispatch!(dot_q5_1, dot_q5_1_portable, w, a)
+}
+
+/// `Q4_K` weights by `Q8_K` activations.
+pub fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    dispatch!(dot_q4_k, dot_q4_k_portable, w, a)
+}
+
+/// `Q5_K` weights by `Q8_K` activations.
+pub fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    dispatch!(dot_q5_k, dot_q5_k_portable, w, a)
+}
+
+/// `Q6_K` weights by `Q8_K` activations. The activations come from [`quantize_q8_k`]:
+/// the SIMD versions take the sums of their codes from `bsums`.
+pub fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    dispatch!(dot_q6_k, dot_q6_k_portable, w, a)
 }
 
 pub fn dot_q8_0_portable(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
@@ -154,12 +192,30 @@ pub fn dot_q4_0_portable(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     sum
 }
 
-pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+pub fn dot_q4_1_portable(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     let mut sum = 0f32;
     for (w, a) in w.iter().zip(a) {
         let lo = dot32(w.qs.iter().map(|&b| (b & 0x0F) as i32), &a.qs[..QK / 2]);
         let hi = dot32(w.qs.iter().map(|&b| (b >> 4) as i32), &a.qs[QK / 2..]);
         sum += (lo + hi) as f32 * (half(w.d) * a.d) + half(w.m) * a.s;
+    }
+    sum
+}
+
+pub fn dot_q5_0_portable(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let sumi = dot32(w.codes().into_iter().map(|q| q as i32 - 16), &a.qs);
+        sum += sumi as f32 * (half(w.d) * half(a.d));
+    }
+    sum
+}
+
+pub fn dot_q5_1_portable(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let sumi = dot32(w.codes().into_iter().map(|q| q as i32), &a.qs);
+        sum += sumi as f32 * (half(w.d) * a.d) + half(w.m) * a.s;
     }
     sum
 }
@@ -186,7 +242,7 @@ fn dot_k4<B>(
     sum
 }
 
-pub fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+pub fn dot_q4_k_portable(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     dot_k4(
         w,
         a,
@@ -198,7 +254,7 @@ pub fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     )
 }
 
-pub fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+pub fn dot_q5_k_portable(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     dot_k4(
         w,
         a,
@@ -211,7 +267,7 @@ pub fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     )
 }
 
-pub fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+pub fn dot_q6_k_portable(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     let mut sum = 0f32;
     for (w, a) in w.iter().zip(a) {
         let mut sumi = 0i32;
@@ -252,8 +308,8 @@ impl QuantType {
     pub fn activation_format(self) -> ActivationFormat {
         match self {
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => ActivationFormat::Float,
-            QuantType::Q8_0 | QuantType::Q4_0 => ActivationFormat::Q8_0,
-            QuantType::Q4_1 => ActivationFormat::Q8_1,
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => ActivationFormat::Q8_0,
+            QuantType::Q4_1 | QuantType::Q5_1 => ActivationFormat::Q8_1,
             QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => ActivationFormat::Q8K,
         }
     }
@@ -294,6 +350,8 @@ pub fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) 
         (QuantType::Q8_0, Activations::Q8_0(a)) => dot_q8_0(view(row), a),
         (QuantType::Q4_0, Activations::Q8_0(a)) => dot_q4_0(view(row), a),
         (QuantType::Q4_1, Activations::Q8_1(a)) => dot_q4_1(view(row), a),
+        (QuantType::Q5_0, Activations::Q8_0(a)) => dot_q5_0(view(row), a),
+        (QuantType::Q5_1, Activations::Q8_1(a)) => dot_q5_1(view(row), a),
         (QuantType::Q4K, Activations::Q8K(a)) => dot_q4_k(view(row), a),
         (QuantType::Q5K, Activations::Q8K(a)) => dot_q5_k(view(row), a),
         (QuantType::Q6K, Activations::Q8K(a)) => dot_q6_k(view(row), a),

@@ -2,13 +2,17 @@
 //! ([`blocks`]) and dequantization to f32.
 //!
 //! Dequantization is what a runner that computes in float needs to load a GGUF; the
-//! integer-dot products in [`dot`] read the blocks in place (the portable reference of
-//! the matmul kernels; not yet used by a runner). Large tensors are split by blocks over scoped threads: loading an 8B model
-//! converts billions of weights once, and the work is embarrassingly parallel.
+//! integer-dot products in [`dot`] read the blocks in place (the matmul kernels, with
+//! SIMD versions in [`simd`]; not yet used by a runner). Large tensors are split by
+//! blocks over scoped threads: loading an 8B model converts billions of weights once,
+//! and the work is embarrassingly parallel.
 
 pub mod blocks;
 pub mod dot;
+// AVX-512 target features and intrinsics are stable from Rust 1.89: the SIMD kernels need
+// it whatever the workspace's rust-version says
 #[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
 pub mod simd;
 #[cfg(test)]
 mod tests;
@@ -16,7 +20,9 @@ mod tests;
 use std::fmt;
 use std::sync::OnceLock;
 
-use blocks::{as_blocks, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8_0};
+use blocks::{
+    as_blocks, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+};
 
 /// A tensor element type of a GGUF file that ferrolm reads. The discriminants are ggml's
 /// type ids (`ggml_type`), as the file stores them.
@@ -27,6 +33,8 @@ pub enum QuantType {
     F16 = 1,
     Q4_0 = 2,
     Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
     Q8_0 = 8,
     Q4K = 12,
     Q5K = 13,
@@ -35,13 +43,15 @@ pub enum QuantType {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 9] = [
+    pub const ALL: [QuantType; 11] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
         QuantType::Q8_0,
         QuantType::Q4_0,
         QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
         QuantType::Q4K,
         QuantType::Q5K,
         QuantType::Q6K,
@@ -62,6 +72,8 @@ impl QuantType {
             QuantType::Q8_0 => "Q8_0",
             QuantType::Q4_0 => "Q4_0",
             QuantType::Q4_1 => "Q4_1",
+            QuantType::Q5_0 => "Q5_0",
+            QuantType::Q5_1 => "Q5_1",
             QuantType::Q4K => "Q4_K",
             QuantType::Q5K => "Q5_K",
             QuantType::Q6K => "Q6_K",
@@ -75,6 +87,8 @@ impl QuantType {
             QuantType::Q8_0 => BlockQ8_0::ELEMS,
             QuantType::Q4_0 => BlockQ4_0::ELEMS,
             QuantType::Q4_1 => BlockQ4_1::ELEMS,
+            QuantType::Q5_0 => BlockQ5_0::ELEMS,
+            QuantType::Q5_1 => BlockQ5_1::ELEMS,
             QuantType::Q4K => BlockQ4K::ELEMS,
             QuantType::Q5K => BlockQ5K::ELEMS,
             QuantType::Q6K => BlockQ6K::ELEMS,
@@ -89,6 +103,8 @@ impl QuantType {
             QuantType::Q8_0 => BlockQ8_0::BYTES,
             QuantType::Q4_0 => BlockQ4_0::BYTES,
             QuantType::Q4_1 => BlockQ4_1::BYTES,
+            QuantType::Q5_0 => BlockQ5_0::BYTES,
+            QuantType::Q5_1 => BlockQ5_1::BYTES,
             QuantType::Q4K => BlockQ4K::BYTES,
             QuantType::Q5K => BlockQ5K::BYTES,
             QuantType::Q6K => BlockQ6K::BYTES,
@@ -190,6 +206,8 @@ fn dequantize_serial(ty: QuantType, data: &[u8], out: &mut [f32]) {
         QuantType::Q8_0 => run::<BlockQ8_0>(data, out),
         QuantType::Q4_0 => run::<BlockQ4_0>(data, out),
         QuantType::Q4_1 => run::<BlockQ4_1>(data, out),
+        QuantType::Q5_0 => run::<BlockQ5_0>(data, out),
+        QuantType::Q5_1 => run::<BlockQ5_1>(data, out),
         QuantType::Q4K => run::<BlockQ4K>(data, out),
         QuantType::Q5K => run::<BlockQ5K>(data, out),
         QuantType::Q6K => run::<BlockQ6K>(data, out),

@@ -1,74 +1,599 @@
-//! AVX2 versions of the block dot products of [`super::dot`], picked at run time where
-//! the CPU has AVX2. The integer sums are exact in any order, and the per-block float
-//! steps run as in the portable code, so the results are the same floats: the tests
-//! check it bit for bit.
+//! x86-64 versions of the block dot products of [`super::dot`] (every quantized type:
+//! Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K), at two levels picked at run time:
+//! [`avx2`] (AVX2 and F16C) and [`vnni`] (AVX-512 VNNI, VL and BW on 256-bit vectors, as
+//! Zen 4 and Ice Lake and later have). One body (`kernels!`) is compiled for each level;
+//! the levels differ only in a few integer primitives: byte products (`maddubs` + `madd`
+//! against `dpbusd`, `madd` + add against `dpwssd`) and the fifth bits of Q5_0/Q5_1/Q5_K
+//! (a compare per byte against an AVX-512 byte mask).
 //!
-//! The unsigned-by-signed byte multiply (`maddubs`) takes the absolute value of the
-//! weight codes and moves their sign onto the activations. Weight codes may be -128
-//! (a file can hold it; |-128| = 128 still fits the unsigned operand); activation codes
-//! never are (the quantizers clamp them to +-127), so flipping their sign cannot wrap.
-//! Two products of at most 128 * 127 sum to 32512: no 16-bit saturation.
+//! Same floats as the portable code, bit for bit (the tests check every level): each
+//! block's integer sum is exact, whatever order it is added in, and the float steps of
+//! each block run as in the portable code, block after block, with no fused multiply-add.
+//! What the vectors buy is the integer work and the float steps that do not depend on
+//! the running sum (f16 scales widened with F16C, four blocks' products at once): only
+//! the additions to the running sum stay one at a time, in block order.
+//!
+//! Integer tricks, each exact:
+//! - `maddubs` and `dpbusd` multiply unsigned by signed bytes. Q8_0's signed weights move
+//!   their sign onto the activations (`sign`): |w| <= 128 fits the unsigned operand, and
+//!   activation codes are never -128 (the quantizers clamp to +-127), so negating them
+//!   cannot wrap.
+//! - Q4_0 and Q5_0 multiply the unsigned codes (0..16, 0..32) and subtract the offset
+//!   (8, 16) times the activations: `sum((q - o) a) = sum(q a) - sum(o a)`.
+//! - Q6_K does the same with its offset 32 per sub-block of 16, taking `sum(a)` from the
+//!   activations' `bsums` (which `quantize_q8_k` fills as the sums of its codes).
+//! - AVX2's `maddubs` saturates its pairs of products at i16: every use here stays below
+//!   (at most 2 * 128 * 127 = 32512 for Q8_0, 2 * 63 * 128 for Q6_K's codes).
 
 use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::blocks::{BlockQ4_0, BlockQ8_0, QK};
-use half::f16;
+/// The vector level the dispatching dot products run at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Portable,
+    /// AVX2 with F16C.
+    Avx2,
+    /// AVX-512 VNNI, VL and BW (256-bit `dpbusd`/`dpwssd`, byte masks) on top of AVX2
+    /// and F16C.
+    Avx512Vnni,
+}
 
-/// Whether the CPU has AVX2 (std caches the answer).
-#[inline]
+/// Whether the CPU has what [`avx2`] needs.
 pub fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+}
+
+/// Whether the CPU has what [`vnni`] needs.
+pub fn has_avx512_vnni() -> bool {
+    has_avx2()
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+}
+
+/// The best level this CPU runs, detected once: the dot products ask on every row.
+#[inline]
+pub fn level() -> Level {
+    static LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
+    match LEVEL.load(Ordering::Relaxed) {
+        0 => Level::Portable,
+        1 => Level::Avx2,
+        2 => Level::Avx512Vnni,
+        _ => {
+            let level = if has_avx512_vnni() {
+                Level::Avx512Vnni
+            } else if has_avx2() {
+                Level::Avx2
+            } else {
+                Level::Portable
+            };
+            LEVEL.store(level as u8, Ordering::Relaxed);
+            level
+        }
+    }
+}
+
+/// Four f16 values packed little-endian into one 64-bit lane, for `cvtph`.
+#[inline]
+fn f16x4(h: [[u8; 2]; 4]) -> i64 {
+    i64::from_le_bytes([h[0][0], h[0][1], h[1][0], h[1][1], h[2][0], h[2][1], h[3][0], h[3][1]])
+}
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K super-block (`scale_min_k4` for all
+/// sub-blocks at once, on 32-bit words: bytes 0..4 hold the low scales, 4..8 the low mins,
+/// 8..12 the high ones' low nibbles, with their top bits in the spare bits 6..8 of 0..8).
+#[inline]
+fn k4_scales(packed: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([packed[i], packed[i + 1], packed[i + 2], packed[i + 3]]);
+    let (w0, w1, w2) = (word(0), word(4), word(8));
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const TOP2: u32 = 0x0303_0303;
+    let scales_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    let join = |lo: u32, hi: u32| ((lo as u64) | ((hi as u64) << 32)).to_le_bytes();
+    (join(w0 & LOW6, scales_hi), join(w1 & LOW6, mins_hi))
 }
 
 #[inline]
-fn half(bytes: [u8; 2]) -> f32 {
-    f16::from_le_bytes(bytes).to_f32()
+fn load_i8(v: &[i8; 32]) -> __m256i {
+    // SAFETY: 32 readable bytes; loadu has no alignment requirement
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
 }
 
-/// Sum of the 32 products of signed bytes `w` and `a` (`a` never -128).
 #[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_i8x32(w: __m256i, a: __m256i) -> i32 {
-    let magnitudes = _mm256_sign_epi8(w, w);
-    let signed = _mm256_sign_epi8(a, w);
-    let pairs = _mm256_maddubs_epi16(magnitudes, signed);
-    let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-    let halves = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256::<1>(quads));
-    let pairs = _mm_add_epi32(halves, _mm_unpackhi_epi64(halves, halves));
-    let one = _mm_add_epi32(pairs, _mm_shuffle_epi32::<0b01>(pairs));
-    _mm_cvtsi128_si32(one)
+fn load_u8(v: &[u8; 32]) -> __m256i {
+    // SAFETY: as in `load_i8`
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
 }
 
-/// # Safety
-/// The CPU must have AVX2 (`has_avx2`); `a`'s codes are never -128.
-#[target_feature(enable = "avx2")]
-pub unsafe fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (w, a) in w.iter().zip(a) {
-        let wv = _mm256_loadu_si256(w.qs.as_ptr().cast());
-        let av = _mm256_loadu_si256(a.qs.as_ptr().cast());
-        sum += dot_i8x32(wv, av) as f32 * (half(w.d) * half(a.d));
+#[inline]
+fn load_half(v: &[u8; 16]) -> __m128i {
+    // LLVM otherwise rebuilds this load from overlapping loads of the neighbouring fields
+    // and blocks with several shuffles each (Q5_0 ran 40% slower): it cannot see through
+    // a pointer that went through an (empty) asm block
+    let mut p = v.as_ptr();
+    // SAFETY: the asm block is empty: it reads and writes nothing
+    unsafe { std::arch::asm!("/* {0} */", inout(reg) p, options(pure, readonly, nostack, preserves_flags)) };
+    // SAFETY: 16 readable bytes; loadu has no alignment requirement
+    unsafe { _mm_loadu_si128(p.cast()) }
+}
+
+#[inline]
+fn load_half_i8(v: &[i8; 16]) -> __m128i {
+    // SAFETY: as in `load_half`
+    unsafe { _mm_loadu_si128(v.as_ptr().cast()) }
+}
+
+#[inline]
+fn load_i16(v: &[i16; 16]) -> __m256i {
+    // SAFETY: 32 readable bytes; loadu has no alignment requirement
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
+}
+
+/// The dot products for one level: `$features` is its `target_feature` list (`$check` the
+/// function that tells whether the CPU has them), and the
+/// invoking module defines the level's integer primitives:
+/// - `dot_u8i8(u, s)`: 8 lanes of i32, each the sum of 4 products of unsigned bytes of
+///   `u` by signed bytes of `s` (the callers keep every pair of products within i16);
+/// - `dot_offset(q, o, s)`: as `dot_u8i8(q, s) - dot_u8i8(o, s)`;
+/// - `madd_acc(acc, x, y)`: `acc` plus the pairwise i32 sums of the i16 products of `x`, `y`;
+/// - `codes5(nibbles, qh)`: Q5_0/Q5_1 codes, `nibbles` plus 16 in byte `j` where bit `j`
+///   of `qh` (little-endian) is set;
+/// - `k5_codes(nibbles, qh, sub)`: Q5_K codes of sub-block `sub`, `nibbles` plus 16 in
+///   byte `l` where bit `sub` of byte `l` of `qh` is set.
+macro_rules! kernels {
+    ($features:literal, $check:ident) => {
+        use super::{f16x4, k4_scales, load_half, load_half_i8, load_i16, load_i8, load_u8};
+        use crate::quant::blocks::{
+            BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+        };
+        use crate::quant::dot::{BlockQ8K, BlockQ8_1};
+
+        /// The totals of four blocks' partial sums, in block order.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn totals4(v: [__m256i; 4]) -> __m128i {
+            // per 128-bit half: [v0 lanes 0..4, v1 .., v2 .., v3 ..], then the halves added
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+        }
+
+        /// The totals of two vectors of partial sums.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn totals2(x: __m256i, y: __m256i) -> (i32, i32) {
+            let h = _mm256_hadd_epi32(x, y);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let t = _mm_hadd_epi32(s, s);
+            (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
+        }
+
+        /// `sum` plus the first `n` lanes of `terms`, one at a time in lane order: the
+        /// portable code's running sum over blocks.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn add_in_order(mut sum: f32, terms: __m128, n: usize) -> f32 {
+            let mut lanes = [0f32; 4];
+            // SAFETY: 16 writable bytes; storeu has no alignment requirement
+            unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), terms) };
+            for &t in &lanes[..n] {
+                sum += t;
+            }
+            sum
+        }
+
+        /// An f16 widened to f32 (exact), with F16C: the `half` crate asks the CPU each time.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn half(bytes: [u8; 2]) -> f32 {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(bytes) as i32)))
+        }
+
+        /// Two times four f16 values widened to f32 (exact).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn widen(x: [[u8; 2]; 4], y: [[u8; 2]; 4]) -> (__m128, __m128) {
+            let both = _mm256_cvtph_ps(_mm_set_epi64x(f16x4(y), f16x4(x)));
+            (_mm256_castps256_ps128(both), _mm256_extractf128_ps::<1>(both))
+        }
+
+        /// A row of 32-weight blocks, four blocks at a time: `terms` gives the float term of
+        /// each of four blocks, which are added to the running sum in order. A last group of
+        /// fewer than four repeats its last block, whose extra terms are not added.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn by_four<W: Copy, A: Copy>(w: &[W], a: &[A], terms: impl Fn(&[W; 4], &[A; 4]) -> __m128) -> f32 {
+            let n = w.len().min(a.len());
+            let (w4, w_rest) = w[..n].as_chunks::<4>();
+            let (a4, a_rest) = a[..n].as_chunks::<4>();
+            let mut sum = 0f32;
+            for (w, a) in w4.iter().zip(a4) {
+                sum = add_in_order(sum, terms(w, a), 4);
+            }
+            if let Some(last) = w_rest.len().checked_sub(1) {
+                // copies of whole blocks, not a call to memcpy
+                let at = |j: usize| j.min(last);
+                let w = [w_rest[0], w_rest[at(1)], w_rest[at(2)], w_rest[at(3)]];
+                let a = [a_rest[0], a_rest[at(1)], a_rest[at(2)], a_rest[at(3)]];
+                sum = add_in_order(sum, terms(&w, &a), w_rest.len());
+            }
+            sum
+        }
+
+        /// `sumi as f32 * (d_w * d_a)` for four blocks whose scales are all f16.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn scaled(sums: __m128i, dw: [[u8; 2]; 4], da: [[u8; 2]; 4]) -> __m128 {
+            let (dw, da) = widen(dw, da);
+            _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da))
+        }
+
+        /// `sumi as f32 * (d_w * a.d) + m_w * a.s` for four blocks against Q8_1.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn scaled_with_min(sums: __m128i, dw: [[u8; 2]; 4], mw: [[u8; 2]; 4], a: &[BlockQ8_1; 4]) -> __m128 {
+            let (dw, mw) = widen(dw, mw);
+            let da = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);
+            let sa = _mm_set_ps(a[3].s, a[2].s, a[1].s, a[0].s);
+            _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da)), _mm_mul_ps(mw, sa))
+        }
+
+        /// The 32 nibbles of 16 bytes, in weight order: low nibbles (weights 0..16) then
+        /// high ones (16..32).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn nibbles(qs: &[u8; 16]) -> __m256i {
+            // the 16 bytes in both halves, the upper half shifted down 4 bits (no lane
+            // crossing shuffle)
+            let both = _mm256_broadcastsi128_si256(load_half(qs));
+            let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+            _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q8_0_sums(w: &BlockQ8_0, a: &BlockQ8_0) -> __m256i {
+            let (wv, av) = (load_i8(&w.qs), load_i8(&a.qs));
+            dot_u8i8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q4_0_sums(w: &BlockQ4_0, a: &BlockQ8_0) -> __m256i {
+            dot_offset(nibbles(&w.qs), _mm256_set1_epi8(8), load_i8(&a.qs))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q5_0_sums(w: &BlockQ5_0, a: &BlockQ8_0) -> __m256i {
+            let codes = codes5(nibbles(&w.qs), w.qh);
+            dot_offset(codes, _mm256_set1_epi8(16), load_i8(&a.qs))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q4_1_sums(w: &BlockQ4_1, a: &BlockQ8_1) -> __m256i {
+            dot_u8i8(nibbles(&w.qs), load_i8(&a.qs))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q5_1_sums(w: &BlockQ5_1, a: &BlockQ8_1) -> __m256i {
+            dot_u8i8(codes5(nibbles(&w.qs), w.qh), load_i8(&a.qs))
+        }
+
+        /// `Q8_0` by `Q8_0`. Activation codes must not be -128 (`quantize_q8_0` never makes
+        /// one): a -128 gives another sum than the portable code.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+            by_four(w, a, |w, a| {
+                let sums = totals4([
+                    q8_0_sums(&w[0], &a[0]),
+                    q8_0_sums(&w[1], &a[1]),
+                    q8_0_sums(&w[2], &a[2]),
+                    q8_0_sums(&w[3], &a[3]),
+                ]);
+                scaled(sums, [w[0].d, w[1].d, w[2].d, w[3].d], [a[0].d, a[1].d, a[2].d, a[3].d])
+            })
+        }
+
+        /// `Q4_0` by `Q8_0`.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+            by_four(w, a, |w, a| {
+                let sums = totals4([
+                    q4_0_sums(&w[0], &a[0]),
+                    q4_0_sums(&w[1], &a[1]),
+                    q4_0_sums(&w[2], &a[2]),
+                    q4_0_sums(&w[3], &a[3]),
+                ]);
+                scaled(sums, [w[0].d, w[1].d, w[2].d, w[3].d], [a[0].d, a[1].d, a[2].d, a[3].d])
+            })
+        }
+
+        /// `Q5_0` by `Q8_0`.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+            by_four(w, a, |w, a| {
+                let sums = totals4([
+                    q5_0_sums(&w[0], &a[0]),
+                    q5_0_sums(&w[1], &a[1]),
+                    q5_0_sums(&w[2], &a[2]),
+                    q5_0_sums(&w[3], &a[3]),
+                ]);
+                scaled(sums, [w[0].d, w[1].d, w[2].d, w[3].d], [a[0].d, a[1].d, a[2].d, a[3].d])
+            })
+        }
+
+        /// `Q4_1` by `Q8_1`.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+            by_four(w, a, |w, a| {
+                let sums = totals4([
+                    q4_1_sums(&w[0], &a[0]),
+                    q4_1_sums(&w[1], &a[1]),
+                    q4_1_sums(&w[2], &a[2]),
+                    q4_1_sums(&w[3], &a[3]),
+                ]);
+                scaled_with_min(sums, [w[0].d, w[1].d, w[2].d, w[3].d], [w[0].m, w[1].m, w[2].m, w[3].m], a)
+            })
+        }
+
+        /// `Q5_1` by `Q8_1`.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q5_1(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+            by_four(w, a, |w, a| {
+                let sums = totals4([
+                    q5_1_sums(&w[0], &a[0]),
+                    q5_1_sums(&w[1], &a[1]),
+                    q5_1_sums(&w[2], &a[2]),
+                    q5_1_sums(&w[3], &a[3]),
+                ]);
+                scaled_with_min(sums, [w[0].d, w[1].d, w[2].d, w[3].d], [w[0].m, w[1].m, w[2].m, w[3].m], a)
+            })
+        }
+
+        /// The `shuffle_epi8` control that spreads i16 lane `lo` of a vector's 128-bit halves
+        /// over its low half and lane `hi` over its high half.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn spread_i16(lo: i8, hi: i8) -> __m256i {
+            let bytes = |j: i8| (((2 * j + 1) as i16) << 8) | (2 * j) as i16;
+            _mm256_set_m128i(_mm_set1_epi16(bytes(hi)), _mm_set1_epi16(bytes(lo)))
+        }
+
+        /// `sum(mins[j] * (bsums[2j] + bsums[2j + 1]))` as 8 partial sums: the weights'
+        /// minimums of Q4_K/Q5_K against the activations' sums per 16.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn k4_min_sums(mins: [u8; 8], bsums: &[i16; 16]) -> __m256i {
+            let m = _mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(mins)));
+            // each min twice, next to the two sums of its sub-block of 32
+            let pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
+            _mm256_madd_epi16(load_i16(bsums), pairs)
+        }
+
+        /// The integer sums of a Q4_K or Q5_K super-block: `sum(scale * dot(codes, a))` over
+        /// its 8 sub-blocks and the minimums' `sum(min * sum(a))`. `fifth` adds bit 4 to
+        /// the codes of sub-block `sub` (Q5_K) or nothing (Q4_K).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn k4_sums(
+            qs: &[u8; 128],
+            packed: &[u8; 12],
+            a: &BlockQ8K,
+            fifth: impl Fn(__m256i, i32) -> __m256i,
+        ) -> (i32, i32) {
+            let (scales, mins) = k4_scales(packed);
+            // the 8 scales as i16 in both halves; sub-block j's spread over a vector by a
+            // shuffle (cheaper than a broadcast from a general register)
+            let scales =
+                _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(scales))));
+            let splat = |j: i8| _mm256_shuffle_epi8(scales, spread_i16(j, j));
+            let aq = a.qs.as_chunks::<32>().0;
+            let low = _mm256_set1_epi8(0x0F);
+            let mut acc = _mm256_setzero_si256();
+            for (pair, q) in qs.as_chunks::<32>().0.iter().enumerate() {
+                let q = load_u8(q);
+                // each 32 bytes: the low nibbles are sub-block 2 * pair, the high ones the next
+                let lo = fifth(_mm256_and_si256(q, low), 2 * pair as i32);
+                let hi = fifth(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low), 2 * pair as i32 + 1);
+                // codes < 32 by activations: pairs of products stay within i16
+                let plo = _mm256_maddubs_epi16(lo, load_i8(&aq[2 * pair]));
+                let phi = _mm256_maddubs_epi16(hi, load_i8(&aq[2 * pair + 1]));
+                acc = madd_acc(acc, plo, splat(2 * pair as i8));
+                acc = madd_acc(acc, phi, splat(2 * pair as i8 + 1));
+            }
+            totals2(acc, k4_min_sums(mins, &a.bsums))
+        }
+
+        /// `Q4_K` by `Q8_K`.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            for (w, a) in w.iter().zip(a) {
+                let (sumi, summ) = k4_sums(&w.qs, &w.scales, a, |codes, _| codes);
+                sum += (a.d * half(w.d)) * sumi as f32 - (a.d * half(w.dmin)) * summ as f32;
+            }
+            sum
+        }
+
+        /// `Q5_K` by `Q8_K`.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            for (w, a) in w.iter().zip(a) {
+                let high = load_u8(&w.qh);
+                let fifth = |codes, sub| k5_codes(codes, high, sub);
+                let (sumi, summ) = k4_sums(&w.qs, &w.scales, a, fifth);
+                sum += (a.d * half(w.d)) * sumi as f32 - (a.d * half(w.dmin)) * summ as f32;
+            }
+            sum
+        }
+
+        /// `Q6_K` by `Q8_K`: unsigned 6-bit codes, then `32 * sum(scale * bsum)` off the
+        /// integer sum for the offset.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            let low = _mm256_set1_epi8(0x0F);
+            // the i16 scale of sub-block 2k over the low 128 bits (weights 0..16 of a run of
+            // 32), that of 2k + 1 over the high ones
+            let picks = [spread_i16(0, 1), spread_i16(2, 3), spread_i16(4, 5), spread_i16(6, 7)];
+            for (w, a) in w.iter().zip(a) {
+                let aq = a.qs.as_chunks::<32>().0;
+                let ql = w.ql.as_chunks::<32>().0;
+                let qh = w.qh.as_chunks::<32>().0;
+                let scales8 = w.scales.as_chunks::<8>().0;
+                let mut acc = _mm256_setzero_si256();
+                for half_index in 0..2 {
+                    let (l0, l1) = (load_u8(&ql[2 * half_index]), load_u8(&ql[2 * half_index + 1]));
+                    let h = load_u8(&qh[half_index]);
+                    let m = |bits: i8| _mm256_and_si256(h, _mm256_set1_epi8(bits));
+                    // weight l + 32k: nibble k / 2 of ql[l + 32 (k % 2)], bits 2k..2k+2 of
+                    // qh[l] as bits 4..6
+                    let codes = [
+                        _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16::<4>(m(0x03))),
+                        _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_slli_epi16::<2>(m(0x0C))),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), low), m(0x30)),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), low),
+                            _mm256_srli_epi16::<2>(m(0xC0_u8 as i8)),
+                        ),
+                    ];
+                    let eight = i64::from_le_bytes(scales8[half_index].map(|s| s as u8));
+                    let scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_set_epi64x(0, eight)));
+                    for (k, codes) in codes.into_iter().enumerate() {
+                        // codes < 64 by activations: pairs of products stay within i16
+                        let p = _mm256_maddubs_epi16(codes, load_i8(&aq[4 * half_index + k]));
+                        acc = madd_acc(acc, p, _mm256_shuffle_epi8(scales, picks[k]));
+                    }
+                }
+                let all_scales = _mm256_cvtepi8_epi16(load_half_i8(&w.scales));
+                let offsets = _mm256_madd_epi16(all_scales, load_i16(&a.bsums));
+                let acc = _mm256_sub_epi32(acc, _mm256_slli_epi32::<5>(offsets));
+                let sumi = totals2(acc, _mm256_setzero_si256()).0;
+                sum += (a.d * half(w.d)) * sumi as f32;
+            }
+            sum
+        }
+    };
+}
+
+/// AVX2 (with F16C for the scales): `maddubs` + `madd` for the byte products.
+pub mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
     }
-    sum
-}
 
-/// # Safety
-/// As [`dot_q8_0`].
-#[target_feature(enable = "avx2")]
-pub unsafe fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    let low = _mm_set1_epi8(0x0F);
-    let eight = _mm256_set1_epi8(8);
-    for (w, a) in w.iter().zip(a) {
-        let packed = _mm_loadu_si128(w.qs.as_ptr().cast());
-        // weights 0..16 are the low nibbles, 16..32 the high ones, as the activations
-        let lo = _mm_and_si128(packed, low);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), low);
-        let wv = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
-        let av = _mm256_loadu_si256(a.qs.as_ptr().cast());
-        sum += dot_i8x32(wv, av) as f32 * (half(w.d) * half(a.d));
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn dot_offset(q: __m256i, o: __m256i, s: __m256i) -> __m256i {
+        // the difference of the pairs stays within i16: both are below 2 * 31 * 128
+        let pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(q, s), _mm256_maddubs_epi16(o, s));
+        _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
     }
-    sum
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn madd_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn codes5(nibbles: __m256i, qh: [u8; 4]) -> __m256i {
+        let all = _mm256_set1_epi32(i32::from_le_bytes(qh));
+        // byte j gets qh's byte j / 8 (the shuffle indexes within each 128-bit half, and
+        // every 4 bytes of `all` are qh), then tests its bit j % 8
+        let spread = _mm256_shuffle_epi8(
+            all,
+            _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(16)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    fn k5_codes(nibbles: __m256i, qh: __m256i, sub: i32) -> __m256i {
+        // bit `sub` of each byte down to bit 0, then up to bit 4 (16-bit shifts: the bits
+        // that cross into the other byte are masked off)
+        let down = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(sub));
+        _mm256_or_si256(nibbles, _mm256_and_si256(_mm256_slli_epi16::<4>(down), _mm256_set1_epi8(16)))
+    }
+
+    kernels!("avx2,f16c", has_avx2);
 }
 
-const _: () = assert!(QK == 32);
+/// AVX-512 VNNI on 256-bit vectors: `dpbusd` sums four byte products straight into i32
+/// (no i16 step, no saturation), `dpwssd` fuses `madd` with the accumulation, and BW's
+/// byte masks add the fifth bits of the 5-bit codes in one instruction.
+pub mod vnni {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn dot_offset(q: __m256i, o: __m256i, s: __m256i) -> __m256i {
+        _mm256_sub_epi32(dot_u8i8(q, s), dot_u8i8(o, s))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn madd_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, x, y)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn codes5(nibbles: __m256i, qh: [u8; 4]) -> __m256i {
+        // qh is a byte mask as it stands
+        _mm256_mask_add_epi8(nibbles, u32::from_le_bytes(qh), nibbles, _mm256_set1_epi8(16))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn k5_codes(nibbles: __m256i, qh: __m256i, sub: i32) -> __m256i {
+        let set = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << sub) as i8));
+        _mm256_mask_add_epi8(nibbles, set, nibbles, _mm256_set1_epi8(16))
+    }
+
+    kernels!("avx2,f16c,avx512vnni,avx512vl,avx512bw", has_avx512_vnni);
+}

@@ -85,6 +85,32 @@ fn q4_1_adds_the_minimum() {
     });
 }
 
+/// Bit 4 of weight `i` of a Q5_0/Q5_1 block: bit `i % 8` of byte `i / 8` of `qh` (the
+/// little-endian u32's bit `i`).
+fn fifth_bit(qh: &[u8], i: usize) -> u8 {
+    (qh[i / 8] >> (i % 8)) & 1
+}
+
+#[test]
+fn q5_0_takes_its_fifth_bit_from_qh_offset_16() {
+    check(QuantType::Q5_0, &[0], |b, i| {
+        let byte = b[6 + i % 16];
+        let low = if i < 16 { byte & 15 } else { byte >> 4 };
+        let q = low as i32 + 16 * fifth_bit(&b[2..6], i) as i32;
+        (q - 16) as f32 * h(b)
+    });
+}
+
+#[test]
+fn q5_1_takes_its_fifth_bit_from_qh_and_adds_the_minimum() {
+    check(QuantType::Q5_1, &[0, 2], |b, i| {
+        let byte = b[8 + i % 16];
+        let low = if i < 16 { byte & 15 } else { byte >> 4 };
+        let q = low + 16 * fifth_bit(&b[4..8], i);
+        q as f32 * h(b) + h(&b[2..])
+    });
+}
+
 /// Scale and min of sub-block `sub` from the 12 packed bytes, bit by bit from the layout:
 /// sub-blocks 0..4 use the low 6 bits of bytes `sub` and `sub + 4`; 4..8 take their low
 /// nibble from byte `sub + 4` (scale low, min high) and their top 2 bits from bits 6..8
@@ -201,7 +227,8 @@ fn types_are_ggml_ids_with_their_block_sizes() {
         assert_eq!(QuantType::from_ggml(ty as u32), Some(ty));
     }
     assert_eq!(QuantType::from_ggml(12), Some(QuantType::Q4K));
-    assert_eq!(QuantType::from_ggml(6), None); // Q5_0: not read
+    assert_eq!(QuantType::from_ggml(6), Some(QuantType::Q5_0));
+    assert_eq!(QuantType::from_ggml(10), None); // Q2_K: not read
     assert_eq!(QuantType::from_ggml(4), None); // a retired id
     assert_eq!(QuantType::Q4K.bytes_for(512), Some(288));
     assert_eq!(QuantType::Q4K.bytes_for(100), None);
@@ -215,13 +242,18 @@ mod products {
     //! float rounding of the per-block scales; and against the exact activations, within
     //! the activation quantization's bound.
 
-    use super::super::dot::{matmul, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+    use super::super::blocks::{
+        as_blocks, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    };
+    use super::super::dot::*;
     use super::*;
 
-    const SCALES: [(QuantType, &[usize]); 6] = [
+    const SCALES: [(QuantType, &[usize]); 8] = [
         (QuantType::Q8_0, &[0]),
         (QuantType::Q4_0, &[0]),
         (QuantType::Q4_1, &[0, 2]),
+        (QuantType::Q5_0, &[0]),
+        (QuantType::Q5_1, &[0, 2]),
         (QuantType::Q4K, &[0, 2]),
         (QuantType::Q5K, &[0, 2]),
         (QuantType::Q6K, &[208]),
@@ -234,10 +266,12 @@ mod products {
     /// The activations as the kernel sees them, dequantized.
     fn seen(ty: QuantType, x: &[f32]) -> Vec<f32> {
         match ty {
-            QuantType::Q8_0 | QuantType::Q4_0 => {
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => {
                 quantize_q8_0(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * h(&b.d))).collect()
             }
-            QuantType::Q4_1 => quantize_q8_1(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect(),
+            QuantType::Q4_1 | QuantType::Q5_1 => {
+                quantize_q8_1(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect()
+            }
             QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
                 quantize_q8_k(x).iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect()
             }
@@ -339,25 +373,151 @@ mod products {
         assert!(quantize_q8_k(&[0.0; 256])[0].qs.iter().all(|&q| q == 0));
     }
 
-    #[test]
-    fn avx2_dots_equal_the_portable_ones_bit_for_bit() {
-        use super::super::blocks::{as_blocks, BlockQ4_0, BlockQ8_0};
-        use super::super::dot::{dot_q4_0, dot_q4_0_portable, dot_q8_0, dot_q8_0_portable};
+    /// A level's dot and the portable one of raw weight blocks of a type by activations.
+    type SimdAndPortable<'a> = dyn Fn(QuantType, &[u8], &[f32]) -> (f32, f32) + 'a;
 
-        // the dispatching functions take the AVX2 path on a CPU that has it (CI's and
-        // this project's machines do); elsewhere this compares the portable code with itself
-        let mut rng = Rng(0xA5A5);
-        for _ in 0..20 {
-            let blocks = 1 + (rng.next() % 40) as usize;
-            // raw weight bytes: every code, -128 included
-            let w8 = random_blocks(&mut rng, QuantType::Q8_0, blocks, &[0]);
-            let w4 = random_blocks(&mut rng, QuantType::Q4_0, blocks, &[0]);
-            let mut x = activations(&mut rng, blocks * 32);
-            x[3] = 0.0;
-            let a = quantize_q8_0(&x);
-            let (w8, w4) = (as_blocks::<BlockQ8_0>(&w8).unwrap(), as_blocks::<BlockQ4_0>(&w4).unwrap());
-            assert_eq!(dot_q8_0(w8, &a).to_bits(), dot_q8_0_portable(w8, &a).to_bits());
-            assert_eq!(dot_q4_0(w4, &a).to_bits(), dot_q4_0_portable(w4, &a).to_bits());
+    /// Random rows of every legacy length up to 41 blocks (every tail of the groups of
+    /// four) and k-quant rows of 1..6 super-blocks, from raw random bytes (every code,
+    /// Q8_0's -128 included), some blocks' scales zero; then extreme blocks (largest
+    /// codes against +-127 activations), where a saturating pair of products would show.
+    #[cfg(target_arch = "x86_64")]
+    fn compare_level(level: &str, check: &SimdAndPortable<'_>) {
+        let mut rng = Rng(0xA5A5 ^ level.len() as u64);
+        let legacy = [QuantType::Q8_0, QuantType::Q4_0, QuantType::Q5_0, QuantType::Q4_1, QuantType::Q5_1];
+        let k_quants = [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
+        let mut rows: Vec<(QuantType, usize)> = Vec::new();
+        for blocks in 1..=41 {
+            rows.extend(legacy.map(|ty| (ty, blocks)));
+        }
+        for blocks in 1..=6 {
+            rows.extend(k_quants.map(|ty| (ty, blocks)));
+        }
+        for (ty, blocks) in rows {
+            let scales = SCALES.iter().find(|(t, _)| *t == ty).unwrap().1;
+            let mut w = random_blocks(&mut rng, ty, blocks, scales);
+            let mut x = activations(&mut rng, blocks * ty.block_elems());
+            if blocks > 2 {
+                // a block of zero weight scale, and one of zero activations (scale 0)
+                let zero = (rng.next() as usize) % blocks;
+                for &at in scales.iter().take(1) {
+                    w[zero * ty.block_bytes() + at..][..2].fill(0);
+                }
+                let quiet = (rng.next() as usize) % (blocks * ty.block_elems() / 32);
+                x[quiet * 32..quiet * 32 + 32].fill(0.0);
+            }
+            let (simd, portable) = check(ty, &w, &x);
+            assert_eq!(simd.to_bits(), portable.to_bits(), "{level} {ty} x{blocks}: {simd} vs {portable}");
+        }
+        for ty in legacy.into_iter().chain(k_quants) {
+            let scales = SCALES.iter().find(|(t, _)| *t == ty).unwrap().1;
+            for (code_byte, x_value) in [(0xFFu8, 1.0f32), (0xFF, -1.0), (0x80, 1.0), (0x80, -1.0)] {
+                let blocks = 9 * 256 / ty.block_elems();
+                let mut w = vec![code_byte; blocks * ty.block_bytes()];
+                for block in w.chunks_exact_mut(ty.block_bytes()) {
+                    for &at in scales {
+                        block[at..at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+                    }
+                }
+                let x = vec![x_value; blocks * ty.block_elems()];
+                let (simd, portable) = check(ty, &w, &x);
+                assert_eq!(simd.to_bits(), portable.to_bits(), "{level} {ty} {code_byte:#x} {x_value}");
+            }
+        }
+    }
+
+    /// One level's dot products (the portable ones are safe to call; a SIMD level's only
+    /// where the CPU has it).
+    struct Dots {
+        q8_0: unsafe fn(&[BlockQ8_0], &[BlockQ8_0]) -> f32,
+        q4_0: unsafe fn(&[BlockQ4_0], &[BlockQ8_0]) -> f32,
+        q5_0: unsafe fn(&[BlockQ5_0], &[BlockQ8_0]) -> f32,
+        q4_1: unsafe fn(&[BlockQ4_1], &[BlockQ8_1]) -> f32,
+        q5_1: unsafe fn(&[BlockQ5_1], &[BlockQ8_1]) -> f32,
+        q4_k: unsafe fn(&[BlockQ4K], &[BlockQ8K]) -> f32,
+        q5_k: unsafe fn(&[BlockQ5K], &[BlockQ8K]) -> f32,
+        q6_k: unsafe fn(&[BlockQ6K], &[BlockQ8K]) -> f32,
+    }
+
+    macro_rules! dots {
+        ($($name:ident: $f:path),* $(,)?) => {
+            Dots { $($name: $f),* }
+        };
+    }
+
+    const PORTABLE: Dots = dots! {
+        q8_0: dot_q8_0_portable, q4_0: dot_q4_0_portable, q5_0: dot_q5_0_portable,
+        q4_1: dot_q4_1_portable, q5_1: dot_q5_1_portable, q4_k: dot_q4_k_portable,
+        q5_k: dot_q5_k_portable, q6_k: dot_q6_k_portable,
+    };
+
+    /// Weights `w` (raw blocks of `ty`) by `x` quantized as `ty` reads it.
+    ///
+    /// # Safety
+    /// The CPU runs `dots`.
+    unsafe fn dot_with(dots: &Dots, ty: QuantType, w: &[u8], x: &[f32]) -> f32 {
+        unsafe {
+            match ty {
+                QuantType::Q8_0 => (dots.q8_0)(as_blocks(w).unwrap(), &quantize_q8_0(x)),
+                QuantType::Q4_0 => (dots.q4_0)(as_blocks(w).unwrap(), &quantize_q8_0(x)),
+                QuantType::Q5_0 => (dots.q5_0)(as_blocks(w).unwrap(), &quantize_q8_0(x)),
+                QuantType::Q4_1 => (dots.q4_1)(as_blocks(w).unwrap(), &quantize_q8_1(x)),
+                QuantType::Q5_1 => (dots.q5_1)(as_blocks(w).unwrap(), &quantize_q8_1(x)),
+                QuantType::Q4K => (dots.q4_k)(as_blocks(w).unwrap(), &quantize_q8_k(x)),
+                QuantType::Q5K => (dots.q5_k)(as_blocks(w).unwrap(), &quantize_q8_k(x)),
+                QuantType::Q6K => (dots.q6_k)(as_blocks(w).unwrap(), &quantize_q8_k(x)),
+                _ => unreachable!("{ty} has no integer dot"),
+            }
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::simd::{avx2, has_avx2};
+        if !has_avx2() {
+            eprintln!("skipped: this CPU has no AVX2 and F16C");
+            return;
+        }
+        let level = dots! {
+            q8_0: avx2::dot_q8_0, q4_0: avx2::dot_q4_0, q5_0: avx2::dot_q5_0, q4_1: avx2::dot_q4_1,
+            q5_1: avx2::dot_q5_1, q4_k: avx2::dot_q4_k, q5_k: avx2::dot_q5_k, q6_k: avx2::dot_q6_k,
+        };
+        // SAFETY: the CPU has AVX2 and F16C
+        compare_level("avx2", &|ty, w, x| unsafe {
+            (dot_with(&level, ty, w, x), dot_with(&PORTABLE, ty, w, x))
+        });
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_vnni_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::simd::{has_avx512_vnni, vnni};
+        if !has_avx512_vnni() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI, VL and BW");
+            return;
+        }
+        let level = dots! {
+            q8_0: vnni::dot_q8_0, q4_0: vnni::dot_q4_0, q5_0: vnni::dot_q5_0, q4_1: vnni::dot_q4_1,
+            q5_1: vnni::dot_q5_1, q4_k: vnni::dot_q4_k, q5_k: vnni::dot_q5_k, q6_k: vnni::dot_q6_k,
+        };
+        // SAFETY: the CPU has AVX-512 VNNI, VL and BW, AVX2 and F16C
+        compare_level("avx512-vnni", &|ty, w, x| unsafe {
+            (dot_with(&level, ty, w, x), dot_with(&PORTABLE, ty, w, x))
+        });
+    }
+
+    #[test]
+    fn dispatched_dots_equal_the_portable_ones() {
+        // whatever level this CPU picks, through dot_row as a runner calls it
+        let mut rng = Rng(0xD15);
+        for (ty, scales) in SCALES {
+            let cols = 1536;
+            let w = random_blocks(&mut rng, ty, cols / ty.block_elems(), scales);
+            let x = activations(&mut rng, cols);
+            let got = dot_row(ty, &w, &quantize_activations(ty.activation_format(), &x), &mut []);
+            // SAFETY: the portable code runs anywhere
+            let want = unsafe { dot_with(&PORTABLE, ty, &w, &x) };
+            assert_eq!(got.to_bits(), want.to_bits(), "{ty}");
         }
     }
 }
