@@ -24,11 +24,12 @@ from ferrolm.model.random_weights import random_weights
 from safetensors.numpy import save_file
 
 # the block format of each tensor of the file, by Hugging Face name suffix and layer:
-# every format appears, on tensors of several shapes
+# every format appears, on tensors of several shapes ("down": the down projection's, where
+# it differs from the rest of the MLP)
 LAYER_TYPES: list[dict[str, str]] = [
     {"attn": "Q4_K", "mlp": "Q5_K"},
-    {"attn": "Q6_K", "mlp": "Q8_0"},
-    {"attn": "Q4_0", "mlp": "Q4_1"},
+    {"attn": "Q6_K", "mlp": "Q8_0", "down": "Q5_0"},
+    {"attn": "Q4_0", "mlp": "Q4_1", "down": "Q5_1"},
     {"attn": "F16", "mlp": "BF16"},
 ]
 EMBED_TYPE = "Q8_0"
@@ -227,7 +228,10 @@ def _gguf_name_and_type(hf_name: str, w: np.ndarray) -> tuple[str, str]:
     name = f"blk.{layer}.{_GGUF_LAYER_NAMES[rest]}"
     if w.ndim == 1:
         return name, "F32"
-    return name, LAYER_TYPES[int(layer)]["attn" if rest.startswith("self_attn") else "mlp"]
+    types = LAYER_TYPES[int(layer)]
+    if rest.startswith("self_attn"):
+        return name, types["attn"]
+    return name, types.get("down", types["mlp"]) if rest.startswith("mlp.down_proj") else types["mlp"]
 
 
 def _add(writer: Any, key: str, value: Any) -> None:

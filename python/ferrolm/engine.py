@@ -24,6 +24,7 @@ from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import LoadedModel, ModelRunner, load_model
+from ferrolm.model.gguf_file import is_gguf
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.step_loop import StepLoop
@@ -210,8 +211,10 @@ class Engine:
         if isinstance(model, LoadedModel):
             loaded = model
         else:
-            # the torch runner reads the checkpoint itself, in its own dtype
-            loaded = load_model(model, with_weights=kind not in ("torch", "quant"))
+            # the torch runner reads a checkpoint folder itself, in its own dtype, and the
+            # quant runner a GGUF's blocks as stored
+            reads_own = kind == "quant" or (kind == "torch" and not is_gguf(model))
+            loaded = load_model(model, with_weights=not reads_own)
         self.config, self.tokenizer = loaded.config, loaded.tokenizer
         if given:
             assert runner is not None and not isinstance(runner, str)
