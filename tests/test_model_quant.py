@@ -87,3 +87,28 @@ def test_bad_input_is_refused_by_field(gguf_path: Path) -> None:
     with pytest.raises(InvalidInputError) as err:
         runner.forward(ForwardBatch.from_requests([[1]], [[8]]))
     assert err.value.field == "kv_slots"
+
+
+@pytest.mark.parametrize("quantization", ["q8_0", "q4_k"])
+def test_a_float_checkpoint_quantized_at_load(tmp_path: Path, quantization: str) -> None:
+    # hidden 256 and MLP 768: the q/k/v/o/gate/up rows are whole 256-blocks (Q4_K) and the
+    # down rows (768) too
+    model = wide_tiny(tmp_path / "wide")
+    reference = NumpyRunner(model.config, model.weights, 64, kv_cache_dtype="float32")
+    quant = QuantRunner.from_weights(
+        model.config, model.weights, 64, quantization=quantization, kv_cache_dtype="float32"
+    )
+    ids = model.tokenizer.encode("It was the best of times, it was the worst of times.")
+    want = reference.forward(_prompt_batch(ids), all_logits=True)
+    got = quant.forward(_prompt_batch(ids), all_logits=True)
+    spread = float(want.max() - want.min())
+    # 4-bit weights move logits several times more than 8-bit ones
+    assert np.abs(got - want).max() <= (0.03 if quantization == "q8_0" else 0.15) * spread
+    per_weight = quant.weight_bytes / sum(w.size for n, w in model.weights.items() if w.ndim == 2)
+    assert per_weight < (1.1 if quantization == "q8_0" else 0.9)  # against 4 bytes in float32
+    assert model.folder is not None
+    engine = Engine(str(model.folder), kv_capacity=64, quantization=quantization)
+    assert isinstance(engine.runner, QuantRunner)
+    with pytest.raises(InvalidInputError) as err:
+        Engine(str(model.folder), kv_capacity=64, quantization="q2_k")
+    assert err.value.field == "quantization"

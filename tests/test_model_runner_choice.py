@@ -62,6 +62,7 @@ def test_the_server_flags_offer_what_the_runner_choice_takes() -> None:
     from ferrolm.server import args
 
     assert args.RUNNERS == runner_choice.RUNNERS
+    assert args.QUANTIZATIONS == runner_choice.QUANTIZATIONS
     assert args.DEVICES == torch_runner.DEVICES
     assert args.DTYPES == torch_runner.DTYPES
 

@@ -1055,6 +1055,12 @@ def quant_matmul(
     products ``QuantModel`` computes, as one call. The GIL is released meanwhile.
     ``InvalidInputError`` naming ``ggml_type``, ``weight``, ``x``, ``cols`` or ``w``."""
 
+def quantize(x: npt.NDArray[np.float32], ggml_type: int) -> npt.NDArray[np.uint8]:
+    """``x`` (C-contiguous float32 ``[rows, cols]``) quantized to ggml type ``ggml_type``
+    (Q8_0, or Q4_K by a min-max fit per sub-block of 32): the raw blocks, row after row, as
+    a GGUF stores them. ``InvalidInputError`` naming ``ggml_type`` (another type), ``x``
+    or ``cols`` (rows that are not whole blocks)."""
+
 def quant_types() -> dict[str, int]:
     """ggml's name of every tensor type ``dequantize`` reads (``"Q4_K"``) to its type id."""
 

@@ -166,6 +166,7 @@ class Engine:
         device: str = "auto",
         dtype: str = "auto",
         kv_cache_dtype: str = "auto",
+        quantization: str | None = None,
         device_greedy: bool | None = None,
         mem_fraction_static: float | None = None,
         enable_kv_events: bool = DEFAULTS.enable_kv_events,
@@ -182,6 +183,8 @@ class Engine:
         element type; ``auto`` is float16 on the CPU (the core's attention kernel reads
         half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
         says otherwise, and the runner's ``dtype`` on CUDA.
+        ``quantization`` (``q8_0``/``q4_k``): run a float checkpoint on the quantized runner
+        (``"quant"``, the default for a GGUF file), its matrices quantized at load.
         ``device_greedy``: let a runner that can (the torch runner) pick greedy tokens on
         its device in steps where every sampling request is plain greedy; ``None``: where
         its device is not the CPU.
@@ -206,6 +209,7 @@ class Engine:
                 device,
                 dtype,
                 model=model.gguf if isinstance(model, LoadedModel) else model,
+                quantization=quantization,
             )
         )
         if isinstance(model, LoadedModel):
@@ -213,7 +217,8 @@ class Engine:
         else:
             # the torch runner reads a checkpoint folder itself, in its own dtype, and the
             # quant runner a GGUF's blocks as stored
-            reads_own = kind == "quant" or (kind == "torch" and not is_gguf(model))
+            gguf = is_gguf(model)
+            reads_own = (kind == "quant" and gguf) or (kind == "torch" and not gguf)
             loaded = load_model(model, with_weights=not reads_own)
         self.config, self.tokenizer = loaded.config, loaded.tokenizer
         if given:
@@ -232,6 +237,7 @@ class Engine:
                 device=device,
                 dtype=dtype,
                 kv_cache_dtype=kv_cache_dtype,
+                quantization=quantization,
                 mem_fraction_static=mem_fraction_static,
             )
             kv_capacity = self.runner.num_slots  # the same, unless sized from memory

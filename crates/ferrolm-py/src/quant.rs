@@ -105,6 +105,29 @@ pub fn quant_matmul<'py>(
     out.into_pyarray(py).reshape([tokens, rows])
 }
 
+/// `x` (float32 `[rows, cols]`) quantized to ggml type `ggml_type` (Q8_0 or Q4_K): the
+/// raw blocks as uint8, row after row, as a GGUF would store them.
+#[pyfunction]
+pub fn quantize<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    ggml_type: u32,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let ty = quant_type(py, ggml_type)?;
+    let xs = x.cast::<PyArrayDyn<f32>>().map_err(|_| {
+        errors::invalid_field(py, "x", format!("x must be a float32 numpy array, got {}", type_name(x)))
+    })?;
+    if xs.ndim() != 2 || !xs.is_c_contiguous() {
+        return Err(errors::invalid_field(py, "x", "x must be a C-contiguous [rows, cols] array".into()));
+    }
+    let cols = xs.shape()[1];
+    let xs = xs.readonly();
+    let values = xs.as_slice()?;
+    let out = contain(py, || quant::quantize::quantize_rows(ty, values, cols))?;
+    let out = out.map_err(|e| errors::invalid_field(py, e.field, e.message))?;
+    Ok(out.into_pyarray(py))
+}
+
 /// ggml's name of each type `dequantize` reads, to its type id.
 #[pyfunction]
 pub fn quant_types(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -118,5 +141,6 @@ pub fn quant_types(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(quant_matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(quant_types, m)?)
 }

@@ -3,7 +3,8 @@
 integer-dot matrix products, the core's paged attention, its own KV pool), one call per
 step with the GIL released. It is what ``--runner auto`` picks for a GGUF file on the
 CPU; ``--runner numpy`` dequantizes the same file to float32 instead (the reference it is
-tested against).
+tested against). A Hugging Face checkpoint runs on it quantized at load
+(``--quantization q8_0|q4_k``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from ferrolm.model.rope import inverse_frequencies
 from ferrolm.model.runner import Batch, ModelRunner
 
 QUANT_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
+# --quantization: a float checkpoint's matrices quantized at load
+QUANTIZATIONS = ("q8_0", "q4_k")
+_GGML_IDS = {"F32": 0, "Q8_0": 8, "Q4_K": 12}
 
 
 def _shape(config: ModelConfig) -> dict[str, Any]:
@@ -70,6 +74,44 @@ def _gguf_tensors(reader: Any, config: ModelConfig) -> tuple[dict[str, Any], dic
     return matrices, vectors
 
 
+def _quantized_tensors(
+    weights: dict[str, np.ndarray], config: ModelConfig, quantization: str
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A float checkpoint's tensors under their GGUF names: matrices quantized to
+    ``quantization`` (rows that are not whole 256-blocks: Q8_0, as llama.cpp falls back;
+    the embedding and head: Q8_0), vectors as float32."""
+    matrices: dict[str, Any] = {}
+    vectors: dict[str, np.ndarray] = {}
+    for hf_name, value in weights.items():
+        name = gguf_file.gguf_tensor_name(hf_name)
+        if hf_name == "lm_head.weight":
+            if config.tie_word_embeddings:
+                continue
+            name = "output.weight"
+        array = np.ascontiguousarray(value, dtype=np.float32)
+        if array.ndim == 1:
+            vectors[name] = array
+            continue
+        rows, cols = array.shape
+        wanted = "Q8_0" if name in ("token_embd.weight", "output.weight") else quantization.upper()
+        if wanted == "Q4_K" and cols % 256:
+            wanted = "Q8_0"
+        if cols % 32:
+            wanted = "F32"
+        data = array.reshape(-1).view(np.uint8) if wanted == "F32" else _core.quantize(array, _GGML_IDS[wanted])
+        matrices[name] = (_GGML_IDS[wanted], rows, cols, data)
+    return matrices, vectors
+
+
+def _check_pool(num_slots: int, kv_cache_dtype: str) -> None:
+    if num_slots < 1:
+        raise InvalidInputError(f"num_slots must be positive, got {num_slots}", "num_slots")
+    if kv_cache_dtype not in QUANT_KV_CACHE_DTYPES:
+        raise InvalidInputError(
+            f"kv_cache_dtype must be one of {QUANT_KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
+        )
+
+
 class QuantRunner(ModelRunner):
     """``forward`` of the Rust core's ``QuantModel`` over a GGUF file's weights as stored.
 
@@ -85,12 +127,7 @@ class QuantRunner(ModelRunner):
     def from_gguf(
         cls, path: str | os.PathLike[str], config: ModelConfig, num_slots: int, *, kv_cache_dtype: str = "float16"
     ) -> QuantRunner:
-        if num_slots < 1:
-            raise InvalidInputError(f"num_slots must be positive, got {num_slots}", "num_slots")
-        if kv_cache_dtype not in QUANT_KV_CACHE_DTYPES:
-            raise InvalidInputError(
-                f"kv_cache_dtype must be one of {QUANT_KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
-            )
+        _check_pool(num_slots, kv_cache_dtype)
         reader = gguf_file.open_gguf(path)
         matrices, vectors = _gguf_tensors(reader, config)
         if config.tie_word_embeddings:
@@ -99,6 +136,29 @@ class QuantRunner(ModelRunner):
             _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
         )
         del matrices, vectors, reader  # the core holds its own copy; the file's mapping goes
+        return cls(config, model)
+
+    @classmethod
+    def from_weights(
+        cls,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray],
+        num_slots: int,
+        *,
+        quantization: str,
+        kv_cache_dtype: str = "float16",
+    ) -> QuantRunner:
+        """A float checkpoint (Hugging Face names) quantized at load to ``quantization``
+        (``q8_0`` or ``q4_k``)."""
+        _check_pool(num_slots, kv_cache_dtype)
+        if quantization not in QUANTIZATIONS:
+            raise InvalidInputError(
+                f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}", "quantization"
+            )
+        matrices, vectors = _quantized_tensors(weights, config, quantization)
+        model = _core.QuantModel(
+            _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
+        )
         return cls(config, model)
 
     @property

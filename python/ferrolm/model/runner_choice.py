@@ -18,7 +18,7 @@ from typing import Any
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import gguf_file
 from ferrolm.model.loader import LoadedModel
-from ferrolm.model.quant_runner import QUANT_KV_CACHE_DTYPES, QuantRunner
+from ferrolm.model.quant_runner import QUANT_KV_CACHE_DTYPES, QUANTIZATIONS, QuantRunner
 from ferrolm.model.runner import ModelRunner, NumpyRunner
 from ferrolm.model.torch_runner import (
     DEVICES,
@@ -44,7 +44,14 @@ def numpy_kv_cache_dtype(kv_cache_dtype: str) -> str:
     return os.environ.get("FERROLM_KV_CACHE_DTYPE") or "float16"
 
 
-def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str = "auto", *, model: Any = None) -> str:
+def resolve_runner_kind(
+    runner: str = "auto",
+    device: str = "auto",
+    dtype: str = "auto",
+    *,
+    model: Any = None,
+    quantization: str | None = None,
+) -> str:
     """``"numpy"``, ``"torch"`` or ``"quant"`` (for ``model``, a name or path); refuses
     combinations the runner cannot do."""
     if runner not in RUNNERS:
@@ -56,11 +63,25 @@ def resolve_runner_kind(runner: str = "auto", device: str = "auto", dtype: str =
     wants_cuda = device.startswith("cuda")
     half = dtype in ("bfloat16", "float16")
     gguf = model is not None and gguf_file.is_gguf(model)
+    if quantization is not None:
+        if quantization not in QUANTIZATIONS:
+            raise InvalidInputError(
+                f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}", "quantization"
+            )
+        if gguf:
+            raise InvalidInputError(
+                "a GGUF file runs in its own block formats; --quantization is for float checkpoints", "quantization"
+            )
+        if runner not in ("auto", "quant"):
+            raise InvalidInputError(f"--quantization runs on the quant runner, not {runner!r}", "quantization")
+        runner = "quant"
     if runner == "auto" and gguf and not wants_cuda and not half and not (device == "auto" and cuda_available()):
         runner = "quant"
     if runner == "quant":
-        if not gguf:
-            raise InvalidInputError("the quant runner reads GGUF files; this model is not one", "runner")
+        if not gguf and quantization is None:
+            raise InvalidInputError(
+                "the quant runner reads GGUF files, or a float checkpoint with --quantization q8_0|q4_k", "runner"
+            )
         if wants_cuda or half:
             raise InvalidInputError(
                 "the quant runner computes on the CPU from the file's own types; no --device cuda or --dtype", "runner"
@@ -96,23 +117,28 @@ def build_runner(
     device: str = "auto",
     dtype: str = "auto",
     kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
     mem_fraction_static: float | None = None,
 ) -> ModelRunner:
     """The runner for ``model`` with a pool of ``num_slots``, or, with
     ``mem_fraction_static`` (torch on CUDA), of as many slots as that fraction of the
     device's memory holds beside the weights. The torch runner reads the checkpoint from
     ``model.folder`` when ``model`` was loaded without weights."""
-    kind = resolve_runner_kind(runner, device, dtype, model=model.gguf)
+    kind = resolve_runner_kind(runner, device, dtype, model=model.gguf, quantization=quantization)
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidInputError(
             f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
         )
     if kind == "quant":
-        assert model.gguf is not None
         pool = numpy_kv_cache_dtype(kv_cache_dtype)
         if pool not in QUANT_KV_CACHE_DTYPES:
             raise InvalidInputError(f"the quant runner's KV pool is one of {QUANT_KV_CACHE_DTYPES}", "kv_cache_dtype")
-        return QuantRunner.from_gguf(model.gguf, model.config, num_slots, kv_cache_dtype=pool)
+        if model.gguf is not None:
+            return QuantRunner.from_gguf(model.gguf, model.config, num_slots, kv_cache_dtype=pool)
+        assert quantization is not None and model.weights
+        return QuantRunner.from_weights(
+            model.config, model.weights, num_slots, quantization=quantization, kv_cache_dtype=pool
+        )
     if kind == "numpy":
         if mem_fraction_static is not None:
             raise InvalidInputError(

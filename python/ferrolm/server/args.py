@@ -22,6 +22,7 @@ RUNNERS = ("auto", "numpy", "torch", "quant")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("q8_0", "q4_k")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "FERROLM_API_KEY"
 # 8 MiB: room for the longest prompt a large context takes (128k tokens sent as JSON ids,
@@ -60,6 +61,7 @@ class ServerArgs:
     device: str = "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"  # numpy runner: float16 (read in place by the core's kernel); torch: its dtype
+    quantization: str | None = None  # q8_0 | q4_k: a float checkpoint on the quant runner, quantized at load
     mem_fraction_static: float | None = None  # torch on CUDA: KV pool from memory, not max_total_tokens
     device_sampling: bool | None = None  # the runner draws tokens on its device; None: where it is not the CPU
     device_greedy: bool | None = None  # the runner picks plain greedy tokens on its device; None: as above
@@ -255,6 +257,13 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         "numpy and quant runners (half the bytes its attention kernel reads), the --dtype on torch",
     )
     parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="run a float checkpoint on the quant runner, its matrices quantized at load (q4_k: rows "
+        "that are not whole 256-blocks fall back to q8_0; the embedding and head are q8_0)",
+    )
+    parser.add_argument(
         "--device-sampling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -294,6 +303,7 @@ def build_engine(args: ServerArgs) -> Engine:
         device=args.device,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
         mem_fraction_static=args.mem_fraction_static,
         device_sampling=args.device_sampling,
         device_greedy=args.device_greedy,

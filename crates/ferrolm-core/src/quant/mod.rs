@@ -9,6 +9,7 @@
 
 pub mod blocks;
 pub mod dot;
+pub mod quantize;
 // AVX-512 target features and intrinsics are stable from Rust 1.89: the SIMD kernels need
 // it whatever the workspace's rust-version says
 #[cfg(target_arch = "x86_64")]
