@@ -3,12 +3,14 @@
 //!
 //! Each token's activations are quantized once per [`ActivationFormat`] ([`Inputs`]) and
 //! shared by every matrix that reads them (q, k and v; gate and up). A thread takes a
-//! run of weight rows and multiplies each row by every token before moving on, so a
-//! weight row is read from memory once per step, however many tokens the step has.
+//! run of weight rows and multiplies each row by every token before moving on
+//! ([`dot_tokens`]: each weight block unpacked once for a group of tokens), so a weight
+//! row is read from memory once per step, however many tokens the step has, and each
+//! token gets the floats it would get alone.
 
 use rayon::prelude::*;
 
-use crate::quant::dot::{dot_row, quantize_activations, ActivationFormat, Activations};
+use crate::quant::dot::{dot_tokens, quantize_activations, ActivationFormat, Activations};
 use crate::quant::QuantType;
 
 use super::ModelError;
@@ -81,10 +83,8 @@ impl Linear {
             let mut scratch = vec![0f32; if float_scratch { self.cols } else { 0 }];
             let rows =
                 self.data[first * self.row_bytes..(first + n) * self.row_bytes].chunks_exact(self.row_bytes);
-            for (i, row) in rows.enumerate() {
-                for (t, a) in acts.iter().enumerate() {
-                    dst[i * tokens + t] = dot_row(self.ty, row, a, &mut scratch);
-                }
+            for (row, dst) in rows.zip(dst.chunks_exact_mut(tokens)) {
+                dot_tokens(self.ty, row, acts, &mut scratch, dst);
             }
         };
         if tokens == 1 {

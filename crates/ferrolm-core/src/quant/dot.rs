@@ -11,8 +11,11 @@
 //!
 //! Every quantized type has x86-64 versions ([`super::simd`]: AVX-512 VNNI, else AVX2),
 //! picked at run time by the `dot_*` functions; `dot_*_portable` is the code they
-//! equal, and what other CPUs run. Not yet wired into a runner: the runners still
-//! dequantize at load.
+//! equal, and what other CPUs run. [`dot_tokens`] multiplies one weight row by several
+//! tokens, each token getting exactly its [`dot_row`] float: the SIMD versions unpack a
+//! weight block once (codes, fifth bits, widened scales) for a group of tokens, the
+//! portable code loops over [`dot_row`]. The CPU runner's matrices
+//! (`cpu_model::linear`) call it per weight row.
 
 use half::f16;
 
@@ -323,6 +326,30 @@ pub enum Activations {
     Q8K(Vec<BlockQ8K>),
 }
 
+impl Activations {
+    fn q8_0(&self) -> Option<&[BlockQ8_0]> {
+        if let Activations::Q8_0(a) = self {
+            Some(a)
+        } else {
+            None
+        }
+    }
+    fn q8_1(&self) -> Option<&[BlockQ8_1]> {
+        if let Activations::Q8_1(a) = self {
+            Some(a)
+        } else {
+            None
+        }
+    }
+    fn q8_k(&self) -> Option<&[BlockQ8K]> {
+        if let Activations::Q8K(a) = self {
+            Some(a)
+        } else {
+            None
+        }
+    }
+}
+
 /// `x` (whole blocks of the format) quantized as `format`.
 pub fn quantize_activations(format: ActivationFormat, x: &[f32]) -> Activations {
     match format {
@@ -356,6 +383,72 @@ pub fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) 
         (QuantType::Q5K, Activations::Q8K(a)) => dot_q5_k(view(row), a),
         (QuantType::Q6K, Activations::Q8K(a)) => dot_q6_k(view(row), a),
         _ => panic!("{ty} weights read {:?} activations", ty.activation_format()),
+    }
+}
+
+/// Tokens whose activation rows a SIMD call takes at once (their slices gathered on the
+/// stack): a weight block is unpacked once per group.
+const TOKEN_GROUP: usize = 16;
+
+/// `run` over groups of up to [`TOKEN_GROUP`] tokens, each token's blocks of format `A`
+/// picked by `get`; `None` if a token's activations are in another format.
+fn act_slices<'a, A: 'a>(
+    acts: &'a [Activations],
+    out: &mut [f32],
+    get: impl Fn(&'a Activations) -> Option<&'a [A]>,
+    run: impl Fn(&[&'a [A]], &mut [f32]),
+) -> Option<()> {
+    for (acts, out) in acts.chunks(TOKEN_GROUP).zip(out.chunks_mut(TOKEN_GROUP)) {
+        let mut slices: [&[A]; TOKEN_GROUP] = [&[]; TOKEN_GROUP];
+        for (s, a) in slices.iter_mut().zip(acts) {
+            *s = get(a)?;
+        }
+        run(&slices[..acts.len()], out);
+    }
+    Some(())
+}
+
+/// One weight row (as in [`dot_row`]) times each token's activations:
+/// `out[t] == dot_row(ty, row, &acts[t], scratch)`, bit for bit, whatever the number of
+/// tokens (a request's numbers do not depend on what shares its step). The SIMD versions
+/// unpack each weight block once for a group of tokens; the portable code is the loop
+/// over [`dot_row`].
+pub fn dot_tokens(ty: QuantType, row: &[u8], acts: &[Activations], scratch: &mut [f32], out: &mut [f32]) {
+    assert_eq!(out.len(), acts.len(), "one output per token");
+    #[cfg(target_arch = "x86_64")]
+    if acts.len() > 1 {
+        use super::simd::{avx2, level, vnni, Level};
+        macro_rules! simd {
+            ($name:ident, $get:expr) => {{
+                let level = level();
+                if level != Level::Portable {
+                    let done = act_slices(acts, out, $get, |a, o| match level {
+                        // SAFETY: the level's CPU features are present (detected at run time)
+                        Level::Avx512Vnni => unsafe { vnni::$name(view(row), a, o) },
+                        // SAFETY: as above
+                        _ => unsafe { avx2::$name(view(row), a, o) },
+                    });
+                    if done.is_none() {
+                        panic!("{ty} weights read {:?} activations", ty.activation_format());
+                    }
+                    return;
+                }
+            }};
+        }
+        match ty {
+            QuantType::Q8_0 => simd!(dot_tokens_q8_0, Activations::q8_0),
+            QuantType::Q4_0 => simd!(dot_tokens_q4_0, Activations::q8_0),
+            QuantType::Q5_0 => simd!(dot_tokens_q5_0, Activations::q8_0),
+            QuantType::Q4_1 => simd!(dot_tokens_q4_1, Activations::q8_1),
+            QuantType::Q5_1 => simd!(dot_tokens_q5_1, Activations::q8_1),
+            QuantType::Q4K => simd!(dot_tokens_q4_k, Activations::q8_k),
+            QuantType::Q5K => simd!(dot_tokens_q5_k, Activations::q8_k),
+            QuantType::Q6K => simd!(dot_tokens_q6_k, Activations::q8_k),
+            QuantType::F32 | QuantType::F16 | QuantType::BF16 => {}
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acts) {
+        *o = dot_row(ty, row, a, scratch);
     }
 }
 
@@ -405,10 +498,8 @@ pub fn matmul(
         let n = chunk.len() / row_bytes;
         let mut local = vec![0f32; n * tokens];
         let mut scratch = vec![0f32; if ty.block_elems() == 1 { cols } else { 0 }];
-        for (i, row) in chunk.chunks_exact(row_bytes).enumerate() {
-            for (t, a) in acts.iter().enumerate() {
-                local[i * tokens + t] = dot_row(ty, row, a, &mut scratch);
-            }
+        for (row, dst) in chunk.chunks_exact(row_bytes).zip(local.chunks_exact_mut(tokens)) {
+            dot_tokens(ty, row, &acts, &mut scratch, dst);
         }
         local
     };

@@ -3,7 +3,7 @@
 //!
 //! Dequantization is what a runner that computes in float needs to load a GGUF; the
 //! integer-dot products in [`dot`] read the blocks in place (the matmul kernels, with
-//! SIMD versions in [`simd`]; not yet used by a runner). Large tensors are split by
+//! SIMD versions in [`simd`]; the CPU runner's matrices use them). Large tensors are split by
 //! blocks over scoped threads: loading an 8B model converts billions of weights once,
 //! and the work is embarrassingly parallel.
 

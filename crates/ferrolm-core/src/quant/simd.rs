@@ -13,6 +13,12 @@
 //! the running sum (f16 scales widened with F16C, four blocks' products at once): only
 //! the additions to the running sum stay one at a time, in block order.
 //!
+//! The `dot_tokens_*` kernels multiply one weight row by several tokens ([`super::dot::dot_tokens`]):
+//! each weight block (four legacy blocks, or one k-quant super-block) is unpacked once
+//! (codes with their fifth bits, scales widened and spread over lanes), then applied to
+//! each token, whose terms go to its own running sum in block order: the floats of the
+//! one-token kernels, token by token.
+//!
 //! Integer tricks, each exact:
 //! - `maddubs` and `dpbusd` multiply unsigned by signed bytes. Q8_0's signed weights move
 //!   their sign onto the activations (`sign`): |w| <= 128 fits the unsigned operand, and
@@ -502,6 +508,314 @@ macro_rules! kernels {
                 sum += (a.d * half(w.d)) * sumi as f32;
             }
             sum
+        }
+
+        // ---- several tokens per weight row: each block unpacked once for all of them ----
+
+        /// Four f16 values widened to f32 (exact).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn widen4(x: [[u8; 2]; 4]) -> __m128 {
+            _mm_cvtph_ps(_mm_set_epi64x(0, f16x4(x)))
+        }
+
+        /// The tokens' running sums (`out[t]` for `acts[t]`) over a row of 32-weight blocks,
+        /// four blocks at a time: `unpack` prepares four weight blocks once, `terms` gives
+        /// one token's float terms of them, added to its running sum in block order (as
+        /// [`by_four`] does for one token, the same tail included).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn tokens_by_four<W: Copy, A: Copy, U>(
+            w: &[W],
+            acts: &[&[A]],
+            out: &mut [f32],
+            unpack: impl Fn(&[W; 4]) -> U,
+            terms: impl Fn(&U, &[A; 4]) -> __m128,
+        ) {
+            out.fill(0.0);
+            let n = w.len();
+            let (w4, w_rest) = w.as_chunks::<4>();
+            for (g, wg) in w4.iter().enumerate() {
+                let u = unpack(wg);
+                for (sum, a) in out.iter_mut().zip(acts) {
+                    *sum = add_in_order(*sum, terms(&u, &a[..n].as_chunks::<4>().0[g]), 4);
+                }
+            }
+            if let Some(last) = w_rest.len().checked_sub(1) {
+                let at = |j: usize| j.min(last);
+                let u = unpack(&[w_rest[0], w_rest[at(1)], w_rest[at(2)], w_rest[at(3)]]);
+                for (sum, a) in out.iter_mut().zip(acts) {
+                    let a = &a[4 * w4.len()..n];
+                    *sum = add_in_order(*sum, terms(&u, &[a[0], a[at(1)], a[at(2)], a[at(3)]]), w_rest.len());
+                }
+            }
+        }
+
+        /// `sumi as f32 * (d_w * d_a)` for four blocks, the weights' scales already widened.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn scaled_by(sums: __m128i, dw: __m128, a: &[BlockQ8_0; 4]) -> __m128 {
+            let da = widen4([a[0].d, a[1].d, a[2].d, a[3].d]);
+            _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da))
+        }
+
+        /// `sumi as f32 * (d_w * a.d) + m_w * a.s` for four blocks, the weights' scales and
+        /// minimums already widened.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn scaled_min_by(sums: __m128i, dw: __m128, mw: __m128, a: &[BlockQ8_1; 4]) -> __m128 {
+            let da = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);
+            let sa = _mm_set_ps(a[3].s, a[2].s, a[1].s, a[0].s);
+            _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da)), _mm_mul_ps(mw, sa))
+        }
+
+        /// [`dot_q8_0`] of one weight row by each token: `out[t]` for `acts[t]` (each as long
+        /// as the row), the same floats.
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q8_0(w: &[BlockQ8_0], acts: &[&[BlockQ8_0]], out: &mut [f32]) {
+            tokens_by_four(
+                w,
+                acts,
+                out,
+                |w| {
+                    let wv = [load_i8(&w[0].qs), load_i8(&w[1].qs), load_i8(&w[2].qs), load_i8(&w[3].qs)];
+                    let abs = |i: usize| _mm256_sign_epi8(wv[i], wv[i]);
+                    ([abs(0), abs(1), abs(2), abs(3)], wv, widen4([w[0].d, w[1].d, w[2].d, w[3].d]))
+                },
+                |(abs, wv, dw), a| {
+                    let s = |i: usize| dot_u8i8(abs[i], _mm256_sign_epi8(load_i8(&a[i].qs), wv[i]));
+                    scaled_by(totals4([s(0), s(1), s(2), s(3)]), *dw, a)
+                },
+            )
+        }
+
+        /// [`dot_q4_0`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q4_0(w: &[BlockQ4_0], acts: &[&[BlockQ8_0]], out: &mut [f32]) {
+            tokens_by_four(
+                w,
+                acts,
+                out,
+                |w| {
+                    let codes = [nibbles(&w[0].qs), nibbles(&w[1].qs), nibbles(&w[2].qs), nibbles(&w[3].qs)];
+                    (codes, widen4([w[0].d, w[1].d, w[2].d, w[3].d]))
+                },
+                |(codes, dw), a| {
+                    let s = |i: usize| dot_offset(codes[i], _mm256_set1_epi8(8), load_i8(&a[i].qs));
+                    scaled_by(totals4([s(0), s(1), s(2), s(3)]), *dw, a)
+                },
+            )
+        }
+
+        /// [`dot_q5_0`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q5_0(w: &[BlockQ5_0], acts: &[&[BlockQ8_0]], out: &mut [f32]) {
+            tokens_by_four(
+                w,
+                acts,
+                out,
+                |w| {
+                    let c = |i: usize| codes5(nibbles(&w[i].qs), w[i].qh);
+                    ([c(0), c(1), c(2), c(3)], widen4([w[0].d, w[1].d, w[2].d, w[3].d]))
+                },
+                |(codes, dw), a| {
+                    let s = |i: usize| dot_offset(codes[i], _mm256_set1_epi8(16), load_i8(&a[i].qs));
+                    scaled_by(totals4([s(0), s(1), s(2), s(3)]), *dw, a)
+                },
+            )
+        }
+
+        /// [`dot_q4_1`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q4_1(w: &[BlockQ4_1], acts: &[&[BlockQ8_1]], out: &mut [f32]) {
+            tokens_by_four(
+                w,
+                acts,
+                out,
+                |w| {
+                    let codes = [nibbles(&w[0].qs), nibbles(&w[1].qs), nibbles(&w[2].qs), nibbles(&w[3].qs)];
+                    let (dw, mw) = widen([w[0].d, w[1].d, w[2].d, w[3].d], [w[0].m, w[1].m, w[2].m, w[3].m]);
+                    (codes, dw, mw)
+                },
+                |(codes, dw, mw), a| {
+                    let s = |i: usize| dot_u8i8(codes[i], load_i8(&a[i].qs));
+                    scaled_min_by(totals4([s(0), s(1), s(2), s(3)]), *dw, *mw, a)
+                },
+            )
+        }
+
+        /// [`dot_q5_1`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q5_1(w: &[BlockQ5_1], acts: &[&[BlockQ8_1]], out: &mut [f32]) {
+            tokens_by_four(
+                w,
+                acts,
+                out,
+                |w| {
+                    let c = |i: usize| codes5(nibbles(&w[i].qs), w[i].qh);
+                    let (dw, mw) = widen([w[0].d, w[1].d, w[2].d, w[3].d], [w[0].m, w[1].m, w[2].m, w[3].m]);
+                    ([c(0), c(1), c(2), c(3)], dw, mw)
+                },
+                |(codes, dw, mw), a| {
+                    let s = |i: usize| dot_u8i8(codes[i], load_i8(&a[i].qs));
+                    scaled_min_by(totals4([s(0), s(1), s(2), s(3)]), *dw, *mw, a)
+                },
+            )
+        }
+
+        /// A Q4_K/Q5_K super-block unpacked: the codes of its 8 sub-blocks, each one's
+        /// scale spread over i16 lanes, and the minimums paired with the activations'
+        /// sums per 16.
+        struct K4Unpacked {
+            codes: [__m256i; 8],
+            scales: [__m256i; 8],
+            mins: __m256i,
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn k4_unpack(
+            qs: &[u8; 128],
+            packed: &[u8; 12],
+            fifth: impl Fn(__m256i, i32) -> __m256i,
+        ) -> K4Unpacked {
+            let (scales, mins) = k4_scales(packed);
+            let scales =
+                _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(scales))));
+            let m = _mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(mins)));
+            let low = _mm256_set1_epi8(0x0F);
+            let mut u = K4Unpacked {
+                codes: [_mm256_setzero_si256(); 8],
+                scales: [_mm256_setzero_si256(); 8],
+                mins: _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m)),
+            };
+            for (pair, q) in qs.as_chunks::<32>().0.iter().enumerate() {
+                let q = load_u8(q);
+                u.codes[2 * pair] = fifth(_mm256_and_si256(q, low), 2 * pair as i32);
+                u.codes[2 * pair + 1] =
+                    fifth(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low), 2 * pair as i32 + 1);
+            }
+            for (j, s) in u.scales.iter_mut().enumerate() {
+                *s = _mm256_shuffle_epi8(scales, spread_i16(j as i8, j as i8));
+            }
+            u
+        }
+
+        /// The integer sums of [`k4_sums`] for an unpacked super-block and one token.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn k4_token(u: &K4Unpacked, a: &BlockQ8K) -> (i32, i32) {
+            let aq = a.qs.as_chunks::<32>().0;
+            let mut acc = _mm256_setzero_si256();
+            for j in 0..8 {
+                // codes < 32 by activations: pairs of products stay within i16
+                acc = madd_acc(acc, _mm256_maddubs_epi16(u.codes[j], load_i8(&aq[j])), u.scales[j]);
+            }
+            totals2(acc, _mm256_madd_epi16(load_i16(&a.bsums), u.mins))
+        }
+
+        /// [`dot_q4_k`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q4_k(w: &[BlockQ4K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            out.fill(0.0);
+            for (b, w) in w.iter().enumerate() {
+                let u = k4_unpack(&w.qs, &w.scales, |codes, _| codes);
+                let (d, dmin) = (half(w.d), half(w.dmin));
+                for (sum, a) in out.iter_mut().zip(acts) {
+                    let a = &a[b];
+                    let (sumi, summ) = k4_token(&u, a);
+                    *sum += (a.d * d) * sumi as f32 - (a.d * dmin) * summ as f32;
+                }
+            }
+        }
+
+        /// [`dot_q5_k`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q5_k(w: &[BlockQ5K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            out.fill(0.0);
+            for (b, w) in w.iter().enumerate() {
+                let high = load_u8(&w.qh);
+                let u = k4_unpack(&w.qs, &w.scales, |codes, sub| k5_codes(codes, high, sub));
+                let (d, dmin) = (half(w.d), half(w.dmin));
+                for (sum, a) in out.iter_mut().zip(acts) {
+                    let a = &a[b];
+                    let (sumi, summ) = k4_token(&u, a);
+                    *sum += (a.d * d) * sumi as f32 - (a.d * dmin) * summ as f32;
+                }
+            }
+        }
+
+        /// [`dot_q6_k`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
+        #[target_feature(enable = $features)]
+        pub fn dot_tokens_q6_k(w: &[BlockQ6K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            out.fill(0.0);
+            let low = _mm256_set1_epi8(0x0F);
+            let picks = [spread_i16(0, 1), spread_i16(2, 3), spread_i16(4, 5), spread_i16(6, 7)];
+            for (b, w) in w.iter().enumerate() {
+                // the 8 runs of 32 codes (two halves of 4) and their scale vectors, once
+                let mut codes = [_mm256_setzero_si256(); 8];
+                let mut scales = [_mm256_setzero_si256(); 8];
+                let ql = w.ql.as_chunks::<32>().0;
+                let qh = w.qh.as_chunks::<32>().0;
+                let scales8 = w.scales.as_chunks::<8>().0;
+                for half_index in 0..2 {
+                    let (l0, l1) = (load_u8(&ql[2 * half_index]), load_u8(&ql[2 * half_index + 1]));
+                    let h = load_u8(&qh[half_index]);
+                    let m = |bits: i8| _mm256_and_si256(h, _mm256_set1_epi8(bits));
+                    let c = &mut codes[4 * half_index..4 * half_index + 4];
+                    c[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16::<4>(m(0x03)));
+                    c[1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_slli_epi16::<2>(m(0x0C)));
+                    c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), low), m(0x30));
+                    c[3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), low),
+                        _mm256_srli_epi16::<2>(m(0xC0_u8 as i8)),
+                    );
+                    let eight = i64::from_le_bytes(scales8[half_index].map(|s| s as u8));
+                    let s = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_set_epi64x(0, eight)));
+                    for k in 0..4 {
+                        scales[4 * half_index + k] = _mm256_shuffle_epi8(s, picks[k]);
+                    }
+                }
+                let all_scales = _mm256_cvtepi8_epi16(load_half_i8(&w.scales));
+                let d = half(w.d);
+                for (sum, a) in out.iter_mut().zip(acts) {
+                    let a = &a[b];
+                    let aq = a.qs.as_chunks::<32>().0;
+                    let mut acc = _mm256_setzero_si256();
+                    for j in 0..8 {
+                        // codes < 64 by activations: pairs of products stay within i16
+                        acc = madd_acc(acc, _mm256_maddubs_epi16(codes[j], load_i8(&aq[j])), scales[j]);
+                    }
+                    let offsets = _mm256_madd_epi16(all_scales, load_i16(&a.bsums));
+                    let acc = _mm256_sub_epi32(acc, _mm256_slli_epi32::<5>(offsets));
+                    let sumi = totals2(acc, _mm256_setzero_si256()).0;
+                    *sum += (a.d * d) * sumi as f32;
+                }
+            }
         }
     };
 }

@@ -520,4 +520,155 @@ mod products {
             assert_eq!(got.to_bits(), want.to_bits(), "{ty}");
         }
     }
+
+    /// One level's several-token kernels.
+    struct TokenDots {
+        q8_0: unsafe fn(&[BlockQ8_0], &[&[BlockQ8_0]], &mut [f32]),
+        q4_0: unsafe fn(&[BlockQ4_0], &[&[BlockQ8_0]], &mut [f32]),
+        q5_0: unsafe fn(&[BlockQ5_0], &[&[BlockQ8_0]], &mut [f32]),
+        q4_1: unsafe fn(&[BlockQ4_1], &[&[BlockQ8_1]], &mut [f32]),
+        q5_1: unsafe fn(&[BlockQ5_1], &[&[BlockQ8_1]], &mut [f32]),
+        q4_k: unsafe fn(&[BlockQ4K], &[&[BlockQ8K]], &mut [f32]),
+        q5_k: unsafe fn(&[BlockQ5K], &[&[BlockQ8K]], &mut [f32]),
+        q6_k: unsafe fn(&[BlockQ6K], &[&[BlockQ8K]], &mut [f32]),
+    }
+
+    macro_rules! token_dots {
+        ($level:ident) => {
+            TokenDots {
+                q8_0: $level::dot_tokens_q8_0,
+                q4_0: $level::dot_tokens_q4_0,
+                q5_0: $level::dot_tokens_q5_0,
+                q4_1: $level::dot_tokens_q4_1,
+                q5_1: $level::dot_tokens_q5_1,
+                q4_k: $level::dot_tokens_q4_k,
+                q5_k: $level::dot_tokens_q5_k,
+                q6_k: $level::dot_tokens_q6_k,
+            }
+        };
+    }
+
+    /// Weights `w` (raw blocks of `ty`) by each of `xs`, quantized as `ty` reads them.
+    ///
+    /// # Safety
+    /// The CPU runs `dots`.
+    unsafe fn tokens_with(dots: &TokenDots, ty: QuantType, w: &[u8], xs: &[Vec<f32>]) -> Vec<f32> {
+        fn run<W: Block, A>(
+            f: unsafe fn(&[W], &[&[A]], &mut [f32]),
+            w: &[u8],
+            xs: &[Vec<f32>],
+            quantize: fn(&[f32]) -> Vec<A>,
+        ) -> Vec<f32> {
+            let acts: Vec<Vec<A>> = xs.iter().map(|x| quantize(x)).collect();
+            let slices: Vec<&[A]> = acts.iter().map(|a| a.as_slice()).collect();
+            let mut out = vec![f32::NAN; xs.len()];
+            // SAFETY: the caller's CPU runs `f`
+            unsafe { f(as_blocks(w).unwrap(), &slices, &mut out) };
+            out
+        }
+        match ty {
+            QuantType::Q8_0 => run(dots.q8_0, w, xs, quantize_q8_0),
+            QuantType::Q4_0 => run(dots.q4_0, w, xs, quantize_q8_0),
+            QuantType::Q5_0 => run(dots.q5_0, w, xs, quantize_q8_0),
+            QuantType::Q4_1 => run(dots.q4_1, w, xs, quantize_q8_1),
+            QuantType::Q5_1 => run(dots.q5_1, w, xs, quantize_q8_1),
+            QuantType::Q4K => run(dots.q4_k, w, xs, quantize_q8_k),
+            QuantType::Q5K => run(dots.q5_k, w, xs, quantize_q8_k),
+            QuantType::Q6K => run(dots.q6_k, w, xs, quantize_q8_k),
+            _ => unreachable!("{ty} has no integer dot"),
+        }
+    }
+
+    /// A level's several-token kernels against the portable one-token dots, bit for bit:
+    /// 1..9 tokens, legacy rows of 1..10 and 13 blocks (every tail of the groups of four),
+    /// k-quant rows of 1..3 super-blocks, raw random codes and some zero scales.
+    #[cfg(target_arch = "x86_64")]
+    fn compare_tokens(level: &str, dots: &TokenDots) {
+        let mut rng = Rng(0x70C5 ^ level.len() as u64);
+        for (ty, scales) in SCALES {
+            let lengths: &[usize] =
+                if ty.block_elems() == QK_K { &[1, 2, 3] } else { &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13] };
+            for &blocks in lengths {
+                let mut w = random_blocks(&mut rng, ty, blocks, scales);
+                if blocks > 2 {
+                    let zero = (rng.next() as usize) % blocks;
+                    w[zero * ty.block_bytes() + scales[0]..][..2].fill(0);
+                }
+                for tokens in 1..=9 {
+                    let xs: Vec<Vec<f32>> =
+                        (0..tokens).map(|_| activations(&mut rng, blocks * ty.block_elems())).collect();
+                    // SAFETY: the caller checked the CPU runs `dots`; the portable code runs anywhere
+                    let got = unsafe { tokens_with(dots, ty, &w, &xs) };
+                    for (t, x) in xs.iter().enumerate() {
+                        // SAFETY: the portable code runs anywhere
+                        let want = unsafe { dot_with(&PORTABLE, ty, &w, x) };
+                        assert_eq!(
+                            got[t].to_bits(),
+                            want.to_bits(),
+                            "{level} {ty} x{blocks}, token {t} of {tokens}: {} vs {want}",
+                            got[t]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_token_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::simd::{avx2, has_avx2};
+        if !has_avx2() {
+            eprintln!("skipped: this CPU has no AVX2 and F16C");
+            return;
+        }
+        compare_tokens("avx2", &token_dots!(avx2));
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_vnni_token_dots_equal_the_portable_ones_bit_for_bit() {
+        use super::super::simd::{has_avx512_vnni, vnni};
+        if !has_avx512_vnni() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI, VL and BW");
+            return;
+        }
+        compare_tokens("avx512-vnni", &token_dots!(vnni));
+    }
+
+    #[test]
+    fn dot_tokens_equals_dot_row_for_every_token() {
+        // at the level this CPU picks, across the groups of tokens (16) and for float rows
+        let mut rng = Rng(0x7E57);
+        let all = SCALES.iter().copied().chain([(QuantType::F32, &[][..]), (QuantType::F16, &[][..])]);
+        for (ty, scales) in all {
+            let cols = if ty.block_elems() == QK_K { 768 } else { 224 };
+            let w = if ty.block_elems() == 1 {
+                activations(&mut rng, cols)
+                    .iter()
+                    .flat_map(|&v| {
+                        if ty == QuantType::F32 {
+                            v.to_le_bytes().to_vec()
+                        } else {
+                            f16::from_f32(v).to_le_bytes().to_vec()
+                        }
+                    })
+                    .collect()
+            } else {
+                random_blocks(&mut rng, ty, cols / ty.block_elems(), scales)
+            };
+            for tokens in (1..=9).chain([16, 17, 33]) {
+                let acts: Vec<Activations> = (0..tokens)
+                    .map(|_| quantize_activations(ty.activation_format(), &activations(&mut rng, cols)))
+                    .collect();
+                let mut scratch = vec![0f32; cols];
+                let mut out = vec![f32::NAN; tokens];
+                dot_tokens(ty, &w, &acts, &mut scratch, &mut out);
+                for (t, a) in acts.iter().enumerate() {
+                    let want = dot_row(ty, &w, a, &mut scratch);
+                    assert_eq!(out[t].to_bits(), want.to_bits(), "{ty} token {t} of {tokens}");
+                }
+            }
+        }
+    }
 }
