@@ -75,6 +75,11 @@ impl Linear {
         let tokens = inputs.tokens;
         debug_assert_eq!(inputs.width, self.cols);
         debug_assert_eq!(out.len(), tokens * self.rows);
+        if tokens >= FLOAT_FROM_TOKENS {
+            self.forward_float(inputs.x, tokens, out);
+            self.add_bias(out);
+            return;
+        }
         let acts = inputs.get(self.ty.activation_format());
         let chunk = rows_per_task(self.rows, self.row_bytes);
         let float_scratch = self.ty.activation_format() == ActivationFormat::Float;
@@ -99,6 +104,10 @@ impl Linear {
                 }
             }
         }
+        self.add_bias(out);
+    }
+
+    fn add_bias(&self, out: &mut [f32]) {
         if let Some(bias) = &self.bias {
             for row in out.chunks_exact_mut(self.rows) {
                 for (o, b) in row.iter_mut().zip(bias) {
@@ -107,7 +116,62 @@ impl Linear {
             }
         }
     }
+
+    /// A prefill-sized product: the weights dequantized, `FLOAT_ROWS` rows at a time, and
+    /// multiplied in f32 by an f32 matrix kernel (the `gemm` crate). With this many tokens
+    /// per weight row, multiply-adds dominate over reading the weights, and float kernels
+    /// do them several times faster than per-block integer dots with their float steps.
+    fn forward_float(&self, x: &[f32], tokens: usize, out: &mut [f32]) {
+        let cols = self.cols;
+        let mut weights = vec![0f32; FLOAT_ROWS.min(self.rows) * cols];
+        let threads = rayon::current_num_threads().max(1);
+        let chunk = self.rows.min(FLOAT_ROWS).div_ceil(threads * TASKS_PER_THREAD).max(1);
+        for first in (0..self.rows).step_by(FLOAT_ROWS) {
+            let n = FLOAT_ROWS.min(self.rows - first);
+            let w = &mut weights[..n * cols];
+            w.par_chunks_mut(chunk * cols).enumerate().for_each(|(c, dst)| {
+                let r0 = first + c * chunk;
+                let bytes = &self.data[r0 * self.row_bytes..(r0 + dst.len() / cols) * self.row_bytes];
+                crate::quant::dequantize(self.ty, bytes, dst).expect("rows are whole blocks");
+            });
+            // out[t, first + j] = sum_k x[t, k] * w[j, k]: lhs x is [tokens, cols] row-major,
+            // rhs is w transposed (k along its rows: stride 1; j along its columns: stride
+            // cols), dst the [tokens, n] block of out starting at column `first`
+            // SAFETY: every pointer and stride stays inside its slice: x holds tokens * cols
+            // values, w n * cols, and out's rows `tokens` * self.rows from column `first`
+            // up to first + n <= self.rows
+            unsafe {
+                gemm::gemm(
+                    tokens,
+                    n,
+                    cols,
+                    out.as_mut_ptr().add(first),
+                    1,
+                    self.rows as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    cols as isize,
+                    w.as_ptr(),
+                    cols as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(threads),
+                );
+            }
+        }
+    }
 }
+
+/// Tokens from which a product runs in f32 ([`Linear::forward_float`]): below, integer
+/// dots over quantized activations are faster (decode batches); above, prefill chunks.
+pub const FLOAT_FROM_TOKENS: usize = 32;
+/// Weight rows dequantized at a time by a float product (a few MB of f32).
+const FLOAT_ROWS: usize = 1024;
 
 /// Weight bytes one task reads at least: below that, handing rows to another thread
 /// costs more than it saves.

@@ -189,3 +189,32 @@ fn shapes_that_do_not_fit_name_the_tensor() {
     .unwrap();
     assert_eq!(err.field, "blk.0.ffn_down");
 }
+
+/// A prefill-sized step multiplies in f32 over the dequantized weights; one token at a
+/// time multiplies quantized activations: the two agree within the activations' rounding.
+#[test]
+fn a_long_prompt_in_f32_matches_it_token_by_token() {
+    let ids: Vec<u32> =
+        (0..linear::FLOAT_FROM_TOKENS as u32 + 5).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
+    let all = prefill(&mut model(QuantType::Q8_0, 2, 64), &ids, 0, true);
+    let mut stepped = model(QuantType::Q8_0, 2, 64);
+    let slots: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut worst = 0f32;
+    for t in 0..ids.len() {
+        let batch = Batch {
+            input_ids: &ids[t..t + 1],
+            positions: &[t as u32],
+            out_slots: &slots[t..t + 1],
+            qo_offsets: &[0, 1],
+            kv_slots: &slots[..=t],
+            kv_offsets: &[0, t as u32 + 1],
+        };
+        let logits = stepped.forward(&batch, false).unwrap();
+        for (a, b) in logits.iter().zip(&all[t * VOCAB..(t + 1) * VOCAB]) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    let spread = all.iter().fold(f32::MIN, |m, &v| m.max(v)) - all.iter().fold(f32::MAX, |m, &v| m.min(v));
+    assert!(worst > 0.0, "the two paths are expected to round differently");
+    assert!(worst <= 0.02 * spread, "max difference {worst} of a logit range {spread}");
+}
