@@ -1,12 +1,14 @@
 """The model side of ferrolm: configs, weights, tokenizers and the forward pass.
 
-``load_model("tiny" | folder)`` gives ``(config, weights, tokenizer, folder)``; a
-``NumpyRunner`` (float32 numpy) or a ``TorchRunner`` (torch, CPU or CUDA, any dtype) runs
-the forward pass over a paged KV pool, one ``ForwardBatch`` per engine step.
+``load_model("tiny" | folder | file.gguf)`` gives ``(config, weights, tokenizer, folder,
+gguf)``; a ``NumpyRunner`` (float32 numpy), a ``TorchRunner`` (torch, CPU or CUDA, any
+dtype) or a ``QuantRunner`` (GGUF block formats, the forward in the Rust core) runs the
+forward pass over a paged KV pool, one ``ForwardBatch`` per engine step.
 """
 
 from ferrolm.model.config import ModelConfig, RopeScaling
 from ferrolm.model.loader import LoadedModel, load_model
+from ferrolm.model.quant_runner import QuantRunner
 from ferrolm.model.runner import ForwardBatch, ModelRunner, NumpyRunner
 from ferrolm.model.tokenizer import Tokenizer
 from ferrolm.model.torch_runner import TorchRunner  # imports torch only when one is built
@@ -18,6 +20,7 @@ __all__ = [
     "ModelConfig",
     "ModelRunner",
     "NumpyRunner",
+    "QuantRunner",
     "RopeScaling",
     "Tokenizer",
     "TorchRunner",

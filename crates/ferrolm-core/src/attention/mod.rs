@@ -195,6 +195,9 @@ const MIN_KEYS_PER_TASK: usize = 256;
 /// a helper thread costs more than it saves: spawning it and, on a busy machine, waiting
 /// for it to be scheduled.
 const MIN_PARALLEL_WORK: usize = 1 << 17;
+/// The same inside a rayon pool, where a helper costs a task, not a thread: a decode of a
+/// 2k-token context (heads x keys ~ 20k) is worth splitting there.
+const MIN_PARALLEL_WORK_IN_POOL: usize = 1 << 12;
 /// Tasks per thread aimed at when contexts are split (for balance).
 const TASKS_PER_THREAD: usize = 4;
 
@@ -281,11 +284,16 @@ pub fn attend<E: KvElem>(
     }
     let rows_of = |u: &Unit| u.tokens.len() * num_heads;
     let total_work: usize = units.iter().zip(&spans).map(|(u, s)| rows_of(u) * s.len()).sum();
+    // inside a rayon pool (the CPU model's step) a helper is a task handed to a thread
+    // already awake, a microsecond, not a thread to spawn: split far smaller work
+    let in_pool = rayon::current_thread_index().is_some();
     let threads = match options.num_threads {
+        0 if in_pool => rayon::current_num_threads(),
         0 => available_threads(),
         n => n,
     };
-    let threads = if total_work < MIN_PARALLEL_WORK { 1 } else { threads };
+    let min_work = if in_pool { MIN_PARALLEL_WORK_IN_POOL } else { MIN_PARALLEL_WORK };
+    let threads = if total_work < min_work { 1 } else { threads };
     let task_work = if threads > 1 { (total_work / (threads * TASKS_PER_THREAD)).max(1) } else { usize::MAX };
     let stride = STATE_HEADER + d;
     let mut tasks = Vec::new();
@@ -360,6 +368,13 @@ pub fn attend<E: KvElem>(
         let helpers = threads.min(tasks.len()).saturating_sub(1);
         if helpers == 0 {
             worker();
+        } else if in_pool {
+            rayon::scope(|scope| {
+                for _ in 0..helpers {
+                    scope.spawn(|_| worker());
+                }
+                worker();
+            });
         } else {
             std::thread::scope(|scope| {
                 for _ in 0..helpers {
