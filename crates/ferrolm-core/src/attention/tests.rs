@@ -217,6 +217,23 @@ fn long_contexts_are_split_across_threads_and_agree() {
 }
 
 #[test]
+fn inside_a_rayon_pool_the_split_runs_on_its_threads_and_agrees() {
+    // num_threads 0 inside a pool: the pool's threads, splitting from far less work (a
+    // decode over 2,000 keys), as the quant runner's step calls it
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let plan = Plan {
+        geometry: Geometry { num_heads: 9, num_kv_heads: 3, head_dim: 64 },
+        requests: vec![(2_000, 1), (700, 1), (300, 24)],
+        window: None,
+        threads: 0,
+        max_keys: None,
+        seed: 11,
+    };
+    pool.install(|| check_plan::<f16>(&plan)).unwrap();
+    pool.install(|| check_plan::<f32>(&Plan { window: Some(512), ..plan })).unwrap();
+}
+
+#[test]
 fn errors_name_the_argument() {
     let g = Geometry { num_heads: 4, num_kv_heads: 2, head_dim: 8 };
     let pool = vec![0f32; 10 * 2 * 8];
