@@ -50,6 +50,9 @@ __all__ = [
     "dequantize",
     "quant_matmul",
     "quant_types",
+    "quantize",
+    "read_bandwidth",
+    "QuantModel",
 ]
 __version__: str
 
@@ -1069,6 +1072,7 @@ def read_bandwidth(megabytes: int = 512, threads: int = 0, passes: int = 5) -> f
     ``megabytes`` on ``threads`` threads (0: one per available core), the best of
     ``passes``. The GIL is released meanwhile."""
 
+@final
 class QuantModel:
     """The Llama-family forward pass on the CPU over weights kept in their GGUF block
     formats, with its own paged KV pool of ``num_slots`` slots (what
@@ -1087,8 +1091,8 @@ class QuantModel:
     available core). A missing or misshapen tensor is an ``InvalidInputError`` whose
     ``field`` is its GGUF name."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         shape: dict[str, Any],
         num_layers: int,
         matrices: dict[str, tuple[int, int, int, npt.NDArray[np.uint8]]],
@@ -1096,7 +1100,7 @@ class QuantModel:
         num_slots: int,
         kv_cache_dtype: str = "float32",
         num_threads: int = 0,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def num_slots(self) -> int: ...
     @property
