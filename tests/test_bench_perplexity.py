@@ -34,3 +34,28 @@ def test_perplexity_run_prints_a_running_estimate_and_the_result(
     assert re.search(r"^\[1\][\d.]+", out, re.M)
     ppl = float(re.search(r"PPL = ([\d.]+) over (\d+) tokens", out).group(1))  # type: ignore[union-attr]
     assert ppl > 1.0 and math.isfinite(ppl)  # a random model: confidently wrong, so large
+
+
+def _ppl(out: str) -> float:
+    return float(re.search(r"PPL = ([\d.]+) over", out).group(1))  # type: ignore[union-attr]
+
+
+def test_a_chunk_run_in_steps_scores_as_the_whole_chunk_on_a_float_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the numpy runner computes every step in float32: steps of 7 tokens over the cached
+    # part of the chunk give the chunk's logits, up to summation order
+    monkeypatch.setenv("FERROLM_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(wide_tiny(tmp_path / "wide"), path)
+    text = tmp_path / "text.txt"
+    text.write_text("It was the best of times, it was the worst of times. " * 20, encoding="utf-8")
+    base = ["bench", "perplexity", "--model", str(path), "--text", str(text), "--ctx", "64", "--runner", "numpy"]
+    assert main(base) == 0
+    whole = _ppl(capsys.readouterr().out)
+    assert main([*base, "--ubatch", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "steps of 7 tokens" in out
+    assert math.isclose(_ppl(out), whole, rel_tol=1e-4)
+    assert main([*base, "--ubatch", "0"]) == 2  # a clear error, not a traceback
+    assert "--ubatch must be positive" in capsys.readouterr().err

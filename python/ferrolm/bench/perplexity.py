@@ -8,6 +8,13 @@ the negative log-likelihood of each token given everything before it in the chun
 result is ``exp(mean NLL)`` over all scored tokens, printed after each chunk as
 ``llama-perplexity`` prints its running estimate. ``--text`` defaults to CPython's
 ``LICENSE.txt`` (a fixed text every Python install has).
+
+``--ubatch`` runs a chunk in forward steps of that many tokens (llama-perplexity's
+``-ub``). On the quant runner a step of fewer than 32 tokens multiplies with activations
+quantized to 8 bits per block, as llama.cpp's CPU backend does at every step size; a
+larger step dequantizes the weights and multiplies in float32 (closer to the float model,
+so its perplexity differs from llama.cpp's by the activation rounding). The KV cache is
+float16 by default, llama.cpp's default.
 """
 
 from __future__ import annotations
@@ -50,8 +57,13 @@ def run(args: argparse.Namespace) -> int:
     chunks = len(tokens) // ctx if args.chunks <= 0 else min(args.chunks, len(tokens) // ctx)
     if chunks < 1:
         raise InvalidInputError(f"the text has {len(tokens)} tokens, fewer than one chunk of {ctx}", "ctx")
-    runner = build_runner(loaded, ctx, runner=args.runner, kv_cache_dtype="float32")
-    print(f"{text_path.name}: {len(tokens)} tokens, {chunks} chunks of {ctx}, runner {args.runner}, bos {bos}")
+    if args.ubatch < 1:
+        raise InvalidInputError(f"--ubatch must be positive, got {args.ubatch}", "ubatch")
+    runner = build_runner(loaded, ctx, runner=args.runner, kv_cache_dtype=args.kv_cache_dtype)
+    print(
+        f"{text_path.name}: {len(tokens)} tokens, {chunks} chunks of {ctx}, runner {args.runner}, "
+        f"steps of {min(args.ubatch, ctx)} tokens, KV {args.kv_cache_dtype}, bos {bos}"
+    )
     total, count = 0.0, 0
     first = ctx // 2
     estimates = []
@@ -59,7 +71,12 @@ def run(args: argparse.Namespace) -> int:
         ids = [int(t) for t in tokens[c * ctx : (c + 1) * ctx]]
         if bos is not None:
             ids[0] = bos
-        logits = runner.forward(ForwardBatch.from_requests([ids], [list(range(ctx))]), all_logits=True)
+        pieces = []
+        for a in range(0, ctx, args.ubatch):
+            b = min(a + args.ubatch, ctx)  # tokens a..b, over the chunk's slots 0..b
+            step = ForwardBatch.from_requests([ids[a:b]], [list(range(b))])
+            pieces.append(runner.forward(step, all_logits=True))
+        logits = np.concatenate(pieces)
         # position j predicts token j + 1: score the second half of the chunk
         targets = np.asarray(tokens[c * ctx + first + 1 : (c + 1) * ctx])
         nll = chunk_nll(logits[first : ctx - 1], targets)
@@ -83,4 +100,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=512, help="tokens per chunk (llama-perplexity's -c)")
     p.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0: all)")
     p.add_argument("--runner", default="auto", help="auto, quant, numpy or torch")
+    p.add_argument("--ubatch", type=int, default=512, help="tokens per forward step (llama-perplexity's -ub)")
+    p.add_argument("--kv-cache-dtype", default="float16", help="float16 (llama.cpp's default), float32 or bfloat16")
     p.set_defaults(func=run)

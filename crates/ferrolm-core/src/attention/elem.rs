@@ -16,6 +16,12 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn load(src: &[Self], dst: &mut [f32]);
     /// Narrows `src` into `dst` (same length), rounding to nearest even.
     fn store(src: &[f32], dst: &mut [Self]);
+    /// Eight elements from `p`, widened to f32 (exactly, as `load`).
+    ///
+    /// # Safety
+    /// Eight elements from `p` must be readable; the CPU must have AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
 }
 
 impl KvElem for f32 {
@@ -39,6 +45,12 @@ impl KvElem for f32 {
     #[inline(always)]
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
     }
 }
 
@@ -72,6 +84,13 @@ impl KvElem for f16 {
     fn store(src: &[f32], dst: &mut [f16]) {
         dst.convert_from_f32_slice(src);
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm_loadu_si128};
+        // SAFETY: the caller's.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())) }
+    }
 }
 
 impl KvElem for bf16 {
@@ -99,6 +118,16 @@ impl KvElem for bf16 {
     fn store(src: &[f32], dst: &mut [bf16]) {
         for (d, &s) in dst.iter_mut().zip(src) {
             *d = bf16::from_f32(s);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's; bf16 is the top half of an f32.
+        unsafe {
+            let halves = _mm_loadu_si128(p.cast::<__m128i>());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(halves)))
         }
     }
 }

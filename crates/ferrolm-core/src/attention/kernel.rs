@@ -41,9 +41,9 @@ pub(super) struct TaskInput<'a, E> {
 pub(super) struct Workspace {
     pub queries: Vec<f32>,
     pub positions: Vec<u32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    scores: Vec<f32>,
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
+    pub(super) scores: Vec<f32>,
 }
 
 impl Workspace {
@@ -146,7 +146,7 @@ impl Arith for Fused {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+pub(super) unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     use std::arch::x86_64::*;
     let n = q.len();
     for row in &k {
@@ -179,7 +179,7 @@ unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn accumulate_avx2<const C: usize>(
+pub(super) unsafe fn accumulate_avx2<const C: usize>(
     acc: &mut [f32],
     base: usize,
     weights: &[f32],
@@ -250,6 +250,11 @@ pub(super) fn run_task<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
+            if input.head_dim % 8 == 0 {
+                // SAFETY: as below; the head dimension is whole 8-lane vectors.
+                unsafe { super::grouped::run(input, work, state) };
+                return;
+            }
             // SAFETY: the CPU has the features `run_avx2` is compiled for.
             unsafe { run_avx2(input, work, state) };
             return;
@@ -286,7 +291,7 @@ fn dot<A: Arith>(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn lane_sum(xs: &[f32]) -> f32 {
+pub(super) fn lane_sum(xs: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {

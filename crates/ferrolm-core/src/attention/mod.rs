@@ -20,8 +20,15 @@
 //! can share, so one long request does not serialize the step. Tasks run on scoped threads (the caller's thread among them), the
 //! largest first; each leaves a partial softmax state per row, and the partials of a row
 //! are merged at the end.
+//!
+//! The inner loop of a task is `grouped` on x86-64 CPUs with AVX2, FMA and F16C when the
+//! head dimension is whole 8-lane vectors: keys and values are read from the pool as they
+//! are (f16 and bf16 widened in registers) one KV head at a time, by every query row of
+//! that head's group. Elsewhere it is `kernel`'s portable loop.
 
 mod elem;
+#[cfg(target_arch = "x86_64")]
+mod grouped;
 mod kernel;
 #[cfg(test)]
 mod tests;
