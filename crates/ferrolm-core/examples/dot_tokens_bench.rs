@@ -1,7 +1,8 @@
 //! Times the quantized products on one thread: a 1536 x 576 matrix (SmolLM2-135M's MLP
-//! up projection) of each type a Q4_K_M or Q8_0 file of that model holds, by 1 token a
-//! row at a time (`dot_row`) and rows together (`dot_rows`, what a decode step runs), and
-//! by 16 tokens (`dot_tokens`). Prints nanoseconds per weight block and token. `cargo run --release -p ferrolm-core --example dot_tokens_bench`
+//! up projection) of each type a Q4_K_M or Q8_0 file of that model holds, by 1 token
+//! (`dot_row`, what a decode step runs per row) and by 16 tokens (`dot_tokens`, a decode
+//! batch). Prints nanoseconds per weight block and token.
+//! `cargo run --release -p ferrolm-core --example dot_tokens_bench`
 
 use std::time::Instant;
 
