@@ -390,9 +390,7 @@ fn layer_forward(
         layer.gate.forward(&mut inputs, &mut b.gate);
         layer.up.forward(&mut inputs, &mut b.up);
     }
-    for (g, &u) in b.gate.iter_mut().zip(&b.up) {
-        *g = silu(*g) * u;
-    }
+    crate::sampling::simd::silu_mul(&mut b.gate, &b.up);
     layer.down.forward(&mut Inputs::new(&b.gate, s.intermediate), &mut b.proj);
     add(x, &b.proj);
     Ok(())
@@ -402,13 +400,6 @@ fn add(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
     }
-}
-
-/// SiLU through tanh, as the numpy runner writes it (exp(-x) would overflow for very
-/// negative x).
-#[inline]
-fn silu(x: f32) -> f32 {
-    x * (0.5 + 0.5 * (0.5 * x).tanh())
 }
 
 fn attend(s: &Shape, pool: &mut LayerPool, batch: &Batch<'_>, b: &mut Scratch) -> Result<(), ModelError> {

@@ -151,6 +151,21 @@ pub fn sum(xs: &[f32]) -> f64 {
 }
 }
 
+multiversion! {
+/// `gate[i] = silu(gate[i]) * up[i]` (the CPU model's gated MLP), SiLU as `x * sigmoid(x)`
+/// with the branch-free exp of a non-positive argument, so the loop vectorizes:
+/// `sigmoid(x) = 1 / (1 + e^-x)` for `x >= 0` and `e^x / (1 + e^x)` below (neither can
+/// overflow).
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> () {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let e = exp_nonpositive(-x.abs());
+        let sigmoid = if x >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
+        *g = x * sigmoid * u;
+    }
+}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,5 +231,26 @@ mod tests {
         let total = exp_shifted(&xs, 0.0, 1.0, &mut out);
         let want: f64 = xs.iter().map(|&x| (x as f64).exp()).sum();
         assert!((total - want).abs() / want < 1e-5, "{total} vs {want}");
+    }
+
+    #[test]
+    fn silu_mul_is_x_sigmoid_x_times_up_in_both_builds() {
+        let xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.05).chain([1e30, -1e30, 0.0, -0.0]).collect();
+        let up: Vec<f32> = (0..xs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let (mut a, mut b) = (xs.clone(), xs.clone());
+        silu_mul(&mut a, &up);
+        silu_mul::portable(&mut b, &up);
+        for ((&x, &u), (&got, &base)) in xs.iter().zip(&up).zip(a.iter().zip(&b)) {
+            assert_eq!(got.to_bits(), base.to_bits(), "{x}");
+            let want = x as f64 / (1.0 + (-(x as f64)).exp()) * u as f64;
+            // relative 1e-6, or absolute 1e-30 where exp underflows (x below -87)
+            assert!(
+                (got as f64 - want).abs() <= 1e-6 * want.abs() + 1e-30,
+                "silu({x}) * {u}: {got} vs {want}"
+            );
+        }
+        let mut nan = [f32::NAN];
+        silu_mul(&mut nan, &[1.0]);
+        assert!(nan[0].is_nan());
     }
 }
