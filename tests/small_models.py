@@ -39,6 +39,12 @@ SMALL_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2": {"model_type": "qwen2", "num_key_value_heads": 1},
     # Qwen3: per-head q/k RMSNorm, head_dim not hidden / heads, tied embeddings
     "qwen3": {"model_type": "qwen3", "head_dim": 24, "tie_word_embeddings": True},
+    # Qwen2 with YaRN (Qwen2.5's long-context setting; a short original context so the
+    # ramp falls inside this head's 8 dimension pairs)
+    "qwen2-yarn": {
+        "model_type": "qwen2",
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    },
     # Mistral: a sliding window shorter than the test sequences
     "mistral": {"model_type": "mistral", "sliding_window": 5},
 }

@@ -235,7 +235,7 @@ def _without(raw: dict[str, Any], field: str) -> dict[str, Any]:
         ({**LLAMA2_7B, "hidden_act": "gelu"}, "hidden_act"),
         ({**LLAMA2_7B, "tie_word_embeddings": "yes"}, "tie_word_embeddings"),
         ({**LLAMA2_7B, "eos_token_id": "</s>"}, "eos_token_id"),
-        ({**LLAMA2_7B, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
+        ({**LLAMA2_7B, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling.rope_type"),
         ({**LLAMA31_8B, "rope_scaling": {**LLAMA31_8B["rope_scaling"], "factor": None}}, "rope_scaling.factor"),
         (
             {**LLAMA31_8B, "rope_scaling": {**LLAMA31_8B["rope_scaling"], "high_freq_factor": 0.5}},

@@ -83,6 +83,10 @@ fn shape_of(py: Python<'_>, shape: &Bound<'_, PyDict>) -> PyResult<Shape> {
         rms_eps: get("rms_eps")?.extract()?,
         sliding_window: window,
         inv_freq: get("inv_freq")?.extract()?,
+        rope_scale: match shape.get_item("rope_scale")? {
+            Some(v) => v.extract()?,
+            None => 1.0,
+        },
     })
 }
 

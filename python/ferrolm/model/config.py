@@ -33,15 +33,24 @@ _DEFAULT_ROPE_THETA = 10000.0
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """RoPE frequency scaling: ``linear`` (divide every frequency) or ``llama3``
-    (divide only the low frequencies, blend the middle band)."""
+    """RoPE frequency scaling: ``linear`` (divide every frequency), ``llama3`` (divide
+    only the low frequencies, blend the middle band) or ``yarn`` (interpolate the low
+    frequencies, keep the high ones, ramp between the dimensions that turn ``beta_slow``
+    and ``beta_fast`` times over the original context; cos and sin multiplied by
+    ``attention_factor``)."""
 
     rope_type: str
     factor: float
     # llama3 only
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    # llama3 and yarn
     original_max_position_embeddings: int = 8192
+    # yarn only
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +132,7 @@ class ModelConfig:
         if act != "silu":
             raise InvalidInputError(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
 
-        rope_theta, rope_scaling = _rope(raw)
+        rope_theta, rope_scaling = _rope(raw, raw.get("max_position_embeddings"))
         attention_bias = _bool(raw, "attention_bias", default=False)
         return cls(
             model_type=model_type,
@@ -180,6 +189,14 @@ class ModelConfig:
                     "low_freq_factor": rs.low_freq_factor,
                     "high_freq_factor": rs.high_freq_factor,
                     "original_max_position_embeddings": rs.original_max_position_embeddings,
+                }
+            elif rs.rope_type == "yarn":
+                scaling |= {
+                    "original_max_position_embeddings": rs.original_max_position_embeddings,
+                    "beta_fast": rs.beta_fast,
+                    "beta_slow": rs.beta_slow,
+                    "attention_factor": rs.attention_factor,
+                    "truncate": rs.truncate,
                 }
             out["rope_scaling"] = scaling
         if self.model_type == "qwen2":
@@ -287,7 +304,13 @@ def _token_ids(raw: dict[str, Any], field: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's default cos/sin multiplier, ``0.1 * mscale * ln(factor) + 1`` (1 when not
+    stretched)."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _rope(raw: dict[str, Any], max_positions: Any) -> tuple[float, RopeScaling | None]:
     # transformers 5 moved theta and scaling into `rope_parameters`; older configs use
     # `rope_theta` + `rope_scaling`
     params = raw.get("rope_parameters")
@@ -307,11 +330,13 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return theta, None
-    if rope_type not in ("linear", "llama3"):
+    if rope_type not in ("linear", "llama3", "yarn"):
         raise InvalidInputError(
-            f"config field '{where}.rope_type' is {rope_type!r}; supported: 'default', 'linear', 'llama3'"
+            f"config field '{where}.rope_type' is {rope_type!r}; supported: 'default', 'linear', 'llama3', 'yarn'"
         )
     within = where + "."
+    if rope_type == "yarn":
+        return theta, _yarn(scaling, within, max_positions)
     factor = _positive_float(scaling, "factor", within=within)
     if rope_type == "linear":
         return theta, RopeScaling("linear", factor)
@@ -323,6 +348,41 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         )
     original = _positive_int(scaling, "original_max_position_embeddings", within=within)
     return theta, RopeScaling("llama3", factor, low, high, original)
+
+
+def _yarn(scaling: dict[str, Any], within: str, max_positions: Any) -> RopeScaling:
+    """YaRN's parameters as transformers reads them: the original context defaults to
+    ``max_position_embeddings``, the factor to their ratio, the attention factor to
+    ``yarn_attention_factor`` (with DeepSeek's ``mscale`` / ``mscale_all_dim`` where both
+    are given), ``beta_fast`` / ``beta_slow`` to 32 / 1."""
+    default_original = max_positions if max_positions is not None else _MISSING
+    original = _positive_int(scaling, "original_max_position_embeddings", default=default_original, within=within)
+    if scaling.get("factor") is None and isinstance(max_positions, int):
+        factor = max_positions / original
+    else:
+        factor = _positive_float(scaling, "factor", within=within)
+    if scaling.get("attention_factor") is not None:
+        attention = _positive_float(scaling, "attention_factor", within=within)
+    elif scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        mscale = _positive_float(scaling, "mscale", within=within)
+        mscale_all_dim = _positive_float(scaling, "mscale_all_dim", within=within)
+        attention = yarn_attention_factor(factor, mscale) / yarn_attention_factor(factor, mscale_all_dim)
+    else:
+        attention = yarn_attention_factor(factor)
+    beta_fast = _positive_float(scaling, "beta_fast", default=32.0, within=within) if scaling.get("beta_fast") else 32.0
+    beta_slow = _positive_float(scaling, "beta_slow", default=1.0, within=within) if scaling.get("beta_slow") else 1.0
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise InvalidInputError(f"config field '{within}truncate' must be true or false, got {truncate!r}")
+    return RopeScaling(
+        "yarn",
+        factor,
+        original_max_position_embeddings=original,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        attention_factor=attention,
+        truncate=truncate,
+    )
 
 
 def _sliding_window(raw: dict[str, Any], model_type: str) -> int | None:

@@ -364,12 +364,38 @@ def _rope_scaling(meta: Metadata, arch: str, config: ModelConfig) -> RopeScaling
     kind = meta.string(key, "none")
     if kind == "linear":
         return RopeScaling("linear", meta.positive_float(f"{arch}.rope.scaling.factor", 1.0))
+    if kind == "yarn":
+        return _yarn_scaling(meta, arch, config)
     if kind not in ("none", None):
-        raise InvalidInputError(f"GGUF metadata key {key!r} is {kind!r}; ferrolm supports 'none' and 'linear'", key)
+        raise InvalidInputError(
+            f"GGUF metadata key {key!r} is {kind!r}; ferrolm supports 'none', 'linear' and 'yarn'", key
+        )
     factors = next((t for t in meta.reader.tensors if t.name == ROPE_FREQS), None)
     if factors is None:
         return None
     return _llama3_scaling(meta, arch, config, factors)
+
+
+def _yarn_scaling(meta: Metadata, arch: str, config: ModelConfig) -> RopeScaling:
+    """YaRN as llama.cpp's converter writes it (Qwen2.5 / Qwen3 long-context files): the
+    factor and the original context; the betas where given (32 and 1 otherwise) and the
+    attention factor YaRN's default. DeepSeek's log multiplier is refused by its key."""
+    from ferrolm.model.config import yarn_attention_factor
+
+    log_key = f"{arch}.rope.scaling.yarn_log_multiplier"
+    if meta.get(log_key) is not None:
+        raise InvalidInputError(f"GGUF metadata key {log_key!r}: YaRN with a log multiplier is not supported", log_key)
+    factor_key = f"{arch}.rope.scaling.factor"
+    factor = meta.positive_float(factor_key, meta.require(factor_key))
+    original = meta.positive_int(f"{arch}.rope.scaling.original_context_length")
+    return RopeScaling(
+        "yarn",
+        factor,
+        original_max_position_embeddings=original,
+        beta_fast=meta.positive_float(f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=meta.positive_float(f"{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        attention_factor=yarn_attention_factor(factor),
+    )
 
 
 def _llama3_scaling(meta: Metadata, arch: str, config: ModelConfig, tensor: Any) -> RopeScaling | None:

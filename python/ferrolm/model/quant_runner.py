@@ -18,7 +18,7 @@ from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import gguf_file
 from ferrolm.model.config import ModelConfig
-from ferrolm.model.rope import inverse_frequencies
+from ferrolm.model.rope import attention_factor, inverse_frequencies
 from ferrolm.model.runner import Batch, ModelRunner
 
 QUANT_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
@@ -38,6 +38,7 @@ def _shape(config: ModelConfig) -> dict[str, Any]:
         "rms_eps": config.rms_norm_eps,
         "sliding_window": config.sliding_window,
         "inv_freq": [float(f) for f in inverse_frequencies(config)],
+        "rope_scale": attention_factor(config),
     }
 
 

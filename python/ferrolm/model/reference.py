@@ -41,7 +41,8 @@ def reference_logits(config: ModelConfig, weights: Weights, token_ids: Sequence[
     def rope(vec: np.ndarray) -> np.ndarray:  # [n, head_dim]: rotate pairs (i, i + d/2)
         half = c.head_dim // 2
         a, b = vec[:, :half], vec[:, half:]
-        cos, sin = np.cos(angles), np.sin(angles)
+        scale = c.rope_scaling.attention_factor if c.rope_scaling and c.rope_scaling.rope_type == "yarn" else 1.0
+        cos, sin = np.cos(angles) * scale, np.sin(angles) * scale
         return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=1)
 
     allowed = np.tril(np.ones((n, n), dtype=bool))
@@ -102,5 +103,18 @@ def _rope_angles(config: ModelConfig, length: int) -> np.ndarray:
                     scaling.high_freq_factor - scaling.low_freq_factor
                 )
                 freq = (1 - t) * freq / scaling.factor + t * freq
+        elif scaling is not None and scaling.rope_type == "yarn":
+            # pair i's share of interpolation: 0 below the dimension turning beta_fast times
+            # over the original context, 1 above the one turning beta_slow times
+            def turning(rotations: float) -> float:
+                original = scaling.original_max_position_embeddings
+                return c.head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(c.rope_theta))
+
+            low, high = turning(scaling.beta_fast), turning(scaling.beta_slow)
+            if scaling.truncate:
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, c.head_dim - 1)
+            share = min(max((i - low) / ((high - low) or 0.001), 0.0), 1.0)
+            freq = share * freq / scaling.factor + (1 - share) * freq
         frequencies.append(freq)
     return np.arange(length, dtype=np.float64)[:, None] * np.array(frequencies)[None, :]

@@ -18,7 +18,7 @@ import numpy as np
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
-from ferrolm.model.rope import apply_rotation, inverse_frequencies, rotation
+from ferrolm.model.rope import apply_rotation, attention_factor, inverse_frequencies, rotation
 from ferrolm.model.weights import Weights, check_weights, layer_prefix
 
 
@@ -379,7 +379,7 @@ class NumpyRunner(ModelRunner):
     def logits(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
         """``forward`` for a batch already checked against this runner (``_check``)."""
         c = self.config
-        cos, sin = rotation(self.inv_freq, batch.positions)
+        cos, sin = rotation(self.inv_freq, batch.positions, attention_factor(c))
         plan = _AttentionPlan.of(batch, c.sliding_window) if self.attention == "reference" else None
         x = self.head[:, batch.input_ids].T.copy() if self.embed is None else self.embed[batch.input_ids]
         for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):

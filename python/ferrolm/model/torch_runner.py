@@ -44,7 +44,7 @@ from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.device_sampler import DeviceDraws
 from ferrolm.model.device_sampler import sample as sample_on_device
-from ferrolm.model.rope import inverse_frequencies, rotation
+from ferrolm.model.rope import attention_factor, inverse_frequencies, rotation
 from ferrolm.model.runner import Batch, ModelRunner, NumpyRunner, _AttentionPlan, _Layer
 from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
 
@@ -545,7 +545,8 @@ class TorchRunner(ModelRunner):
         return _TorchPlan(rows, slots, mask, chunks)
 
     def _forward(self, batch: Batch, all_logits: bool) -> Any:
-        cos_np, sin_np = rotation(self.inv_freq, batch.positions)  # float32 [T, 1, d/2], angles in float64
+        # float32 [T, 1, d/2], angles in float64
+        cos_np, sin_np = rotation(self.inv_freq, batch.positions, attention_factor(self.config))
         cos = torch.from_numpy(np.concatenate([cos_np, cos_np], axis=-1)).to(device=self.device, dtype=self.dtype)
         sin = torch.from_numpy(np.concatenate([-sin_np, sin_np], axis=-1)).to(device=self.device, dtype=self.dtype)
         plan = self._plan(batch)

@@ -61,6 +61,8 @@ pub struct Shape {
     /// `[head_dim / 2]`: each dimension pair's rotation speed, scaling applied (the Python
     /// side computes it, with the model's RoPE scaling).
     pub inv_freq: Vec<f64>,
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    pub rope_scale: f64,
 }
 
 /// One decoder layer.
@@ -209,7 +211,7 @@ impl QuantModel {
         for (t, &id) in batch.input_ids.iter().enumerate() {
             self.embed.row_into(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
         }
-        let rope = Rope::new(&s.inv_freq, batch.positions);
+        let rope = Rope::new(&s.inv_freq, s.rope_scale, batch.positions);
         let mut scratch = Scratch::new(s, tokens);
         for (layer, pool) in self.layers.iter().zip(&mut self.pools) {
             layer_forward(s, layer, pool, batch, &rope, &mut x, &mut scratch)?;
@@ -294,6 +296,9 @@ fn check_shapes(
     };
     if s.num_heads == 0 || s.num_kv_heads == 0 || s.num_heads % s.num_kv_heads != 0 || s.head_dim % 2 != 0 {
         return Err(ModelError::new("shape", format!("heads / kv heads / head_dim do not fit: {s:?}")));
+    }
+    if !(s.rope_scale.is_finite() && s.rope_scale > 0.0) {
+        return Err(ModelError::new("rope_scale", format!("{} is not a positive factor", s.rope_scale)));
     }
     if s.inv_freq.len() != s.head_dim / 2 {
         return Err(ModelError::new("inv_freq", format!("{} values, want head_dim / 2", s.inv_freq.len())));
@@ -434,8 +439,8 @@ fn attend(s: &Shape, pool: &mut LayerPool, batch: &Batch<'_>, b: &mut Scratch) -
     .map_err(failed)
 }
 
-/// The cos and sin of each token's rotation angles, `[T, head_dim / 2]`, computed in f64
-/// and rounded to f32 as the numpy runner's `rotation` does.
+/// The cos and sin of each token's rotation angles times `scale`, `[T, head_dim / 2]`,
+/// computed in f64 and rounded to f32 as the numpy runner's `rotation` does.
 struct Rope {
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -443,15 +448,15 @@ struct Rope {
 }
 
 impl Rope {
-    fn new(inv_freq: &[f64], positions: &[u32]) -> Rope {
+    fn new(inv_freq: &[f64], scale: f64, positions: &[u32]) -> Rope {
         let pairs = inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * pairs);
         let mut sin = Vec::with_capacity(positions.len() * pairs);
         for &p in positions {
             for &f in inv_freq {
                 let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * scale) as f32);
+                sin.push((angle.sin() * scale) as f32);
             }
         }
         Rope { cos, sin, pairs }

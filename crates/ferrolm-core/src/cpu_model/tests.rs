@@ -38,6 +38,7 @@ fn shape() -> Shape {
         rms_eps: 1e-5,
         sliding_window: None,
         inv_freq: (0..HEAD_DIM / 2).map(|i| 10000f64.powf(-(2.0 * i as f64) / HEAD_DIM as f64)).collect(),
+        rope_scale: 1.0,
     }
 }
 
