@@ -209,15 +209,6 @@ impl AppState {
         self.histograms.lock().unwrap().observe_grammar(seconds);
         Ok(Some(grammar))
     }
-
-    /// A token's text for logprobs (invalid UTF-8 as U+FFFD).
-    pub fn token_text(&self, id: u32) -> String {
-        String::from_utf8_lossy(self.vocab.token_bytes(id).unwrap_or(b"")).into_owned()
-    }
-
-    pub fn token_bytes(&self, id: u32) -> &[u8] {
-        self.vocab.token_bytes(id).unwrap_or(b"")
-    }
 }
 
 pub fn unavailable_error(reason: &str) -> ApiError {

@@ -9,8 +9,9 @@ use ferrolm_constraint::{Grammar, GrammarCache};
 use ferrolm_frontend::chat_request::{self, ChatInput, ChatModel, ConstraintFields, PreparedChat};
 use ferrolm_frontend::errors::ApiError;
 use ferrolm_frontend::protocol::{parse_offline_chat, typed};
+use ferrolm_frontend::response;
 use ferrolm_frontend::tokenizer::Message;
-use ferrolm_frontend::tools::output::{final_reason, parse_whole, PieceKind, ToolCall};
+use ferrolm_frontend::tools::output::PieceKind;
 use ferrolm_frontend::tools::{self, ChatOutputParser, ServerTools};
 use ferrolm_frontend::{ChatTemplate, Tokenizer};
 use numpy::{IntoPyArray, PyArray1};
@@ -117,11 +118,6 @@ pub struct PyPreparedChat {
     grammar: Option<Arc<Grammar>>,
 }
 
-/// A parsed call as Python gets it: (id, name, arguments as JSON text).
-fn call_tuple(c: &ToolCall) -> (String, String, String) {
-    (c.id.clone(), c.name.clone(), c.arguments.clone())
-}
-
 #[pymethods]
 impl PyPreparedChat {
     #[getter]
@@ -163,20 +159,9 @@ impl PyPreparedChat {
         text: &str,
         finish_reason: Option<&str>,
     ) -> PyResult<(Option<String>, Option<String>, Vec<(String, String, String)>, Option<String>)> {
-        let plan = &self.prepared.plan;
-        if !plan.parses() {
-            return Ok((Some(text.to_string()), None, Vec::new(), finish_reason.map(str::to_string)));
-        }
-        let built = contain(py, || parse_whole(plan, text))?;
-        let or_none = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        let reasoning = plan.reasoning.as_ref().and_then(|_| or_none(&built.reasoning));
-        let finish = finish_reason.map(|f| final_reason(f, !built.calls.is_empty()));
-        Ok((
-            or_none(&built.content),
-            reasoning,
-            built.calls.iter().map(call_tuple).collect(),
-            finish.map(str::to_string),
-        ))
+        let (m, finish) = contain(py, || response::message(&self.prepared.plan, text, finish_reason))?;
+        let calls = m.tool_calls.into_iter().map(|c| (c.id, c.name, c.arguments)).collect();
+        Ok((m.content.map(String::from), m.reasoning_content.flatten(), calls, finish.map(str::to_string)))
     }
 }
 
