@@ -6,9 +6,10 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::response::Response;
 use ferrolm_core::engine::Constraint;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::chat_request::{GenerateInput, GeneratePrompt};
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::Generation;
 use crate::http::{json_response, sse, Tracked};
@@ -16,8 +17,6 @@ use crate::ingress::Call;
 use crate::protocol;
 use crate::response::{generate_result, Chunks};
 use crate::state::AppState;
-use crate::tools::plan::PlanInput;
-use crate::tools::{self, ChatPlan};
 
 fn native_field(from_text: bool) -> impl Fn(&str) -> Option<String> + Sync {
     move |core: &str| {
@@ -53,35 +52,34 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
     }
     state.check_max_tokens(g.sampling.max_new_tokens, "sampling_params.max_new_tokens")?;
     let from_text = g.req.text.is_some();
-    let plan = plan_of(&state, &g, structured.clone()).await?;
-    let mut params = params;
-    let mut ids = match (g.req.text, g.req.input_ids) {
-        (Some(text), _) => state.encode(text, "text", true).await?,
-        (None, Some(ids)) => ids,
+    let prompt = match (g.req.text, g.req.input_ids) {
+        (Some(text), _) => GeneratePrompt::Text(text),
+        (None, Some(ids)) => GeneratePrompt::Ids(ids),
         (None, None) => unreachable!("checked above"),
     };
-    let grammar = match &plan {
-        Some(plan) => {
-            if plan.skip_special_tokens == Some(false) {
-                params.stops.skip_special_tokens = false;
-            }
-            if let (true, Some(format)) = (plan.primed, plan.tool_format) {
-                if !format.opening().is_empty() {
-                    // the forced call's opening goes after the caller's prompt
-                    ids.extend(state.encode(format.opening().to_string(), "text", false).await?);
-                }
-            }
-            match &plan.constraint {
-                Some(c) => Some(state.planned_grammar(c).await?),
-                None => None,
-            }
-        }
-        None => state.grammar(structured.as_ref()).await?,
+    let input = GenerateInput {
+        prompt,
+        tools: g.req.tools,
+        tool_choice: g.req.tool_choice,
+        parallel_tool_calls: g.req.parallel_tool_calls != Some(false),
+        separate_reasoning: g.req.separate_reasoning,
+        structured,
+    };
+    let parses = input.parses();
+    let prepared = state.prepare_generate(input).await?;
+    let mut params = params;
+    if prepared.skip_special_tokens() == Some(false) {
+        params.stops.skip_special_tokens = false;
+    }
+    let grammar = match prepared.constraint() {
+        Some(c) => Some(state.planned_grammar(c).await?),
+        None => None,
     };
     let mut gen = Generation::new(state.clone(), n, true);
-    gen.add(&ids, params, n, grammar.map(Constraint::Grammar), &native_field(from_text)).await?;
+    gen.add(&prepared.ids, params, n, grammar.map(Constraint::Grammar), &native_field(from_text)).await?;
     let rid = g.req.rid.unwrap_or_else(|| format!("gen-{}", gen.rids[0]));
     let with_logprobs = g.req.return_logprob;
+    let plan = parses.then_some(prepared.plan);
     let mut tracked = Tracked::new(&state, rid.clone(), gen);
     if g.req.stream {
         return Ok(sse::stream(tracked, Chunks::generate(rid, plan, with_logprobs, state.vocab.clone())));
@@ -93,49 +91,6 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
         [one] => json_response(one),
         all => json_response(&all),
     })
-}
-
-/// What tools and reasoning change, for a request that asks for either (the prompt is the
-/// caller's: the tools are not written into it).
-async fn plan_of(
-    state: &Arc<AppState>,
-    g: &protocol::Generate,
-    structured: Option<crate::structured::Structured>,
-) -> ApiResult<Option<ChatPlan>> {
-    let req = &g.req;
-    let absent = |v: &Option<Value>| v.as_ref().is_none_or(Value::is_null);
-    if absent(&req.tools) && absent(&req.tool_choice) && !req.separate_reasoning {
-        return Ok(None);
-    }
-    let tools = tools::parse_tools(req.tools.as_ref())?;
-    let choice = tools::parse_tool_choice(req.tool_choice.as_ref(), &tools)?;
-    if req.separate_reasoning && state.tools.reasoning.is_none() {
-        return Err(ApiError::bad_request(
-            "separate_reasoning: the server runs without --reasoning-parser",
-            "separate_reasoning",
-        ));
-    }
-    let prompt = match (&req.text, &req.input_ids) {
-        (Some(text), _) => text.clone(),
-        (None, Some(ids)) => {
-            state.tokenizer.decode(ids).map_err(|m| ApiError::bad_request(m, "input_ids"))?
-        }
-        (None, None) => String::new(),
-    };
-    let plan = tools::plan_chat(
-        prompt,
-        PlanInput {
-            tools: &tools,
-            choice: &choice,
-            parallel: req.parallel_tool_calls != Some(false),
-            tool_format: state.tools.tool_format,
-            reasoning: state.tools.reasoning.as_ref().filter(|_| req.separate_reasoning),
-            constrain: state.tools.constrain,
-            structured,
-            special_tokens: &state.tools.special_tokens,
-        },
-    )?;
-    Ok(Some(plan))
 }
 
 /// Aborts one request by its id (a /generate rid or an OpenAI response id), or every
