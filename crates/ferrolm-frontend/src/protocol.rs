@@ -6,7 +6,8 @@
 //! itself (temperature, top_p, penalties...) are left to it: its refusal names its
 //! field, which [`core_field_error`] renames to the body's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU32;
 
 use ferrolm_core::detok::StopConditions;
 use ferrolm_core::engine::{EngineError, RequestParams};
@@ -638,6 +639,34 @@ pub fn parse_offline_chat(value: &Value) -> ApiResult<OfflineChat> {
         return Err(ApiError::bad_request("messages: at least one message is required", "messages"));
     }
     Ok(chat)
+}
+
+/// The sampling fields of the offline API (`ferrolm.SamplingParams`: `_core.Engine.submit`'s
+/// keywords and `n`), typed as the core takes them, so that a value of a wrong type or
+/// sign is refused naming its field where the parameters are made, before any engine
+/// sees them. Ranges are the core's, checked at submit.
+#[derive(Deserialize, Debug)]
+pub struct OfflineSampling {
+    pub max_new_tokens: usize,
+    pub min_new_tokens: usize,
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub logit_bias: Option<HashMap<u32, f32>>,
+    pub seed: Option<u64>,
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub include_stop_str: bool,
+    pub skip_special_tokens: bool,
+    pub ignore_eos: bool,
+    pub n: NonZeroU32,
+    pub allowed_token_ids: Option<Vec<u32>>,
 }
 
 pub struct Generate {

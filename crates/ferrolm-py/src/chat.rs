@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferrolm_constraint::{Grammar, GrammarCache};
 use ferrolm_frontend::chat_request::{self, ChatInput, ChatModel, ConstraintFields, PreparedChat};
 use ferrolm_frontend::errors::ApiError;
-use ferrolm_frontend::protocol::{parse_offline_chat, typed};
+use ferrolm_frontend::protocol::{parse_offline_chat, typed, OfflineSampling};
 use ferrolm_frontend::response;
 use ferrolm_frontend::tokenizer::Message;
 use ferrolm_frontend::tools::output::PieceKind;
@@ -238,6 +238,16 @@ fn check_constraint(py: Python<'_>, constraint_json: &str) -> PyResult<()> {
     checked.map_err(|e| api_error(py, e))
 }
 
+/// Checks `ferrolm.SamplingParams`' sampling fields (a mapping of `Engine.submit`'s
+/// keywords and `n`) against the types the core takes them in, as the request core reads
+/// the offline API's fields ([`OfflineSampling`]): each refusal names its field.
+#[pyfunction]
+fn check_sampling(py: Python<'_>, fields: &Bound<'_, PyAny>) -> PyResult<()> {
+    let value = crate::convert::json_of(fields)?;
+    let checked = contain(py, || typed::<OfflineSampling>(&value, "").map(drop))?;
+    checked.map_err(|e| api_error(py, e))
+}
+
 /// Renders chat messages (a JSON list of `{"role", "content"}`, with `name`,
 /// `tool_call_id`, `reasoning_content` and `tool_calls` as templates take them) with a chat
 /// template as the server does (minijinja); `tools_json` and `variables_json` (a JSON
@@ -281,6 +291,7 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)?;
     m.add_function(wrap_pyfunction!(request_grammar, m)?)?;
     m.add_function(wrap_pyfunction!(check_constraint, m)?)?;
+    m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
     let py = m.py();
     m.add("TOOL_CALL_PARSERS", PyTuple::new(py, tools::formats::PARSER_CHOICES)?)?;
     m.add("REASONING_PARSERS", PyTuple::new(py, tools::reasoning::REASONING_CHOICES)?)?;
