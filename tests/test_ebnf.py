@@ -104,16 +104,6 @@ def test_engine_output_parses_under_the_grammar(tiny: LoadedModel) -> None:
     assert not engine.has_work()
 
 
-def test_sampling_params_take_one_constraint() -> None:
-    with pytest.raises(InvalidInputError) as e:
-        SamplingParams(ebnf=NESTED, regex="a")
-    assert e.value.field == "ebnf"
-    with pytest.raises(InvalidInputError) as e:
-        SamplingParams(ebnf=5)  # type: ignore[arg-type]
-    assert e.value.field == "ebnf"
-    assert "ebnf" not in SamplingParams(ebnf=NESTED).core_kwargs()
-
-
 @pytest.fixture(scope="module")
 def server(shared_server: RunningServer) -> RunningServer:
     return shared_server

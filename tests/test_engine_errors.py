@@ -93,6 +93,8 @@ def test_out_of_range_parameters(engine: Engine, expected: list[int], field: str
         pytest.param("seed", {"seed": -1}, id="seed-negative"),
         pytest.param("seed", {"seed": 2**64}, id="seed-too-big"),
         pytest.param("temperature", {"temperature": "hot"}, id="temperature-not-a-number"),
+        pytest.param("max_new_tokens", {"max_new_tokens": True}, id="max_new_tokens-bool"),
+        pytest.param("stop_token_ids", {"stop_token_ids": [1, "2"]}, id="stop_token_ids-not-ids"),
     ],
 )
 def test_sampling_params_refuse_bad_values(field: str, params: dict) -> None:

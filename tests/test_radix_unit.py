@@ -14,8 +14,6 @@ from conftest import make_tree
 from ferrolm.errors import FerrolmError, InvalidInputError, NotLockedError, StaleHandleError
 from ferrolm.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
-POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")
-
 
 def slots(start: int, n: int) -> list[int]:
     return list(range(start, start + n))

@@ -186,8 +186,9 @@ def test_a_forward_that_raises_fails_its_step_with_500_and_the_server_goes_on(se
     out: dict[str, Any] = {}
     events: list[str] = []
 
-    def plain() -> None:
-        out["plain"] = httpx.post(f"{url}/v1/completions", json=LONG, timeout=120)
+    def plain() -> None:  # the native route, and OpenAI's streamed
+        body = {"text": LONG["prompt"], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+        out["plain"] = httpx.post(f"{url}/generate", json=body, timeout=120)
 
     def stream() -> None:
         with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}, timeout=120) as r:
@@ -197,7 +198,7 @@ def test_a_forward_that_raises_fails_its_step_with_500_and_the_server_goes_on(se
     for t in clients:
         t.start()
     wait_until(lambda: load(url)["running"] == 2 and len(events) > 2, timeout=60)
-    loop.fail.set()  # both run in the step that fails
+    loop.fail.set()  # both run in the step that fails (once: the next step serves)
     for t in clients:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in clients)
@@ -207,6 +208,7 @@ def test_a_forward_that_raises_fails_its_step_with_500_and_the_server_goes_on(se
     assert events[-1] == "data: [DONE]", events[-3:]
     errors = [json.loads(e[6:])["error"] for e in events[:-1] if "error" in json.loads(e[6:])]
     assert len(errors) == 1 and "secret" not in json.dumps(errors), errors
+    assert "\nferrolm:num_request_errors_total 2" in httpx.get(f"{url}/metrics", timeout=30).text
     # the loop goes on serving, and the failed requests hold no KV
     again = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
     assert again.status_code == 200, again.text

@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-from ferrolm.sampling_params import SamplingParams
 from ferrolm.server.testing import RunningServer, running_server
 
 CONTEXT = 4096  # the tiny model's context
@@ -198,28 +197,6 @@ def test_non_finite_numbers_are_a_400_naming_the_field(
     assert_envelope(post(server, path, raw, raw=True), 400, param)
 
 
-# structured output is refused, naming the field, while SamplingParams lacks the field
-_NOT_YET = [
-    ("regex", C, {"prompt": "x", "regex": "[a-z]+"}, "regex"),
-    ("json_schema", C, {"prompt": "x", "json_schema": {"type": "object"}}, "json_schema"),
-    ("json_object", C, {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
-    (
-        "json_schema",
-        CHAT,
-        {
-            "messages": MSG,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
-        },
-        "response_format",
-    ),
-    ("regex", "/generate", {"text": "x", "sampling_params": {"regex": "a+"}}, "sampling_params.regex"),
-    ("ebnf", C, {"prompt": "x", "ebnf": 'root ::= "a"'}, "ebnf"),
-]
-BAD += [
-    pytest.param(path, body, param, id=f"{field}-not-supported-yet")
-    for field, path, body, param in _NOT_YET
-    if field not in SamplingParams.__dataclass_fields__
-]
 BAD += [
     pytest.param(
         CHAT,

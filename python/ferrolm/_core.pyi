@@ -43,6 +43,7 @@ __all__ = [
     "ChatOutputParser",
     "request_grammar",
     "check_constraint",
+    "check_sampling",
     "TOOL_CALL_PARSERS",
     "REASONING_PARSERS",
     "frontend_encode",
@@ -933,6 +934,12 @@ def check_constraint(constraint_json: str) -> None:
     """Checks structured-output fields (a JSON object, as ``request_grammar`` takes them)
     without compiling them: one body at most, what each placing field needs, each field's
     shape. Raises ``InvalidInputError`` naming the field; the GIL is released."""
+
+def check_sampling(fields: dict[str, Any]) -> None:
+    """Checks ``SamplingParams``' sampling fields (``Engine.submit``'s keywords and ``n``)
+    against the types the core takes them in: a wrong type, a negative count, ``n`` 0 or
+    a seed beyond 64 bits raises ``InvalidInputError`` naming the field. Ranges are the
+    core's, checked at submit."""
 
 def request_grammar(vocabulary: Vocabulary, constraint_json: str) -> Grammar | None:
     """The grammar of ``SamplingParams``' structured-output fields (a JSON object, as

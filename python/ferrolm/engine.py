@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -274,7 +273,6 @@ class Engine:
             device_sampling=device_sampling,
             on_interrupt=lambda out: self._route(deltas_of(out)),
         )
-        self._grammar_seconds: list[float] = []  # per structured request, for metrics
         self._rids = itertools.count()
         self._claimed: set[int] = set()  # rids whose deltas a generate/stream call takes
         self._outbox: list[Delta] = []  # deltas of the other requests, for the next step()
@@ -387,17 +385,7 @@ class Engine:
         fields = params.constraint_fields()
         if not fields:
             return None
-        started = time.perf_counter()
-        g = _core.request_grammar(self.vocabulary, json.dumps(fields))
-        if g is not None:
-            self._grammar_seconds.append(time.perf_counter() - started)
-        return g
-
-    def take_grammar_seconds(self) -> list[float]:
-        """Seconds each structured request waited for its grammar (a compile, or a cache
-        hit) since the last call."""
-        out, self._grammar_seconds = self._grammar_seconds, []
-        return out
+        return _core.request_grammar(self.vocabulary, json.dumps(fields))
 
     def _submit(
         self, ids: Any, params: SamplingParams, core_kw: dict[str, Any], claim: bool = False, n: int = 1

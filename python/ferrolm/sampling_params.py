@@ -1,6 +1,7 @@
-"""``SamplingParams``: what a caller may ask of one generation, checked for types here, for
-ranges by the Rust core, and its structured-output fields by the request core
-(``_core.check_constraint``), each refusal naming the field at fault."""
+"""``SamplingParams``: what a caller may ask of one generation, checked for types by the
+request core (``_core.check_sampling``), for ranges by the engine core at submit, and its
+structured-output fields by the request core (``_core.check_constraint``), each refusal
+naming the field at fault."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ferrolm import _core
-from ferrolm.errors import InvalidInputError
 
 
 @dataclass(slots=True)
@@ -69,22 +69,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        for name in ("max_new_tokens", "min_new_tokens", "top_k", "top_logprobs", "n"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidInputError(f"{name} must be a non-negative int, got {value!r}", name)
-        if self.n < 1:
-            raise InvalidInputError(f"n must be at least 1, got {self.n}", "n")
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise InvalidInputError(f"{name} must be a number, got {value!r}", name)
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**64):
-            raise InvalidInputError(f"seed must be an int in [0, 2**64), got {self.seed!r}", "seed")
+        # each field's type, and what may be combined with what: the request core's rules,
+        # the ones a submit applies (one copy, in Rust)
+        _core.check_sampling({**self.core_kwargs(), "n": self.n})
         constraint = self.constraint_fields()
         if constraint:
-            # what may be combined, and each field's shape: the request core's rules, the
-            # ones a submit applies (one copy, in Rust)
             _core.check_constraint(json.dumps(constraint))
 
     def constraint_fields(self) -> dict[str, Any]:

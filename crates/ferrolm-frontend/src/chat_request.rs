@@ -1,6 +1,7 @@
 //! The request core of chat: one path from a chat request to what the engine runs,
 //! shared by `POST /v1/chat/completions` and the offline `ferrolm.Engine.chat` (through
-//! the binding), so the two cannot drift.
+//! the binding), so the two cannot drift; and the same plan around the caller's own
+//! prompt for `/generate` ([`prepare_generate`]). `crate::response` writes the answers.
 //!
 //! ```text
 //! ChatInput (messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs,
@@ -161,6 +162,93 @@ pub fn prepare_chat(
         .tokenizer
         .encode(&plan.prompt, false)
         .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))?;
+    Ok(PreparedChat { ids, plan })
+}
+
+/// What `/generate` asks of the request core beyond its sampling: the caller's own prompt
+/// (not templated), and the tools and reasoning to plan around it.
+#[derive(Debug)]
+pub struct GenerateInput {
+    pub prompt: GeneratePrompt,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: bool,
+    pub separate_reasoning: bool,
+    /// The caller's own structured output (`sampling_params.regex`...).
+    pub structured: Option<Structured>,
+}
+
+#[derive(Debug)]
+pub enum GeneratePrompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+impl GenerateInput {
+    /// Whether the request asks for tools or for the reasoning apart: then its output is
+    /// read by the plan's parsers.
+    pub fn parses(&self) -> bool {
+        let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        given(&self.tools) || given(&self.tool_choice) || self.separate_reasoning
+    }
+}
+
+/// Plans and tokenizes one `/generate`: the tools and reasoning planned around the caller's
+/// prompt (the tools are not written into it), and a forced call's opening after it.
+/// `check_prompt` may refuse a prompt text before it is tokenized.
+pub fn prepare_generate(
+    input: GenerateInput,
+    model: &ChatModel<'_>,
+    check_prompt: &dyn Fn(&str) -> ApiResult<()>,
+) -> ApiResult<PreparedChat> {
+    let parses = input.parses();
+    let tools = tools::parse_tools(input.tools.as_ref())?;
+    let choice = tools::parse_tool_choice(input.tool_choice.as_ref(), &tools)?;
+    if input.separate_reasoning && model.tools.reasoning.is_none() {
+        return Err(ApiError::bad_request(
+            "separate_reasoning: the server runs without --reasoning-parser",
+            "separate_reasoning",
+        ));
+    }
+    // what the reasoning parser reads: whether the prompt opened the thinking
+    let prompt = match &input.prompt {
+        GeneratePrompt::Text(text) => text.clone(),
+        GeneratePrompt::Ids(ids) if parses => {
+            model.tokenizer.decode(ids).map_err(|m| ApiError::bad_request(m, "input_ids"))?
+        }
+        GeneratePrompt::Ids(_) => String::new(),
+    };
+    let plan = tools::plan_chat(
+        prompt,
+        PlanInput {
+            tools: &tools,
+            choice: &choice,
+            parallel: input.parallel_tool_calls,
+            tool_format: model.tools.tool_format,
+            reasoning: model.tools.reasoning.as_ref().filter(|_| input.separate_reasoning),
+            constrain: model.tools.constrain,
+            structured: input.structured,
+            special_tokens: &model.tools.special_tokens,
+        },
+    )?;
+    let encode = |text: &str, add_special_tokens| {
+        model
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|m| ApiError::bad_request(format!("text: {m}"), "text"))
+    };
+    let mut ids = match input.prompt {
+        GeneratePrompt::Text(text) => {
+            check_prompt(&text)?;
+            encode(&text, true)?
+        }
+        GeneratePrompt::Ids(ids) => ids,
+    };
+    if let (true, Some(format)) = (plan.primed, plan.tool_format) {
+        if !format.opening().is_empty() {
+            ids.extend(encode(format.opening(), false)?);
+        }
+    }
     Ok(PreparedChat { ids, plan })
 }
 

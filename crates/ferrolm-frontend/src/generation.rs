@@ -6,39 +6,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ferrolm_core::detok::StopReason;
-use ferrolm_core::engine::{Constraint, ErrorKind, FinishReason, Finished, RequestParams};
-use serde_json::{json, Value};
+use ferrolm_core::engine::{Constraint, FinishReason, Finished, RequestParams};
 use tokio::sync::oneshot;
 
 use crate::egress::{RequestStream, SampleUpdate};
 use crate::errors::{ApiError, ApiResult};
 use crate::protocol::core_field_error;
+use crate::response::{error_of, Sample};
 use crate::state::AppState;
-
-/// One choice: everything its updates have brought so far.
-#[derive(Default, Debug, Clone)]
-pub struct Sample {
-    pub index: usize,
-    pub first_of_prompt: bool,
-    pub token_ids: Vec<u32>,
-    pub text: String,
-    pub logprobs: Vec<f32>,
-    pub top_logprobs: Vec<Vec<(u32, f32)>>,
-    pub finished: Option<Finished>,
-}
-
-impl Sample {
-    fn add(&mut self, u: &SampleUpdate) {
-        self.token_ids.extend_from_slice(&u.token_ids);
-        self.text.push_str(&u.text);
-        self.logprobs.extend_from_slice(&u.logprobs);
-        self.top_logprobs.extend(u.top_logprobs.iter().cloned());
-        if u.finished.is_some() {
-            self.finished = u.finished.clone();
-        }
-    }
-}
 
 pub struct Generation {
     state: Arc<AppState>,
@@ -155,16 +130,13 @@ impl Generation {
                 return Err(ApiError::new(503, failure).with_code("engine_unavailable"));
             }
         }
-        if self.accumulate {
-            for (i, u) in &batch {
-                self.samples[*i].add(u);
-            }
-        } else {
-            for (i, u) in &batch {
-                if u.finished.is_some() {
-                    self.samples[*i].finished = u.finished.clone();
-                }
-                self.samples[*i].token_ids.extend_from_slice(&u.token_ids); // counted for usage
+        for (i, u) in &batch {
+            let kept = &mut self.samples[*i].output;
+            if self.accumulate {
+                kept.append(u.clone());
+            } else {
+                kept.token_ids.extend_from_slice(&u.token_ids); // counted for usage
+                kept.finished = u.finished.clone().or(kept.finished.take());
             }
         }
         Ok(batch)
@@ -174,31 +146,11 @@ impl Generation {
     pub async fn run_to_end(&mut self) -> ApiResult<()> {
         while !self.next().await?.is_empty() {}
         for s in &self.samples {
-            if let Some(f) = &s.finished {
-                if let FinishReason::Error { .. } = f.reason {
-                    return Err(error_of(f));
-                }
+            if let Some(f @ Finished { reason: FinishReason::Error { .. }, .. }) = &s.output.finished {
+                return Err(error_of(f));
             }
         }
         Ok(())
-    }
-
-    /// OpenAI's usage: each prompt counted once, every sample's completion tokens.
-    pub fn usage(&self) -> Value {
-        let mut prompt = 0;
-        let mut cached = 0;
-        let mut completion = 0;
-        for s in &self.samples {
-            completion += s.token_ids.len();
-            if s.first_of_prompt {
-                if let Some(f) = &s.finished {
-                    prompt += f.prompt_tokens;
-                    cached += f.cached_tokens;
-                }
-            }
-        }
-        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-               "prompt_tokens_details": {"cached_tokens": cached}})
     }
 
     /// Aborts the samples the engine has not finished.
@@ -214,41 +166,5 @@ impl Drop for Generation {
     fn drop(&mut self) {
         self.abort_unfinished();
         self.state.egress.unregister(&self.rids);
-    }
-}
-
-/// OpenAI's finish_reason of a finished sample.
-pub fn finish_reason(f: &Finished) -> &'static str {
-    match f.reason {
-        FinishReason::Stop(_) => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Abort => "abort",
-        FinishReason::Error { .. } => "error",
-    }
-}
-
-/// What matched a stop: the string or the token id (null otherwise).
-pub fn matched_stop(f: &Finished) -> Value {
-    match &f.reason {
-        FinishReason::Stop(StopReason::String(s)) => Value::from(s.as_str()),
-        FinishReason::Stop(StopReason::Token(t)) => Value::from(*t),
-        _ => Value::Null,
-    }
-}
-
-/// A sample that finished with an error, as its HTTP error: 503 when it waited too long
-/// in the queue (the server is overloaded; a retry may succeed), else 500.
-pub fn error_of(f: &Finished) -> ApiError {
-    match &f.reason {
-        FinishReason::Error { kind: ErrorKind::QueueTimeout, message } => {
-            ApiError::new(503, format!("the server is overloaded: the request {message}"))
-                .with_code(ErrorKind::QueueTimeout.as_str())
-        }
-        // the engine logged the cause; clients get no internals
-        FinishReason::Error { kind: ErrorKind::StepFailed, .. } => {
-            ApiError::new(500, "generation failed: the engine step failed (see the server log)")
-        }
-        FinishReason::Error { message, .. } => ApiError::new(500, format!("generation failed: {message}")),
-        _ => ApiError::new(500, "generation failed"),
     }
 }

@@ -28,6 +28,7 @@ pub mod loading;
 pub mod metrics;
 pub mod pretokenize;
 pub mod protocol;
+pub mod response;
 pub mod state;
 pub mod structured;
 pub mod tokenizer;
@@ -100,7 +101,7 @@ impl Frontend {
         let egress = Arc::new(Egress::new());
         let kv_counters = Arc::new(KvEventCounters::default());
         let forward_times = Arc::new(metrics::ForwardTimes::default());
-        let started_at = http::unix_now();
+        let started_at = response::unix_now();
         let addr = format!("{}:{}", config.host, config.port);
         let grammar_threads = config.grammar_threads;
         let tools = tools::ServerTools::new(

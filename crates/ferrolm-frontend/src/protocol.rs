@@ -1,12 +1,13 @@
-//! Request bodies, parsed strictly with field-level errors, as the Python front end's
-//! pydantic models (`ferrolm/server/protocol.py`) do: a string is not a number, a bool
-//! not an int; integers are range-checked in the width the core takes them (token ids u32,
-//! counts u64, priority i64); unknown fields are refused naming the field (the few
-//! OpenAI fields that change nothing are accepted and ignored). Ranges the core checks
-//! itself (temperature, top_p, penalties...) are left to it: its refusal names its
-//! field, which [`core_field_error`] renames to the body's.
+//! Request bodies, parsed strictly into typed structs with field-level errors: a string
+//! is not a number, a bool not an int; integers are range-checked in the width the core
+//! takes them (token ids u32, counts u64, priority i64); a field that is not one of the
+//! struct's own is refused naming it (the few OpenAI fields that change nothing are
+//! accepted and ignored). Ranges the core checks itself (temperature, top_p,
+//! penalties...) are left to it: its refusal names its field, which [`core_field_error`]
+//! renames to the body's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU32;
 
 use ferrolm_core::detok::StopConditions;
 use ferrolm_core::engine::{EngineError, RequestParams};
@@ -47,97 +48,6 @@ fn unsupported_reason(name: &str) -> Option<&'static str> {
         _ => return None,
     })
 }
-
-const SAMPLING_FIELDS: &[&str] = &[
-    "model",
-    "n",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-    "logit_bias",
-    "frequency_penalty",
-    "presence_penalty",
-    "stream",
-    "stream_options",
-    "max_tokens",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "ignore_eos",
-    "min_tokens",
-    "stop_token_ids",
-    "skip_special_tokens",
-    "include_stop_str_in_output",
-    "priority",
-    "cache_salt",
-    "response_format",
-    "regex",
-    "json_schema",
-    "ebnf",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "grammar",
-    "user",
-    "cache_prompt",
-];
-const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "suffix", "best_of"];
-const CHAT_FIELDS: &[&str] = &[
-    "messages",
-    "max_completion_tokens",
-    "logprobs",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "chat_template_kwargs",
-    "safety_identifier",
-    "store",
-    "metadata",
-    "service_tier",
-    "parallel_tool_calls",
-    "prompt_cache_key",
-];
-const MESSAGE_FIELDS: &[&str] =
-    &["role", "content", "name", "tool_call_id", "refusal", "tool_calls", "annotations", "reasoning_content"];
-const NATIVE_SAMPLING_FIELDS: &[&str] = &[
-    "max_new_tokens",
-    "min_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "skip_special_tokens",
-    "no_stop_trim",
-    "seed",
-    "n",
-    "logit_bias",
-    "regex",
-    "json_schema",
-    "ebnf",
-];
-const GENERATE_FIELDS: &[&str] = &[
-    "text",
-    "input_ids",
-    "sampling_params",
-    "stream",
-    "rid",
-    "return_logprob",
-    "top_logprobs_num",
-    "priority",
-    "cache_salt",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "separate_reasoning",
-];
 
 #[derive(Deserialize, Debug, Default)]
 pub struct StreamOptions {
@@ -382,7 +292,7 @@ pub struct AbortRequest {
 /// `response_format`).
 fn check_nested(obj: &Map<String, Value>) -> ApiResult<()> {
     if let Some(Value::Object(o)) = obj.get("stream_options") {
-        check_fields(o, &[&["include_usage"]], "stream_options.")?;
+        check_fields(o, &[fields_of::<StreamOptions>()], "stream_options.")?;
     }
     if let Some(Value::Object(o)) = obj.get("response_format") {
         check_fields(o, &[&["type", "json_schema"]], "response_format.")?;
@@ -390,7 +300,37 @@ fn check_nested(obj: &Map<String, Value>) -> ApiResult<()> {
     Ok(())
 }
 
-/// Refuses a field not in `known` (or the ignored list), naming it as sent.
+/// The fields a struct reads, as serde names them: the struct itself is the list a body's
+/// fields are checked against. (Its `Deserialize` is asked to read a struct from a
+/// deserializer that notes the field names it is given and reads nothing.)
+fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{Error, Visitor};
+    struct Names<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Names<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Error::custom("only the names are read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+            unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Names(&mut fields));
+    fields
+}
+
+/// Refuses a field not in `known`, naming it as sent.
 fn check_fields(obj: &Map<String, Value>, known: &[&[&str]], prefix: &str) -> ApiResult<()> {
     for name in obj.keys() {
         if known.iter().any(|k| k.contains(&name.as_str())) {
@@ -539,7 +479,7 @@ pub struct ChatRequest {
 pub fn parse_completion(body: &[u8]) -> ApiResult<CompletionRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[SAMPLING_FIELDS, COMPLETION_FIELDS], "")?;
+    check_fields(obj, &[fields_of::<OpenAISampling>(), fields_of::<CompletionFields>()], "")?;
     check_nested(obj)?;
     if !obj.contains_key("prompt") {
         return Err(ApiError::bad_request("prompt: Field required", "prompt"));
@@ -561,7 +501,7 @@ pub fn parse_completion(body: &[u8]) -> ApiResult<CompletionRequest> {
 pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[SAMPLING_FIELDS, CHAT_FIELDS], "")?;
+    check_fields(obj, &[fields_of::<OpenAISampling>(), fields_of::<ChatFields>(), IGNORED_FIELDS], "")?;
     check_nested(obj)?;
     if !obj.contains_key("messages") {
         return Err(ApiError::bad_request("messages: Field required", "messages"));
@@ -594,7 +534,7 @@ fn check_messages(messages: &Value) -> ApiResult<()> {
     let Value::Array(messages) = messages else { return Ok(()) };
     for (i, m) in messages.iter().enumerate() {
         if let Value::Object(m) = m {
-            check_fields(m, &[MESSAGE_FIELDS], &format!("messages.{i}."))?;
+            check_fields(m, &[fields_of::<ChatMessage>()], &format!("messages.{i}."))?;
             crate::tools::definitions::check_message_calls(m, i)?;
             if let Some(Value::Array(parts)) = m.get("content") {
                 for (j, part) in parts.iter().enumerate() {
@@ -623,11 +563,7 @@ pub struct OfflineChat {
 
 pub fn parse_offline_chat(value: &Value) -> ApiResult<OfflineChat> {
     let obj = object(value)?;
-    check_fields(
-        obj,
-        &[&["messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"]],
-        "",
-    )?;
+    check_fields(obj, &[fields_of::<OfflineChat>()], "")?;
     match obj.get("messages") {
         None => return Err(ApiError::bad_request("messages: Field required", "messages")),
         Some(m) => check_messages(m)?,
@@ -640,6 +576,34 @@ pub fn parse_offline_chat(value: &Value) -> ApiResult<OfflineChat> {
     Ok(chat)
 }
 
+/// The sampling fields of the offline API (`ferrolm.SamplingParams`: `_core.Engine.submit`'s
+/// keywords and `n`), typed as the core takes them, so that a value of a wrong type or
+/// sign is refused naming its field where the parameters are made, before any engine
+/// sees them. Ranges are the core's, checked at submit.
+#[derive(Deserialize, Debug)]
+pub struct OfflineSampling {
+    pub max_new_tokens: usize,
+    pub min_new_tokens: usize,
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub logit_bias: Option<HashMap<u32, f32>>,
+    pub seed: Option<u64>,
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub include_stop_str: bool,
+    pub skip_special_tokens: bool,
+    pub ignore_eos: bool,
+    pub n: NonZeroU32,
+    pub allowed_token_ids: Option<Vec<u32>>,
+}
+
 pub struct Generate {
     pub req: GenerateRequest,
     pub sampling: NativeSampling,
@@ -648,14 +612,14 @@ pub struct Generate {
 pub fn parse_generate(body: &[u8]) -> ApiResult<Generate> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[GENERATE_FIELDS], "")?;
+    check_fields(obj, &[fields_of::<GenerateRequest>()], "")?;
     crate::tools::definitions::check_tool_shapes(obj, "")?;
     let req: GenerateRequest = typed(&value, "")?;
     let sp = req.sampling_params.clone().unwrap_or_else(|| Value::Object(Map::new()));
     let Value::Object(sp_obj) = &sp else {
         return Err(ApiError::bad_request("sampling_params: must be an object", "sampling_params"));
     };
-    check_fields(sp_obj, &[NATIVE_SAMPLING_FIELDS], "sampling_params.")?;
+    check_fields(sp_obj, &[fields_of::<NativeSampling>()], "sampling_params.")?;
     let sampling: NativeSampling = typed(&sp, "sampling_params.")?;
     let bad = |f: &str, m: &str| {
         let p = format!("sampling_params.{f}");
@@ -683,7 +647,7 @@ pub fn parse_generate(body: &[u8]) -> ApiResult<Generate> {
 pub fn parse_abort(body: &[u8]) -> ApiResult<AbortRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[&["rid", "abort_all"]], "")?;
+    check_fields(obj, &[fields_of::<AbortRequest>()], "")?;
     typed(&value, "")
 }
 
@@ -697,7 +661,8 @@ fn check_salt(salt: Option<&str>) -> ApiResult<()> {
     Ok(())
 }
 
-/// The ranges pydantic checks and the core does not (or checks in other words).
+/// The ranges OpenAI's API sets and the core does not check (or checks in other words);
+/// `response_format` is read (and checked) with the other structured fields.
 fn check_sampling(s: &OpenAISampling) -> ApiResult<()> {
     let bad = |f: &str, m: &str| Err(ApiError::bad_request(format!("{f}: {m}"), f));
     if !(1..=128).contains(&s.n) {
@@ -728,15 +693,6 @@ fn check_sampling(s: &OpenAISampling) -> ApiResult<()> {
     }
     if s.guided_choice.as_ref().is_some_and(|c| c.is_empty()) {
         return bad("guided_choice", "at least one choice is required");
-    }
-    if let Some(rf) = &s.response_format {
-        if !rf.is_object() {
-            return bad("response_format", "must be an object");
-        }
-        let kind = rf.get("type").and_then(Value::as_str);
-        if !matches!(kind, Some("text" | "json_object" | "json_schema")) {
-            return bad("response_format.type", "must be one of 'text', 'json_object', 'json_schema'");
-        }
     }
     check_salt(s.cache_salt.as_deref())
 }
@@ -796,6 +752,14 @@ pub fn parse_logit_bias(bias: &BTreeMap<String, f64>, param: &str) -> ApiResult<
     Ok(out)
 }
 
+fn stop_strings(stop: Option<&OneOrMany>, param: &str) -> ApiResult<Vec<String>> {
+    let stop = stop.cloned().map(OneOrMany::into_vec).unwrap_or_default();
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request(format!("{param}: a stop string may not be empty"), param));
+    }
+    Ok(stop)
+}
+
 /// The core's request parameters from OpenAI's fields.
 pub fn openai_params(
     s: &OpenAISampling,
@@ -803,18 +767,8 @@ pub fn openai_params(
     logprobs: bool,
     top_logprobs: u32,
 ) -> ApiResult<RequestParams> {
-    let stop = s.stop.as_ref().map(|o| match o {
-        OneOrMany::One(x) => vec![x.clone()],
-        OneOrMany::Many(v) => v.clone(),
-    });
-    let stop = stop.unwrap_or_default();
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::bad_request("stop: a stop string may not be empty", "stop"));
-    }
-    let logit_bias = match &s.logit_bias {
-        Some(b) => parse_logit_bias(b, "logit_bias")?,
-        None => Vec::new(),
-    };
+    let stop = stop_strings(s.stop.as_ref(), "stop")?;
+    let logit_bias = s.logit_bias.as_ref().map(|b| parse_logit_bias(b, "logit_bias")).transpose()?;
     Ok(RequestParams {
         sampling: SamplingParams {
             temperature: s.temperature.unwrap_or(1.0) as f32,
@@ -827,7 +781,7 @@ pub fn openai_params(
             repetition_penalty: s.repetition_penalty.unwrap_or(1.0) as f32,
             frequency_penalty: s.frequency_penalty as f32,
             presence_penalty: s.presence_penalty as f32,
-            logit_bias,
+            logit_bias: logit_bias.unwrap_or_default(),
             seed: s.seed,
             logprobs,
             top_logprobs,
@@ -850,21 +804,9 @@ pub fn openai_params(
 /// The core's request parameters from `/generate`'s `sampling_params`.
 pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
     let sp = &g.sampling;
-    let stop = sp.stop.as_ref().map(|o| match o {
-        OneOrMany::One(x) => vec![x.clone()],
-        OneOrMany::Many(v) => v.clone(),
-    });
-    let stop = stop.unwrap_or_default();
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::bad_request(
-            "sampling_params.stop: a stop string may not be empty",
-            "sampling_params.stop",
-        ));
-    }
-    let logit_bias = match &sp.logit_bias {
-        Some(b) => parse_logit_bias(b, "sampling_params.logit_bias")?,
-        None => Vec::new(),
-    };
+    let stop = stop_strings(sp.stop.as_ref(), "sampling_params.stop")?;
+    let logit_bias =
+        sp.logit_bias.as_ref().map(|b| parse_logit_bias(b, "sampling_params.logit_bias")).transpose()?;
     Ok(RequestParams {
         sampling: SamplingParams {
             temperature: sp.temperature as f32,
@@ -874,7 +816,7 @@ pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
             repetition_penalty: sp.repetition_penalty as f32,
             frequency_penalty: sp.frequency_penalty as f32,
             presence_penalty: sp.presence_penalty as f32,
-            logit_bias,
+            logit_bias: logit_bias.unwrap_or_default(),
             seed: sp.seed,
             logprobs: g.req.return_logprob,
             top_logprobs: if g.req.return_logprob { g.req.top_logprobs_num } else { 0 },
@@ -940,6 +882,18 @@ mod tests {
             let field = if body.contains("stop") { "stop" } else { "prompt" };
             assert_eq!(err.param.as_deref(), Some(field), "{body}");
         }
+    }
+
+    #[test]
+    fn the_fields_known_are_the_structs_own() {
+        assert_eq!(fields_of::<AbortRequest>(), ["rid", "abort_all"]);
+        let err = parse_generate(br#"{"text": "x", "sampling_params": {"temp": 1}}"#).err().unwrap();
+        assert_eq!(err.param.as_deref(), Some("sampling_params.temp"));
+        assert!(
+            err.message.contains("unknown field (the fields here: ebnf, frequency_penalty,"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use ferrolm_constraint::{Grammar, Vocabulary};
 use serde_json::Value;
 
-use crate::chat_request::{self, ChatInput, ChatModel, PreparedChat};
+use crate::chat_request::{self, ChatInput, ChatModel, GenerateInput, PreparedChat};
 use crate::egress::{Egress, RequestStream};
 use crate::errors::{ApiError, ApiResult};
 use crate::ingress::Ingress;
@@ -154,8 +154,27 @@ impl AppState {
     }
 
     /// A chat rendered with the template, planned and tokenized by the request core
-    /// ([`crate::chat_request::prepare_chat`]), on the tokenizer pool.
+    /// ([`chat_request::prepare_chat`]), on the tokenizer pool.
     pub async fn prepare_chat(self: &Arc<Self>, input: ChatInput) -> ApiResult<PreparedChat> {
+        self.prepare(move |state, model| {
+            chat_request::prepare_chat(input, model, &|text| state.check_text_length(text, "messages"))
+        })
+        .await
+    }
+
+    /// A `/generate` planned and tokenized by the request core
+    /// ([`chat_request::prepare_generate`]), on the tokenizer pool.
+    pub async fn prepare_generate(self: &Arc<Self>, input: GenerateInput) -> ApiResult<PreparedChat> {
+        self.prepare(move |state, model| {
+            chat_request::prepare_generate(input, model, &|text| state.check_text_length(text, "text"))
+        })
+        .await
+    }
+
+    async fn prepare(
+        self: &Arc<Self>,
+        work: impl FnOnce(&AppState, &ChatModel<'_>) -> ApiResult<PreparedChat> + Send + 'static,
+    ) -> ApiResult<PreparedChat> {
         let state = self.clone();
         tokio::task::spawn_blocking(move || {
             let model = ChatModel {
@@ -163,10 +182,10 @@ impl AppState {
                 tokenizer: &state.tokenizer,
                 tools: &state.tools,
             };
-            chat_request::prepare_chat(input, &model, &|text| state.check_text_length(text, "messages"))
+            work(&state, &model)
         })
         .await
-        .map_err(|e| ApiError::new(500, format!("preparing the chat failed: {e}")))?
+        .map_err(|e| ApiError::new(500, format!("preparing the request failed: {e}")))?
     }
 
     /// The grammar of a plan's constraint, compiled in the engine's grammar cache on the
@@ -208,15 +227,6 @@ impl AppState {
         let (grammar, seconds) = self.grammars.compile(asked).await?;
         self.histograms.lock().unwrap().observe_grammar(seconds);
         Ok(Some(grammar))
-    }
-
-    /// A token's text for logprobs (invalid UTF-8 as U+FFFD).
-    pub fn token_text(&self, id: u32) -> String {
-        String::from_utf8_lossy(self.vocab.token_bytes(id).unwrap_or(b"")).into_owned()
-    }
-
-    pub fn token_bytes(&self, id: u32) -> &[u8] {
-        self.vocab.token_bytes(id).unwrap_or(b"")
     }
 }
 

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use ferrolm_constraint::{Grammar, GrammarCache};
 use ferrolm_frontend::chat_request::{self, ChatInput, ChatModel, ConstraintFields, PreparedChat};
 use ferrolm_frontend::errors::ApiError;
-use ferrolm_frontend::protocol::{parse_offline_chat, typed};
+use ferrolm_frontend::protocol::{parse_offline_chat, typed, OfflineSampling};
+use ferrolm_frontend::response;
 use ferrolm_frontend::tokenizer::Message;
-use ferrolm_frontend::tools::output::{final_reason, parse_whole, PieceKind, ToolCall};
+use ferrolm_frontend::tools::output::PieceKind;
 use ferrolm_frontend::tools::{self, ChatOutputParser, ServerTools};
 use ferrolm_frontend::{ChatTemplate, Tokenizer};
 use numpy::{IntoPyArray, PyArray1};
@@ -117,11 +118,6 @@ pub struct PyPreparedChat {
     grammar: Option<Arc<Grammar>>,
 }
 
-/// A parsed call as Python gets it: (id, name, arguments as JSON text).
-fn call_tuple(c: &ToolCall) -> (String, String, String) {
-    (c.id.clone(), c.name.clone(), c.arguments.clone())
-}
-
 #[pymethods]
 impl PyPreparedChat {
     #[getter]
@@ -163,20 +159,9 @@ impl PyPreparedChat {
         text: &str,
         finish_reason: Option<&str>,
     ) -> PyResult<(Option<String>, Option<String>, Vec<(String, String, String)>, Option<String>)> {
-        let plan = &self.prepared.plan;
-        if !plan.parses() {
-            return Ok((Some(text.to_string()), None, Vec::new(), finish_reason.map(str::to_string)));
-        }
-        let built = contain(py, || parse_whole(plan, text))?;
-        let or_none = |s: &str| (!s.is_empty()).then(|| s.to_string());
-        let reasoning = plan.reasoning.as_ref().and_then(|_| or_none(&built.reasoning));
-        let finish = finish_reason.map(|f| final_reason(f, !built.calls.is_empty()));
-        Ok((
-            or_none(&built.content),
-            reasoning,
-            built.calls.iter().map(call_tuple).collect(),
-            finish.map(str::to_string),
-        ))
+        let (m, finish) = contain(py, || response::message(&self.prepared.plan, text, finish_reason))?;
+        let calls = m.tool_calls.into_iter().map(|c| (c.id, c.name, c.arguments)).collect();
+        Ok((m.content.map(String::from), m.reasoning_content.flatten(), calls, finish.map(str::to_string)))
     }
 }
 
@@ -253,6 +238,16 @@ fn check_constraint(py: Python<'_>, constraint_json: &str) -> PyResult<()> {
     checked.map_err(|e| api_error(py, e))
 }
 
+/// Checks `ferrolm.SamplingParams`' sampling fields (a mapping of `Engine.submit`'s
+/// keywords and `n`) against the types the core takes them in, as the request core reads
+/// the offline API's fields ([`OfflineSampling`]): each refusal names its field.
+#[pyfunction]
+fn check_sampling(py: Python<'_>, fields: &Bound<'_, PyAny>) -> PyResult<()> {
+    let value = crate::convert::json_of(fields)?;
+    let checked = contain(py, || typed::<OfflineSampling>(&value, "").map(drop))?;
+    checked.map_err(|e| api_error(py, e))
+}
+
 /// Renders chat messages (a JSON list of `{"role", "content"}`, with `name`,
 /// `tool_call_id`, `reasoning_content` and `tool_calls` as templates take them) with a chat
 /// template as the server does (minijinja); `tools_json` and `variables_json` (a JSON
@@ -296,6 +291,7 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(render_chat_template, m)?)?;
     m.add_function(wrap_pyfunction!(request_grammar, m)?)?;
     m.add_function(wrap_pyfunction!(check_constraint, m)?)?;
+    m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
     let py = m.py();
     m.add("TOOL_CALL_PARSERS", PyTuple::new(py, tools::formats::PARSER_CHOICES)?)?;
     m.add("REASONING_PARSERS", PyTuple::new(py, tools::reasoning::REASONING_CHOICES)?)?;

@@ -404,3 +404,44 @@ fn prefetch(data: &[u32]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
 }
+
+/// A Python value as JSON, for the request core's typed checks of the offline API's
+/// fields: None, bools, strings, numbers (numpy's too), mappings (keys as their `str`) and
+/// other iterables. An int beyond 64 bits or a float that is not finite is a float 0
+/// here: still a number of its type, its range the core's to check. Anything else is an
+/// empty mapping, which no typed field but a mapping takes.
+pub fn json_of(obj: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyMapping, PyString};
+    use serde_json::Value;
+    let float = |x: f64| Value::from(if x.is_finite() { x } else { 0.0 });
+    let int =
+        obj.is_instance_of::<PyInt>() || (!obj.is_instance_of::<PyFloat>() && obj.extract::<i64>().is_ok());
+    Ok(if obj.is_none() {
+        Value::Null
+    } else if let Ok(b) = obj.cast::<PyBool>() {
+        Value::Bool(b.is_true())
+    } else if let Ok(s) = obj.cast::<PyString>() {
+        Value::String(s.to_str()?.to_string())
+    } else if int {
+        match (obj.extract::<i64>(), obj.extract::<u64>()) {
+            (Ok(i), _) => Value::from(i),
+            (_, Ok(u)) => Value::from(u),
+            _ => float(0.0),
+        }
+    } else if let Ok(x) = obj.cast::<PyFloat>() {
+        float(x.value())
+    } else if let Ok(m) = obj.cast::<PyMapping>() {
+        let mut out = serde_json::Map::new();
+        for item in m.items()?.iter() {
+            let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
+            out.insert(k.str()?.to_str()?.to_string(), json_of(&v)?);
+        }
+        Value::Object(out)
+    } else if let Ok(items) = obj.try_iter() {
+        Value::Array(items.map(|v| json_of(&v?)).collect::<PyResult<_>>()?)
+    } else if let Ok(x) = obj.extract::<f64>() {
+        float(x)
+    } else {
+        Value::Object(serde_json::Map::new())
+    })
+}

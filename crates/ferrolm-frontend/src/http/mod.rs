@@ -6,9 +6,6 @@ pub mod native;
 pub mod openai;
 pub mod sse;
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -18,7 +15,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde_json::Value;
 
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::Generation;
@@ -81,8 +77,8 @@ fn respond(r: ApiResult<Response>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-pub fn json_response(v: &Value) -> Response {
-    let body = serde_json::to_vec(v).expect("a JSON value serializes");
+pub fn json_response(v: &impl serde::Serialize) -> Response {
+    let body = serde_json::to_vec(v).expect("a response serializes");
     let mut r = Response::new(Body::from(body));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
@@ -205,20 +201,6 @@ impl Drop for Tracked {
             named.remove(&self.id);
         }
     }
-}
-
-/// `{prefix}-{32 hex digits}`, unique per request.
-pub fn public_id(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut a = RandomState::new().build_hasher();
-    a.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    let mut b = RandomState::new().build_hasher();
-    b.write_u64(a.finish());
-    format!("{prefix}-{:016x}{:016x}", a.finish(), b.finish())
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 #[cfg(test)]

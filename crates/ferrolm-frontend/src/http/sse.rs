@@ -1,41 +1,50 @@
-//! Server-sent events as OpenAI frames them: `data: <json>\n\n` per chunk, then
-//! `data: [DONE]\n\n`. The hot chunks are written by hand, keys in a fixed order (no JSON
-//! tree per token).
-
-use std::future::Future;
+//! A streamed answer over server-sent events: the request core's [`Chunks`] written as
+//! the generation's updates come, until every sample has finished or an error ends it.
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::stream;
-use serde_json::Value;
 
-pub const DONE: &[u8] = b"data: [DONE]\n\n";
+use crate::http::Tracked;
+use crate::response::{error_event, Chunks, Usage, DONE};
 
-pub fn event(out: &mut Vec<u8>, payload: &Value) {
-    out.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut *out, payload).expect("a JSON value serializes");
-    out.extend_from_slice(b"\n\n");
-}
-
-/// A JSON string literal (Python's `json.dumps(s, ensure_ascii=False)`).
-pub fn json_str(out: &mut Vec<u8>, s: &str) {
-    serde_json::to_writer(&mut *out, s).expect("a string serializes");
-}
-
-/// An SSE response whose chunks come from `next` until it returns `None`. The state
-/// `S` (which owns the request's `Generation`) is dropped when the body is: at the end,
-/// or when the client goes away, which aborts what still runs.
-pub fn response<S, F, Fut>(state: S, next: F) -> Response
-where
-    S: Send + 'static,
-    F: FnMut(S) -> Fut + Send + 'static,
-    Fut: Future<Output = Option<(Bytes, S)>> + Send + 'static,
-{
-    let mut next = next;
-    let body = stream::unfold(state, move |s| {
-        let fut = next(s);
-        async move { fut.await.map(|(b, s)| (Ok::<_, std::convert::Infallible>(b), s)) }
+/// The SSE response of `tracked`'s generation. `tracked` (which owns the request's
+/// `Generation`) is dropped with the body: at the end, or when the client goes away,
+/// which aborts what still runs.
+pub fn stream(tracked: Tracked, chunks: Chunks) -> Response {
+    let mut first = Vec::new();
+    chunks.start(&mut first);
+    let state = (tracked, chunks, (!first.is_empty()).then_some(first), false);
+    let body = stream::unfold(state, |(mut tracked, mut chunks, first, done)| async move {
+        if let Some(first) = first {
+            return Some((
+                Ok::<_, std::convert::Infallible>(Bytes::from(first)),
+                (tracked, chunks, None, false),
+            ));
+        }
+        if done {
+            return None;
+        }
+        let mut out = Vec::new();
+        let done = match tracked.gen.next().await {
+            Err(e) => {
+                error_event(&mut out, &e);
+                out.extend_from_slice(DONE);
+                true
+            }
+            Ok(batch) if batch.is_empty() => {
+                chunks.end(&mut out, Usage::of(&tracked.gen.samples));
+                true
+            }
+            Ok(batch) => {
+                for (i, u) in &batch {
+                    chunks.update(&mut out, &tracked.gen.samples[*i], u);
+                }
+                false
+            }
+        };
+        Some((Ok(Bytes::from(out)), (tracked, chunks, None, done)))
     });
     let mut r = Response::new(Body::from_stream(body));
     *r.status_mut() = StatusCode::OK;

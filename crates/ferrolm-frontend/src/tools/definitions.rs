@@ -77,19 +77,11 @@ pub fn parse_tools(raw: Option<&Value>) -> ApiResult<Vec<FunctionTool>> {
     };
     let mut tools: Vec<FunctionTool> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
-        let field = format!("tools.{i}");
-        if entry.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(bad(
-                format!("{field}.type: only \"function\" tools are supported"),
-                &format!("{field}.type"),
-            ));
-        }
-        let Some(function) = entry.get("function").and_then(Value::as_object) else {
-            let f = format!("{field}.function");
-            return Err(bad(format!("{f}: a function definition is required"), &f));
-        };
-        let name_field = format!("{field}.function.name");
-        let name = match function.get("name") {
+        // the shape is checked: each field is of its type, or absent, or null
+        let function = entry.get("function").and_then(Value::as_object);
+        let field = |key: &str| function.and_then(|f| f.get(key));
+        let name_field = format!("tools.{i}.function.name");
+        let name = match field("name") {
             Some(Value::String(n)) if is_function_name(n) => n.clone(),
             other => {
                 let shown = match other {
@@ -106,30 +98,10 @@ pub fn parse_tools(raw: Option<&Value>) -> ApiResult<Vec<FunctionTool>> {
         if tools.iter().any(|t| t.name == name) {
             return Err(bad(format!("{name_field}: {} is defined twice", repr(&name)), &name_field));
         }
-        let parameters = match function.get("parameters") {
-            None | Some(Value::Null) => no_parameters(),
-            Some(Value::Object(p)) => p.clone(),
-            Some(_) => {
-                let f = format!("{field}.function.parameters");
-                return Err(bad(format!("{f}: a JSON Schema object is required"), &f));
-            }
-        };
-        let description = match function.get("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d.clone()),
-            Some(_) => {
-                let f = format!("{field}.function.description");
-                return Err(bad(format!("{f}: must be a string"), &f));
-            }
-        };
-        let strict = match function.get("strict") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                let f = format!("{field}.function.strict");
-                return Err(bad(format!("{f}: must be a boolean"), &f));
-            }
-        };
+        let parameters =
+            field("parameters").and_then(Value::as_object).cloned().unwrap_or_else(no_parameters);
+        let description = field("description").and_then(Value::as_str).map(str::to_string);
+        let strict = field("strict").and_then(Value::as_bool).unwrap_or(false);
         tools.push(FunctionTool { index: i, name, parameters, description, strict });
     }
     Ok(tools)

@@ -1,14 +1,8 @@
 //! What parsing a chat output yields, piece by piece as the text arrives (reasoning text,
 //! content text, a tool call's start with its id and name, fragments of its arguments),
-//! the pieces put together (`MessageBuilder`), OpenAI's deltas of them, and the parser of
-//! one output (`ChatOutputParser`: the thinking split off, then calls parsed out of the
-//! answer).
-
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use serde_json::{json, Map, Value};
+//! the pieces put together (`MessageBuilder`), and the parser of one output
+//! (`ChatOutputParser`: the thinking split off, then calls parsed out of the answer).
+//! `crate::response` writes them as OpenAI's messages and deltas.
 
 use super::formats::{ToolCallFormat, ToolStream};
 use super::reasoning::{Part, ReasoningFormat, ReasoningStream};
@@ -38,19 +32,6 @@ impl Piece {
     fn new(kind: PieceKind, text: String) -> Self {
         Piece { kind, text, index: 0, call_id: String::new() }
     }
-}
-
-/// `call_` and 24 random hex digits, as OpenAI's ids look.
-pub fn new_call_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut out = String::from("call_");
-    for _ in 0..2 {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        out.push_str(&format!("{:016x}", h.finish()));
-    }
-    out.truncate(5 + 24);
-    out
 }
 
 /// Where a tool-call parser writes its pieces. With `parallel` off only the first call is
@@ -84,7 +65,7 @@ impl Sink {
             kind: PieceKind::Call,
             text: name.to_string(),
             index,
-            call_id: new_call_id(),
+            call_id: format!("call_{}", crate::response::random_hex(24)),
         });
         Some(index)
     }
@@ -112,12 +93,6 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-impl ToolCall {
-    pub fn as_openai(&self) -> Value {
-        json!({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}})
-    }
-}
-
 /// The pieces of one output put together.
 #[derive(Debug, Default, Clone)]
 pub struct MessageBuilder {
@@ -139,47 +114,6 @@ impl MessageBuilder {
             }
         }
     }
-}
-
-/// OpenAI's chunk deltas for pieces: the call's id and name first (with empty arguments),
-/// then its argument fragments; runs of one kind merged.
-pub fn deltas(pieces: &[Piece]) -> Vec<Value> {
-    let mut out: Vec<Value> = Vec::new();
-    for p in pieces {
-        match p.kind {
-            PieceKind::Reasoning | PieceKind::Content => {
-                let key = if p.kind == PieceKind::Reasoning { "reasoning_content" } else { "content" };
-                if let Some(Value::Object(last)) = out.last_mut() {
-                    if last.len() == 1 && last.contains_key(key) {
-                        let merged = format!("{}{}", last[key].as_str().unwrap_or(""), p.text);
-                        last.insert(key.into(), Value::from(merged));
-                        continue;
-                    }
-                }
-                let mut d = Map::new();
-                d.insert(key.into(), Value::from(p.text.as_str()));
-                out.push(Value::Object(d));
-            }
-            PieceKind::Call => out.push(json!({"tool_calls": [{"index": p.index, "id": p.call_id, "type": "function",
-                                                               "function": {"name": p.text, "arguments": ""}}]})),
-            PieceKind::Arguments => {
-                if let Some(Value::Object(last)) = out.last_mut() {
-                    if last.len() == 1 {
-                        if let Some(Value::Array(calls)) = last.get_mut("tool_calls") {
-                            let call = &mut calls[0];
-                            if call["index"] == p.index && call.get("id").is_none() {
-                                let merged = format!("{}{}", call["function"]["arguments"].as_str().unwrap_or(""), p.text);
-                                call["function"]["arguments"] = Value::from(merged);
-                                continue;
-                            }
-                        }
-                    }
-                }
-                out.push(json!({"tool_calls": [{"index": p.index, "function": {"arguments": p.text}}]}));
-            }
-        }
-    }
-    out
 }
 
 /// Text without its leading and trailing whitespace, as it streams.
@@ -324,36 +258,4 @@ pub fn parse_whole(plan: &super::ChatPlan, text: &str) -> MessageBuilder {
     built.add(parser.feed(text));
     built.add(parser.finish());
     built
-}
-
-/// `tool_calls` when the output ended by itself with calls.
-pub fn final_reason(finish_reason: &str, has_calls: bool) -> &str {
-    if has_calls && finish_reason == "stop" {
-        "tool_calls"
-    } else {
-        finish_reason
-    }
-}
-
-/// The assistant message of one output, and its finish reason.
-pub fn message(
-    plan: &super::ChatPlan,
-    text: &str,
-    finish_reason: Option<&'static str>,
-) -> (Value, Option<&'static str>) {
-    if !plan.parses() {
-        return (json!({"role": "assistant", "content": text}), finish_reason);
-    }
-    let built = parse_whole(plan, text);
-    let or_null = |s: &str| if s.is_empty() { Value::Null } else { Value::from(s) };
-    let mut out = Map::new();
-    out.insert("role".into(), "assistant".into());
-    out.insert("content".into(), or_null(&built.content));
-    if plan.reasoning.is_some() {
-        out.insert("reasoning_content".into(), or_null(&built.reasoning));
-    }
-    if !built.calls.is_empty() {
-        out.insert("tool_calls".into(), built.calls.iter().map(ToolCall::as_openai).collect());
-    }
-    (Value::Object(out), finish_reason.map(|f| final_reason(f, !built.calls.is_empty())))
 }

@@ -234,18 +234,3 @@ fn the_reasoning_format_is_found_from_the_chat_template() {
     assert_eq!(reasoning_format("auto", Some(deepseek)), Some(DEEPSEEK_R1));
     assert_eq!(reasoning_format("none", Some(qwen3)), None);
 }
-
-#[test]
-fn deltas_follow_openais_shape() {
-    let mut parser = ChatOutputParser::new(Some(ToolCallFormat::Hermes), true, true, None, "");
-    let mut pieces = parser.feed("{\"name\": \"f\", \"arguments\": {\"a\": 1");
-    pieces.extend(parser.feed("}}"));
-    pieces.extend(parser.finish());
-    let d = super::output::deltas(&pieces);
-    assert_eq!(d[0]["tool_calls"][0]["function"], serde_json::json!({"name": "f", "arguments": ""}));
-    assert!(d[0]["tool_calls"][0]["id"].as_str().unwrap().starts_with("call_"));
-    let args: String =
-        d[1..].iter().map(|x| x["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).collect();
-    assert_eq!(args, "{\"a\": 1}");
-    assert!(d[1..].iter().all(|x| x["tool_calls"][0].get("id").is_none()));
-}
