@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ferrolm import _core
+from ferrolm._memory import release_free_heap
 from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import LoadedModel, ModelRunner, load_model
@@ -263,6 +264,7 @@ class Engine:
             kv_event_block_size=kv_event_block_size,
             record_trace=None if record_trace is None else os.fspath(record_trace),
         )
+        release_free_heap()  # what loading freed (parsed metadata, staging copies)
         # the step loop (ferrolm.step_loop): the runner's best mode each step, device greedy
         # and device sampling on where asked for (None: where the runner's device is not
         # the CPU) and the runner has them
