@@ -129,14 +129,12 @@ class QuantRunner(ModelRunner):
     ) -> QuantRunner:
         _check_pool(num_slots, kv_cache_dtype)
         reader = gguf_file.open_gguf(path)
-        matrices, vectors = _gguf_tensors(reader, config)
+        matrices, vectors = _gguf_tensors(reader, config)  # views of the file's mapping
+        del reader
         if config.tie_word_embeddings:
             matrices.pop("output.weight", None)
-        model = _core.QuantModel(
-            _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
-        )
-        del matrices, vectors, reader  # the core holds its own copy; the file's mapping goes
-        return cls(config, model)
+        # the core copies each matrix; with the last view gone the file is unmapped
+        return cls._build(config, matrices, vectors, num_slots, kv_cache_dtype)
 
     @classmethod
     def from_weights(
@@ -156,9 +154,22 @@ class QuantRunner(ModelRunner):
                 f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}", "quantization"
             )
         matrices, vectors = _quantized_tensors(weights, config, quantization)
+        return cls._build(config, matrices, vectors, num_slots, kv_cache_dtype)
+
+    @classmethod
+    def _build(
+        cls,
+        config: ModelConfig,
+        matrices: dict[str, Any],
+        vectors: dict[str, np.ndarray],
+        num_slots: int,
+        kv_cache_dtype: str,
+    ) -> QuantRunner:
         model = _core.QuantModel(
             _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
         )
+        matrices.clear()  # the core holds its own copy: the arrays (and any file mapping) go now
+        vectors.clear()
         return cls(config, model)
 
     @property
