@@ -78,8 +78,9 @@ def test_bf16_runs_end_to_end_with_a_bf16_pool(tiny: LoadedModel) -> None:
     engine = Engine(
         "tiny",
         kv_capacity=512,
+        runner="torch",  # auto: bf16 on the CPU is the quant runner's
         device=TORCH_TEST_DEVICE,
-        dtype="bfloat16",  # auto: bf16 needs torch
+        dtype="bfloat16",
         kv_cache_dtype="bfloat16",
     )
     assert isinstance(engine.runner, TorchRunner) and engine.runner.k_pool[0].dtype == torch.bfloat16

@@ -118,3 +118,77 @@ def test_a_float_checkpoint_quantized_at_load(tmp_path: Path, quantization: str)
     with pytest.raises(InvalidInputError) as err:
         Engine(str(model.folder), kv_capacity=64, quantization="q2_k")
     assert err.value.field == "quantization"
+
+
+# --dtype float16|bfloat16 on the CPU: the matrices keep 2 bytes a weight. A float16 weight
+# is within 2^-11 of its float32 value (relative), a bfloat16 one within 2^-8; activations
+# stay float32 for these types, so the logits move by that order of their range (measured
+# here: 0.04% and 0.4%), held to about four times that.
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float16", 0.002), ("bfloat16", 0.015)])
+def test_a_float_checkpoint_in_two_byte_floats(tmp_path: Path, dtype: str, tolerance: float) -> None:
+    model = wide_tiny(tmp_path / "wide")
+    assert model.folder is not None and model.config.tie_word_embeddings
+    reference = NumpyRunner(model.config, model.weights, 64, kv_cache_dtype="float32")
+    quant = QuantRunner.from_folder(model.folder, model.config, 64, dtype=dtype, kv_cache_dtype="float32")
+    ids = model.tokenizer.encode("It was the best of times, it was the worst of times.")
+    want = reference.forward(_prompt_batch(ids), all_logits=True)
+    got = quant.forward(_prompt_batch(ids), all_logits=True)
+    spread = float(want.max() - want.min())
+    assert np.abs(got - want).max() <= tolerance * spread
+    # the same from the float32 arrays in memory
+    direct = QuantRunner.from_weights(model.config, model.weights, 64, dtype=dtype, kv_cache_dtype="float32")
+    np.testing.assert_array_equal(direct.forward(_prompt_batch(ids), all_logits=True), got)
+    # 2 bytes for every weight a step reads (the tied head is the embedding), float32's 4
+    read = [w for name, w in model.weights.items() if w.ndim == 2 and name != "lm_head.weight"]
+    assert quant.weight_bytes == 2 * sum(w.size for w in read) == sum(w.nbytes for w in read) // 2
+    # --dtype on the CPU picks the quant runner for a float checkpoint
+    engine = Engine(str(model.folder), kv_capacity=64, device="cpu", dtype=dtype)
+    assert isinstance(engine.runner, QuantRunner) and engine.runner.weight_bytes == quant.weight_bytes
+    [out] = engine.generate(["Hello"], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out.token_ids) == 4
+
+
+def test_dtype_and_quantization_combinations(gguf_path: Path) -> None:
+    assert resolve_runner_kind("auto", "cpu", "float16") == "quant"
+    assert resolve_runner_kind("quant", "cpu", "bfloat16", model="tiny") == "quant"
+    refused = [
+        (("auto", "cpu", "float16"), {"quantization": "q8_0"}, "dtype"),
+        (("quant", "cpu", "bfloat16"), {"model": gguf_path}, "dtype"),
+        (("quant", "cuda", "float16"), {}, "device"),
+        (("quant", "cpu", "float32"), {}, "runner"),
+        (("numpy", "cpu", "float16"), {}, "dtype"),
+    ]
+    for args, kwargs, field in refused:
+        with pytest.raises(InvalidInputError) as err:
+            resolve_runner_kind(*args, **kwargs)
+        assert err.value.field == field, (args, kwargs)
+    model = load_model("tiny")
+    for kwargs, field in (
+        ({}, "quantization"),
+        ({"quantization": "q8_0", "dtype": "float16"}, "dtype"),
+        ({"dtype": "float32"}, "dtype"),
+    ):
+        with pytest.raises(InvalidInputError) as err:
+            QuantRunner.from_weights(model.config, model.weights, 8, **kwargs)
+        assert err.value.field == field, kwargs
+
+
+def test_the_dtype_flag_reaches_the_quant_runner(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import argparse
+
+    from ferrolm.cli import main
+    from ferrolm.server.args import add_serve_arguments, build_engine, server_args_from
+
+    folder = wide_tiny(tmp_path / "wide").folder
+    assert folder is not None
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    flags = ["--model", str(folder), "--dtype", "bfloat16", "--device", "cpu", "--max-total-tokens", "256"]
+    args = server_args_from(parser.parse_args(flags), {})
+    engine = build_engine(args)
+    assert isinstance(engine.runner, QuantRunner)
+    flags = ["generate", "--model", str(folder), "--prompt", "Hello", "--max-new-tokens", "3", "--ignore-eos"]
+    assert main([*flags, "--device", "cpu", "--dtype", "float16"]) == 0
+    assert "[length, 3 tokens]" in capsys.readouterr().out
+    assert main([*flags, "--dtype", "float16", "--quantization", "q8_0"]) == 2
+    assert "--dtype" in capsys.readouterr().err

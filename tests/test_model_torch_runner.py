@@ -234,7 +234,8 @@ def test_cuda_asked_for_but_absent_is_a_clear_error() -> None:
         TorchRunner(config, random_weights(config, seed=0), 8, device="cuda")
     assert e.value.field == "device"
     assert resolve_runner_kind("auto") == "numpy"  # no CUDA: float32 on the CPU is numpy's
-    assert resolve_runner_kind("auto", "cpu", "bfloat16") == "torch"
+    assert resolve_runner_kind("torch", "cpu", "bfloat16") == "torch"
+    assert resolve_runner_kind("auto", "cpu", "bfloat16") == "quant"  # a float checkpoint in bf16
 
 
 def test_bad_device_or_dtype_is_named() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ferrolm import _core
+from ferrolm._memory import release_free_heap
 from ferrolm.errors import InvalidInputError
 from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import LoadedModel, ModelRunner, load_model
@@ -177,7 +178,9 @@ class Engine:
         (``None`` is ``"auto"``: the torch runner where CUDA is present or a half
         precision ``dtype`` is asked for, else the numpy one), built with ``device``
         (``auto``/``cpu``/``cuda``) and ``dtype`` (``auto``/``bfloat16``/``float16``/
-        ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU).
+        ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU; a half
+        ``dtype`` on the CPU runs a float checkpoint on the quant runner, its matrices in
+        that type, unless ``runner`` says otherwise).
         ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``): the KV pool's
         element type; ``auto`` is float16 on the CPU (the core's attention kernel reads
         half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
@@ -215,9 +218,8 @@ class Engine:
             loaded = model
         else:
             # the torch runner reads a checkpoint folder itself, in its own dtype, and the
-            # quant runner a GGUF's blocks as stored
-            gguf = is_gguf(model)
-            reads_own = (kind == "quant" and gguf) or (kind == "torch" and not gguf)
+            # quant runner a GGUF's blocks as stored, or a folder one tensor at a time
+            reads_own = kind == "quant" or (kind == "torch" and not is_gguf(model))
             loaded = load_model(model, with_weights=not reads_own)
         self.config, self.tokenizer = loaded.config, loaded.tokenizer
         if given:
@@ -262,6 +264,7 @@ class Engine:
             kv_event_block_size=kv_event_block_size,
             record_trace=None if record_trace is None else os.fspath(record_trace),
         )
+        release_free_heap()  # what loading freed (parsed metadata, staging copies)
         # the step loop (ferrolm.step_loop): the runner's best mode each step, device greedy
         # and device sampling on where asked for (None: where the runner's device is not
         # the CPU) and the runner has them

@@ -24,6 +24,10 @@ A forward that raises ends the step in ``fail_step``: its requests finish with a
 (wall time and its thread's CPU time) and hands the figures to the front end's commit,
 which exports them on ``/metrics`` (``ferrolm:forward_seconds``,
 ``ferrolm:forward_loop_cpu_seconds_total``); ``ferrolm bench serve`` reads them there.
+
+The server's loop, once idle for ``IDLE_WAIT_S`` after steps, hands what the steps freed
+(a prefill chunk's activations, logits) back to the OS (``release_free_heap``): the C
+allocator otherwise keeps the largest burst's buffers resident while the server idles.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ferrolm import _core
+from ferrolm._memory import release_free_heap
 from ferrolm.errors import CorePanicError
 from ferrolm.model import ForwardBatch, ModelRunner
 
@@ -183,31 +188,39 @@ class StepLoop:
         # server outside the forward, so nothing else is done per step.
         frontend, core, stopping = self.frontend, self.core, self.stopping
         next_plan, wait, take, step = (frontend.next_plan, frontend.wait, self._take, self.step)
+        stepped = False  # since the loop last handed freed memory back
         while not stopping.is_set():
             plan = next_plan(core)
             if plan is None:
-                wait(IDLE_WAIT_S)
+                if not wait(IDLE_WAIT_S) and stepped:
+                    release_free_heap()  # a quiet interval after work (module docstring)
+                    stepped = False
             elif not plan:
                 take()  # aborts and timeouts of waiting requests
             else:
                 step(plan)
+                stepped = True
 
     def _run_with_kv_events(self) -> None:
         """``run`` with KV events: the events of aborts and flushes as a batch after the
         drain that ran them, a step's as a batch after its commit."""
         frontend, core = self.frontend, self.core
         assert frontend is not None
+        stepped = False
         while not self.stopping.is_set():
             frontend.drain(core)
             self._publish_kv_events()
             if not core.has_work():
-                frontend.wait(IDLE_WAIT_S)
+                if not frontend.wait(IDLE_WAIT_S) and stepped:
+                    release_free_heap()
+                    stepped = False
                 continue
             plan = core.schedule()
             if len(plan) == 0:
                 self._take()  # aborts and timeouts of waiting requests
             else:
                 self.step(plan)
+                stepped = True
             self._publish_kv_events()
 
     # ---- KV events ----

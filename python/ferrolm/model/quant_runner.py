@@ -4,12 +4,16 @@ integer-dot matrix products, the core's paged attention, its own KV pool), one c
 step with the GIL released. It is what ``--runner auto`` picks for a GGUF file on the
 CPU; ``--runner numpy`` dequantizes the same file to float32 instead (the reference it is
 tested against). A Hugging Face checkpoint runs on it quantized at load
-(``--quantization q8_0|q4_k``).
+(``--quantization q8_0|q4_k``) or with its matrices in a 2-byte float type (``--dtype
+float16|bfloat16`` on the CPU: half the memory and bytes per step of the numpy runner's
+float32), read from the checkpoint one tensor at a time.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,11 +24,14 @@ from ferrolm.model import gguf_file
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.rope import attention_factor, inverse_frequencies
 from ferrolm.model.runner import Batch, ModelRunner
+from ferrolm.model.weights import check_weights, read_checkpoint
 
 QUANT_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
 # --quantization: a float checkpoint's matrices quantized at load
 QUANTIZATIONS = ("q8_0", "q4_k")
-_GGML_IDS = {"F32": 0, "Q8_0": 8, "Q4_K": 12}
+# --dtype on the CPU: a float checkpoint's matrices kept in this type (2 bytes a weight)
+FLOAT_DTYPES = ("float16", "bfloat16")
+_GGML_IDS = {"F32": 0, "F16": 1, "Q8_0": 8, "Q4_K": 12, "BF16": 30}
 
 
 def _shape(config: ModelConfig) -> dict[str, Any]:
@@ -75,26 +82,34 @@ def _gguf_tensors(reader: Any, config: ModelConfig) -> tuple[dict[str, Any], dic
     return matrices, vectors
 
 
-def _quantized_tensors(
-    weights: dict[str, np.ndarray], config: ModelConfig, quantization: str
+def _float_tensors(
+    weights: Iterable[tuple[str, np.ndarray]], config: ModelConfig, weight_type: str
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """A float checkpoint's tensors under their GGUF names: matrices quantized to
-    ``quantization`` (rows that are not whole 256-blocks: Q8_0, as llama.cpp falls back;
-    the embedding and head: Q8_0), vectors as float32."""
+    """A float checkpoint's tensors (Hugging Face names, any float dtype), taken one at a
+    time, under their GGUF names: vectors as float32, matrices in ``weight_type``.
+
+    ``float16`` / ``bfloat16``: every matrix in that type (bfloat16 rounds to nearest
+    even; a bf16 checkpoint's bits are kept as they are). ``q8_0`` / ``q4_k``: quantized
+    (rows that are not whole 256-blocks: Q8_0, as llama.cpp falls back; the embedding and
+    head: Q8_0)."""
     matrices: dict[str, Any] = {}
     vectors: dict[str, np.ndarray] = {}
-    for hf_name, value in weights.items():
+    for hf_name, value in weights:
         name = gguf_file.gguf_tensor_name(hf_name)
         if hf_name == "lm_head.weight":
             if config.tie_word_embeddings:
                 continue
             name = "output.weight"
-        array = np.ascontiguousarray(value, dtype=np.float32)
-        if array.ndim == 1:
-            vectors[name] = array
+        if value.ndim == 1:
+            vectors[name] = np.ascontiguousarray(value, dtype=np.float32)
             continue
-        rows, cols = array.shape
-        wanted = "Q8_0" if name in ("token_embd.weight", "output.weight") else quantization.upper()
+        rows, cols = value.shape
+        if weight_type in FLOAT_DTYPES:
+            wanted = "F16" if weight_type == "float16" else "BF16"
+            matrices[name] = (_GGML_IDS[wanted], rows, cols, _two_byte_floats(value, weight_type))
+            continue
+        array = np.ascontiguousarray(value, dtype=np.float32)
+        wanted = "Q8_0" if name in ("token_embd.weight", "output.weight") else weight_type.upper()
         if wanted == "Q4_K" and cols % 256:
             wanted = "Q8_0"
         if cols % 32:
@@ -102,6 +117,42 @@ def _quantized_tensors(
         data = array.reshape(-1).view(np.uint8) if wanted == "F32" else _core.quantize(array, _GGML_IDS[wanted])
         matrices[name] = (_GGML_IDS[wanted], rows, cols, data)
     return matrices, vectors
+
+
+def _two_byte_floats(value: np.ndarray, dtype: str) -> np.ndarray:
+    """``value`` as the raw uint8 bytes of float16 or bfloat16 values (one conversion,
+    no float32 copy where the checkpoint's own type is already 2 bytes)."""
+    if dtype == "float16":
+        converted = np.ascontiguousarray(value, dtype=np.float16)
+    else:
+        import ml_dtypes
+
+        if value.dtype.name == "float16":  # no direct f16 -> bf16 cast in ml_dtypes' numpy
+            value = value.astype(np.float32)
+        converted = np.ascontiguousarray(value, dtype=ml_dtypes.bfloat16)
+    return converted.reshape(-1).view(np.uint8)
+
+
+def _check_weight_type(quantization: str | None, dtype: str | None) -> str:
+    """The matrices' type: ``quantization`` or ``dtype``, exactly one of them."""
+    if quantization is None and dtype is None:
+        raise InvalidInputError(
+            "a float checkpoint on the quant runner needs quantization (q8_0|q4_k) or dtype (float16|bfloat16)",
+            "quantization",
+        )
+    if quantization is not None and dtype is not None:
+        raise InvalidInputError(
+            f"quantization {quantization!r} and dtype {dtype!r} both set the weights' type on the quant runner: "
+            "give one of them",
+            "dtype",
+        )
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise InvalidInputError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}", "quantization")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise InvalidInputError(
+            f"the quant runner keeps float weights in one of {FLOAT_DTYPES}, got {dtype!r}", "dtype"
+        )
+    return quantization or dtype or ""
 
 
 def _check_pool(num_slots: int, kv_cache_dtype: str) -> None:
@@ -130,14 +181,12 @@ class QuantRunner(ModelRunner):
     ) -> QuantRunner:
         _check_pool(num_slots, kv_cache_dtype)
         reader = gguf_file.open_gguf(path)
-        matrices, vectors = _gguf_tensors(reader, config)
+        matrices, vectors = _gguf_tensors(reader, config)  # views of the file's mapping
+        del reader
         if config.tie_word_embeddings:
             matrices.pop("output.weight", None)
-        model = _core.QuantModel(
-            _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
-        )
-        del matrices, vectors, reader  # the core holds its own copy; the file's mapping goes
-        return cls(config, model)
+        # the core copies each matrix; with the last view gone the file is unmapped
+        return cls._build(config, matrices, vectors, num_slots, kv_cache_dtype)
 
     @classmethod
     def from_weights(
@@ -146,20 +195,60 @@ class QuantRunner(ModelRunner):
         weights: dict[str, np.ndarray],
         num_slots: int,
         *,
-        quantization: str,
+        quantization: str | None = None,
+        dtype: str | None = None,
         kv_cache_dtype: str = "float16",
     ) -> QuantRunner:
-        """A float checkpoint (Hugging Face names) quantized at load to ``quantization``
-        (``q8_0`` or ``q4_k``)."""
+        """A float checkpoint (Hugging Face names) with its matrices quantized at load to
+        ``quantization`` (``q8_0`` or ``q4_k``) or kept in ``dtype`` (``float16`` or
+        ``bfloat16``): exactly one of the two."""
         _check_pool(num_slots, kv_cache_dtype)
-        if quantization not in QUANTIZATIONS:
-            raise InvalidInputError(
-                f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}", "quantization"
-            )
-        matrices, vectors = _quantized_tensors(weights, config, quantization)
+        weight_type = _check_weight_type(quantization, dtype)
+        matrices, vectors = _float_tensors(weights.items(), config, weight_type)
+        return cls._build(config, matrices, vectors, num_slots, kv_cache_dtype)
+
+    @classmethod
+    def from_folder(
+        cls,
+        folder: str | os.PathLike[str],
+        config: ModelConfig,
+        num_slots: int,
+        *,
+        quantization: str | None = None,
+        dtype: str | None = None,
+        kv_cache_dtype: str = "float16",
+    ) -> QuantRunner:
+        """``from_weights`` over the safetensors checkpoint in ``folder``, read one tensor
+        at a time in its stored type: no float32 copy of the whole model is ever made."""
+        _check_pool(num_slots, kv_cache_dtype)
+        weight_type = _check_weight_type(quantization, dtype)
+        shapes: dict[str, np.ndarray] = {}
+
+        def tensors() -> Iterable[tuple[str, np.ndarray]]:
+            for name, tensor in read_checkpoint(Path(folder), config, framework="np"):
+                shapes[name] = np.broadcast_to(np.float32(0), tensor.shape)  # for the check, no memory
+                yield name, tensor
+
+        matrices, vectors = _float_tensors(tensors(), config, weight_type)
+        if config.tie_word_embeddings and "model.embed_tokens.weight" in shapes:
+            shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+        check_weights(shapes, config)
+        return cls._build(config, matrices, vectors, num_slots, kv_cache_dtype)
+
+    @classmethod
+    def _build(
+        cls,
+        config: ModelConfig,
+        matrices: dict[str, Any],
+        vectors: dict[str, np.ndarray],
+        num_slots: int,
+        kv_cache_dtype: str,
+    ) -> QuantRunner:
         model = _core.QuantModel(
             _shape(config), config.num_layers, matrices, vectors, num_slots, kv_cache_dtype=kv_cache_dtype
         )
+        matrices.clear()  # the core holds its own copy: the arrays (and any file mapping) go now
+        vectors.clear()
         return cls(config, model)
 
     @property

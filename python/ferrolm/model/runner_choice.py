@@ -2,12 +2,14 @@
 auto|cpu|cuda``, ``--dtype auto|bfloat16|float16|float32``, as ``ferrolm serve``,
 ``ferrolm generate`` and ``ferrolm.Engine`` take them.
 
-``auto`` picks the torch runner where it can use CUDA or where a half-precision dtype is
-asked for (the numpy runner computes in float32 only), and the numpy runner otherwise:
-on the CPU in float32 the two compute the same thing, and the numpy runner needs no torch.
-For a GGUF file on the CPU, ``auto`` is the quantized runner (``quant``: the weights stay
-in their block formats, the forward runs in the Rust core); ``numpy`` and ``torch``
-dequantize the file instead.
+``auto`` picks the torch runner where it can use CUDA, and on the CPU the numpy runner
+for a float checkpoint in float32 (the torch runner would compute the same thing, and the
+numpy runner needs no torch). The quantized runner (``quant``: the forward in the Rust
+core) is ``auto``'s pick on the CPU for a GGUF file (its weights stay in their block
+formats; ``numpy`` and ``torch`` dequantize the file instead), for a float checkpoint with
+``--quantization q8_0|q4_k`` (quantized at load) and for one with ``--dtype
+float16|bfloat16`` (its matrices kept in 2-byte floats; ``--runner torch`` still takes a
+half ``--dtype`` on the CPU, as before). A GGUF with a half ``--dtype`` goes to torch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from ferrolm.errors import InvalidInputError
 from ferrolm.model import gguf_file
 from ferrolm.model.loader import LoadedModel
-from ferrolm.model.quant_runner import QUANT_KV_CACHE_DTYPES, QUANTIZATIONS, QuantRunner
+from ferrolm.model.quant_runner import FLOAT_DTYPES, QUANT_KV_CACHE_DTYPES, QUANTIZATIONS, QuantRunner
 from ferrolm.model.runner import ModelRunner, NumpyRunner
 from ferrolm.model.torch_runner import (
     DEVICES,
@@ -52,8 +54,8 @@ def resolve_runner_kind(
     model: Any = None,
     quantization: str | None = None,
 ) -> str:
-    """``"numpy"``, ``"torch"`` or ``"quant"`` (for ``model``, a name or path); refuses
-    combinations the runner cannot do."""
+    """``"numpy"``, ``"torch"`` or ``"quant"`` (for ``model``, a name or path; ``None``:
+    a float checkpoint); refuses combinations the runner cannot do."""
     if runner not in RUNNERS:
         raise InvalidInputError(f"runner must be one of {RUNNERS}, got {runner!r}", "runner")
     if device not in DEVICES and not (isinstance(device, str) and device.startswith("cuda:")):
@@ -61,7 +63,7 @@ def resolve_runner_kind(
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype!r}", "dtype")
     wants_cuda = device.startswith("cuda")
-    half = dtype in ("bfloat16", "float16")
+    half = dtype in FLOAT_DTYPES
     gguf = model is not None and gguf_file.is_gguf(model)
     if quantization is not None:
         if quantization not in QUANTIZATIONS:
@@ -74,17 +76,27 @@ def resolve_runner_kind(
             )
         if runner not in ("auto", "quant"):
             raise InvalidInputError(f"--quantization runs on the quant runner, not {runner!r}", "quantization")
+        if half:
+            raise InvalidInputError(
+                f"--quantization {quantization} and --dtype {dtype} both set the weights' type; give one of them",
+                "dtype",
+            )
         runner = "quant"
-    if runner == "auto" and gguf and not wants_cuda and not half and not (device == "auto" and cuda_available()):
+    # on the CPU, a GGUF in its block formats and a float checkpoint in 2-byte floats
+    if runner == "auto" and gguf != half and not wants_cuda and not (device == "auto" and cuda_available()):
         runner = "quant"
     if runner == "quant":
-        if not gguf and quantization is None:
+        if wants_cuda:
+            raise InvalidInputError(f"the quant runner computes on the CPU, not on {device!r}", "device")
+        if gguf and half:
             raise InvalidInputError(
-                "the quant runner reads GGUF files, or a float checkpoint with --quantization q8_0|q4_k", "runner"
+                f"a GGUF file runs on the quant runner in its own block formats, not --dtype {dtype}", "dtype"
             )
-        if wants_cuda or half:
+        if not gguf and quantization is None and not half:
             raise InvalidInputError(
-                "the quant runner computes on the CPU from the file's own types; no --device cuda or --dtype", "runner"
+                "the quant runner reads GGUF files, or a float checkpoint with --quantization q8_0|q4_k or "
+                "--dtype float16|bfloat16",
+                "runner",
             )
         return "quant"
     if runner == "auto":
@@ -135,10 +147,12 @@ def build_runner(
             raise InvalidInputError(f"the quant runner's KV pool is one of {QUANT_KV_CACHE_DTYPES}", "kv_cache_dtype")
         if model.gguf is not None:
             return QuantRunner.from_gguf(model.gguf, model.config, num_slots, kv_cache_dtype=pool)
-        assert quantization is not None and model.weights
-        return QuantRunner.from_weights(
-            model.config, model.weights, num_slots, quantization=quantization, kv_cache_dtype=pool
-        )
+        weight_type: dict[str, Any] = {"quantization": quantization} if quantization else {"dtype": dtype}
+        if model.weights:
+            return QuantRunner.from_weights(model.config, model.weights, num_slots, kv_cache_dtype=pool, **weight_type)
+        if model.folder is None:
+            raise InvalidInputError("the model has neither weights nor a folder to read them from", "model")
+        return QuantRunner.from_folder(model.folder, model.config, num_slots, kv_cache_dtype=pool, **weight_type)
     if kind == "numpy":
         if mem_fraction_static is not None:
             raise InvalidInputError(

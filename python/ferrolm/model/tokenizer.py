@@ -28,13 +28,33 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         chat_template: str | None = None,
+        path: Path | None = None,
     ) -> None:
-        self.hf = hf
+        self._hf: tokenizers.Tokenizer | None = hf
+        # the tokenizer.json it was read from, to read again after ``release``
+        self._path = path
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.chat_template = chat_template
         self.bos_token_id = self._id_of("bos_token", bos_token)
         self.eos_token_id = self._id_of("eos_token", eos_token)
+
+    @property
+    def hf(self) -> tokenizers.Tokenizer:
+        """The ``tokenizers`` tokenizer (read again from its file after ``release``)."""
+        hf = self._hf
+        if hf is None:
+            assert self._path is not None
+            hf = self._hf = _read_tokenizer_json(self._path)
+        return hf
+
+    def release(self) -> None:
+        """Frees the tokenizer's tables (a 50k-token BPE takes about 10 MB) until they are
+        next used, for a process whose tokenizing is done elsewhere: ``ferrolm serve``,
+        whose Rust front end reads ``tokenizer.json`` itself. A tokenizer not read from a
+        file keeps its tables."""
+        if self._path is not None:
+            self._hf = None
 
     def _id_of(self, field: str, token: str | None) -> int | None:
         if token is None:
@@ -52,10 +72,7 @@ class Tokenizer:
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise InvalidInputError(f"model folder {folder.name!r} has no tokenizer.json")
-        try:
-            hf = tokenizers.Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises plain Exception on a malformed file
-            raise InvalidInputError(f"tokenizer.json could not be read: {exc}") from None
+        hf = _read_tokenizer_json(path)
         settings: dict[str, Any] = {}
         config_path = folder / "tokenizer_config.json"
         if config_path.exists():
@@ -72,6 +89,7 @@ class Tokenizer:
             bos_token=_token_text(settings.get("bos_token")),
             eos_token=_token_text(settings.get("eos_token")),
             chat_template=template,
+            path=path,
         )
 
     @property
@@ -137,6 +155,13 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             variables_json=json.dumps(variables) if variables else None,
         )
+
+
+def _read_tokenizer_json(path: Path) -> tokenizers.Tokenizer:
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exception on a malformed file
+        raise InvalidInputError(f"tokenizer.json could not be read: {exc}") from None
 
 
 def _token_text(value: Any) -> str | None:

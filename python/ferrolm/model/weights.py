@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
@@ -23,7 +22,7 @@ from ferrolm.model.config import ModelConfig
 Weights = dict[str, np.ndarray]
 
 INDEX_FILE = "model.safetensors.index.json"
-_LOADABLE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float64))
+_LOADABLE_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def layer_prefix(layer: int) -> str:
@@ -92,6 +91,11 @@ def read_checkpoint(
     as safetensors gives them for ``framework`` (``"np"`` or ``"pt"``, the latter placed
     on ``device`` as it is read). A tied model's stored ``lm_head.weight`` is skipped: the
     embedding serves. Shapes are the caller's to check (``check_weights``)."""
+    if framework == "np":
+        # numpy knows "bfloat16" once ml_dtypes is imported (safetensors asks for it by
+        # name); imported here, not with this module, as it costs 8 MB resident
+        import ml_dtypes  # noqa: F401
+
     wanted = expected_shapes(config)
     tied = config.tie_word_embeddings
     for file in _checkpoint_files(Path(folder)):
@@ -134,6 +138,6 @@ def _checkpoint_files(folder: Path) -> list[Path]:
 
 
 def _to_float32(name: str, array: np.ndarray) -> np.ndarray:
-    if array.dtype not in _LOADABLE_DTYPES:
+    if array.dtype.name not in _LOADABLE_DTYPES:
         raise InvalidInputError(f"checkpoint tensor {name!r} has dtype {array.dtype}; expected bf16, fp16 or fp32")
     return np.ascontiguousarray(array, dtype=np.float32)

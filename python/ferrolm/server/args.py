@@ -235,9 +235,10 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         choices=RUNNERS,
         default="auto",
         help="model runner: numpy (float32, CPU), torch (CPU or CUDA, any dtype; needs "
-        "pip install 'ferrolm[torch]') or quant (a GGUF's weights as stored, the forward in "
-        "the Rust core); auto: quant for a GGUF on the CPU, torch where CUDA is present or "
-        "a half precision --dtype is asked for, else numpy",
+        "pip install 'ferrolm[torch]') or quant (a GGUF's weights as stored, or a float "
+        "checkpoint with --quantization or a half --dtype; the forward in the Rust core, on "
+        "the CPU); auto: on the CPU quant for a GGUF, --quantization or a half --dtype, else "
+        "numpy; torch where CUDA is present",
     )
     parser.add_argument(
         "--device", choices=DEVICES, default="auto", help="where the torch runner runs; auto: cuda if present, else cpu"
@@ -246,8 +247,10 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=DTYPES,
         default="auto",
-        help="the torch runner's weights, activations and KV cache; auto: the checkpoint's "
-        "dtype on CUDA, float32 on the CPU",
+        help="the weights' type: on the CPU, float16/bfloat16 keep a float checkpoint's matrices "
+        "in 2 bytes a weight on the quant runner (with --runner torch: torch's weights and "
+        "activations); on CUDA the torch runner's weights, activations and KV cache; auto: "
+        "the checkpoint's dtype on CUDA, float32 on the CPU",
     )
     parser.add_argument(
         "--kv-cache-dtype",

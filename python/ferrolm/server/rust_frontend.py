@@ -48,6 +48,7 @@ from typing import Any
 
 import ferrolm
 from ferrolm import _core, step_loop
+from ferrolm._memory import release_free_heap
 from ferrolm.engine import Engine
 from ferrolm.kv_events_config import describe_stream
 from ferrolm.kv_publisher import KvEventPublisher
@@ -158,6 +159,10 @@ def run_server(args: ServerArgs) -> int:
         frontend = start_frontend(engine, args, loading)
     finally:
         loading.stop()  # frees the port if the engine did not start (else a no-op)
+    # the front end tokenizes with its own copy read from tokenizer.json: the Python one's
+    # tables (about 10 MB for a 50k vocabulary) are not needed while serving
+    engine.tokenizer.release()
+    release_free_heap()
     loop = StepLoop(engine, frontend, kv_publisher)
 
     def stop(signum: int, _frame: Any) -> None:

@@ -18,6 +18,7 @@ mod tests;
 use std::fmt;
 use std::sync::Arc;
 
+use half::vec::HalfBitsVecExt;
 use half::{bf16, f16};
 
 use crate::attention::{self, Geometry, KvElem, Options, Step};
@@ -95,11 +96,15 @@ enum Pool {
 }
 
 impl Pool {
+    /// A pool of zeros taken from the allocator's zeroed memory (for a pool this size,
+    /// fresh pages from the OS), as `vec![0.0f32; len]` is: a slot's pages become resident
+    /// when it is first written, not at construction. Half floats are zeroed as their
+    /// `u16` bits, since `vec![f16::ZERO; len]` would write every element.
     fn new(dtype: KvDtype, len: usize) -> Pool {
         match dtype {
             KvDtype::F32 => Pool::F32(vec![0.0; len]),
-            KvDtype::F16 => Pool::F16(vec![f16::ZERO; len]),
-            KvDtype::BF16 => Pool::BF16(vec![bf16::ZERO; len]),
+            KvDtype::F16 => Pool::F16(vec![0u16; len].reinterpret_into()),
+            KvDtype::BF16 => Pool::BF16(vec![0u16; len].reinterpret_into()),
         }
     }
 }
