@@ -6,8 +6,11 @@
 //! run of weight rows and multiplies each row by every token before moving on
 //! ([`dot_tokens`]: each weight block unpacked once for a group of tokens), so a weight
 //! row is read from memory once per step, however many tokens the step has, and each
-//! token gets the floats it would get alone.
+//! token gets the floats it would get alone. Float rows (F32, F16, BF16) are widened to
+//! f32 once per step and multiplied in f32 ([`widen_rows`], [`float_dot`]).
 
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use crate::quant::dot::{dot_tokens, quantize_activations, ActivationFormat, Activations};
@@ -80,16 +83,28 @@ impl Linear {
             self.add_bias(out);
             return;
         }
-        let acts = inputs.get(self.ty.activation_format());
         let chunk = rows_per_task(self.rows, self.row_bytes);
-        let float_scratch = self.ty.activation_format() == ActivationFormat::Float;
+        // float weights (F32, F16, BF16): each row widened to f32 once, then multiplied by
+        // every token while it is in cache (each token's dot alone, as it would be in a
+        // step of its own); block formats: the integer dots
+        let float = self.ty.activation_format() == ActivationFormat::Float;
+        let (x, cols) = (inputs.x, self.cols);
+        let acts: &[_] = if float { &[] } else { inputs.get(self.ty.activation_format()) };
+        let dot = float_dot();
         let run = |first: usize, dst: &mut [f32]| {
             let n = dst.len() / tokens;
-            let mut scratch = vec![0f32; if float_scratch { self.cols } else { 0 }];
+            let mut scratch = vec![0f32; if float { cols } else { 0 }];
             let rows =
                 self.data[first * self.row_bytes..(first + n) * self.row_bytes].chunks_exact(self.row_bytes);
             for (row, dst) in rows.zip(dst.chunks_exact_mut(tokens)) {
-                dot_tokens(self.ty, row, acts, &mut scratch, dst);
+                if float {
+                    widen_rows(self.ty, row, &mut scratch);
+                    for (o, x) in dst.iter_mut().zip(x.chunks_exact(cols)) {
+                        *o = dot(&scratch, x);
+                    }
+                } else {
+                    dot_tokens(self.ty, row, acts, &mut scratch, dst);
+                }
             }
         };
         if tokens == 1 {
@@ -132,7 +147,7 @@ impl Linear {
             w.par_chunks_mut(chunk * cols).enumerate().for_each(|(c, dst)| {
                 let r0 = first + c * chunk;
                 let bytes = &self.data[r0 * self.row_bytes..(r0 + dst.len() / cols) * self.row_bytes];
-                crate::quant::dequantize(self.ty, bytes, dst).expect("rows are whole blocks");
+                widen_rows(self.ty, bytes, dst);
             });
             // out[t, first + j] = sum_k x[t, k] * w[j, k]: lhs x is [tokens, cols] row-major,
             // rhs is w transposed (k along its rows: stride 1; j along its columns: stride
@@ -165,6 +180,55 @@ impl Linear {
             }
         }
     }
+}
+
+/// Whole rows of `ty` as f32: F16 with the CPU's conversion instructions where it has them
+/// (the `half` crate's slice conversion), the other types by [`crate::quant::dequantize`].
+fn widen_rows(ty: QuantType, row: &[u8], out: &mut [f32]) {
+    if ty == QuantType::F16 {
+        // SAFETY: every bit pattern is a valid u16; only the aligned middle is used
+        let (head, bits, tail) = unsafe { row.align_to::<u16>() };
+        if head.is_empty() && tail.is_empty() {
+            bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
+            return;
+        }
+    }
+    crate::quant::dequantize(ty, row, out).expect("a row is whole values of its type");
+}
+
+/// The f32 dot product of float rows with a token's activations: 16 running sums (one per
+/// lane, summed in a fixed order at the end), the same arithmetic on every CPU; with AVX2
+/// the lanes are two 8-wide registers.
+fn float_dot() -> fn(&[f32], &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (detected above)
+        return |w, x| unsafe { dot_lanes_avx2(w, x) };
+    }
+    dot_lanes
+}
+
+#[inline(always)]
+pub(super) fn dot_lanes(w: &[f32], x: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut sums = [0f32; LANES];
+    let (w_body, x_body) = (w.chunks_exact(LANES), x.chunks_exact(LANES));
+    let (w_tail, x_tail) = (w_body.remainder(), x_body.remainder());
+    for (w, x) in w_body.zip(x_body) {
+        for i in 0..LANES {
+            sums[i] += w[i] * x[i];
+        }
+    }
+    for (i, (w, x)) in w_tail.iter().zip(x_tail).enumerate() {
+        sums[i] += w * x;
+    }
+    sums.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_lanes_avx2(w: &[f32], x: &[f32]) -> f32 {
+    dot_lanes(w, x)
 }
 
 /// Tokens from which a product runs in f32 ([`Linear::forward_float`]): below, integer

@@ -219,3 +219,39 @@ fn a_long_prompt_in_f32_matches_it_token_by_token() {
     assert!(worst > 0.0, "the two paths are expected to round differently");
     assert!(worst <= 0.02 * spread, "max difference {worst} of a logit range {spread}");
 }
+
+/// Float rows (F32, F16, BF16) times one and a few tokens: each the f32 dot of the widened
+/// row with the token alone (the portable lanes' result bit for bit, whichever build the
+/// CPU runs), within f32 rounding of the exact product.
+#[test]
+fn float_rows_are_their_widened_f32_products() {
+    let (rows, cols, tokens) = (37, 200, 3); // 200: a tail after the 16-lane body
+    let mut rng = Rng(0x0F1E_2D3C_4B5A_6978);
+    let w = rng.floats(rows * cols, 0.4);
+    let x = rng.floats(tokens * cols, 1.0);
+    for ty in [QuantType::F32, QuantType::F16, QuantType::BF16] {
+        let data: Vec<u8> = match ty {
+            QuantType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            QuantType::F16 => w.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+            _ => w.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+        };
+        let mut widened = vec![0f32; rows * cols];
+        crate::quant::dequantize(ty, &data, &mut widened).unwrap();
+        let m = Linear::new("w", ty, rows, cols, data, None).unwrap();
+        for n in [1, tokens] {
+            let mut out = vec![0f32; n * rows];
+            m.forward(&mut Inputs::new(&x[..n * cols], cols), &mut out);
+            for t in 0..n {
+                let xt = &x[t * cols..(t + 1) * cols];
+                for r in 0..rows {
+                    let wr = &widened[r * cols..(r + 1) * cols];
+                    let got = out[t * rows + r];
+                    assert_eq!(got.to_bits(), linear::dot_lanes(wr, xt).to_bits(), "{ty} row {r} token {t}");
+                    let exact: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let scale: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                    assert!((got as f64 - exact).abs() <= 1e-6 * scale, "{ty}: {got} against {exact}");
+                }
+            }
+        }
+    }
+}
