@@ -15,8 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::elem::KvElem;
-use super::kernel::{lane_sum, TaskInput, Workspace, STATE_HEADER};
-use crate::sampling::simd::exp_nonpositive;
+use super::kernel::{fold_tile, TaskInput, Workspace, STATE_HEADER};
 
 /// Keys per tile: one KV head's keys and values of a tile in f32 take
 /// `2 * KEYS * head_dim * 4` bytes, 16 KiB at head_dim 64.
@@ -70,25 +69,9 @@ pub(super) unsafe fn run<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspa
                     // SAFETY: the CPU has AVX2, FMA and F16C; every key and value row
                     // `seen[j]..seen[j] + d` is within its pool (asserted above).
                     unsafe { score_keys(q, k_pool.as_ptr(), seen, scores) };
-                    let row = &mut state[r * stride..(r + 1) * stride];
-                    let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                    let (head, acc) = row.split_at_mut(STATE_HEADER);
-                    let max = head[0].max(tile_max);
-                    // exp(-inf) is 0: the first tile a row sees scales nothing in
-                    let rescale = exp_nonpositive(head[0] - max);
-                    for s in scores.iter_mut() {
-                        *s = exp_nonpositive(*s - max);
-                    }
-                    let sum = head[1] * rescale + lane_sum(scores);
-                    if rescale != 1.0 {
-                        for a in acc.iter_mut() {
-                            *a *= rescale;
-                        }
-                    }
+                    let acc = fold_tile(&mut state[r * stride..(r + 1) * stride], scores);
                     // SAFETY: as for `score_keys`; acc is d long.
                     unsafe { accumulate(acc, scores, v_pool.as_ptr(), seen) };
-                    head[0] = max;
-                    head[1] = sum;
                 }
             }
         }

@@ -290,8 +290,32 @@ fn dot<A: Arith>(a: &[f32], b: &[f32]) -> f32 {
     (quad[0] + quad[2]) + (quad[1] + quad[3]) + tail
 }
 
+/// One tile's scores folded into a row's online-softmax state (`[max, sum, acc..]`): the
+/// scores become their weights `exp(s - max)` under the row's new running max, the sum
+/// takes them in and the accumulator is rescaled to that max. Returns the accumulator,
+/// for the caller to add the tile's weighted values to.
 #[inline(always)]
-pub(super) fn lane_sum(xs: &[f32]) -> f32 {
+pub(super) fn fold_tile<'a>(row: &'a mut [f32], scores: &mut [f32]) -> &'a mut [f32] {
+    let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let (head, acc) = row.split_at_mut(STATE_HEADER);
+    let max = head[0].max(tile_max);
+    // exp(-inf) is 0: the first tile a row sees scales nothing in
+    let rescale = exp_nonpositive(head[0] - max);
+    for s in scores.iter_mut() {
+        *s = exp_nonpositive(*s - max);
+    }
+    head[1] = head[1] * rescale + lane_sum(scores);
+    head[0] = max;
+    if rescale != 1.0 {
+        for a in acc.iter_mut() {
+            *a *= rescale;
+        }
+    }
+    acc
+}
+
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
@@ -356,23 +380,8 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
             for (j, s) in scores.iter_mut().enumerate().skip(done) {
                 *s = A::dot(q, key(j));
             }
-            let tile_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let (head, acc) = row.split_at_mut(STATE_HEADER);
-            let max = head[0].max(tile_max);
-            // exp(-inf) is 0: the first tile a row sees scales nothing in
-            let rescale = exp_nonpositive(head[0] - max);
-            for s in scores.iter_mut() {
-                *s = exp_nonpositive(*s - max);
-            }
-            let sum = head[1] * rescale + lane_sum(scores);
-            if rescale != 1.0 {
-                for a in acc.iter_mut() {
-                    *a *= rescale;
-                }
-            }
+            let acc = fold_tile(row, scores);
             A::accumulate(acc, scores, &value_rows[lo - start..hi - start], offset);
-            head[0] = max;
-            head[1] = sum;
         }
         start += n;
     }
