@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ferrolm.model.config import ModelConfig
 from ferrolm.model.loader import LoadedModel, load_model
 from ferrolm.model.random_weights import random_weights
 from safetensors.numpy import save_file
@@ -249,3 +250,31 @@ def _add(writer: Any, key: str, value: Any) -> None:
         writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     else:
         writer.add_array(key, value)
+
+
+def write_metadata_gguf(
+    path: Path, arch: str, config: ModelConfig, keys: dict[str, Any], tensors: dict[str, np.ndarray] | None = None
+) -> Path:
+    """A GGUF of one block's hyperparameters (context 4096), ``keys`` (str, int as uint32,
+    float as float32) and ``tensors``: enough for the metadata reader, no weights."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_head_count(config.num_heads)
+    writer.add_context_length(4096)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_vocab_size(config.vocab_size)
+    for key, value in keys.items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float32(key, value)
+    for name, tensor in (tensors or {}).items():
+        writer.add_tensor(name, tensor)
+    for out in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
+        out()
+    return path

@@ -21,18 +21,25 @@ def test_chunk_nll_is_the_negative_log_softmax_of_the_target() -> None:
     np.testing.assert_allclose(chunk_nll(logits, targets), want, rtol=1e-9)
 
 
-def test_perplexity_run_prints_a_running_estimate_and_the_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def model_and_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A GGUF the test writes and a text of several 64-token chunks."""
     monkeypatch.setenv("FERROLM_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(wide_tiny(tmp_path / "wide"), path)
     text = tmp_path / "text.txt"
     text.write_text("It was the best of times, it was the worst of times. " * 20, encoding="utf-8")
+    return path, text
+
+
+def test_perplexity_run_prints_a_running_estimate_and_the_result(
+    model_and_text: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, text = model_and_text
     assert main(["bench", "perplexity", "--model", str(path), "--text", str(text), "--ctx", "64"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^\[1\][\d.]+", out, re.M)
-    ppl = float(re.search(r"PPL = ([\d.]+) over (\d+) tokens", out).group(1))  # type: ignore[union-attr]
+    ppl = _ppl(out)
     assert ppl > 1.0 and math.isfinite(ppl)  # a random model: confidently wrong, so large
 
 
@@ -41,15 +48,11 @@ def _ppl(out: str) -> float:
 
 
 def test_a_chunk_run_in_steps_scores_as_the_whole_chunk_on_a_float_runner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    model_and_text: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the numpy runner computes every step in float32: steps of 7 tokens over the cached
     # part of the chunk give the chunk's logits, up to summation order
-    monkeypatch.setenv("FERROLM_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(wide_tiny(tmp_path / "wide"), path)
-    text = tmp_path / "text.txt"
-    text.write_text("It was the best of times, it was the worst of times. " * 20, encoding="utf-8")
+    path, text = model_and_text
     base = ["bench", "perplexity", "--model", str(path), "--text", str(text), "--ctx", "64", "--runner", "numpy"]
     assert main(base) == 0
     whole = _ppl(capsys.readouterr().out)

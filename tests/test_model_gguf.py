@@ -20,7 +20,7 @@ from ferrolm.model.loader import LoadedModel, load_model, resolve_model_folder, 
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
 
 gguf = pytest.importorskip("gguf", reason="the gguf package reads and writes the files")
-from gguf_files import LAYER_TYPES, random_k_blocks, wide_tiny, write_tiny_gguf  # noqa: E402
+from gguf_files import LAYER_TYPES, random_k_blocks, wide_tiny, write_metadata_gguf, write_tiny_gguf  # noqa: E402
 
 TEXTS = [
     "Hello world",
@@ -379,19 +379,13 @@ def test_llama3_rope_divisors_become_llama3_scaling(tmp_path: Path) -> None:
     want = RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
     scaled = dataclasses.replace(tiny.config, rope_scaling=want)
     divisors = inverse_frequencies(tiny.config) / inverse_frequencies(scaled)
-    path = tmp_path / "llama3.gguf"
-    writer = gguf.GGUFWriter(str(path), arch="llama")
-    c = tiny.config
-    writer.add_block_count(1)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_head_count(c.num_heads)
-    writer.add_context_length(4096)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_vocab_size(c.vocab_size)
-    writer.add_uint32("llama.rope.scaling.original_context_length", 64)
-    writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
-    for out in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
-        out()
+    path = write_metadata_gguf(
+        tmp_path / "llama3.gguf",
+        "llama",
+        tiny.config,
+        {"llama.rope.scaling.original_context_length": 64},
+        {"rope_freqs.weight": divisors.astype(np.float32)},
+    )
     assert gguf_file.read_config(gguf_file.Metadata(gguf_file.open_gguf(path))).rope_scaling == want
 
 

@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import pytest
 from ferrolm.errors import InvalidInputError
@@ -22,6 +21,7 @@ from ferrolm.model.random_weights import random_weights
 from ferrolm.model.reference import reference_logits
 from ferrolm.model.rope import attention_factor, inverse_frequencies
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
+from gguf_files import write_metadata_gguf
 from small_models import small_config
 
 
@@ -107,26 +107,6 @@ def test_the_runners_multiply_cos_and_sin_by_the_attention_factor() -> None:
     assert np.abs(quant - want).max() < 0.5 * np.abs(without - want).max()
 
 
-def _gguf_with_rope(path: Path, config: ModelConfig, keys: dict[str, Any]) -> Path:
-    writer = gguf.GGUFWriter(str(path), arch="qwen2")
-    writer.add_block_count(1)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_head_count(config.num_heads)
-    writer.add_context_length(4096)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_vocab_size(config.vocab_size)
-    for key, value in keys.items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        else:
-            writer.add_float32(key, value)
-    for out in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
-        out()
-    return path
-
-
 def test_a_gguf_with_yarn_keys_reads_as_yarn(tmp_path: Path) -> None:
     c = small_config("qwen2")
     keys = {
@@ -134,16 +114,18 @@ def test_a_gguf_with_yarn_keys_reads_as_yarn(tmp_path: Path) -> None:
         "qwen2.rope.scaling.factor": 4.0,
         "qwen2.rope.scaling.original_context_length": 1024,
     }
-    path = _gguf_with_rope(tmp_path / "yarn.gguf", c, keys)
+    path = write_metadata_gguf(tmp_path / "yarn.gguf", "qwen2", c, keys)
     got = gguf_file.read_config(gguf_file.Metadata(gguf_file.open_gguf(path))).rope_scaling
     assert got == RopeScaling(
         "yarn", 4.0, original_max_position_embeddings=1024, attention_factor=0.1 * math.log(4.0) + 1.0
     )
     # DeepSeek's log multiplier is refused by its key, and a missing factor by its own
-    path = _gguf_with_rope(tmp_path / "log.gguf", c, keys | {"qwen2.rope.scaling.yarn_log_multiplier": 0.1})
+    path = write_metadata_gguf(
+        tmp_path / "log.gguf", "qwen2", c, keys | {"qwen2.rope.scaling.yarn_log_multiplier": 0.1}
+    )
     with pytest.raises(InvalidInputError, match="yarn_log_multiplier"):
         gguf_file.read_config(gguf_file.Metadata(gguf_file.open_gguf(path)))
     del keys["qwen2.rope.scaling.factor"]
-    path = _gguf_with_rope(tmp_path / "nofactor.gguf", c, keys)
+    path = write_metadata_gguf(tmp_path / "nofactor.gguf", "qwen2", c, keys)
     with pytest.raises(InvalidInputError, match="rope.scaling.factor"):
         gguf_file.read_config(gguf_file.Metadata(gguf_file.open_gguf(path)))
