@@ -11,6 +11,7 @@ and the test holds it to that while the argmax of every position agrees.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from ferrolm import Engine, SamplingParams
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.loader import load_model
 from ferrolm.model.quant_runner import QuantRunner
+from ferrolm.model.random_weights import random_weights
 from ferrolm.model.runner import ForwardBatch, NumpyRunner
 from ferrolm.model.runner_choice import resolve_runner_kind
 from gguf_files import wide_tiny, write_tiny_gguf
@@ -76,6 +78,48 @@ def test_a_gguf_runs_on_the_quant_runner_by_default(gguf_path: Path) -> None:
     clear = top2[1] - top2[0] > 0.05 * float(logits.max() - logits.min())
     if clear:
         assert out.token_ids[0] == same.token_ids[0]
+
+
+def test_a_q8_0_kv_cache_stays_close_to_the_float_one(gguf_path: Path) -> None:
+    # The q8_0 pool rounds each key and value to 1/254 of its 32-value block's largest
+    # magnitude (plus the f16 scale's 2^-11): attention's scores and outputs move by about
+    # that relative amount, well under the 2% of the logits' range the int8 activations
+    # already get. A prompt, then decode steps that read it back from the pool.
+    model = load_model(gguf_path)
+    ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
+    runs: dict[str, list[np.ndarray]] = {}
+    fed: list[int] = []  # the float pool's greedy tokens, fed to both
+    for kv in ("float32", "q8_0"):
+        runner = QuantRunner.from_gguf(gguf_path, model.config, 64, kv_cache_dtype=kv)
+        logits = [runner.forward(_prompt_batch(ids), all_logits=True)]
+        for i in range(4):
+            if kv == "float32":
+                fed.append(int(logits[-1][-1].argmax()))
+            step = ForwardBatch.from_requests([[fed[i]]], [list(range(len(ids) + i + 1))])
+            logits.append(runner.forward(step))
+        runs[kv] = logits
+    spread = float(runs["float32"][0].max() - runs["float32"][0].min())
+    for want, got in zip(runs["float32"], runs["q8_0"]):
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 0.01 * spread
+        assert 0 < np.abs(got - want).max()  # the pool is really quantized
+    assert (runs["q8_0"][0].argmax(axis=1) == runs["float32"][0].argmax(axis=1)).mean() >= 0.9
+
+
+def test_a_q8_0_kv_cache_is_the_quant_runners_and_needs_whole_blocks_per_head(gguf_path: Path) -> None:
+    engine = Engine(str(gguf_path), kv_capacity=128, kv_cache_dtype="q8_0")
+    [out] = engine.generate(["Hello there"], SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))
+    assert len(out.token_ids) == 6
+    with pytest.raises(InvalidInputError, match="quant runner") as err:
+        Engine(str(gguf_path), kv_capacity=128, runner="numpy", kv_cache_dtype="q8_0")
+    assert err.value.field == "kv_cache_dtype"
+    # heads 16 wide: a block of 32 would straddle two of them
+    config = dataclasses.replace(
+        load_model("tiny", with_weights=False).config, head_dim=16, num_heads=8, num_kv_heads=4
+    )
+    with pytest.raises(InvalidInputError, match="multiple of 32") as err:
+        QuantRunner.from_weights(config, random_weights(config, 1), 8, dtype="float16", kv_cache_dtype="q8_0")
+    assert err.value.field == "kv_cache_dtype"
 
 
 def test_bad_input_is_refused_by_field(gguf_path: Path) -> None:

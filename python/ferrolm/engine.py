@@ -181,8 +181,8 @@ class Engine:
         ``float32``; ``auto`` is the checkpoint's on CUDA, float32 on the CPU; a half
         ``dtype`` on the CPU runs a float checkpoint on the quant runner, its matrices in
         that type, unless ``runner`` says otherwise).
-        ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``): the KV pool's
-        element type; ``auto`` is float16 on the CPU (the core's attention kernel reads
+        ``kv_cache_dtype`` (``auto``/``float32``/``float16``/``bfloat16``/``q8_0``): the KV
+        pool's element type (``q8_0``, ggml's 8-bit blocks, on the quant runner only); ``auto`` is float16 on the CPU (the core's attention kernel reads
         half the bytes; attention computes in float32) unless ``FERROLM_KV_CACHE_DTYPE``
         says otherwise, and the runner's ``dtype`` on CUDA.
         ``quantization`` (``q8_0``/``q4_k``): run a float checkpoint on the quantized runner

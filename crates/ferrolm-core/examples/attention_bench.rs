@@ -33,8 +33,8 @@ fn decode_batch(requests: usize, context: usize, num_slots: usize, rng: &mut Req
 
 fn pool<E: KvElem>(num_slots: usize, rng: &mut RequestRng) -> (Vec<E>, Vec<E>) {
     let row = GEOMETRY.num_kv_heads * GEOMETRY.head_dim;
-    let mut k = vec![E::from_f32(0.0); num_slots * row];
-    let mut v = vec![E::from_f32(0.0); num_slots * row];
+    let mut k = E::zeros(num_slots * row);
+    let mut v = E::zeros(num_slots * row);
     let values: Vec<f32> = (0..num_slots * row).map(|_| rng.next_f64() as f32 - 0.5).collect();
     let slots: Vec<u32> = (0..num_slots as u32).collect();
     write_kv(GEOMETRY, &slots, &values, &values, &mut k, &mut v).expect("a consistent pool");
@@ -78,9 +78,9 @@ fn run<E: KvElem>(name: &str, threads: usize) {
         let mut gathered = vec![0.0f32; b.kv_slots.len() * row * 2];
         let gather = median_us(31, || {
             for (i, &s) in b.kv_slots.iter().enumerate() {
-                let (src, dst) = (s as usize * row..(s as usize + 1) * row, i * 2 * row..(i * 2 + 1) * row);
-                E::load(&k[src.clone()], &mut gathered[dst.clone()]);
-                E::load(&v[src], &mut gathered[dst.start + row..dst.end + row]);
+                let (src, dst) = (s as usize * row, i * 2 * row..(i * 2 + 1) * row);
+                E::load(&k, src, &mut gathered[dst.clone()]);
+                E::load(&v, src, &mut gathered[dst.start + row..dst.end + row]);
             }
             std::hint::black_box(&gathered);
         });

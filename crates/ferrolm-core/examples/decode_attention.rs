@@ -1,29 +1,45 @@
 //! Times one decode step's attention over every layer of a small GQA model (SmolLM2-135M's
-//! shape: 9 query heads, 3 KV heads, head dim 64, 30 layers), f16 pools, contiguous slots,
-//! inside a rayon pool as the CPU model runs it. With a third argument, each request
-//! brings that many new tokens (a prefill chunk over `context` cached ones).
-//! `cargo run --release -p ferrolm-core --example decode_attention -- [batch] [context] [new]`
+//! shape: 9 query heads, 3 KV heads, head dim 64, 30 layers), contiguous slots, inside a
+//! rayon pool as the CPU model runs it. With a third argument, each request brings that
+//! many new tokens (a prefill chunk over `context` cached ones); the fourth is the pool's
+//! type (f16 by default, f32, bf16 or q8_0).
+//! `cargo run --release -p ferrolm-core --example decode_attention -- [batch] [context] [new] [type]`
 
 use std::time::Instant;
 
-use ferrolm_core::attention::{attend, f16, Geometry, Options, Step};
+use ferrolm_core::attention::{attend, bf16, f16, Geometry, KvElem, Options, Step};
+use ferrolm_core::quant::blocks::BlockQ8_0;
 
 const GEOMETRY: Geometry = Geometry { num_heads: 9, num_kv_heads: 3, head_dim: 64 };
 const LAYERS: usize = 30;
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("a number")).collect();
-    let batch = args.first().copied().unwrap_or(1);
-    let context = args.get(1).copied().unwrap_or(2048);
-    let new = args.get(2).copied().unwrap_or(1).max(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let number = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect("a number"));
+    let (batch, context, new) = (number(0, 1), number(1, 2048), number(2, 1).max(1));
+    match args.get(3).map_or("f16", String::as_str) {
+        "f16" => run::<f16>(batch, context, new),
+        "f32" => run::<f32>(batch, context, new),
+        "bf16" => run::<bf16>(batch, context, new),
+        "q8_0" => run::<BlockQ8_0>(batch, context, new),
+        other => panic!("the pool type is f16, f32, bf16 or q8_0, not {other}"),
+    }
+}
+
+fn run<E: KvElem>(batch: usize, context: usize, new: usize) {
     let row = GEOMETRY.num_kv_heads * GEOMETRY.head_dim;
     let per_request = context + new - 1; // the cached tokens and the new ones but the last's own
     let slots = batch * (per_request + 1);
-    let pools: Vec<(Vec<f16>, Vec<f16>)> = (0..LAYERS)
+    let fill = |f: &dyn Fn(usize) -> f32| {
+        let values: Vec<f32> = (0..slots * row).map(f).collect();
+        let mut pool = E::zeros(values.len());
+        E::store(&values, &mut pool, 0);
+        pool
+    };
+    let pools: Vec<(Vec<E>, Vec<E>)> = (0..LAYERS)
         .map(|l| {
-            let k = (0..slots * row).map(|i| f16::from_f32(((i * 7 + l) % 13) as f32 * 0.05 - 0.3)).collect();
-            let v =
-                (0..slots * row).map(|i| f16::from_f32(((i * 5 + l) % 11) as f32 * 0.05 - 0.25)).collect();
+            let k = fill(&|i| ((i * 7 + l) % 13) as f32 * 0.05 - 0.3);
+            let v = fill(&|i| ((i * 5 + l) % 11) as f32 * 0.05 - 0.25);
             (k, v)
         })
         .collect();
@@ -50,22 +66,27 @@ fn main() {
     }
     times.sort_by(|a, b| a.total_cmp(b));
     let mut reads = Vec::new();
-    let mut total = 0u64;
+    let mut total = 0f32;
+    let mut widened = vec![0f32; slots * row];
     for _ in 0..20 {
         let t = Instant::now();
         for (k, v) in &pools {
             for p in [k, v] {
-                total = total.wrapping_add(p.iter().map(|x| x.to_bits() as u64).sum::<u64>());
+                E::load(p, 0, &mut widened);
+                total += widened[row];
             }
         }
         reads.push(t.elapsed().as_secs_f64() * 1e3);
     }
     reads.sort_by(|a, b| a.total_cmp(b));
-    println!("a plain read of the pools: {:.3} ms ({total})", reads[10]);
-    let kv_bytes = (LAYERS * batch * context * row * 2 * 2) as f64;
+    println!("widening the pools into one buffer: {:.3} ms ({total})", reads[10]);
+    let kv_bytes = (LAYERS * 2 * std::mem::size_of_val(&pools[0].0[..])) as f64 * context as f64
+        / slots as f64
+        * batch as f64;
     let ms = times[times.len() / 2];
     println!(
-        "B={batch} ctx={context} new={new}: {ms:.3} ms for {LAYERS} layers ({:.1} GB/s of KV), checksum {:.4}",
+        "{} B={batch} ctx={context} new={new}: {ms:.3} ms for {LAYERS} layers ({:.1} GB/s of KV), checksum {:.4}",
+        E::NAME,
         kv_bytes / ms / 1e6,
         out.iter().sum::<f32>()
     );

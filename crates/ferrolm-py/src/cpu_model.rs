@@ -117,11 +117,12 @@ impl QuantModel {
             "float32" => KvDtype::F32,
             "float16" => KvDtype::F16,
             "bfloat16" => KvDtype::BF16,
+            "q8_0" => KvDtype::Q8_0,
             other => {
                 return Err(errors::invalid_field(
                     py,
                     "kv_cache_dtype",
-                    format!("kv_cache_dtype must be float32, float16 or bfloat16, got {other:?}"),
+                    format!("kv_cache_dtype must be float32, float16, bfloat16 or q8_0, got {other:?}"),
                 ))
             }
         };

@@ -14,7 +14,7 @@ result is ``exp(mean NLL)`` over all scored tokens, printed after each chunk as
 quantized to 8 bits per block, as llama.cpp's CPU backend does at every step size; a
 larger step dequantizes the weights and multiplies in float32 (closer to the float model,
 so its perplexity differs from llama.cpp's by the activation rounding). The KV cache is
-float16 by default, llama.cpp's default.
+float16 by default, llama.cpp's default; q8_0 is its ``-ctk q8_0 -ctv q8_0``.
 """
 
 from __future__ import annotations
@@ -101,5 +101,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0: all)")
     p.add_argument("--runner", default="auto", help="auto, quant, numpy or torch")
     p.add_argument("--ubatch", type=int, default=512, help="tokens per forward step (llama-perplexity's -ub)")
-    p.add_argument("--kv-cache-dtype", default="float16", help="float16 (llama.cpp's default), float32 or bfloat16")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="float16",
+        help="float16 (llama.cpp's default), float32, bfloat16 or q8_0 (llama.cpp's -ctk/-ctv q8_0)",
+    )
     p.set_defaults(func=run)

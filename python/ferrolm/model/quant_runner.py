@@ -26,7 +26,7 @@ from ferrolm.model.rope import attention_factor, inverse_frequencies
 from ferrolm.model.runner import Batch, ModelRunner
 from ferrolm.model.weights import check_weights, read_checkpoint
 
-QUANT_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16")
+QUANT_KV_CACHE_DTYPES = ("float32", "float16", "bfloat16", "q8_0")
 # --quantization: a float checkpoint's matrices quantized at load
 QUANTIZATIONS = ("q8_0", "q4_k")
 # --dtype on the CPU: a float checkpoint's matrices kept in this type (2 bytes a weight)
@@ -167,8 +167,9 @@ def _check_pool(num_slots: int, kv_cache_dtype: str) -> None:
 class QuantRunner(ModelRunner):
     """``forward`` of the Rust core's ``QuantModel`` over a GGUF file's weights as stored.
 
-    ``kv_cache_dtype``: the pool's element type (float32, float16 or bfloat16; attention
-    computes in float32 either way)."""
+    ``kv_cache_dtype``: the pool's element type (float32, float16, bfloat16, or q8_0:
+    ggml's blocks of 32 int8 values and an f16 scale, llama.cpp's ``-ctk/-ctv q8_0``;
+    attention reads it in place and computes in float32 either way)."""
 
     def __init__(self, config: ModelConfig, model: Any) -> None:
         self.config = config

@@ -33,7 +33,7 @@ from ferrolm.model.torch_runner import (
 )
 
 RUNNERS = ("auto", "numpy", "torch", "quant")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "q8_0")
 
 
 def numpy_kv_cache_dtype(kv_cache_dtype: str) -> str:
@@ -140,6 +140,12 @@ def build_runner(
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InvalidInputError(
             f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}", "kv_cache_dtype"
+        )
+    if kv_cache_dtype == "q8_0" and kind != "quant":
+        raise InvalidInputError(
+            f"a q8_0 KV cache is the quant runner's (a GGUF file, --quantization, or --runner quant "
+            f"with --dtype float16/bfloat16), not the {kind} runner's",
+            "kv_cache_dtype",
         )
     if kind == "quant":
         pool = numpy_kv_cache_dtype(kv_cache_dtype)

@@ -21,7 +21,7 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "t
 RUNNERS = ("auto", "numpy", "torch", "quant")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "q8_0")
 QUANTIZATIONS = ("q8_0", "q4_k")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "FERROLM_API_KEY"
@@ -257,7 +257,8 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         choices=KV_CACHE_DTYPES,
         default="auto",
         help="the KV pool's element type (attention computes in float32); auto: float16 on the "
-        "numpy and quant runners (half the bytes its attention kernel reads), the --dtype on torch",
+        "numpy and quant runners (half the bytes its attention kernel reads), the --dtype on torch; "
+        "q8_0 (the quant runner): ggml's 8-bit blocks, 34 bytes per 32 values",
     )
     parser.add_argument(
         "--quantization",

@@ -16,6 +16,7 @@ use std::arch::x86_64::*;
 
 use super::elem::KvElem;
 use super::kernel::{fold_tile, TaskInput, Workspace, STATE_HEADER};
+use crate::quant::blocks::{BlockQ8_0, QK};
 
 /// Keys per tile: one KV head's keys and values of a tile in f32 take
 /// `2 * KEYS * head_dim * 4` bytes, 16 KiB at head_dim 64.
@@ -51,7 +52,7 @@ pub(super) unsafe fn run<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspa
             let mut rows: [usize; KEYS] = [0; KEYS]; // where each key's head starts in the pools
             for (i, &slot) in tile.iter().enumerate() {
                 rows[i] = slot as usize * row_len + at;
-                assert!(rows[i] + d <= k_pool.len() && rows[i] + d <= v_pool.len());
+                assert!(rows[i] + d <= k_pool.len() * E::VALUES && rows[i] + d <= v_pool.len() * E::VALUES);
             }
             for (t, &own) in input.positions.iter().enumerate() {
                 // the keys of this tile the token sees: a window ending at its own
@@ -116,13 +117,30 @@ unsafe fn dots<E: KvElem, const N: usize>(q: &[f32], keys: *const E, rows: [usiz
     // SAFETY: the caller's (i + 8 <= n elements of q and of every key row).
     unsafe {
         let mut acc = [_mm256_setzero_ps(); 8];
-        let mut i = 0;
-        while i < n {
-            let x = _mm256_loadu_ps(q.as_ptr().add(i));
-            for (a, &row) in acc.iter_mut().zip(&rows) {
-                *a = _mm256_fmadd_ps(x, E::load8(keys.add(row + i)), *a);
+        if let Some(blocks) = E::q8_0_blocks(keys) {
+            // a block's codes against the query, then its scale once: (q . c) * d
+            let mut i = 0;
+            while i < n {
+                let x: [__m256; 4] = std::array::from_fn(|s| _mm256_loadu_ps(q.as_ptr().add(i + 8 * s)));
+                for (a, &row) in acc.iter_mut().zip(&rows) {
+                    let block = &*blocks.add((row + i) / QK);
+                    let mut sum = _mm256_mul_ps(x[0], codes8(block, 0));
+                    for (s, &x) in x.iter().enumerate().skip(1) {
+                        sum = _mm256_fmadd_ps(x, codes8(block, 8 * s), sum);
+                    }
+                    *a = _mm256_fmadd_ps(sum, scale(block), *a);
+                }
+                i += QK;
             }
-            i += 8;
+        } else {
+            let mut i = 0;
+            while i < n {
+                let x = _mm256_loadu_ps(q.as_ptr().add(i));
+                for (a, &row) in acc.iter_mut().zip(&rows) {
+                    *a = _mm256_fmadd_ps(x, E::load8(keys, row + i), *a);
+                }
+                i += 8;
+            }
         }
         let abcd = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
         let efgh = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -171,11 +189,24 @@ unsafe fn accumulate_lanes<E: KvElem, const C: usize>(
         for (c, reg) in r.iter_mut().enumerate() {
             *reg = _mm256_loadu_ps(acc.as_ptr().add(base + 8 * c));
         }
-        for (&p, &row) in weights.iter().zip(rows) {
-            let w = _mm256_set1_ps(p);
-            let v = values.add(row + base);
-            for (c, reg) in r.iter_mut().enumerate() {
-                *reg = _mm256_fmadd_ps(w, E::load8(v.add(8 * c)), *reg);
+        if let Some(blocks) = E::q8_0_blocks(values) {
+            // the weight times a block's scale once, then times each of its codes
+            for (&p, &row) in weights.iter().zip(rows) {
+                let w = _mm256_set1_ps(p);
+                for (c, reg) in r.iter_mut().enumerate() {
+                    let at = row + base + 8 * c;
+                    let block = &*blocks.add(at / QK);
+                    let wd = _mm256_mul_ps(w, scale(block));
+                    *reg = _mm256_fmadd_ps(wd, codes8(block, at % QK), *reg);
+                }
+            }
+        } else {
+            for (&p, &row) in weights.iter().zip(rows) {
+                let w = _mm256_set1_ps(p);
+                let v = row + base;
+                for (c, reg) in r.iter_mut().enumerate() {
+                    *reg = _mm256_fmadd_ps(w, E::load8(values, v + 8 * c), *reg);
+                }
             }
         }
         for (c, reg) in r.iter().enumerate() {
@@ -183,4 +214,22 @@ unsafe fn accumulate_lanes<E: KvElem, const C: usize>(
         }
     }
     8 * C
+}
+
+/// A Q8_0 block's scale in every lane.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scale(block: &BlockQ8_0) -> __m256 {
+    let bits = u16::from_le_bytes(block.d) as i32;
+    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+}
+
+/// Codes `at..at + 8` of a Q8_0 block (`at` at most 24), as floats.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn codes8(block: &BlockQ8_0, at: usize) -> __m256 {
+    let eight: &[i8; 8] = block.qs[at..at + 8].try_into().expect("8 codes");
+    // SAFETY: eight readable bytes, loaded unaligned.
+    let packed = unsafe { _mm_loadl_epi64(eight.as_ptr().cast::<__m128i>()) };
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(packed))
 }

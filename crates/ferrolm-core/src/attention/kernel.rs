@@ -263,6 +263,12 @@ pub(super) fn run_task<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace
     run::<E, Separate>(input, work, state);
 }
 
+/// The portable loop, whatever the CPU (tests compare it with the SIMD ones).
+#[cfg(test)]
+pub(super) fn run_portable<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace, state: &mut [f32]) {
+    run::<E, Separate>(input, work, state);
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<E: KvElem>(input: &TaskInput<'_, E>, work: &mut Workspace, state: &mut [f32]) {
@@ -346,8 +352,8 @@ fn run<E: KvElem, A: Arith>(input: &TaskInput<'_, E>, work: &mut Workspace, stat
         if direct.is_none() {
             for (i, &slot) in tile_slots.iter().enumerate() {
                 let a = slot as usize * row_len;
-                E::load(&input.k_pool[a..a + row_len], &mut work.k[i * row_len..(i + 1) * row_len]);
-                E::load(&input.v_pool[a..a + row_len], &mut work.v[i * row_len..(i + 1) * row_len]);
+                E::load(input.k_pool, a, &mut work.k[i * row_len..(i + 1) * row_len]);
+                E::load(input.v_pool, a, &mut work.v[i * row_len..(i + 1) * row_len]);
             }
         }
         let mut key_rows: [&[f32]; TILE] = [&[]; TILE];

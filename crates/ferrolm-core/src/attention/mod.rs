@@ -1,8 +1,8 @@
 //! Paged attention over the KV pool, on the CPU.
 //!
 //! The pool of one layer is two arrays `[num_slots, num_kv_heads, head_dim]` (keys and
-//! values) in f32, f16 or bf16; a step is the engine's batch columns: per new token its
-//! position, per request its new tokens (`qo_offsets`) and the slots it attends to in
+//! values) in f32, f16, bf16 or Q8_0 blocks (see `elem`); a step is the engine's batch
+//! columns: per new token its position, per request its new tokens (`qo_offsets`) and the slots it attends to in
 //! position order (`kv_slots`, `kv_offsets`: cached prefix first, then its new tokens).
 //! [`write_kv`] stores the step's new keys and values into their slots; [`attend`] reads
 //! every request's keys and values where they are in the pool (no gather, no padding) and
@@ -114,8 +114,16 @@ fn check_geometry(g: &Geometry) -> Result<(), AttentionError> {
     Ok(())
 }
 
-/// Number of slots of a pool pair, checking they agree with the geometry and each other.
-fn pool_slots(g: &Geometry, k_len: usize, v_len: usize) -> Result<usize, AttentionError> {
+/// Number of slots of a pool pair, checking they agree with the geometry, the pool's
+/// element type and each other (lengths in values).
+fn pool_slots<E: KvElem>(g: &Geometry, k_pool: &[E], v_pool: &[E]) -> Result<usize, AttentionError> {
+    if g.head_dim % E::VALUES != 0 {
+        return fail(
+            "geometry",
+            format!("a {} pool needs head_dim a multiple of {}, got {}", E::NAME, E::VALUES, g.head_dim),
+        );
+    }
+    let (k_len, v_len) = (k_pool.len() * E::VALUES, v_pool.len() * E::VALUES);
     let row = g.num_kv_heads * g.head_dim;
     if k_len % row != 0 {
         return fail(
@@ -153,7 +161,7 @@ pub fn write_kv<E: KvElem>(
     v_pool: &mut [E],
 ) -> Result<(), AttentionError> {
     check_geometry(&geometry)?;
-    let num_slots = pool_slots(&geometry, k_pool.len(), v_pool.len())?;
+    let num_slots = pool_slots(&geometry, k_pool, v_pool)?;
     let row = geometry.num_kv_heads * geometry.head_dim;
     let expected = out_slots.len() * row;
     if keys.len() != expected {
@@ -169,9 +177,9 @@ pub fn write_kv<E: KvElem>(
         return fail("out_slots", format!("out_slots[{i}] is {s}, but the pool has {num_slots} slots"));
     }
     for (t, &slot) in out_slots.iter().enumerate() {
-        let (src, dst) = (t * row..(t + 1) * row, slot as usize * row..(slot as usize + 1) * row);
-        E::store(&keys[src.clone()], &mut k_pool[dst.clone()]);
-        E::store(&values[src], &mut v_pool[dst]);
+        let (src, dst) = (t * row..(t + 1) * row, slot as usize * row);
+        E::store(&keys[src.clone()], k_pool, dst);
+        E::store(&values[src], v_pool, dst);
     }
     Ok(())
 }
@@ -227,7 +235,7 @@ pub fn attend<E: KvElem>(
 ) -> Result<(), AttentionError> {
     check_geometry(&geometry)?;
     let Geometry { num_heads, num_kv_heads, head_dim: d } = geometry;
-    let num_slots = pool_slots(&geometry, k_pool.len(), v_pool.len())?;
+    let num_slots = pool_slots(&geometry, k_pool, v_pool)?;
     let num_tokens = step.positions.len();
     let width = num_heads * d;
     if queries.len() != num_tokens * width {

@@ -1,10 +1,11 @@
 //! The kernel against a plain f64 attention over the same (rounded) pool values, on random
 //! plans: decodes and prefill chunks over cached prefixes, GQA, windows, split contexts,
-//! one or several threads, all three pool types.
+//! one or several threads, every pool type.
 
 use proptest::prelude::*;
 
 use super::*;
+use crate::quant::blocks::BlockQ8_0;
 
 /// A deterministic stream of values in [-1, 1).
 struct Values(u64);
@@ -95,6 +96,20 @@ fn columns(plan: &Plan) -> Columns {
     c
 }
 
+/// The whole pool's values, widened.
+fn widened<E: KvElem>(pool: &[E]) -> Vec<f32> {
+    let mut out = vec![0f32; pool.len() * E::VALUES];
+    E::load(pool, 0, &mut out);
+    out
+}
+
+/// A pool holding `values` (rounded to its type).
+fn pool_of<E: KvElem>(values: &[f32]) -> Vec<E> {
+    let mut pool = E::zeros(values.len());
+    E::store(values, &mut pool, 0);
+    pool
+}
+
 fn reference<E: KvElem>(
     g: Geometry,
     c: &Columns,
@@ -104,6 +119,7 @@ fn reference<E: KvElem>(
     scale: f32,
     window: Option<usize>,
 ) -> Vec<f64> {
+    let (k_pool, v_pool) = (widened(k_pool), widened(v_pool));
     let d = g.head_dim;
     let group = g.num_heads / g.num_kv_heads;
     let mut out = vec![0f64; queries.len()];
@@ -119,8 +135,7 @@ fn reference<E: KvElem>(
                     .iter()
                     .map(|&s| {
                         let k = &k_pool[at(s)..at(s) + d];
-                        q.iter().zip(k).map(|(&x, &y)| x as f64 * y.to_f32() as f64).sum::<f64>()
-                            * scale as f64
+                        q.iter().zip(k).map(|(&x, &y)| x as f64 * y as f64).sum::<f64>() * scale as f64
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -129,7 +144,7 @@ fn reference<E: KvElem>(
                 let o = &mut out[(t * g.num_heads + h) * d..][..d];
                 for (&s, w) in slots[first..=p].iter().zip(&weights) {
                     for (o, v) in o.iter_mut().zip(&v_pool[at(s)..at(s) + d]) {
-                        *o += w / total * v.to_f32() as f64;
+                        *o += w / total * *v as f64;
                     }
                 }
             }
@@ -144,16 +159,18 @@ fn check_plan<E: KvElem>(plan: &Plan) -> Result<(), TestCaseError> {
     let mut rng = Values(plan.seed ^ 0x9e37_79b9_7f4a_7c15);
     let row = g.num_kv_heads * g.head_dim;
     // the cached prefixes are already in the pool; the step writes its new tokens
-    let mut k_pool: Vec<E> = rng.vec(c.num_slots * row).into_iter().map(E::from_f32).collect();
-    let mut v_pool: Vec<E> = rng.vec(c.num_slots * row).into_iter().map(E::from_f32).collect();
+    let mut k_pool: Vec<E> = pool_of(&rng.vec(c.num_slots * row));
+    let mut v_pool: Vec<E> = pool_of(&rng.vec(c.num_slots * row));
     let num_new = c.positions.len();
     let (new_k, new_v) = (rng.vec(num_new * row), rng.vec(num_new * row));
     write_kv(g, &c.out_slots, &new_k, &new_v, &mut k_pool, &mut v_pool).unwrap();
+    // each new row lands in its slot, rounded as the type rounds it on its own
+    let (k_all, v_all) = (widened(&k_pool), widened(&v_pool));
+    let (k_want, v_want) = (widened(&pool_of::<E>(&new_k)), widened(&pool_of::<E>(&new_v)));
     for (t, &s) in c.out_slots.iter().enumerate() {
-        for i in 0..row {
-            prop_assert_eq!(k_pool[s as usize * row + i].to_f32(), E::from_f32(new_k[t * row + i]).to_f32());
-            prop_assert_eq!(v_pool[s as usize * row + i].to_f32(), E::from_f32(new_v[t * row + i]).to_f32());
-        }
+        let slot = s as usize * row..(s as usize + 1) * row;
+        prop_assert_eq!(&k_all[slot.clone()], &k_want[t * row..(t + 1) * row]);
+        prop_assert_eq!(&v_all[slot], &v_want[t * row..(t + 1) * row]);
     }
     let queries: Vec<f32> = rng.vec(num_new * g.num_heads * g.head_dim).iter().map(|x| x * 2.0).collect();
     let scale = (g.head_dim as f32).powf(-0.5);
@@ -196,6 +213,38 @@ proptest! {
     fn equals_reference_bf16(plan in plans()) {
         check_plan::<bf16>(&plan)?;
     }
+
+    #[test]
+    fn equals_reference_q8_0(plan in plans(), blocks in 1usize..=4) {
+        // Q8_0 keeps whole blocks of 32 per head
+        let geometry = Geometry { head_dim: 32 * blocks, ..plan.geometry };
+        check_plan::<BlockQ8_0>(&Plan { geometry, ..plan })?;
+    }
+}
+
+#[test]
+fn q8_0_pool_holds_ggml_blocks_and_needs_whole_blocks_per_head() {
+    // a row stored in the pool is ggml's reference quantization of it: within half a
+    // step of its block's scale, plus the scale's own rounding to f16 (2^-11 relative)
+    // times the largest code
+    let mut rng = Values(3);
+    let row = rng.vec(2 * 64);
+    let pool: Vec<BlockQ8_0> = pool_of(&row);
+    let back = widened(&pool);
+    for (xs, (ys, block)) in row.chunks(32).zip(back.chunks(32).zip(&pool)) {
+        let want = crate::quant::dot::quantize_q8_0_block(xs);
+        assert_eq!((block.d, block.qs), (want.d, want.qs));
+        let step = half::f16::from_le_bytes(block.d).to_f32();
+        for (x, y) in xs.iter().zip(ys) {
+            assert!((x - y).abs() <= (0.5 + 127.0 / 2048.0) * step * 1.0001, "{x} read back as {y}");
+        }
+    }
+    // a head of 48 values would split a block between two heads
+    let g = Geometry { num_heads: 2, num_kv_heads: 2, head_dim: 48 };
+    let (mut k, mut v) = (BlockQ8_0::zeros(4 * 96), BlockQ8_0::zeros(4 * 96));
+    let err = write_kv(g, &[0], &[0.0; 96], &[0.0; 96], &mut k, &mut v).unwrap_err();
+    assert_eq!(err.field, "geometry");
+    assert!(err.message.contains("q8_0") && err.message.contains("32"), "{}", err.message);
 }
 
 #[test]
@@ -213,7 +262,8 @@ fn long_contexts_are_split_across_threads_and_agree() {
     check_plan::<f16>(&plan).unwrap();
     check_plan::<f32>(&Plan { window: Some(15_000), ..plan.clone() }).unwrap();
     let mixed = vec![(6_000, 1), (6_000, 1), (3_000, 40), (6_000, 1)];
-    check_plan::<bf16>(&Plan { requests: mixed, threads: 2, ..plan }).unwrap();
+    check_plan::<bf16>(&Plan { requests: mixed.clone(), threads: 2, ..plan.clone() }).unwrap();
+    check_plan::<BlockQ8_0>(&Plan { requests: mixed, threads: 3, ..plan }).unwrap();
 }
 
 #[test]
@@ -273,4 +323,48 @@ fn errors_name_the_argument() {
     assert_eq!(err.field, "out_slots");
     let err = write_kv(g, &[1], &[0.0; 15], &[0.0; 16], &mut k, &mut v).unwrap_err();
     assert_eq!(err.field, "keys");
+}
+
+/// One task (a prefill block over a scattered context) run by the portable loop and by
+/// the one this CPU picks: the same states, to rounding (the portable loop sums in
+/// another order and without fused multiply-adds).
+fn portable_matches_picked<E: KvElem>(head_dim: usize) {
+    let (num_heads, num_kv_heads, tokens, context) = (6, 2, 5, 150);
+    let mut rng = Values(head_dim as u64 + 5);
+    let row = num_kv_heads * head_dim;
+    let k_pool: Vec<E> = pool_of(&rng.vec(200 * row));
+    let v_pool: Vec<E> = pool_of(&rng.vec(200 * row));
+    let slots: Vec<u32> = (0..context as u32).map(|i| (i * 37) % 200).collect();
+    let queries = rng.vec(tokens * num_heads * head_dim);
+    let positions: Vec<u32> = (context - tokens..context).map(|p| p as u32).collect();
+    let input = kernel::TaskInput {
+        queries: &queries,
+        positions: &positions,
+        slots: &slots,
+        keys: 10..context,
+        k_pool: &k_pool,
+        v_pool: &v_pool,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        window: 120,
+    };
+    let states = tokens * num_heads * (STATE_HEADER + head_dim);
+    let (mut portable, mut picked) = (vec![f32::NAN; states], vec![f32::NAN; states]);
+    kernel::run_portable(&input, &mut Workspace::new(row), &mut portable);
+    run_task(&input, &mut Workspace::new(row), &mut picked);
+    for (i, (a, b)) in portable.iter().zip(&picked).enumerate() {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{} state[{i}]: {a} vs {b}", E::NAME);
+    }
+}
+
+#[test]
+fn portable_loop_matches_the_simd_loops_on_every_pool_type() {
+    for head_dim in [32, 64, 128] {
+        portable_matches_picked::<f32>(head_dim);
+        portable_matches_picked::<f16>(head_dim);
+        portable_matches_picked::<bf16>(head_dim);
+        portable_matches_picked::<BlockQ8_0>(head_dim);
+    }
+    portable_matches_picked::<f16>(20);
 }

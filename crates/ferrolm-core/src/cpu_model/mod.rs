@@ -18,11 +18,11 @@ mod tests;
 use std::fmt;
 use std::sync::Arc;
 
-use half::vec::HalfBitsVecExt;
 use half::{bf16, f16};
 
 use crate::attention::{self, Geometry, KvElem, Options, Step};
 use crate::norm::rms_norm;
+use crate::quant::blocks::BlockQ8_0;
 
 pub use bandwidth::read_bandwidth;
 pub use linear::{Inputs, Linear};
@@ -87,24 +87,26 @@ pub enum KvDtype {
     F32,
     F16,
     BF16,
+    /// ggml's Q8_0 blocks: 32 signed bytes and an f16 scale per 32 values of a head
+    /// (34 bytes where f16 takes 64); the head dimension must be a multiple of 32.
+    Q8_0,
 }
 
 enum Pool {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    Q8_0(Vec<BlockQ8_0>),
 }
 
 impl Pool {
-    /// A pool of zeros taken from the allocator's zeroed memory (for a pool this size,
-    /// fresh pages from the OS), as `vec![0.0f32; len]` is: a slot's pages become resident
-    /// when it is first written, not at construction. Half floats are zeroed as their
-    /// `u16` bits, since `vec![f16::ZERO; len]` would write every element.
+    /// A pool of zeros whose pages become resident as slots are written (`KvElem::zeros`).
     fn new(dtype: KvDtype, len: usize) -> Pool {
         match dtype {
-            KvDtype::F32 => Pool::F32(vec![0.0; len]),
-            KvDtype::F16 => Pool::F16(vec![0u16; len].reinterpret_into()),
-            KvDtype::BF16 => Pool::BF16(vec![0u16; len].reinterpret_into()),
+            KvDtype::F32 => Pool::F32(f32::zeros(len)),
+            KvDtype::F16 => Pool::F16(f16::zeros(len)),
+            KvDtype::BF16 => Pool::BF16(bf16::zeros(len)),
+            KvDtype::Q8_0 => Pool::Q8_0(BlockQ8_0::zeros(len)),
         }
     }
 }
@@ -162,6 +164,15 @@ impl QuantModel {
         check_shapes(&shape, &embed, head.as_ref(), &final_norm, &layers)?;
         if num_slots == 0 {
             return Err(ModelError::new("num_slots", "num_slots must be positive".into()));
+        }
+        if kv_dtype == KvDtype::Q8_0 && shape.head_dim % BlockQ8_0::VALUES != 0 {
+            return Err(ModelError::new(
+                "kv_cache_dtype",
+                format!(
+                    "a q8_0 KV cache needs head_dim a multiple of 32, and this model's is {}",
+                    shape.head_dim
+                ),
+            ));
         }
         let pool_len = num_slots * shape.num_kv_heads * shape.head_dim;
         let pools = (0..layers.len())
@@ -439,6 +450,7 @@ fn attend(s: &Shape, pool: &mut LayerPool, batch: &Batch<'_>, b: &mut Scratch) -
         (Pool::F32(k), Pool::F32(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
         (Pool::F16(k), Pool::F16(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
         (Pool::BF16(k), Pool::BF16(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
+        (Pool::Q8_0(k), Pool::Q8_0(v)) => run(geometry, &step, batch.out_slots, b, k, v, &options),
         _ => unreachable!("a layer's k and v pools share a type"),
     }
     .map_err(failed)

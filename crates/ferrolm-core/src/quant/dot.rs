@@ -57,18 +57,19 @@ fn round_away(v: f32) -> i32 {
 /// `x` (whole blocks of 32) as `Q8_0`: `d = max|x| / 127` (stored as f16), codes
 /// `round(x / d)` computed with the unrounded `d`, as ggml's reference quantizer does.
 pub fn quantize_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
-    x.chunks_exact(QK)
-        .map(|xs| {
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let mut qs = [0i8; QK];
-            for (q, &v) in qs.iter_mut().zip(xs) {
-                *q = round_away(v * id) as i8;
-            }
-            BlockQ8_0 { d: f16::from_f32(d).to_le_bytes(), qs }
-        })
-        .collect()
+    x.chunks_exact(QK).map(quantize_q8_0_block).collect()
+}
+
+/// One block of 32 values as `Q8_0` (see [`quantize_q8_0`]).
+pub fn quantize_q8_0_block(xs: &[f32]) -> BlockQ8_0 {
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; QK];
+    for (q, &v) in qs.iter_mut().zip(xs) {
+        *q = round_away(v * id) as i8;
+    }
+    BlockQ8_0 { d: f16::from_f32(d).to_le_bytes(), qs }
 }
 
 /// `x` (whole blocks of 32) as `Q8_1`; `d` kept in f32 (activations never reach a file).
