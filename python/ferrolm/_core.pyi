@@ -1089,12 +1089,14 @@ class QuantModel:
     ``vocab``, ``rms_eps``, ``sliding_window`` (int or None) and ``inv_freq`` (the RoPE
     speeds, ``head_dim / 2`` floats, scaling applied). ``matrices``: GGUF tensor name
     (``token_embd.weight``, ``output.weight`` (absent: tied), ``blk.N.attn_q.weight``, ...,
-    ``blk.N.ffn_down.weight``) -> ``(ggml_type, rows, cols, data)`` with ``data`` the raw
-    blocks as a C-contiguous uint8 array, query and key rows in Hugging Face's order
-    (copied: the caller's arrays may go afterwards). ``vectors``: norms and biases
+    ``blk.N.ffn_down.weight``) -> ``(ggml_type, rows, cols, data, file_view)`` with
+    ``data`` the raw blocks as a C-contiguous uint8 array, query and key rows in Hugging
+    Face's order (copied: the caller's arrays may go afterwards); ``file_view``: ``data``
+    is a read-only view of a memory-mapped file, whose pages the core drops from the
+    process once copied (they stay in the page cache). ``vectors``: norms and biases
     (``blk.N.attn_norm.weight``, ``blk.N.attn_q.bias``, ``blk.N.attn_q_norm.weight``,
     ``output_norm.weight``, ...) as float32 arrays. ``kv_cache_dtype``: ``float32``,
-    ``float16`` or ``bfloat16``. ``num_threads``: the threads a step runs on (0: one per
+    ``float16``, ``bfloat16`` or ``q8_0``. ``num_threads``: the threads a step runs on (0: one per
     available core). A missing or misshapen tensor is an ``InvalidInputError`` whose
     ``field`` is its GGUF name."""
 
@@ -1102,7 +1104,7 @@ class QuantModel:
         cls,
         shape: dict[str, Any],
         num_layers: int,
-        matrices: dict[str, tuple[int, int, int, npt.NDArray[np.uint8]]],
+        matrices: dict[str, tuple[int, int, int, npt.NDArray[np.uint8], bool]],
         vectors: dict[str, npt.NDArray[np.float32]],
         num_slots: int,
         kv_cache_dtype: str = "float32",

@@ -29,9 +29,13 @@ fn matrix(
     let entry = matrices
         .get_item(name)?
         .ok_or_else(|| errors::invalid_field(py, name, format!("the model has no tensor {name:?}")))?;
-    let (ggml_type, rows, cols, data): (u32, usize, usize, Bound<'_, PyAny>) =
+    let (ggml_type, rows, cols, data, file_view): (u32, usize, usize, Bound<'_, PyAny>, bool) =
         entry.extract().map_err(|_| {
-            errors::invalid_field(py, name, format!("{name}: want (ggml_type, rows, cols, uint8 array)"))
+            errors::invalid_field(
+                py,
+                name,
+                format!("{name}: want (ggml_type, rows, cols, uint8 array, is a view of a read-only file mapping)"),
+            )
         })?;
     let ty = QuantType::from_ggml(ggml_type).ok_or_else(|| {
         errors::invalid_field(
@@ -51,7 +55,14 @@ fn matrix(
     let slice = bytes
         .as_slice()
         .map_err(|_| errors::invalid_field(py, name, format!("{name}: data must be C-contiguous")))?;
-    Linear::new(name, ty, rows, cols, slice.to_vec(), bias).map_err(|e| model_error(py, e))
+    let copy = slice.to_vec();
+    let writeable = || -> PyResult<bool> { array.getattr("flags")?.getattr("writeable")?.extract() };
+    if file_view && !writeable()? {
+        // SAFETY: the caller says the array views a file mapping, and it is read-only:
+        // its pages can be dropped and read back from the file.
+        unsafe { ferrolm_core::cpu_model::release_file_pages(slice) };
+    }
+    Linear::new(name, ty, rows, cols, copy, bias).map_err(|e| model_error(py, e))
 }
 
 fn vector(py: Python<'_>, vectors: &Bound<'_, PyDict>, name: &str) -> PyResult<Option<Vec<f32>>> {

@@ -11,6 +11,7 @@ float32), read from the checkpoint one tensor at a time.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -50,9 +51,9 @@ def _shape(config: ModelConfig) -> dict[str, Any]:
 
 
 def _gguf_tensors(reader: Any, config: ModelConfig) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The file's matrices as ``name -> (ggml type, rows, cols, raw uint8 rows)`` (query
-    and key rows put back in Hugging Face's order, which the runner's RoPE expects) and its
-    vectors (norms, biases) as float32."""
+    """The file's matrices as ``name -> (ggml type, rows, cols, raw uint8 rows, whether
+    those are a view of the file)`` (query and key rows put back in Hugging Face's order,
+    which the runner's RoPE expects) and its vectors (norms, biases) as float32."""
     matrices: dict[str, Any] = {}
     vectors: dict[str, np.ndarray] = {}
     permuted = config.model_type in gguf_file.PERMUTED_QK
@@ -78,8 +79,21 @@ def _gguf_tensors(reader: Any, config: ModelConfig) -> tuple[dict[str, Any], dic
         data = raw.reshape(rows, -1)
         if heads is not None:
             data = gguf_file.unpermute(data, heads, tensor.name)
-        matrices[tensor.name] = (int(tensor.tensor_type), rows, cols, np.ascontiguousarray(data).reshape(-1))
+        flat = np.ascontiguousarray(data).reshape(-1)
+        matrices[tensor.name] = (int(tensor.tensor_type), rows, cols, flat, _views_file(flat))
     return matrices, vectors
+
+
+def _views_file(array: np.ndarray) -> bool:
+    """Whether ``array`` is a read-only view of a memory-mapped file (the core then drops
+    its pages from this process once copied; a copy, such as an unpermuted projection, is
+    the process's own memory and is left alone)."""
+    if array.flags.writeable:
+        return False
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, mmap.mmap)
 
 
 def _float_tensors(
@@ -106,7 +120,7 @@ def _float_tensors(
         rows, cols = value.shape
         if weight_type in FLOAT_DTYPES:
             wanted = "F16" if weight_type == "float16" else "BF16"
-            matrices[name] = (_GGML_IDS[wanted], rows, cols, _two_byte_floats(value, weight_type))
+            matrices[name] = (_GGML_IDS[wanted], rows, cols, _two_byte_floats(value, weight_type), False)
             continue
         array = np.ascontiguousarray(value, dtype=np.float32)
         wanted = "Q8_0" if name in ("token_embd.weight", "output.weight") else weight_type.upper()
@@ -115,7 +129,7 @@ def _float_tensors(
         if cols % 32:
             wanted = "F32"
         data = array.reshape(-1).view(np.uint8) if wanted == "F32" else _core.quantize(array, _GGML_IDS[wanted])
-        matrices[name] = (_GGML_IDS[wanted], rows, cols, data)
+        matrices[name] = (_GGML_IDS[wanted], rows, cols, data, False)
     return matrices, vectors
 
 

@@ -81,6 +81,34 @@ pub struct Layer {
     pub down: Linear,
 }
 
+/// Drops this process's resident pages of `bytes` once they have been copied: loading a
+/// GGUF copies every tensor out of the file's mapping, and without this each page read
+/// stays resident beside its copy until the file is unmapped, twice the file at the
+/// peak. The pages stay in the page cache; a later read faults them back in from the
+/// file. Only whole pages inside `bytes` are dropped (a page shared with a neighbouring
+/// tensor is simply read again). A no-op off Linux.
+///
+/// # Safety
+/// `bytes` must lie in a file mapping this process never writes: on anonymous memory
+/// `MADV_DONTNEED` discards the contents.
+pub unsafe fn release_file_pages(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+        if end > start {
+            // SAFETY: [start, end) is whole pages inside `bytes`, a file mapping that is
+            // only read (the caller's): the advice changes residency, never contents. A
+            // failure leaves the pages resident, which is what not calling it does.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
+}
+
 /// The KV pool's element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
