@@ -25,6 +25,7 @@ mod commit;
 mod config;
 mod constraint;
 mod core;
+pub mod draft;
 mod kv_slots;
 mod plan;
 mod request;
