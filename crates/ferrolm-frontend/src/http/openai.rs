@@ -9,7 +9,7 @@ use axum::response::Response;
 use ferrolm_constraint::Grammar;
 use ferrolm_core::engine::{Constraint, RequestParams};
 
-use crate::chat_request::{ChatInput, PreparedChat};
+use crate::chat_request::{ChatInput, ChatOptions, PreparedChat};
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::Generation;
 use crate::http::{json_response, sse, Tracked};
@@ -36,7 +36,7 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
     let CompletionRequest { sampling, fields } = protocol::parse_completion(&body)?;
     state.check_model(sampling.model.as_deref())?;
     if fields.echo {
-        return Err(ApiError::bad_request("echo: not supported yet", "echo"));
+        return Err(ApiError::bad_request("echo: true is not supported yet (accepted: false)", "echo"));
     }
     if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_request("suffix: not supported yet", "suffix"));
@@ -135,6 +135,30 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     respond(state, job, gen).await
 }
 
+/// vLLM's `POST /v1/chat/completions/render`: the token ids the chat's prompt comes to
+/// here (what vllm-router asks a replica for, to route by its tokens), nothing run.
+pub async fn render_chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
+    let req = protocol::parse_chat(&body)?;
+    let job = prepare(&state, req).await?;
+    Ok(json_response(&serde_json::json!({
+        "model": state.config.model_name,
+        "prompt": job.prepared.prompt(),
+        "token_ids": job.prepared.ids,
+    })))
+}
+
+/// vLLM's `POST /v1/completions/render`: each prompt's token ids.
+pub async fn render_completion(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
+    let CompletionRequest { sampling, fields } = protocol::parse_completion(&body)?;
+    state.check_model(sampling.model.as_deref())?;
+    let prompts = prompts_of(&state, fields.prompt).await?;
+    let rendered: Vec<serde_json::Value> = prompts
+        .into_iter()
+        .map(|ids| serde_json::json!({"model": state.config.model_name, "token_ids": ids}))
+        .collect();
+    Ok(json_response(&rendered))
+}
+
 /// A chat completion ready to submit: the request core's prepared chat, its grammar, the
 /// core's parameters, and how to answer.
 struct ChatJob {
@@ -205,6 +229,11 @@ async fn plan(
     fields: ChatFields,
     sampling: &OpenAISampling,
 ) -> ApiResult<PreparedChat> {
+    let options = ChatOptions {
+        add_generation_prompt: fields.add_generation_prompt.unwrap_or(!fields.continue_final_message),
+        continue_final_message: fields.continue_final_message,
+        separate_reasoning: fields.separate_reasoning != Some(false),
+    };
     let input = ChatInput {
         messages: fields.messages,
         tools: fields.tools,
@@ -213,7 +242,7 @@ async fn plan(
         chat_template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
         structured: protocol::openai_structured(sampling)?,
     };
-    state.prepare_chat(input).await
+    state.prepare_chat(input, options).await
 }
 
 async fn submit(state: &Arc<AppState>, job: &ChatJob) -> ApiResult<Generation> {
