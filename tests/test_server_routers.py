@@ -105,7 +105,6 @@ def test_the_fixture_holds_the_fields_the_routers_add() -> None:
         ("/v1/chat/completions", "include_reasoning", False, True),
         ("/v1/chat/completions", "stream_reasoning", False, True),
         ("/v1/chat/completions", "echo", True, False),
-        ("/v1/completions", "echo", True, False),
         ("/v1/completions", "use_beam_search", True, None),
         ("/generate", "return_entropy", True, False),
         ("/generate", "background", True, False),
@@ -140,6 +139,23 @@ def test_no_stop_trim_keeps_the_stop_string_as_include_stop_str_in_output(server
     kept = httpx.post(f"{server.url}/v1/completions", json={**body, "stop": stop, "no_stop_trim": True}, timeout=60)
     assert trimmed["choices"][0]["text"] == text[: text.index(stop)]
     assert kept.json()["choices"][0]["text"] == text[: text.index(stop)] + stop
+
+
+def test_echo_writes_the_prompt_before_each_completion(server: RunningServer) -> None:
+    body = {"prompt": ["once upon", "a time"], "max_tokens": 4, "temperature": 0, "n": 2}
+    plain = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"]
+    echoed = httpx.post(f"{server.url}/v1/completions", json={**body, "echo": True}, timeout=60).json()["choices"]
+    assert [c["index"] for c in echoed] == [0, 1, 2, 3]
+    for p, e in zip(plain, echoed):
+        assert e["text"] == body["prompt"][p["index"] // 2] + p["text"]
+    ids = httpx.post(f"{server.url}/v1/completions/render", json={"prompt": "once upon"}, timeout=60).json()[0]
+    by_ids = {"prompt": ids["token_ids"], "max_tokens": 4, "temperature": 0}
+    text = httpx.post(f"{server.url}/v1/completions", json=by_ids, timeout=60).json()["choices"][0]["text"]
+    echo = httpx.post(f"{server.url}/v1/completions", json={**by_ids, "echo": True}, timeout=60)
+    assert echo.json()["choices"][0]["text"].endswith("once upon" + text)
+    for other in ({"stream": True}, {"logprobs": 2}):
+        r = httpx.post(f"{server.url}/v1/completions", json={**body, "echo": True, **other}, timeout=60)
+        assert error_of(r, 400, "echo").startswith("echo: true is not supported with")
 
 
 def render(server: RunningServer, **body: Any) -> str:
@@ -237,15 +253,19 @@ HOSTILE_HEADS = [
     % (MAX_BODY + 1),
     b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n",
     b"GET /health HTTP/1.1\r\nhost: x\r\ncontent-length: 4000\r\n\r\n",
+    # 431 (too many header fields): hyper's own answer
+    b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4000\r\n"
+    + b"".join(b"x-h%d: v\r\n" % i for i in range(200))
+    + b"\r\n",
 ]
 
 
-@pytest.mark.parametrize("head", HOSTILE_HEADS, ids=["415", "413", "404", "get-with-body"])
+@pytest.mark.parametrize("head", HOSTILE_HEADS, ids=["415", "413", "404", "get-with-body", "431"])
 def test_a_response_before_the_body_says_connection_close_or_keeps_serving(server: RunningServer, head: bytes) -> None:
     with socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=30) as s:
         s.sendall(head)
         status, headers = read_response(s)
-        assert status.split()[1] in (b"404", b"413", b"415", b"200"), status
+        assert status.split()[1] in (b"404", b"413", b"415", b"431", b"200"), status
         if headers.get("connection", "").lower() == "close":
             return  # the client knows not to send another request on it
         # no word of closing: the connection must go on serving

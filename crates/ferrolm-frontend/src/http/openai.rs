@@ -35,8 +35,14 @@ fn completion_field(core: &str) -> Option<String> {
 pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let CompletionRequest { sampling, fields } = protocol::parse_completion(&body)?;
     state.check_model(sampling.model.as_deref())?;
-    if fields.echo {
-        return Err(ApiError::bad_request("echo: true is not supported yet (accepted: false)", "echo"));
+    if fields.echo && (sampling.stream || fields.logprobs.is_some()) {
+        let with = if sampling.stream { "stream" } else { "logprobs" };
+        return Err(ApiError::bad_request(
+            format!(
+                "echo: true is not supported with {with} (the prompt's log-probabilities are not returned)"
+            ),
+            "echo",
+        ));
     }
     if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_request("suffix: not supported yet", "suffix"));
@@ -49,6 +55,14 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
     let max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let params = protocol::openai_params(&sampling, max_tokens, with_logprobs, fields.logprobs.unwrap_or(0))?;
     state.check_max_tokens(max_tokens, "max_tokens")?;
+    // echo writes a text prompt as sent, a prompt of ids as the tokenizer decodes it
+    let echoed: Vec<Option<String>> = match (&fields.prompt, fields.echo) {
+        (_, false) => Vec::new(),
+        (Prompt::Text(t), true) => vec![Some(t.clone())],
+        (Prompt::Texts(ts), true) => ts.iter().cloned().map(Some).collect(),
+        (Prompt::Ids(_), true) => vec![None],
+        (Prompt::IdLists(lists), true) => vec![None; lists.len()],
+    };
     let prompts = prompts_of(&state, fields.prompt).await?;
     let grammar = state.grammar(structured.as_ref()).await?;
     let n = sampling.n as usize;
@@ -66,7 +80,26 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
         return Ok(sse::stream(tracked, chunks));
     }
     tracked.gen.run_to_end().await?;
-    Ok(json_response(&head.completion(&tracked.gen.samples, with_logprobs, &state.vocab)))
+    let completion = head.completion(&tracked.gen.samples, with_logprobs, &state.vocab);
+    if !fields.echo {
+        return Ok(json_response(&completion));
+    }
+    // echo: each choice's text after its prompt
+    let mut value = serde_json::to_value(&completion).expect("a response serializes");
+    if let Some(choices) = value.get_mut("choices").and_then(|c| c.as_array_mut()) {
+        for choice in choices {
+            let index = choice["index"].as_u64().unwrap_or(0) as usize;
+            let prompt = match &echoed[index / n] {
+                Some(text) => text.clone(),
+                None => state.tokenizer.decode(&prompts[index / n]).map_err(|m| {
+                    ApiError::new(500, format!("the prompt could not be decoded for echo: {m}"))
+                })?,
+            };
+            let text = choice["text"].as_str().unwrap_or("");
+            choice["text"] = serde_json::Value::String(prompt + text);
+        }
+    }
+    Ok(json_response(&value))
 }
 
 async fn prompts_of(state: &Arc<AppState>, prompt: Prompt) -> ApiResult<Vec<Vec<u32>>> {
