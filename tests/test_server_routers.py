@@ -125,6 +125,30 @@ def test_a_value_ferrolm_cannot_honour_is_refused_naming_field_and_value(
     assert httpx.post(f"{server.url}{path}", json={**base, field: default}, timeout=60).status_code == 200
 
 
+def test_newer_sglang_and_openai_fields_at_their_defaults_are_accepted(server: RunningServer) -> None:
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "return_routed_experts": False,
+        "routed_experts_start_len": 0,
+        "return_cached_tokens_details": False,
+        "return_prompt_token_ids": False,
+        "return_meta_info": False,
+        "routed_dp_rank": None,
+        "stop_regex": None,
+        "custom_labels": {"team": "a"},
+        "best_of": 1,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": False, "include_obfuscation": False},
+    }
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+    assert r.status_code == 200, r.text
+    on = {**chat, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=on, timeout=60)
+    assert error_of(r, 400, "stream_options.continuous_usage_stats").startswith(
+        "stream_options.continuous_usage_stats: true is not supported"
+    )
+
+
 def test_a_name_no_schema_defines_stays_a_400(server: RunningServer) -> None:
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [], "no_stop_trimm": False}, timeout=60)
     assert "unknown field" in error_of(r, 400, "no_stop_trimm")

@@ -25,6 +25,10 @@ use crate::structured::{self, Asked, SchemaField, Structured};
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's and SGLang's: usage on every chunk (only `false` is taken).
+    pub continuous_usage_stats: Option<bool>,
+    /// OpenAI's: padding against length side channels (accepted, none is added).
+    pub include_obfuscation: Option<bool>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -273,6 +277,13 @@ pub struct AbortRequest {
 fn check_nested(obj: &Map<String, Value>) -> ApiResult<()> {
     if let Some(Value::Object(o)) = obj.get("stream_options") {
         check_fields(o, &[fields_of::<StreamOptions>()], "stream_options.")?;
+        if o.get("continuous_usage_stats") == Some(&Value::Bool(true)) {
+            return Err(ApiError::bad_request(
+                "stream_options.continuous_usage_stats: true is not supported: usage comes in the last chunk \
+                 (include_usage) (accepted: false, null)",
+                "stream_options.continuous_usage_stats",
+            ));
+        }
     }
     if let Some(Value::Object(o)) = obj.get("response_format") {
         check_fields(o, &[&["type", "json_schema"]], "response_format.")?;
