@@ -27,6 +27,13 @@ $(TORCH_STAMP): $(DEPS_STAMP)
 	$(BIN)/pip install --quiet "torch>=2.5" "transformers>=5"
 	touch $@
 
+# the routers of the `test` extra (pyproject.toml), for tests/test_server_routers.py: about
+# 100 MB of prebuilt wheels; without them those tests skip, saying why
+ROUTERS_STAMP := $(VENV)/.routers-stamp
+$(ROUTERS_STAMP): $(DEPS_STAMP)
+	$(BIN)/pip install --quiet "sglang-router>=0.3.2" "vllm-router>=0.1.17"
+	touch $@
+
 .PHONY: venv  ## make the virtualenv with build and test dependencies
 venv: $(DEPS_STAMP)
 
@@ -46,7 +53,7 @@ test-rust:
 	cargo test -p ferrolm-core -p ferrolm-constraint -p ferrolm-frontend
 
 .PHONY: test-python  ## pytest against the built module
-test-python: build $(TORCH_STAMP) replay-bin
+test-python: build $(TORCH_STAMP) $(ROUTERS_STAMP) replay-bin
 	FERROLM_REPLAY_BIN=$(REPLAY_BIN) $(BIN)/python -m pytest
 
 REPLAY_BIN := $(abspath target/release/ferrolm-replay)

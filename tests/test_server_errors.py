@@ -62,7 +62,7 @@ BAD = [
     pytest.param(C, {"prompt": [-1]}, "prompt", id="ids-negative"),
     pytest.param(C, {"prompt": "word " * (KV + 10), "max_tokens": 1}, "prompt", id="prompt-too-long"),
     pytest.param(C, {"prompt": "x", "model": "gpt-4"}, "model", id="unknown-model"),
-    pytest.param(C, {"prompt": "x", "echo": True}, "echo", id="echo-unsupported"),
+    pytest.param(C, {"prompt": "x", "echo": True, "stream": True}, "echo", id="echo-streamed-unsupported"),
     pytest.param(C, {"prompt": "x", "best_of": 3}, "best_of", id="best_of-unsupported"),
     pytest.param(
         C, {"prompt": "x", "response_format": {"type": "xml"}}, "response_format.type", id="response_format-unknown"

@@ -164,6 +164,14 @@ def test_server_info_describes_the_stream(http: httpx.Client, ports: tuple[int, 
     assert settings["page_size"] == BLOCK and settings["kv_events_config"]["topic"] == TOPIC.decode()
 
 
+def test_the_first_batch_clears_what_a_router_held_for_this_endpoint(http: httpx.Client, stream: Stream) -> None:
+    # a replica restarted at the same endpoint (after a crash) starts empty: a router
+    # following it must drop the blocks of the process before
+    assert queued(http) >= 1
+    stream.catch_up(1)
+    assert stream.events(0, 1) == [{"type": "AllBlocksCleared"}]
+
+
 def test_inserts_namespaces_evictions_and_flush_in_vllms_format(http: httpx.Client, stream: Stream) -> None:
     start = queued(http)
     # an insert: the prompt's whole blocks when its prefill ends, the output's when it ends

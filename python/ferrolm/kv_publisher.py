@@ -103,6 +103,15 @@ class KvEventPublisher:
         self.queued += 1
         return True
 
+    def publish_cleared(self) -> bool:
+        """Queues one ``AllBlocksCleared``: at start, so that a router still holding blocks
+        of an earlier process at this endpoint (a replica restarted after a crash) drops
+        them; a flush publishes its own from the cache."""
+        queued = self.publish([("cleared",)])
+        if self.on_change is not None:
+            self.on_change()
+        return queued
+
     def wait_handled(self, count: int, timeout: float) -> bool:
         """Waits until the thread is done with the first ``count`` batches (at once when it
         is; the thread normally keeps up within a step). False on timeout."""

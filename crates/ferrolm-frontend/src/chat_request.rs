@@ -49,6 +49,24 @@ pub struct ChatInput {
     pub structured: Option<Structured>,
 }
 
+/// How a chat's prompt is rendered and its output read, beyond its messages: vLLM's
+/// `add_generation_prompt` and `continue_final_message`, SGLang's `separate_reasoning`.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatOptions {
+    /// The template's generation prompt (the assistant's opening) ends the prompt.
+    pub add_generation_prompt: bool,
+    /// The last message (the assistant's) is left open for the model to go on with.
+    pub continue_final_message: bool,
+    /// Reasoning is parsed apart from the content (where the server parses reasoning).
+    pub separate_reasoning: bool,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions { add_generation_prompt: true, continue_final_message: false, separate_reasoning: true }
+    }
+}
+
 /// What the model (and the server's flags) fix for every chat.
 pub struct ChatModel<'a> {
     pub template: Option<&'a ChatTemplate>,
@@ -119,6 +137,36 @@ pub fn prepare_chat(
     model: &ChatModel<'_>,
     check_prompt: &dyn Fn(&str) -> ApiResult<()>,
 ) -> ApiResult<PreparedChat> {
+    prepare_chat_with(input, ChatOptions::default(), model, check_prompt)
+}
+
+/// [`prepare_chat`] with the rendering options a request set.
+pub fn prepare_chat_with(
+    input: ChatInput,
+    options: ChatOptions,
+    model: &ChatModel<'_>,
+    check_prompt: &dyn Fn(&str) -> ApiResult<()>,
+) -> ApiResult<PreparedChat> {
+    let continued =
+        match (options.continue_final_message, input.messages.last()) {
+            (false, _) => None,
+            (true, _) if options.add_generation_prompt => return Err(ApiError::bad_request(
+                "continue_final_message: true needs add_generation_prompt: false (the prompt cannot both \
+                 continue the last message and open a new one)",
+                "continue_final_message",
+            )),
+            (true, Some(m)) if m.role.as_str() == "assistant" => Some(match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts.iter().map(|p| p.text.as_str()).collect(),
+            }),
+            (true, _) => {
+                return Err(ApiError::bad_request(
+                    "continue_final_message: true needs an assistant message last",
+                    "continue_final_message",
+                ))
+            }
+        };
     let tools = tools::parse_tools(input.tools.as_ref())?;
     let choice = tools::parse_tool_choice(input.tool_choice.as_ref(), &tools)?;
     let messages = template_messages(input.messages)?;
@@ -141,9 +189,19 @@ pub fn prepare_chat(
             "messages",
         ));
     };
-    let text = template
-        .render_with(&messages, true, &variables)
+    let mut text = template
+        .render_with(&messages, options.add_generation_prompt, &variables)
         .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))?;
+    if let Some(last) = continued.filter(|c| !c.is_empty()) {
+        // the prompt ends where the last message's text does (its end-of-turn cut off)
+        match text.rfind(&last) {
+            Some(at) => text.truncate(at + last.len()),
+            None => return Err(ApiError::bad_request(
+                "continue_final_message: the chat template does not write the last message's text as sent",
+                "continue_final_message",
+            )),
+        }
+    }
     let plan = tools::plan_chat(
         text,
         PlanInput {
@@ -151,7 +209,7 @@ pub fn prepare_chat(
             choice: &choice,
             parallel: input.parallel_tool_calls,
             tool_format: model.tools.tool_format,
-            reasoning: model.tools.reasoning.as_ref(),
+            reasoning: model.tools.reasoning.as_ref().filter(|_| options.separate_reasoning),
             constrain: model.tools.constrain,
             structured: input.structured,
             special_tokens: &model.tools.special_tokens,

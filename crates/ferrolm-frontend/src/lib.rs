@@ -19,6 +19,7 @@
 pub mod chat_request;
 pub mod egress;
 pub mod errors;
+pub mod field_policy;
 pub mod generation;
 pub mod http;
 pub mod ingress;

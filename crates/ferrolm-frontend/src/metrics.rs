@@ -167,12 +167,14 @@ impl Histograms {
         self.grammar.observe(seconds);
     }
 
-    /// The text of a scrape; `model_name` labels the `vllm:` series, `kv_events` are the
-    /// KV event publisher's counters (`None`: events are off, no series), `forward` the
-    /// step loop's forward timings.
+    /// The text of a scrape; `model_name` labels the `vllm:` and `sglang:` series,
+    /// `block_size` is the KV page (`vllm:cache_config_info`), `kv_events` are the KV
+    /// event publisher's counters (`None`: events are off, no series), `forward` the step
+    /// loop's forward timings.
     pub fn render(
         &self,
         model_name: &str,
+        block_size: u64,
         kv_events: Option<KvEventCounts>,
         forward: &ForwardTimes,
     ) -> String {
@@ -232,7 +234,8 @@ impl Histograms {
             ];
             write_counters(&mut out, &counters);
         }
-        self.write_vllm(&mut out, model_name, &l);
+        self.write_vllm(&mut out, model_name, block_size, &l);
+        self.write_sglang(&mut out, model_name, &l);
         self.ttft.write(
             &mut out,
             "ferrolm:time_to_first_token_seconds",
@@ -269,15 +272,18 @@ impl Histograms {
 }
 
 impl Histograms {
-    /// vLLM's names for the load and prefix-cache figures (its v1 engine's), labelled with
-    /// `model_name` and `engine`, as cache-aware routers scrape them from vLLM replicas.
-    fn write_vllm(&self, out: &mut String, model_name: &str, l: &Load) {
+    /// vLLM's names for the load and prefix-cache figures (its v1 engine's, and the older
+    /// names that routers written against vLLM 0.x still read), labelled with `model_name`
+    /// and `engine`, as cache-aware routers scrape them from vLLM replicas; and
+    /// `vllm:cache_config_info`, whose labels carry the KV block size.
+    fn write_vllm(&self, out: &mut String, model_name: &str, block_size: u64, l: &Load) {
         let s = &self.stats;
-        let labels = format!("{{engine=\"0\",model_name=\"{}\"}}", label_value(model_name));
+        let model = label_value(model_name);
+        let labels = format!("{{engine=\"0\",model_name=\"{model}\"}}");
         // as vLLM counts it: cached blocks no request uses are free (evictable on demand)
         let busy = l.kv_used.saturating_sub(l.evictable_tokens) as f64;
         let usage = if l.kv_capacity > 0 { busy / l.kv_capacity as f64 } else { 0.0 };
-        let series: [(&str, &str, &str, f64); 5] = [
+        let series: [(&str, &str, &str, f64); 9] = [
             (
                 "vllm:num_requests_running",
                 "gauge",
@@ -292,6 +298,12 @@ impl Histograms {
             ),
             ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage),
             (
+                "vllm:gpu_cache_usage_perc",
+                "gauge",
+                "KV-cache usage (vLLM 0.x name). 1 means 100 percent usage.",
+                usage,
+            ),
+            (
                 "vllm:prefix_cache_queries_total",
                 "counter",
                 "Prefix cache queries, in terms of number of queried tokens.",
@@ -302,6 +314,79 @@ impl Histograms {
                 "counter",
                 "Prefix cache hits, in terms of number of cached tokens.",
                 s.cache_hit_tokens as f64,
+            ),
+            (
+                "vllm:gpu_prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries in tokens (vLLM 0.x name).",
+                s.prompt_tokens as f64,
+            ),
+            (
+                "vllm:gpu_prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits in tokens (vLLM 0.x name).",
+                s.cache_hit_tokens as f64,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "counter",
+                "Cumulative number of preemptions.",
+                s.retractions as f64,
+            ),
+        ];
+        for (name, kind, help, v) in series {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {}", prom_float(v));
+        }
+        let blocks = (l.kv_capacity as u64).checked_div(block_size).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the KV cache config.\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{block_size}\",enable_prefix_caching=\"True\",\
+             engine=\"0\",num_gpu_blocks=\"{blocks}\"}} 1.0"
+        );
+    }
+
+    /// SGLang's names for the load and cache gauges (its scheduler's), labelled with
+    /// `model_name`, as the SGLang Model Gateway and dashboards written for SGLang read them.
+    fn write_sglang(&self, out: &mut String, model_name: &str, l: &Load) {
+        let s = &self.stats;
+        let labels = format!("{{model_name=\"{}\"}}", label_value(model_name));
+        let used = l.kv_used.saturating_sub(l.evictable_tokens);
+        let series: [(&str, &str, &str, f64); 8] = [
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.", l.running as f64),
+            (
+                "sglang:num_queue_reqs",
+                "gauge",
+                "The number of requests in the waiting queue.",
+                l.waiting as f64,
+            ),
+            ("sglang:num_used_tokens", "gauge", "The number of used tokens.", used as f64),
+            (
+                "sglang:token_usage",
+                "gauge",
+                "The token usage.",
+                if l.kv_capacity > 0 { used as f64 / l.kv_capacity as f64 } else { 0.0 },
+            ),
+            ("sglang:max_total_num_tokens", "gauge", "KV slots in all.", l.kv_capacity as f64),
+            (
+                "sglang:cache_hit_rate",
+                "gauge",
+                "The prefix cache hit rate.",
+                if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 },
+            ),
+            (
+                "sglang:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                s.prompt_tokens as f64,
+            ),
+            (
+                "sglang:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                s.generation_tokens as f64,
             ),
         ];
         for (name, kind, help, v) in series {
@@ -339,15 +424,22 @@ mod tests {
     fn vllm_series_carry_the_model_and_kv_event_counters_only_when_on() {
         let h = Histograms::new(0.0);
         let forward = ForwardTimes::default();
-        let text = h.render("a\"b", None, &forward);
+        let text = h.render("a\"b", 16, None, &forward);
         assert!(
             text.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"),
             "{text}"
         );
         assert!(text.contains("vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"));
         assert!(!text.contains("kv_event"));
+        for old_and_new in
+            ["vllm:gpu_cache_usage_perc{", "vllm:kv_cache_usage_perc{", "vllm:gpu_prefix_cache_hits_total{"]
+        {
+            assert!(text.contains(old_and_new), "{old_and_new}: {text}");
+        }
+        assert!(text.contains("vllm:cache_config_info{block_size=\"16\","), "{text}");
+        assert!(text.contains("sglang:num_queue_reqs{model_name=\"a\\\"b\"} 0.0\n"), "{text}");
         let kv = KvEventCounts { queued: 4, sent: 3, dropped: 0, replays: 2, late: 0 };
-        let text = h.render("tiny", Some(kv), &forward);
+        let text = h.render("tiny", 16, Some(kv), &forward);
         assert!(text.contains("ferrolm:kv_event_batches_published_total 3.0\n"));
         assert!(text.contains("ferrolm:kv_event_replays_total 2.0\n"));
     }
@@ -357,7 +449,7 @@ mod tests {
         let forward = ForwardTimes::default();
         forward.note(0.25, 0.125);
         forward.note(0.5, 0.25);
-        let text = Histograms::new(0.0).render("tiny", None, &forward);
+        let text = Histograms::new(0.0).render("tiny", 16, None, &forward);
         assert!(text.contains("# TYPE ferrolm:forward_seconds histogram\n"), "{text}");
         assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.1\"} 0.0\n"), "{text}");
         assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.25\"} 1.0\n"), "{text}");

@@ -17,42 +17,18 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::errors::{ApiError, ApiResult};
+use crate::field_policy::{self, Route};
 use crate::json_body;
 use crate::structured::{self, Asked, SchemaField, Structured};
-
-/// Fields accepted so that OpenAI's clients keep working, and ignored.
-pub const IGNORED_FIELDS: &[&str] = &[
-    "user",
-    "safety_identifier",
-    "store",
-    "metadata",
-    "service_tier",
-    "parallel_tool_calls",
-    "prompt_cache_key",
-    "cache_prompt",
-];
-
-/// Fields other servers accept that this one does not: refused with a reason.
-fn unsupported_reason(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "lora_path" | "lora_request" => "LoRA adapters are not supported",
-        "guided_decoding_backend" => "there is one structured-output engine; the backend cannot be chosen",
-        "guided_whitespace_pattern" => "the whitespace of structured output cannot be set",
-        "structured_outputs" => {
-            "use guided_json, guided_regex, guided_choice, json_schema, regex or response_format"
-        }
-        "functions" | "function_call" => "function calling is not supported",
-        "image_data" => "images are not supported",
-        "audio" => "audio is not supported",
-        "modalities" => "only text output is supported",
-        _ => return None,
-    })
-}
 
 #[derive(Deserialize, Debug, Default)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's and SGLang's: usage on every chunk (only `false` is taken).
+    pub continuous_usage_stats: Option<bool>,
+    /// OpenAI's: padding against length side channels (accepted, none is added).
+    pub include_obfuscation: Option<bool>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -102,6 +78,9 @@ pub struct OpenAISampling {
     pub skip_special_tokens: bool,
     #[serde(default)]
     pub include_stop_str_in_output: bool,
+    /// SGLang's name for `include_stop_str_in_output`.
+    #[serde(default)]
+    pub no_stop_trim: bool,
     pub priority: Option<i64>,
     pub cache_salt: Option<String>,
     pub response_format: Option<Value>,
@@ -208,6 +187,10 @@ pub struct ChatFields {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub continue_final_message: bool,
+    pub separate_reasoning: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -259,6 +242,7 @@ fn minus_one() -> i64 {
 
 #[derive(Deserialize, Debug)]
 pub struct GenerateRequest {
+    pub model: Option<String>,
     pub text: Option<String>,
     pub input_ids: Option<Vec<u32>>,
     pub sampling_params: Option<Value>,
@@ -293,6 +277,13 @@ pub struct AbortRequest {
 fn check_nested(obj: &Map<String, Value>) -> ApiResult<()> {
     if let Some(Value::Object(o)) = obj.get("stream_options") {
         check_fields(o, &[fields_of::<StreamOptions>()], "stream_options.")?;
+        if o.get("continuous_usage_stats") == Some(&Value::Bool(true)) {
+            return Err(ApiError::bad_request(
+                "stream_options.continuous_usage_stats: true is not supported: usage comes in the last chunk \
+                 (include_usage) (accepted: false, null)",
+                "stream_options.continuous_usage_stats",
+            ));
+        }
     }
     if let Some(Value::Object(o)) = obj.get("response_format") {
         check_fields(o, &[&["type", "json_schema"]], "response_format.")?;
@@ -330,21 +321,29 @@ fn fields_of<T: DeserializeOwned>() -> &'static [&'static str] {
     fields
 }
 
-/// Refuses a field not in `known`, naming it as sent.
+/// Refuses a field not in `known`, naming it as sent; on a route's top level, a field the
+/// route does not read is judged by the [`field_policy`] (accepted when it is bookkeeping
+/// or at its default, refused naming it and its value otherwise).
 fn check_fields(obj: &Map<String, Value>, known: &[&[&str]], prefix: &str) -> ApiResult<()> {
-    for name in obj.keys() {
+    check_route_fields(obj, known, prefix, None)
+}
+
+fn check_route_fields(
+    obj: &Map<String, Value>,
+    known: &[&[&str]],
+    prefix: &str,
+    route: Option<Route>,
+) -> ApiResult<()> {
+    for (name, value) in obj {
         if known.iter().any(|k| k.contains(&name.as_str())) {
             continue;
         }
         let path = format!("{prefix}{name}");
-        let reason = match unsupported_reason(name) {
-            Some(r) => r.to_string(),
+        let reason = match route.and_then(|r| field_policy::check_unread(r, name, value)) {
+            Some(Ok(())) => continue,
+            Some(Err(reason)) => reason,
             None => {
-                let mut fields: Vec<&str> = known
-                    .iter()
-                    .flat_map(|k| k.iter().copied())
-                    .filter(|f| !IGNORED_FIELDS.contains(f))
-                    .collect();
+                let mut fields: Vec<&str> = known.iter().flat_map(|k| k.iter().copied()).collect();
                 fields.sort_unstable();
                 fields.dedup();
                 format!("unknown field (the fields here: {})", fields.join(", "))
@@ -479,7 +478,12 @@ pub struct ChatRequest {
 pub fn parse_completion(body: &[u8]) -> ApiResult<CompletionRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[fields_of::<OpenAISampling>(), fields_of::<CompletionFields>()], "")?;
+    check_route_fields(
+        obj,
+        &[fields_of::<OpenAISampling>(), fields_of::<CompletionFields>()],
+        "",
+        Some(Route::Completion),
+    )?;
     check_nested(obj)?;
     if !obj.contains_key("prompt") {
         return Err(ApiError::bad_request("prompt: Field required", "prompt"));
@@ -501,7 +505,12 @@ pub fn parse_completion(body: &[u8]) -> ApiResult<CompletionRequest> {
 pub fn parse_chat(body: &[u8]) -> ApiResult<ChatRequest> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[fields_of::<OpenAISampling>(), fields_of::<ChatFields>(), IGNORED_FIELDS], "")?;
+    check_route_fields(
+        obj,
+        &[fields_of::<OpenAISampling>(), fields_of::<ChatFields>()],
+        "",
+        Some(Route::Chat),
+    )?;
     check_nested(obj)?;
     if !obj.contains_key("messages") {
         return Err(ApiError::bad_request("messages: Field required", "messages"));
@@ -612,14 +621,14 @@ pub struct Generate {
 pub fn parse_generate(body: &[u8]) -> ApiResult<Generate> {
     let value = json_body::parse(body)?;
     let obj = object(&value)?;
-    check_fields(obj, &[fields_of::<GenerateRequest>()], "")?;
+    check_route_fields(obj, &[fields_of::<GenerateRequest>()], "", Some(Route::Generate))?;
     crate::tools::definitions::check_tool_shapes(obj, "")?;
     let req: GenerateRequest = typed(&value, "")?;
     let sp = req.sampling_params.clone().unwrap_or_else(|| Value::Object(Map::new()));
     let Value::Object(sp_obj) = &sp else {
         return Err(ApiError::bad_request("sampling_params: must be an object", "sampling_params"));
     };
-    check_fields(sp_obj, &[fields_of::<NativeSampling>()], "sampling_params.")?;
+    check_route_fields(sp_obj, &[fields_of::<NativeSampling>()], "sampling_params.", Some(Route::Sampling))?;
     let sampling: NativeSampling = typed(&sp, "sampling_params.")?;
     let bad = |f: &str, m: &str| {
         let p = format!("sampling_params.{f}");
@@ -789,7 +798,7 @@ pub fn openai_params(
         stops: StopConditions {
             stop_strings: stop,
             stop_token_ids: s.stop_token_ids.clone().unwrap_or_default(),
-            include_stop_str: s.include_stop_str_in_output,
+            include_stop_str: s.include_stop_str_in_output || s.no_stop_trim,
             skip_special_tokens: s.skip_special_tokens,
         },
         max_new_tokens: usize::try_from(max_tokens).unwrap_or(usize::MAX),
@@ -894,6 +903,50 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn the_policys_read_fields_are_the_typed_requests_own() {
+        let routes: [(Route, Vec<&str>); 4] = [
+            (Route::Chat, [fields_of::<OpenAISampling>(), fields_of::<ChatFields>()].concat()),
+            (Route::Completion, [fields_of::<OpenAISampling>(), fields_of::<CompletionFields>()].concat()),
+            (Route::Generate, fields_of::<GenerateRequest>().to_vec()),
+            (Route::Sampling, fields_of::<NativeSampling>().to_vec()),
+        ];
+        for (route, read) in routes {
+            let mut listed: Vec<&str> = field_policy::FIELDS
+                .iter()
+                .filter(|f| f.routes.contains(&route) && matches!(f.rule, field_policy::Rule::Read))
+                .map(|f| f.name)
+                .collect();
+            let mut read = read;
+            read.sort_unstable();
+            read.dedup();
+            listed.sort_unstable();
+            assert_eq!(listed, read, "{route:?}");
+        }
+    }
+
+    #[test]
+    fn router_defaults_are_accepted_and_other_values_named_with_their_value() {
+        let chat = br#"{"messages": [{"role": "user", "content": "hi"}], "no_stop_trim": false,
+            "continue_final_message": false, "return_hidden_states": false, "separate_reasoning": true,
+            "stream_reasoning": true, "include_reasoning": true, "skip_special_tokens": true,
+            "max_completion_tokens": 4, "logprobs": false, "ignore_eos": false}"#;
+        assert!(parse_chat(chat).is_ok());
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "return_hidden_states": true}"#;
+        let err = parse_chat(body).err().unwrap();
+        assert_eq!(err.param.as_deref(), Some("return_hidden_states"));
+        assert!(err.message.starts_with("return_hidden_states: true is not supported"), "{}", err.message);
+        let gen = br#"{"model": null, "text": "x", "sampling_params": {"max_new_tokens": 2},
+            "return_text_in_logprobs": false, "log_metrics": true, "return_hidden_states": false,
+            "background": false, "no_logs": false, "return_bytes": false, "return_entropy": false}"#;
+        assert!(parse_generate(gen).is_ok());
+        let err = parse_generate(br#"{"text": "x", "sampling_params": {"stop_regex": "a+"}}"#).err().unwrap();
+        assert_eq!(err.param.as_deref(), Some("sampling_params.stop_regex"));
+        assert!(err.message.contains("\"a+\" is not supported"), "{}", err.message);
+        let err = parse_completion(br#"{"prompt": "x", "frobnicate": 1}"#).err().unwrap();
+        assert!(err.message.starts_with("frobnicate: unknown field"), "{}", err.message);
     }
 
     #[test]

@@ -155,9 +155,15 @@ impl AppState {
 
     /// A chat rendered with the template, planned and tokenized by the request core
     /// ([`chat_request::prepare_chat`]), on the tokenizer pool.
-    pub async fn prepare_chat(self: &Arc<Self>, input: ChatInput) -> ApiResult<PreparedChat> {
+    pub async fn prepare_chat(
+        self: &Arc<Self>,
+        input: ChatInput,
+        options: chat_request::ChatOptions,
+    ) -> ApiResult<PreparedChat> {
         self.prepare(move |state, model| {
-            chat_request::prepare_chat(input, model, &|text| state.check_text_length(text, "messages"))
+            chat_request::prepare_chat_with(input, options, model, &|text| {
+                state.check_text_length(text, "messages")
+            })
         })
         .await
     }

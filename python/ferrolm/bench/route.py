@@ -200,6 +200,10 @@ def replica_flags(pub_port: int, replay_port: int, page_size: int, kv_tokens: in
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.router is not None:
+        from ferrolm.bench import routers
+
+        return routers.run(args)
     from ferrolm.bench.serve import LaunchedServer
     from ferrolm.server.testing import free_port
 
@@ -300,4 +304,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures to this file")
+    p.add_argument(
+        "--router",
+        choices=("sglang", "vllm"),
+        help="route a multi-turn chat workload through this router from PyPI instead (ferrolm.bench.routers)",
+    )
+    p.add_argument("--policy", help="with --router: this policy only (default: each of the router's)")
+    p.add_argument("--concurrency", type=int, default=4, help="with --router: clients at a time")
+    p.add_argument("--kill-after", type=int, help="with --router: SIGKILL one replica after this many requests")
     p.set_defaults(func=run)

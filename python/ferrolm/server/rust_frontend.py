@@ -164,6 +164,8 @@ def run_server(args: ServerArgs) -> int:
     engine.tokenizer.release()
     release_free_heap()
     loop = StepLoop(engine, frontend, kv_publisher)
+    if kv_publisher is not None:
+        kv_publisher.publish_cleared()  # batch 0: the cache starts empty
 
     def stop(signum: int, _frame: Any) -> None:
         loop.stopping.set()

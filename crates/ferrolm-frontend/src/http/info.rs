@@ -101,6 +101,16 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
                           "frontend": "rust"}))
 }
 
+/// SGLang's `/get_load`: one entry per data-parallel rank (a replica has one), what the
+/// SGLang Model Gateway reads for its load-aware policies.
+pub async fn get_load(State(state): State<Arc<AppState>>) -> Response {
+    match ask(&state, Call::Stats).await {
+        Ok((_, l)) => json_response(&json!([{"dp_rank": 0, "num_reqs": l.running + l.waiting,
+            "num_waiting_reqs": l.waiting, "num_tokens": l.kv_used.saturating_sub(l.evictable_tokens)}])),
+        Err(e) => axum::response::IntoResponse::into_response(e),
+    }
+}
+
 /// Drops the prefix cache; refused while requests run (their KV is in use).
 pub async fn flush_cache(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     if !body.is_empty() {
@@ -131,7 +141,13 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.histograms.lock().unwrap().update(stats, load, latencies);
     }
     let kv = crate::kv_events::enabled(&state.config.kv_events).then(|| state.kv_counters.get());
-    let text = state.histograms.lock().unwrap().render(&state.config.model_name, kv, &state.forward_times);
+    let block_size = state.config.kv_events.get("block_size").and_then(Value::as_u64).unwrap_or(0);
+    let text = state.histograms.lock().unwrap().render(
+        &state.config.model_name,
+        block_size,
+        kv,
+        &state.forward_times,
+    );
     let mut r = Response::new(Body::from(text));
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));

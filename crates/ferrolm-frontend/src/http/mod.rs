@@ -27,6 +27,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions/render", post(render_completion))
+        .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/models", get(info::list_models))
         .route("/v1/models/{*model_id}", get(retrieve_model))
         .route(
@@ -41,11 +43,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/server_info", get(info::server_info))
         .route("/get_server_info", get(info::server_info))
         .route("/get_model_info", get(info::get_model_info))
+        .route("/model_info", get(info::get_model_info))
+        .route("/get_load", get(info::get_load))
         .route("/flush_cache", post(flush_cache))
         .route("/metrics", get(info::metrics))
         .fallback(|| async { ApiError::new(404, "Not Found") })
         .method_not_allowed_fallback(|| async { ApiError::new(405, "Method Not Allowed") })
         .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn(close_unless_read))
         .with_state(state)
 }
 
@@ -55,6 +60,14 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response
 
 async fn chat(State(state): State<Arc<AppState>>, body: Body) -> Response {
     respond(async { openai::chat(state.clone(), read_body(&state, body).await?).await }.await)
+}
+
+async fn render_completion(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    respond(async { openai::render_completion(state.clone(), read_body(&state, body).await?).await }.await)
+}
+
+async fn render_chat(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    respond(async { openai::render_chat(state.clone(), read_body(&state, body).await?).await }.await)
 }
 
 async fn generate(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -100,9 +113,10 @@ fn too_large(state: &AppState) -> ApiError {
     .with_code("request_too_large")
 }
 
-/// What every request passes before a route sees it: the API key, then for a POST a JSON content
-/// type (so that a web page cannot drive the API with a "simple" cross-origin request)
-/// and a declared length within the limit.
+/// What every request passes before a route sees it: the API key, then for a POST with a
+/// body a JSON content type (so that a web page cannot drive the API with a "simple"
+/// cross-origin request; a POST without a body, as `curl -X POST .../flush_cache` sends
+/// it, needs none) and a declared length within the limit.
 async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if let Some(key) = &state.config.api_key {
@@ -113,7 +127,11 @@ async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next)
         }
     }
     let headers = request.headers();
-    if request.method() == Method::POST && !is_json(headers.get(header::CONTENT_TYPE)) {
+    let content_type = headers.get(header::CONTENT_TYPE);
+    if request.method() == Method::POST
+        && !is_json(content_type)
+        && !(content_type.is_none() && bodiless(headers))
+    {
         return ApiError::new(415, "a POST body must be JSON: send 'Content-Type: application/json'")
             .with_code("unsupported_media_type")
             .into_response();
@@ -126,6 +144,51 @@ async fn guard(State(state): State<Arc<AppState>>, request: Request, next: Next)
         return too_large(&state).into_response();
     }
     next.run(request).await
+}
+
+/// A request that declares no body: `Content-Length: 0`, or neither a length nor a
+/// transfer coding (RFC 9112 6.3: then the body is empty).
+fn bodiless(headers: &HeaderMap) -> bool {
+    match headers.get(header::CONTENT_LENGTH) {
+        Some(v) => v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) == Some(0),
+        None => !headers.contains_key(header::TRANSFER_ENCODING),
+    }
+}
+
+/// Says `Connection: close` on a response given before its request's body was read to the
+/// end (a refusal by the guard, a 413 part way through, a route that reads no body): the
+/// server cannot find where the next request on that connection starts, and closes it
+/// after this response (hyper drains at most what has already arrived). Without the
+/// header, a keep-alive client that sent its next request at once (several clients at
+/// a time make that likely) would have it dropped unanswered.
+async fn close_unless_read(request: Request, next: Next) -> Response {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Poll;
+
+    use axum::body::HttpBody;
+    use futures_util::StreamExt;
+
+    let (parts, body) = request.into_parts();
+    let read = Arc::new(AtomicBool::new(body.is_end_stream()));
+    let request = if read.load(Ordering::Relaxed) {
+        Request::from_parts(parts, body)
+    } else {
+        let seen = read.clone();
+        let mut data = body.into_data_stream();
+        let tracked = futures_util::stream::poll_fn(move |cx| {
+            let next = data.poll_next_unpin(cx);
+            if let Poll::Ready(None) = next {
+                seen.store(true, Ordering::Relaxed);
+            }
+            next
+        });
+        Request::from_parts(parts, Body::from_stream(tracked))
+    };
+    let mut response = next.run(request).await;
+    if !read.load(Ordering::Relaxed) {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// `Authorization: Bearer KEY` (the scheme case-insensitive, RFC 9110), the key compared
@@ -224,6 +287,20 @@ mod tests {
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic secret"));
         assert!(!authorized(&h, b"secret"));
         assert!(!authorized(&HeaderMap::new(), b"secret"));
+    }
+
+    #[test]
+    fn a_body_is_declared_by_a_length_or_a_transfer_coding() {
+        let with = |name: header::HeaderName, v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(v));
+            h
+        };
+        assert!(bodiless(&HeaderMap::new()));
+        assert!(bodiless(&with(header::CONTENT_LENGTH, "0")));
+        assert!(!bodiless(&with(header::CONTENT_LENGTH, "2")));
+        assert!(!bodiless(&with(header::CONTENT_LENGTH, "x")));
+        assert!(!bodiless(&with(header::TRANSFER_ENCODING, "chunked")));
     }
 
     #[test]

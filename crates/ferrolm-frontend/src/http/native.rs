@@ -32,6 +32,7 @@ fn native_field(from_text: bool) -> impl Fn(&str) -> Option<String> + Sync {
 
 pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let g = protocol::parse_generate(&body)?;
+    state.check_model(g.req.model.as_deref())?;
     if g.req.text.is_some() == g.req.input_ids.is_some() {
         return Err(ApiError::bad_request("text: give exactly one of text and input_ids", "text"));
     }

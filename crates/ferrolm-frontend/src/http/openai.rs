@@ -9,7 +9,7 @@ use axum::response::Response;
 use ferrolm_constraint::Grammar;
 use ferrolm_core::engine::{Constraint, RequestParams};
 
-use crate::chat_request::{ChatInput, PreparedChat};
+use crate::chat_request::{ChatInput, ChatOptions, PreparedChat};
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::Generation;
 use crate::http::{json_response, sse, Tracked};
@@ -35,8 +35,14 @@ fn completion_field(core: &str) -> Option<String> {
 pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let CompletionRequest { sampling, fields } = protocol::parse_completion(&body)?;
     state.check_model(sampling.model.as_deref())?;
-    if fields.echo {
-        return Err(ApiError::bad_request("echo: not supported yet", "echo"));
+    if fields.echo && (sampling.stream || fields.logprobs.is_some()) {
+        let with = if sampling.stream { "stream" } else { "logprobs" };
+        return Err(ApiError::bad_request(
+            format!(
+                "echo: true is not supported with {with} (the prompt's log-probabilities are not returned)"
+            ),
+            "echo",
+        ));
     }
     if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_request("suffix: not supported yet", "suffix"));
@@ -49,6 +55,14 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
     let max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let params = protocol::openai_params(&sampling, max_tokens, with_logprobs, fields.logprobs.unwrap_or(0))?;
     state.check_max_tokens(max_tokens, "max_tokens")?;
+    // echo writes a text prompt as sent, a prompt of ids as the tokenizer decodes it
+    let echoed: Vec<Option<String>> = match (&fields.prompt, fields.echo) {
+        (_, false) => Vec::new(),
+        (Prompt::Text(t), true) => vec![Some(t.clone())],
+        (Prompt::Texts(ts), true) => ts.iter().cloned().map(Some).collect(),
+        (Prompt::Ids(_), true) => vec![None],
+        (Prompt::IdLists(lists), true) => vec![None; lists.len()],
+    };
     let prompts = prompts_of(&state, fields.prompt).await?;
     let grammar = state.grammar(structured.as_ref()).await?;
     let n = sampling.n as usize;
@@ -66,7 +80,26 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
         return Ok(sse::stream(tracked, chunks));
     }
     tracked.gen.run_to_end().await?;
-    Ok(json_response(&head.completion(&tracked.gen.samples, with_logprobs, &state.vocab)))
+    let completion = head.completion(&tracked.gen.samples, with_logprobs, &state.vocab);
+    if !fields.echo {
+        return Ok(json_response(&completion));
+    }
+    // echo: each choice's text after its prompt
+    let mut value = serde_json::to_value(&completion).expect("a response serializes");
+    if let Some(choices) = value.get_mut("choices").and_then(|c| c.as_array_mut()) {
+        for choice in choices {
+            let index = choice["index"].as_u64().unwrap_or(0) as usize;
+            let prompt = match &echoed[index / n] {
+                Some(text) => text.clone(),
+                None => state.tokenizer.decode(&prompts[index / n]).map_err(|m| {
+                    ApiError::new(500, format!("the prompt could not be decoded for echo: {m}"))
+                })?,
+            };
+            let text = choice["text"].as_str().unwrap_or("");
+            choice["text"] = serde_json::Value::String(prompt + text);
+        }
+    }
+    Ok(json_response(&value))
 }
 
 async fn prompts_of(state: &Arc<AppState>, prompt: Prompt) -> ApiResult<Vec<Vec<u32>>> {
@@ -133,6 +166,30 @@ pub async fn chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let job = prepare(&state, req).await?;
     let gen = submit(&state, &job).await?;
     respond(state, job, gen).await
+}
+
+/// vLLM's `POST /v1/chat/completions/render`: the token ids the chat's prompt comes to
+/// here (what vllm-router asks a replica for, to route by its tokens), nothing run.
+pub async fn render_chat(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
+    let req = protocol::parse_chat(&body)?;
+    let job = prepare(&state, req).await?;
+    Ok(json_response(&serde_json::json!({
+        "model": state.config.model_name,
+        "prompt": job.prepared.prompt(),
+        "token_ids": job.prepared.ids,
+    })))
+}
+
+/// vLLM's `POST /v1/completions/render`: each prompt's token ids.
+pub async fn render_completion(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
+    let CompletionRequest { sampling, fields } = protocol::parse_completion(&body)?;
+    state.check_model(sampling.model.as_deref())?;
+    let prompts = prompts_of(&state, fields.prompt).await?;
+    let rendered: Vec<serde_json::Value> = prompts
+        .into_iter()
+        .map(|ids| serde_json::json!({"model": state.config.model_name, "token_ids": ids}))
+        .collect();
+    Ok(json_response(&rendered))
 }
 
 /// A chat completion ready to submit: the request core's prepared chat, its grammar, the
@@ -205,6 +262,11 @@ async fn plan(
     fields: ChatFields,
     sampling: &OpenAISampling,
 ) -> ApiResult<PreparedChat> {
+    let options = ChatOptions {
+        add_generation_prompt: fields.add_generation_prompt.unwrap_or(!fields.continue_final_message),
+        continue_final_message: fields.continue_final_message,
+        separate_reasoning: fields.separate_reasoning != Some(false),
+    };
     let input = ChatInput {
         messages: fields.messages,
         tools: fields.tools,
@@ -213,7 +275,7 @@ async fn plan(
         chat_template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
         structured: protocol::openai_structured(sampling)?,
     };
-    state.prepare_chat(input).await
+    state.prepare_chat(input, options).await
 }
 
 async fn submit(state: &Arc<AppState>, job: &ChatJob) -> ApiResult<Generation> {
