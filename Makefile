@@ -15,7 +15,7 @@ $(DEPS_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "maturin>=1.7,<2" "numpy>=1.26" "xxhash>=3.4" \
 		"safetensors>=0.4" "tokenizers>=0.19" "ml_dtypes>=0.3" "threadpoolctl>=3.1" "bpe-openai>=0.1.4" \
-		"prometheus-client>=0.20" "pyzmq>=25" "msgpack>=1.0" "gguf>=0.17" "httpx>=0.27" "openai>=1.30" \
+		"prometheus-client>=0.20" "pyzmq>=25" "msgpack>=1.0" "gguf>=0.17" "httpx>=0.27" "openai>=1.66" "anthropic>=0.60" \
 		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "ruff>=0.6" "jsonschema>=4" "matplotlib>=3.7"
 	touch $@
 

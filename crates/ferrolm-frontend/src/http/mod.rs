@@ -2,9 +2,13 @@
 //! type, body size), and what the routes share.
 
 pub mod info;
+pub mod messages;
 pub mod native;
 pub mod openai;
+pub mod responses;
 pub mod sse;
+pub mod tokenize;
+pub mod translate;
 
 use std::sync::Arc;
 
@@ -47,9 +51,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/get_load", get(info::get_load))
         .route("/flush_cache", post(flush_cache))
         .route("/metrics", get(info::metrics))
+        .merge(responses::routes())
+        .merge(messages::routes())
+        .merge(tokenize::routes())
         .fallback(|| async { ApiError::new(404, "Not Found") })
         .method_not_allowed_fallback(|| async { ApiError::new(405, "Method Not Allowed") })
         .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn(messages::anthropic_envelope))
         .layer(middleware::from_fn(close_unless_read))
         .with_state(state)
 }
@@ -191,9 +199,12 @@ async fn close_unless_read(request: Request, next: Next) -> Response {
     response
 }
 
-/// `Authorization: Bearer KEY` (the scheme case-insensitive, RFC 9110), the key compared
-/// in constant time.
+/// `Authorization: Bearer KEY` (the scheme case-insensitive, RFC 9110) or `x-api-key: KEY`
+/// (Anthropic's), the key compared in constant time.
 fn authorized(headers: &HeaderMap, expected: &[u8]) -> bool {
+    if let Some(key) = headers.get("x-api-key") {
+        return constant_time_eq(trim(key.as_bytes()), expected);
+    }
     let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()).unwrap_or(b"");
     let given = trim(given);
     let (scheme, token) = match given.iter().position(|&b| b == b' ') {

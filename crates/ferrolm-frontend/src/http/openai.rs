@@ -194,20 +194,20 @@ pub async fn render_completion(state: Arc<AppState>, body: Bytes) -> ApiResult<R
 
 /// A chat completion ready to submit: the request core's prepared chat, its grammar, the
 /// core's parameters, and how to answer.
-struct ChatJob {
-    prepared: PreparedChat,
+pub(crate) struct ChatJob {
+    pub(crate) prepared: PreparedChat,
     grammar: Option<Arc<Grammar>>,
     params: RequestParams,
     n: usize,
     /// The body field that set the budget (`max_completion_tokens` or `max_tokens`).
     max_tokens_field: &'static str,
-    stream: bool,
+    pub(crate) stream: bool,
     include_usage: bool,
     logprobs: bool,
 }
 
 /// The request's checks, its plan, its grammar and its parameters.
-async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResult<ChatJob> {
+pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResult<ChatJob> {
     let ChatRequest { sampling, fields } = req;
     state.check_model(sampling.model.as_deref())?;
     if fields.top_logprobs.is_some_and(|t| t > 0) && !fields.logprobs {
@@ -278,7 +278,7 @@ async fn plan(
     state.prepare_chat(input, options).await
 }
 
-async fn submit(state: &Arc<AppState>, job: &ChatJob) -> ApiResult<Generation> {
+pub(crate) async fn submit(state: &Arc<AppState>, job: &ChatJob) -> ApiResult<Generation> {
     let mut gen = Generation::new(state.clone(), job.n, !job.stream);
     let constraint = job.grammar.clone().map(Constraint::Grammar);
     gen.add(&job.prepared.ids, job.params.clone(), job.n, constraint, &chat_field(job.max_tokens_field))
