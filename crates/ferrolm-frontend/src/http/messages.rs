@@ -511,15 +511,8 @@ pub async fn count_tokens(state: Arc<AppState>, body: Bytes) -> ApiResult<Respon
     let req = crate::protocol::parse_chat(&serde_json::to_vec(&chat).expect("a chat body serializes"))
         .map_err(|e| renames.apply(e))?;
     state.check_model(req.sampling.model.as_deref())?;
-    let input = crate::chat_request::ChatInput {
-        messages: req.fields.messages,
-        tools: req.fields.tools,
-        tool_choice: req.fields.tool_choice,
-        parallel_tool_calls: req.fields.parallel_tool_calls != Some(false),
-        chat_template_kwargs: req.fields.chat_template_kwargs.unwrap_or_default(),
-        structured: crate::protocol::openai_structured(&req.sampling).map_err(|e| renames.apply(e))?,
-    };
-    let prepared = state.prepare_chat(input).await.map_err(|e| renames.apply(e))?;
+    let prepared =
+        super::openai::plan(&state, req.fields, &req.sampling).await.map_err(|e| renames.apply(e))?;
     Ok(json_response(&json!({"input_tokens": prepared.ids.len()})))
 }
 

@@ -257,7 +257,7 @@ pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResul
 
 /// The request core's prepared chat: the prompt rendered, what tools and reasoning change
 /// about it, its ids.
-async fn plan(
+pub(crate) async fn plan(
     state: &Arc<AppState>,
     fields: ChatFields,
     sampling: &OpenAISampling,
