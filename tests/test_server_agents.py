@@ -275,7 +275,7 @@ def test_responses_bad_input_names_the_field(oai: openai.OpenAI) -> None:
     for kw, param in [
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "nope"}}]}, "tools.0.parameters"),
-        ({"include": ["reasoning.encrypted_content"]}, "include.0"),
+        ({"include": ["file_search_call.results"]}, "include.0"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input.0.content.0.type",
@@ -511,6 +511,23 @@ def test_responses_reasoning_items(thinking_server: RunningServer) -> None:
         stream = streamed_response(client, **kw)
         assert stream.output[0].type == "reasoning" and stream.output[0].content[0].text == item.content[0].text
         assert whole.usage is not None and whole.usage.output_tokens_details.reasoning_tokens > 0
+        # Codex's stateless turns: include the reasoning, hand it back, and the next turn's
+        # prompt holds it again (the same prompt as the stored conversation's)
+        kept = client.responses.create(**kw, include=["reasoning.encrypted_content"], store=False)
+        encrypted = kept.output[0].encrypted_content
+        assert kept.output[0].type == "reasoning" and encrypted
+        streamed = streamed_response(client, **kw, include=["reasoning.encrypted_content"], store=False)
+        assert streamed.output[0].encrypted_content == encrypted
+        history = [item.model_dump(exclude_none=True) for item in kept.output]
+        for item in history:
+            item.pop("content", None)  # what a client that keeps only the opaque part sends
+            item.pop("summary", None) if item["type"] == "reasoning" else None
+        follow = {**kw, "input": [{"role": "user", "content": "Think"}, *history, {"role": "user", "content": "More"}]}
+        with_reasoning = client.responses.create(**follow, store=False)
+        stored = client.responses.create(**kw)
+        chained = client.responses.create(**{**kw, "input": "More"}, previous_response_id=stored.id)
+        assert with_reasoning.usage is not None and chained.usage is not None
+        assert with_reasoning.usage.input_tokens == chained.usage.input_tokens
 
 
 # ---- the Messages API over raw HTTP (with or without the SDK) ----

@@ -319,6 +319,20 @@ METRIC_TYPES = {
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:prefix_cache_queries_total": "counter",
     "vllm:prefix_cache_hits_total": "counter",
+    # vLLM 0.x's names and SGLang's, which the routers read
+    "vllm:gpu_cache_usage_perc": "gauge",
+    "vllm:gpu_prefix_cache_queries_total": "counter",
+    "vllm:gpu_prefix_cache_hits_total": "counter",
+    "vllm:num_preemptions_total": "counter",
+    "vllm:cache_config_info": "gauge",
+    "sglang:num_running_reqs": "gauge",
+    "sglang:num_queue_reqs": "gauge",
+    "sglang:num_used_tokens": "gauge",
+    "sglang:token_usage": "gauge",
+    "sglang:max_total_num_tokens": "gauge",
+    "sglang:cache_hit_rate": "gauge",
+    "sglang:prompt_tokens_total": "counter",
+    "sglang:generation_tokens_total": "counter",
 }
 
 

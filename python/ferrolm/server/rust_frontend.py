@@ -44,6 +44,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from typing import Any
 
 import ferrolm
@@ -156,6 +157,16 @@ def run_server(args: ServerArgs) -> int:
             except OSError as e:  # the endpoint is taken or not an address
                 print(f"ferrolm serve: {e}", file=sys.stderr, flush=True)
                 return 1
+        # from the moment /health says ready, SIGTERM and SIGINT stop the loop cleanly (a
+        # stop asked before the loop exists is kept for it); while the model loads they
+        # still end the process at once
+        stopping = threading.Event()
+
+        def stop(signum: int, _frame: Any) -> None:
+            stopping.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
         frontend = start_frontend(engine, args, loading)
     finally:
         loading.stop()  # frees the port if the engine did not start (else a no-op)
@@ -164,14 +175,9 @@ def run_server(args: ServerArgs) -> int:
     engine.tokenizer.release()
     release_free_heap()
     loop = StepLoop(engine, frontend, kv_publisher)
+    loop.stopping = stopping
     if kv_publisher is not None:
         kv_publisher.publish_cleared()  # batch 0: the cache starts empty
-
-    def stop(signum: int, _frame: Any) -> None:
-        loop.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     url = f"http://{args.host}:{frontend.port}"
     print(f"ferrolm: serving {args.model_name!r} at {url} (OpenAI API under /v1)", flush=True)
     print_try(args, url)

@@ -19,6 +19,7 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
+use base64::Engine as _;
 use ferrolm_core::engine::Finished;
 use serde_json::{json, Map, Value};
 
@@ -116,7 +117,8 @@ const REASONING_ITEM: &[FieldPolicy] = &[
     ("content", Policy::Honoured),
     ("id", Policy::NoEffect("an item's id changes no token")),
     ("status", Policy::NoEffect("an item's status changes no token")),
-    ("encrypted_content", Policy::Refused("reasoning is never encrypted here: send its content")),
+    // what `include: ["reasoning.encrypted_content"]` gave back: the text, read again
+    ("encrypted_content", Policy::Honoured),
 ];
 const FUNCTION_TOOL: &[FieldPolicy] = &[
     ("type", Policy::Honoured),
@@ -282,7 +284,52 @@ struct Translated {
     renames: Renames,
     /// The chat messages of this request's input (for the store).
     input: Vec<Value>,
+    reasoning: ReasoningOut,
+}
+
+/// How reasoning items are written: with the text as a summary too (`reasoning.summary`),
+/// and with `encrypted_content` (`include: ["reasoning.encrypted_content"]`), which lets a
+/// stateless client (`store: false`, as Codex runs) hand the reasoning back next turn.
+/// Nothing is encrypted here: the field is the text in base64, opaque to the client as
+/// OpenAI's is, and read back as the text.
+#[derive(Clone, Copy, Debug, Default)]
+struct ReasoningOut {
     summary: bool,
+    encrypted: bool,
+}
+
+/// `include`'s values: the one ferrolm can add, or a 400 naming the value.
+fn parse_include(obj: &Map<String, Value>) -> ApiResult<bool> {
+    let Some(include) = obj.get("include").filter(|v| !v.is_null()) else { return Ok(false) };
+    let include = include.as_array().ok_or_else(|| bad("include", "expected a list"))?;
+    let mut encrypted = false;
+    for (i, value) in include.iter().enumerate() {
+        match value.as_str() {
+            Some("reasoning.encrypted_content") => encrypted = true,
+            Some(other) => {
+                return Err(bad(
+                    &format!("include.{i}"),
+                    format!(
+                        "not supported: {other:?} (only \"reasoning.encrypted_content\" can be included)"
+                    ),
+                ))
+            }
+            None => return Err(bad(&format!("include.{i}"), "expected a string")),
+        }
+    }
+    Ok(encrypted)
+}
+
+fn encode_reasoning(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+fn decode_reasoning(encoded: &str, field: &str) -> ApiResult<String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| bad(field, "not reasoning this server returned (base64 of UTF-8 text)"))
 }
 
 fn translate(obj: &Map<String, Value>, prior: Vec<Value>) -> ApiResult<Translated> {
@@ -357,6 +404,7 @@ fn translate(obj: &Map<String, Value>, prior: Vec<Value>) -> ApiResult<Translate
         }
     }
     let mut summary = false;
+    let encrypted = parse_include(obj)?;
     if let Some(reasoning) = obj.get("reasoning").filter(|v| !v.is_null()) {
         let r = object_at(reasoning, "reasoning")?;
         check_fields(r, REASONING_FIELDS, "reasoning.")?;
@@ -382,7 +430,7 @@ fn translate(obj: &Map<String, Value>, prior: Vec<Value>) -> ApiResult<Translate
             }
         }
     }
-    Ok(Translated { chat, renames, input, summary })
+    Ok(Translated { chat, renames, input, reasoning: ReasoningOut { summary, encrypted } })
 }
 
 /// Input items as chat messages: calls join the assistant message before them, reasoning
@@ -459,6 +507,14 @@ fn translate_items(items: &[Value], out: &mut Vec<Value>, renames: &mut Renames)
                         if text.is_empty() {
                             text = t;
                         }
+                    }
+                }
+                if let Some(encoded) = item.get("encrypted_content").filter(|v| !v.is_null()) {
+                    let key = field("encrypted_content");
+                    let encoded = encoded.as_str().ok_or_else(|| bad(&key, "expected a string"))?;
+                    let decoded = decode_reasoning(encoded, &key)?;
+                    if text.is_empty() {
+                        text = decoded;
                     }
                 }
                 reasoning = Some(text);
@@ -587,12 +643,6 @@ fn check_settings(obj: &Map<String, Value>) -> ApiResult<()> {
         Some("auto") => return Err(bad("truncation", "not supported: 'auto' (the input is never cut)")),
         Some(_) => return Err(bad("truncation", "must be 'auto' or 'disabled'")),
     }
-    if let Some(include) = obj.get("include").filter(|v| !v.is_null()) {
-        let include = include.as_array().ok_or_else(|| bad("include", "expected a list"))?;
-        if let Some(first) = include.first() {
-            return Err(bad("include.0", format!("not supported: {first} (nothing more can be included)")));
-        }
-    }
     if let Some(so) = obj.get("stream_options").filter(|v| !v.is_null()) {
         let so = object_at(so, "stream_options")?;
         check_fields(so, &[("include_obfuscation", Policy::Honoured)], "stream_options.")?;
@@ -667,7 +717,7 @@ pub async fn create(state: Arc<AppState>, store: Arc<ResponseStore>, body: Bytes
     if job.stream {
         let events = ResponseEvents {
             echo,
-            summary: t.summary,
+            reasoning: t.reasoning,
             store: keep.then_some((store, conversation)),
             seq: 0,
             items: Vec::new(),
@@ -678,7 +728,7 @@ pub async fn create(state: Arc<AppState>, store: Arc<ResponseStore>, body: Bytes
     }
     let (text, finished) = translate::run_whole(&mut tracked.gen).await?;
     let built = crate::tools::output::parse_whole(plan, &text);
-    let output = output_items(&built, t.summary);
+    let output = output_items(&built, t.reasoning);
     let usage = usage(&finished, tracked.gen.samples[0].output.token_ids.len(), &built);
     let incomplete = ending(&finished) == Ending::Length;
     let status = if incomplete { "incomplete" } else { "completed" };
@@ -706,10 +756,14 @@ fn assistant_message(built: &MessageBuilder) -> Value {
     m
 }
 
-fn reasoning_item(id: &str, text: &str, summary: bool, status: &str) -> Value {
-    let summary = if summary { json!([{"type": "summary_text", "text": text}]) } else { json!([]) };
-    json!({"id": id, "type": "reasoning", "summary": summary,
-           "content": [{"type": "reasoning_text", "text": text}], "status": status})
+fn reasoning_item(id: &str, text: &str, style: ReasoningOut, status: &str) -> Value {
+    let summary = if style.summary { json!([{"type": "summary_text", "text": text}]) } else { json!([]) };
+    let mut item = json!({"id": id, "type": "reasoning", "summary": summary,
+           "content": [{"type": "reasoning_text", "text": text}], "status": status});
+    if style.encrypted {
+        item["encrypted_content"] = json!(encode_reasoning(text));
+    }
+    item
 }
 
 fn text_part(text: &str) -> Value {
@@ -730,10 +784,10 @@ fn item_id(prefix: &str) -> String {
     format!("{prefix}_{}", random_hex(32))
 }
 
-fn output_items(built: &MessageBuilder, summary: bool) -> Vec<Value> {
+fn output_items(built: &MessageBuilder, reasoning: ReasoningOut) -> Vec<Value> {
     let mut out = Vec::new();
     if !built.reasoning.is_empty() {
-        out.push(reasoning_item(&item_id("rs"), &built.reasoning, summary, "completed"));
+        out.push(reasoning_item(&item_id("rs"), &built.reasoning, reasoning, "completed"));
     }
     if !built.content.is_empty() {
         out.push(message_item(&item_id("msg"), &built.content, "completed"));
@@ -767,7 +821,7 @@ fn usage(f: &Finished, output_tokens: usize, built: &MessageBuilder) -> Value {
 /// `response.incomplete` when the budget ran out). Each event has its `sequence_number`.
 struct ResponseEvents {
     echo: Echo,
-    summary: bool,
+    reasoning: ReasoningOut,
     store: Option<(Arc<ResponseStore>, Vec<Value>)>,
     seq: u64,
     /// The output items finished so far.
@@ -834,7 +888,7 @@ impl ResponseEvents {
                     "response.reasoning_text.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
                 );
-                reasoning_item(&id, &text, self.summary, "completed")
+                reasoning_item(&id, &text, self.reasoning, "completed")
             }
             PieceKind::Content => {
                 self.emit(
@@ -978,8 +1032,13 @@ mod tests {
             (json!({"input": "x", "text": {"verbosity": "low"}}), "text.verbosity"),
             (json!({"input": "x", "reasoning": {"effort": "max"}}), "reasoning.effort"),
             (
+                // not what this server returned: refused, not passed on as text
                 json!({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "e"}]}),
                 "input.0.encrypted_content",
+            ),
+            (
+                json!({"input": "x", "include": ["reasoning.encrypted_content", "file_search_call.results"]}),
+                "include.1",
             ),
         ] {
             let err = tr(body.clone()).err().unwrap_or_else(|| panic!("{body}"));
@@ -987,12 +1046,34 @@ mod tests {
         }
         for (body, param) in [
             (json!({"input": "x", "background": true}), "background"),
-            (json!({"input": "x", "include": ["reasoning.encrypted_content"]}), "include.0"),
             (json!({"input": "x", "truncation": "auto"}), "truncation"),
         ] {
             let err = check_settings(body.as_object().unwrap()).unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param));
         }
+    }
+
+    #[test]
+    fn included_reasoning_comes_back_as_the_same_text() {
+        // include: the reasoning item carries encrypted_content; sent back (store: false,
+        // as Codex runs), it is the assistant turn's reasoning again
+        let t = tr(json!({"input": "x", "include": ["reasoning.encrypted_content"]})).unwrap();
+        assert!(t.reasoning.encrypted && !t.reasoning.summary);
+        let item = reasoning_item("rs_1", "first, the keys", t.reasoning, "completed");
+        let encoded = item["encrypted_content"].as_str().unwrap().to_string();
+        assert_ne!(encoded, "first, the keys");
+        let next = tr(json!({"input": [
+            {"role": "user", "content": "x"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": encoded},
+            {"role": "user", "content": "and then?"},
+        ]}))
+        .unwrap();
+        let messages = next.chat["messages"].as_array().unwrap();
+        assert!(messages.iter().any(|m| m["reasoning_content"] == "first, the keys"), "{messages:?}");
+        // without include, no such field
+        assert!(reasoning_item("rs_2", "t", ReasoningOut::default(), "completed")
+            .get("encrypted_content")
+            .is_none());
     }
 
     #[test]
