@@ -581,7 +581,7 @@ def test_messages_raw_errors_use_anthropics_envelope(server: RunningServer) -> N
         json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "speed": "fast"},
         timeout=30,
     )
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("speed: not supported")
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith('speed: "fast" is not supported')
     r = httpx.post(f"{server.url}/v1/messages/count_tokens", json={"model": "tiny", "max_tokens": 3}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens")
 

@@ -411,8 +411,14 @@ pub fn lookup(route: Route, name: &str) -> Option<&'static Field> {
 /// accepted (ignored, or at its default), a message (after `path: `) when it is refused,
 /// `None` when no schema defines it.
 pub fn check_unread(route: Route, name: &str, value: &Value) -> Option<Result<(), String>> {
-    let field = lookup(route, name)?;
-    Some(match field.rule {
+    lookup(route, name).map(|field| check_rule(field.rule, value))
+}
+
+/// Whether `value` is accepted under `rule`; else what is wrong with it (the caller names
+/// the field). The one check of every field table: these routes' and those of the APIs
+/// translated into a chat (`http::translate`).
+pub fn check_rule(rule: Rule, value: &Value) -> Result<(), String> {
+    match rule {
         Read | Ignored => Ok(()),
         AtDefault(_, _) if value.is_null() => Ok(()),
         AtDefault(ok, _) if ok.iter().any(|v| v.matches(value)) => Ok(()),
@@ -421,7 +427,7 @@ pub fn check_unread(route: Route, name: &str, value: &Value) -> Option<Result<()
             accepted.push("null".into());
             Err(format!("{} is not supported: {reason} (accepted: {})", shown(value), accepted.join(", ")))
         }
-    })
+    }
 }
 
 /// A value as a message quotes it: its JSON, cut at 60 characters.

@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::egress::SampleUpdate;
 use crate::errors::{ApiError, ApiResult};
+use crate::field_policy::{check_rule, Rule};
 use crate::generation::Generation;
 use crate::http::openai::{self, ChatJob};
 use crate::http::Tracked;
@@ -43,16 +44,28 @@ pub enum Policy {
 
 pub type FieldPolicy = (&'static str, Policy);
 
+impl Policy {
+    /// The rule `field_policy` checks: honoured is read, no effect is ignored, refused is
+    /// accepted only as null.
+    fn rule(self) -> Rule {
+        match self {
+            Policy::Honoured => Rule::Read,
+            Policy::NoEffect(_) => Rule::Ignored,
+            Policy::Refused(reason) => Rule::AtDefault(&[], reason),
+        }
+    }
+}
+
 /// Checks a body's top-level fields against its API's table: refused ones (when not null)
 /// and unknown ones are a 400 naming them.
 pub fn check_fields(obj: &Map<String, Value>, table: &[FieldPolicy], prefix: &str) -> ApiResult<()> {
     for (name, value) in obj {
         let path = format!("{prefix}{name}");
         match table.iter().find(|(n, _)| n == name).map(|(_, p)| *p) {
-            Some(Policy::Honoured | Policy::NoEffect(_)) => {}
-            Some(Policy::Refused(_)) if value.is_null() => {}
-            Some(Policy::Refused(reason)) => {
-                return Err(ApiError::bad_request(format!("{path}: not supported: {reason}"), path))
+            Some(policy) => {
+                if let Err(message) = check_rule(policy.rule(), value) {
+                    return Err(ApiError::bad_request(format!("{path}: {message}"), path));
+                }
             }
             None => {
                 let known: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
@@ -276,7 +289,10 @@ mod tests {
         let obj = |v: Value| v.as_object().unwrap().clone();
         assert!(check_fields(&obj(serde_json::json!({"a": 1, "b": 2, "c": null})), TABLE, "").is_ok());
         let e = check_fields(&obj(serde_json::json!({"c": 1})), TABLE, "x.").unwrap_err();
-        assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("x.c"), "x.c: not supported: why"));
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("x.c"), "x.c: 1 is not supported: why (accepted: null)")
+        );
         let e = check_fields(&obj(serde_json::json!({"d": 1})), TABLE, "").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("d"));
         assert!(e.message.contains("unknown field"), "{}", e.message);
