@@ -4,7 +4,8 @@
 - The request shapes both routers send (``tests/data/router_requests.json``, captured from
   the routers) are served: the fields they add at their defaults are accepted; other
   values of those fields are refused naming the field and the value; what ferrolm can do
-  is honoured (``no_stop_trim``, ``continue_final_message``, ``add_generation_prompt``).
+  is honoured (``no_stop_trim``, ``continue_final_message``, ``add_generation_prompt``,
+  ``spaces_between_special_tokens``).
 - A bodiless POST needs no Content-Type; what the routers read from a replica (/get_load,
   /model_info, vLLM's and SGLang's metric names, the render routes) is there.
 - A keep-alive connection the server closes says so on its last response, so that
@@ -180,6 +181,23 @@ def test_echo_writes_the_prompt_before_each_completion(server: RunningServer) ->
     for other in ({"stream": True}, {"logprobs": 2}):
         r = httpx.post(f"{server.url}/v1/completions", json={**body, "echo": True, **other}, timeout=60)
         assert error_of(r, 400, "echo").startswith("echo: true is not supported with")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_spaces_between_special_tokens_either_way_writes_adjacent_special_tokens_as_they_are(
+    server: RunningServer, path: str
+) -> None:
+    # the tokenizers read here (ByteLevel; Metaspace/byte fallback) put nothing between
+    # two added tokens, so vLLM's false and true give the same text (field_policy.rs)
+    ask = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    body = {**ask, "max_tokens": 3, "temperature": 0, "skip_special_tokens": False, "logit_bias": {"32002": 100}}
+    texts = []
+    for value in (True, False, None):
+        r = httpx.post(f"{server.url}{path}", json={**body, "spaces_between_special_tokens": value}, timeout=60)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        texts.append(choice["text"] if path == "/v1/completions" else choice["message"]["content"])
+    assert texts[0] == texts[1] == texts[2] == "<|im_start|>" * 3, texts
 
 
 def render(server: RunningServer, **body: Any) -> str:

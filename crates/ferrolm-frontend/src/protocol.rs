@@ -94,6 +94,10 @@ pub struct OpenAISampling {
     pub grammar: Option<String>,
     pub user: Option<String>,
     pub cache_prompt: Option<bool>,
+    /// vLLM's; either value gives the same text here: the detokenizer writes each token's
+    /// bytes, an added token as its content, with nothing between two tokens (see
+    /// `crate::field_policy`).
+    pub spaces_between_special_tokens: Option<bool>,
 }
 
 fn one() -> u64 {
