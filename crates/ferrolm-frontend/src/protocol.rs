@@ -195,6 +195,12 @@ pub struct ChatFields {
     #[serde(default)]
     pub continue_final_message: bool,
     pub separate_reasoning: Option<bool>,
+    /// vLLM's: the content starts with the last message's when that is the assistant's.
+    pub echo: Option<bool>,
+    /// vLLM's: `false` parses the reasoning apart but returns none of it.
+    pub include_reasoning: Option<bool>,
+    /// SGLang's: `false` streams the reasoning as one delta, once it ends.
+    pub stream_reasoning: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
