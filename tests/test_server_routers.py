@@ -4,7 +4,9 @@
 - The request shapes both routers send (``tests/data/router_requests.json``, captured from
   the routers) are served: the fields they add at their defaults are accepted; other
   values of those fields are refused naming the field and the value; what ferrolm can do
-  is honoured (``no_stop_trim``, ``continue_final_message``, ``add_generation_prompt``).
+  is honoured (``no_stop_trim``, ``continue_final_message``, ``add_generation_prompt``,
+  chat's ``echo``, ``spaces_between_special_tokens``; the reasoning fields in
+  test_server_tools.py).
 - A bodiless POST needs no Content-Type; what the routers read from a replica (/get_load,
   /model_info, vLLM's and SGLang's metric names, the render routes) is there.
 - A keep-alive connection the server closes says so on its last response, so that
@@ -102,9 +104,6 @@ def test_the_fixture_holds_the_fields_the_routers_add() -> None:
     ("path", "field", "value", "default"),
     [
         ("/v1/chat/completions", "return_hidden_states", True, False),
-        ("/v1/chat/completions", "include_reasoning", False, True),
-        ("/v1/chat/completions", "stream_reasoning", False, True),
-        ("/v1/chat/completions", "echo", True, False),
         ("/v1/completions", "use_beam_search", True, None),
         ("/generate", "return_entropy", True, False),
         ("/generate", "background", True, False),
@@ -180,6 +179,52 @@ def test_echo_writes_the_prompt_before_each_completion(server: RunningServer) ->
     for other in ({"stream": True}, {"logprobs": 2}):
         r = httpx.post(f"{server.url}/v1/completions", json={**body, "echo": True, **other}, timeout=60)
         assert error_of(r, 400, "echo").startswith("echo: true is not supported with")
+
+
+def chat_stream(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deltas of a streamed chat's one choice, in order."""
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+    return [json.loads(ln)["choices"][0]["delta"] for ln in lines]
+
+
+def test_chat_echo_starts_the_content_with_the_assistants_last_message(server: RunningServer) -> None:
+    partial = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+    body = {"messages": partial, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    plain = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    echoed = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "echo": True}, timeout=60).json()
+    content = plain["choices"][0]["message"]["content"]
+    assert echoed["choices"][0]["message"]["content"] == "Once upon" + content
+    counts = ("prompt_tokens", "completion_tokens")
+    assert [echoed["usage"][k] for k in counts] == [plain["usage"][k] for k in counts], "echoing costs nothing"
+    # streamed: the echoed text is its own delta, right after the role
+    deltas = chat_stream(server, {**body, "echo": True})
+    assert deltas[0] == {"role": "assistant", "content": ""} and deltas[1] == {"content": "Once upon"}
+    assert "".join(d.get("content") or "" for d in deltas) == "Once upon" + content
+    # the last message not the assistant's: nothing to echo
+    user = {**body, "messages": partial[:1]}
+    alone = httpx.post(f"{server.url}/v1/chat/completions", json=user, timeout=60).json()["choices"][0]
+    with_echo = httpx.post(f"{server.url}/v1/chat/completions", json={**user, "echo": True}, timeout=60)
+    assert with_echo.json()["choices"][0]["message"] == alone["message"]
+    assert chat_stream(server, {**user, "echo": True})[1] != {"content": "hi"}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_spaces_between_special_tokens_either_way_writes_adjacent_special_tokens_as_they_are(
+    server: RunningServer, path: str
+) -> None:
+    # the tokenizers read here (ByteLevel; Metaspace/byte fallback) put nothing between
+    # two added tokens, so vLLM's false and true give the same text (field_policy.rs)
+    ask = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    body = {**ask, "max_tokens": 3, "temperature": 0, "skip_special_tokens": False, "logit_bias": {"32002": 100}}
+    texts = []
+    for value in (True, False, None):
+        r = httpx.post(f"{server.url}{path}", json={**body, "spaces_between_special_tokens": value}, timeout=60)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        texts.append(choice["text"] if path == "/v1/completions" else choice["message"]["content"])
+    assert texts[0] == texts[1] == texts[2] == "<|im_start|>" * 3, texts
 
 
 def render(server: RunningServer, **body: Any) -> str:

@@ -453,6 +453,46 @@ def test_reasoning_alone_whole_and_streamed_agree(thinking_server: RunningServer
     assert message["reasoning_content"] and "</think>" not in message["reasoning_content"], message
 
 
+def stream_deltas(server: RunningServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deltas of a streamed chat's one choice, in order."""
+    r = httpx.post(f"{server.url}{CHAT}", json={"messages": MSG, **body, "stream": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ") and ln != "data: [DONE]"]
+    return [json.loads(ln)["choices"][0]["delta"] for ln in lines]
+
+
+THINKING = {"temperature": 1.0, "seed": 2, "max_tokens": 60, "logit_bias": {THINK_END: 8}}
+
+
+def test_include_reasoning_false_returns_no_reasoning_whole_or_streamed(thinking_server: RunningServer) -> None:
+    shown = httpx.post(f"{thinking_server.url}{CHAT}", json={"messages": MSG, **THINKING}, timeout=120).json()
+    body = {**THINKING, "include_reasoning": False}
+    hidden = httpx.post(f"{thinking_server.url}{CHAT}", json={"messages": MSG, **body}, timeout=120).json()
+    assert shown["choices"][0]["message"]["reasoning_content"], "the output has reasoning"
+    message = hidden["choices"][0]["message"]
+    assert "reasoning_content" not in message, message
+    assert message["content"] == shown["choices"][0]["message"]["content"], "still parsed apart"
+    deltas = stream_deltas(thinking_server, body)
+    assert not [d for d in deltas if "reasoning_content" in d], deltas
+    assert "".join(d.get("content") or "" for d in deltas) == (message["content"] or "")
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["closed", "never-closed"])
+def test_stream_reasoning_false_sends_the_reasoning_as_one_delta(thinking_server: RunningServer, ends: bool) -> None:
+    body = THINKING if ends else {**THINKING, "logit_bias": {THINK_END: -100}, "max_tokens": 20}
+    whole = httpx.post(f"{thinking_server.url}{CHAT}", json={"messages": MSG, **body}, timeout=120).json()
+    message = whole["choices"][0]["message"]
+    assert message["reasoning_content"] and (message["content"] is not None) == ends, message
+    streamed = stream_deltas(thinking_server, body)
+    assert len([d for d in streamed if "reasoning_content" in d]) > 1, "by default it streams as it comes"
+    deltas = stream_deltas(thinking_server, {**body, "stream_reasoning": False})
+    at = [i for i, d in enumerate(deltas) if "reasoning_content" in d]
+    assert len(at) == 1 and deltas[at[0]]["reasoning_content"] == message["reasoning_content"], deltas
+    contents = [i for i, d in enumerate(deltas) if d.get("content")]
+    assert all(i > at[0] for i in contents), "the reasoning comes when it ends, before the content"
+    assert "".join(d.get("content") or "" for d in deltas) == (message["content"] or "")
+
+
 def check_reasoning(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",

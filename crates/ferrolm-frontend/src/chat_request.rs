@@ -130,6 +130,21 @@ pub fn template_messages(messages: Vec<ChatMessage>) -> ApiResult<Vec<Message>> 
     Ok(out)
 }
 
+/// A message's text as the chat template is given it: its text parts joined.
+pub fn message_text(m: &ChatMessage) -> String {
+    match &m.content {
+        None => String::new(),
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => parts.iter().map(|p| p.text.as_str()).collect(),
+    }
+}
+
+/// vLLM's `echo` of a chat: the last message's text when that message is the assistant's
+/// (the answer's role), which the answer's content then starts with; else nothing.
+pub fn echoed(messages: &[ChatMessage]) -> Option<String> {
+    messages.last().filter(|m| m.role.as_str() == "assistant").map(message_text)
+}
+
 /// Renders, plans and tokenizes one chat. `check_prompt` may refuse a prompt text before
 /// it is tokenized (the server's cheap bound on its length).
 pub fn prepare_chat(
@@ -155,11 +170,7 @@ pub fn prepare_chat_with(
                  continue the last message and open a new one)",
                 "continue_final_message",
             )),
-            (true, Some(m)) if m.role.as_str() == "assistant" => Some(match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => parts.iter().map(|p| p.text.as_str()).collect(),
-            }),
+            (true, Some(m)) if m.role.as_str() == "assistant" => Some(message_text(m)),
             (true, _) => {
                 return Err(ApiError::bad_request(
                     "continue_final_message: true needs an assistant message last",

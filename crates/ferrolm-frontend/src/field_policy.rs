@@ -169,6 +169,15 @@ pub static FIELDS: &[Field] = &[
     f("add_generation_prompt", &[C], &[V], Read),
     f("continue_final_message", &[C], VL, Read),
     f("separate_reasoning", &[C, G], &[L], Read),
+    f("include_reasoning", &[C], &[V], Read),
+    f("stream_reasoning", &[C], &[L], Read),
+    f("echo", &[C], &[V], Read),
+    // The detokenizer writes each token's bytes, an added token as its content, with
+    // nothing between two tokens. vLLM's `false` asks that an added token after an added
+    // token be written as its content with no space before it; with the decoders of the
+    // tokenizers read here (ByteLevel, Metaspace/byte fallback; others are refused) the
+    // Hugging Face decoder puts none there either, so both values give the same text.
+    f("spaces_between_special_tokens", CP, &[V], Read),
     // completions only
     f("prompt", &[P], OVL, Read),
     f("echo", &[P], OVL, Read),
@@ -185,20 +194,6 @@ pub static FIELDS: &[Field] = &[
     f("rid", CP, &[L], Ignored),
     // ---- chat and completions: at their defaults ----
     f("return_hidden_states", &[C, P, G], &[L], AtDefault(F, "hidden states are not returned")),
-    f(
-        "spaces_between_special_tokens",
-        CP,
-        &[V],
-        AtDefault(T, "special tokens are decoded as the tokenizer writes them"),
-    ),
-    f("echo", &[C], &[V], AtDefault(F, "a chat completion does not echo the last message")),
-    f(
-        "include_reasoning",
-        &[C],
-        &[V],
-        AtDefault(T, "reasoning is returned whenever the server parses it (--reasoning-parser)"),
-    ),
-    f("stream_reasoning", &[C], &[L], AtDefault(T, "reasoning streams as it is generated")),
     f("add_special_tokens", &[C], &[V], AtDefault(F, "the chat template writes the special tokens")),
     f(
         "add_special_tokens",

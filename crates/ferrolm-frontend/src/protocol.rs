@@ -94,6 +94,10 @@ pub struct OpenAISampling {
     pub grammar: Option<String>,
     pub user: Option<String>,
     pub cache_prompt: Option<bool>,
+    /// vLLM's; either value gives the same text here: the detokenizer writes each token's
+    /// bytes, an added token as its content, with nothing between two tokens (see
+    /// `crate::field_policy`).
+    pub spaces_between_special_tokens: Option<bool>,
 }
 
 fn one() -> u64 {
@@ -191,6 +195,12 @@ pub struct ChatFields {
     #[serde(default)]
     pub continue_final_message: bool,
     pub separate_reasoning: Option<bool>,
+    /// vLLM's: the content starts with the last message's when that is the assistant's.
+    pub echo: Option<bool>,
+    /// vLLM's: `false` parses the reasoning apart but returns none of it.
+    pub include_reasoning: Option<bool>,
+    /// SGLang's: `false` streams the reasoning as one delta, once it ends.
+    pub stream_reasoning: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -302,10 +302,31 @@ impl<'a> ChatLogprobs<'a> {
     }
 }
 
+/// What a chat request asks of its answer beyond its plan, the same whole and streamed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatReply {
+    /// vLLM's `echo`: the text each choice's content starts with (the last message's,
+    /// when that is the assistant's); streamed, its own delta after the role.
+    pub echo: Option<String>,
+    /// vLLM's `include_reasoning`: `false` parses the reasoning apart (with a reasoning
+    /// parser) and returns none of it, no `reasoning_content` whole or streamed.
+    pub include_reasoning: bool,
+    /// SGLang's `stream_reasoning`: `false` streams the reasoning as one delta once it
+    /// ends (its closing tag, or the end of the output); the content streams as usual.
+    pub stream_reasoning: bool,
+}
+
+impl Default for ChatReply {
+    fn default() -> Self {
+        ChatReply { echo: None, include_reasoning: true, stream_reasoning: true }
+    }
+}
+
 /// The assistant message of a whole chat output, and its finish reason (`tool_calls` when
 /// it ended by itself with calls).
 pub fn message<'a, 'f>(
     plan: &ChatPlan,
+    reply: &ChatReply,
     text: &'a str,
     finish: Option<&'f str>,
 ) -> (AssistantMessage<'a>, Option<&'f str>) {
@@ -315,15 +336,22 @@ pub fn message<'a, 'f>(
         reasoning_content: None,
         tool_calls: Vec::new(),
     };
+    let mut finish = finish;
     if !plan.parses() {
         m.content = Some(Cow::Borrowed(text));
-        return (m, finish);
+    } else {
+        let built = parse_whole(plan, text);
+        finish = finish.map(|f| final_reason(f, !built.calls.is_empty()));
+        m.content = non_empty(built.content).map(Cow::Owned);
+        m.reasoning_content =
+            (plan.reasoning.is_some() && reply.include_reasoning).then(|| non_empty(built.reasoning));
+        m.tool_calls = built.calls;
     }
-    let built = parse_whole(plan, text);
-    let finish = finish.map(|f| final_reason(f, !built.calls.is_empty()));
-    m.content = non_empty(built.content).map(Cow::Owned);
-    m.reasoning_content = plan.reasoning.is_some().then(|| non_empty(built.reasoning));
-    m.tool_calls = built.calls;
+    if let Some(echo) = &reply.echo {
+        // as vLLM: the echoed text, then the content (none: the echoed text alone)
+        let content = m.content.take().unwrap_or_default();
+        m.content = Some(Cow::Owned(format!("{echo}{content}")));
+    }
     (m, finish)
 }
 
@@ -425,6 +453,7 @@ impl Head {
         &'a self,
         samples: &'a [Sample],
         plan: &ChatPlan,
+        reply: &ChatReply,
         logprobs: bool,
         vocab: &'a Vocabulary,
     ) -> ChatCompletion<'a> {
@@ -432,7 +461,7 @@ impl Head {
             .iter()
             .map(|s| {
                 let (message, finish_reason) =
-                    message(plan, &s.output.text, s.output.finished.as_ref().map(finish_reason));
+                    message(plan, reply, &s.output.text, s.output.finished.as_ref().map(finish_reason));
                 let logprobs = logprobs.then(|| ChatLogprobs::new(vocab, &s.output));
                 ChatChoice { index: s.index, message, logprobs, finish_reason }
             })
@@ -589,8 +618,8 @@ enum Form {
     /// Per choice: where its next token's text starts (the logprobs' `text_offset`).
     Completion { offsets: Vec<usize> },
     /// Per choice, its output parser (none when outputs are plain text) and whether it
-    /// has sent a call.
-    Chat { parsers: Vec<ChatOutputParser>, has_calls: Vec<bool> },
+    /// has sent a call; what the request asks of the answer.
+    Chat { parsers: Vec<ChatOutputParser>, has_calls: Vec<bool>, reply: Box<ChatReply> },
     /// `/generate`: each event the whole output so far, read by the plan when the request
     /// asked for tools or reasoning.
     Generate { plan: Option<Box<ChatPlan>> },
@@ -611,14 +640,20 @@ impl Chunks {
     pub fn chat(
         head: Head,
         plan: &ChatPlan,
+        reply: ChatReply,
         n: usize,
         include_usage: bool,
         logprobs: bool,
         vocab: Arc<Vocabulary>,
     ) -> Self {
-        let parsers = if plan.parses() { (0..n).map(|_| plan.output_parser()).collect() } else { Vec::new() };
+        let parser = || match reply.stream_reasoning {
+            true => plan.output_parser(),
+            false => plan.output_parser().holding_reasoning(),
+        };
+        let parsers = if plan.parses() { (0..n).map(|_| parser()).collect() } else { Vec::new() };
         let frame = Frame::new(head, CHAT_CHUNK, include_usage);
-        Chunks { frame, logprobs, vocab, form: Form::Chat { parsers, has_calls: vec![false; n] } }
+        let form = Form::Chat { parsers, has_calls: vec![false; n], reply: Box::new(reply) };
+        Chunks { frame, logprobs, vocab, form }
     }
 
     pub fn generate(rid: String, plan: Option<ChatPlan>, logprobs: bool, vocab: Arc<Vocabulary>) -> Self {
@@ -626,13 +661,21 @@ impl Chunks {
         Chunks { frame, logprobs, vocab, form: Form::Generate { plan: plan.map(Box::new) } }
     }
 
-    /// What comes before any output: each chat choice's role.
+    /// What comes before any output: each chat choice's role, then (vLLM's `echo`) each
+    /// choice's echoed text.
     pub fn start(&self, out: &mut Vec<u8>) {
-        if let Form::Chat { has_calls, .. } = &self.form {
+        if let Form::Chat { has_calls, reply, .. } = &self.form {
             for index in 0..has_calls.len() {
                 let delta =
                     Delta { role: Some("assistant"), content: Some(Cow::Borrowed("")), ..Delta::default() };
                 self.frame.chunk(out, ChatChunkChoice { index, delta, logprobs: None, finish_reason: None });
+            }
+            if let Some(echo) = reply.echo.as_deref().filter(|e| !e.is_empty()) {
+                for index in 0..has_calls.len() {
+                    let delta = Delta { content: Some(Cow::Borrowed(echo)), ..Delta::default() };
+                    self.frame
+                        .chunk(out, ChatChunkChoice { index, delta, logprobs: None, finish_reason: None });
+                }
             }
         }
     }
@@ -668,7 +711,7 @@ impl Chunks {
                     );
                 }
             }
-            Form::Chat { parsers, has_calls } => {
+            Form::Chat { parsers, has_calls, reply } => {
                 let mut logprobs = (fresh && *logprobs).then(|| ChatLogprobs::new(vocab, u));
                 let mut pieces: Vec<Piece>;
                 if parsers.is_empty() {
@@ -681,6 +724,9 @@ impl Chunks {
                     pieces = parser.feed(&u.text);
                     if u.finished.is_some() {
                         pieces.extend(parser.finish());
+                    }
+                    if !reply.include_reasoning {
+                        pieces.retain(|p| p.kind != PieceKind::Reasoning);
                     }
                     let mut deltas = deltas(&pieces);
                     if deltas.is_empty() && logprobs.is_some() {

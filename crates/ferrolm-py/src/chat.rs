@@ -159,7 +159,9 @@ impl PyPreparedChat {
         text: &str,
         finish_reason: Option<&str>,
     ) -> PyResult<(Option<String>, Option<String>, Vec<(String, String, String)>, Option<String>)> {
-        let (m, finish) = contain(py, || response::message(&self.prepared.plan, text, finish_reason))?;
+        let (m, finish) = contain(py, || {
+            response::message(&self.prepared.plan, &response::ChatReply::default(), text, finish_reason)
+        })?;
         let calls = m.tool_calls.into_iter().map(|c| (c.id, c.name, c.arguments)).collect();
         Ok((m.content.map(String::from), m.reasoning_content.flatten(), calls, finish.map(str::to_string)))
     }

@@ -9,12 +9,12 @@ use axum::response::Response;
 use ferrolm_constraint::Grammar;
 use ferrolm_core::engine::{Constraint, RequestParams};
 
-use crate::chat_request::{ChatInput, ChatOptions, PreparedChat};
+use crate::chat_request::{echoed, ChatInput, ChatOptions, PreparedChat};
 use crate::errors::{ApiError, ApiResult};
 use crate::generation::Generation;
 use crate::http::{json_response, sse, Tracked};
 use crate::protocol::{self, ChatFields, ChatRequest, CompletionRequest, OpenAISampling, Prompt};
-use crate::response::{Chunks, Head};
+use crate::response::{ChatReply, Chunks, Head};
 use crate::state::AppState;
 
 const DEFAULT_MAX_TOKENS: u64 = 16; // OpenAI's default for completions
@@ -204,6 +204,8 @@ pub(crate) struct ChatJob {
     pub(crate) stream: bool,
     include_usage: bool,
     logprobs: bool,
+    /// What the request asks of the answer: echo, reasoning returned or streamed.
+    reply: ChatReply,
 }
 
 /// The request's checks, its plan, its grammar and its parameters.
@@ -221,6 +223,11 @@ pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResul
         state.check_max_tokens(m, max_tokens_field)?;
     }
     let (logprobs, top_logprobs) = (fields.logprobs, fields.top_logprobs.unwrap_or(0));
+    let reply = ChatReply {
+        echo: fields.echo.unwrap_or(false).then(|| echoed(&fields.messages)).flatten(),
+        include_reasoning: fields.include_reasoning != Some(false),
+        stream_reasoning: fields.stream_reasoning != Some(false),
+    };
     let prepared = plan(state, fields, &sampling).await?;
     let grammar = match prepared.constraint() {
         Some(c) => Some(state.planned_grammar(c).await?),
@@ -252,6 +259,7 @@ pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResul
         stream: sampling.stream,
         include_usage: sampling.stream_options.is_some_and(|o| o.include_usage),
         logprobs,
+        reply,
     })
 }
 
@@ -291,9 +299,11 @@ async fn respond(state: Arc<AppState>, job: ChatJob, gen: Generation) -> ApiResu
     let mut tracked = Tracked::new(&state, head.id.clone(), gen);
     let plan = &job.prepared.plan;
     if job.stream {
-        let chunks = Chunks::chat(head, plan, job.n, job.include_usage, job.logprobs, state.vocab.clone());
+        let chunks =
+            Chunks::chat(head, plan, job.reply, job.n, job.include_usage, job.logprobs, state.vocab.clone());
         return Ok(sse::stream(tracked, chunks));
     }
     tracked.gen.run_to_end().await?;
-    Ok(json_response(&head.chat_completion(&tracked.gen.samples, plan, job.logprobs, &state.vocab)))
+    let samples = &tracked.gen.samples;
+    Ok(json_response(&head.chat_completion(samples, plan, &job.reply, job.logprobs, &state.vocab)))
 }

@@ -37,7 +37,7 @@ fn a_plain_chat_stream_keeps_openais_nulls() {
         constraint: None,
         skip_special_tokens: None,
     };
-    let mut chunks = Chunks::chat(head(), &plan, 1, true, false, vocab());
+    let mut chunks = Chunks::chat(head(), &plan, ChatReply::default(), 1, true, false, vocab());
     let mut out = Vec::new();
     chunks.start(&mut out);
     let u = SampleUpdate {
@@ -132,4 +132,101 @@ fn a_generate_result_names_its_stop_and_logprobs() {
                "prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 1,
                "output_token_logprobs": [[-0.25, 1]], "output_top_logprobs": [[[-0.25, 1], [-2.0, 2]]]}})
     );
+}
+
+fn thinking_plan() -> ChatPlan {
+    ChatPlan {
+        prompt: String::new(),
+        tool_format: None,
+        reasoning: Some(crate::tools::reasoning::DEEPSEEK_R1),
+        primed: false,
+        parallel: true,
+        constraint: None,
+        skip_special_tokens: None,
+    }
+}
+
+/// Each chunk's delta of a chat stream fed `texts` one update each (the last finishes).
+fn streamed_deltas(plan: &ChatPlan, reply: ChatReply, texts: &[&str]) -> Vec<serde_json::Value> {
+    let mut chunks = Chunks::chat(head(), plan, reply, 1, false, false, vocab());
+    let mut out = Vec::new();
+    chunks.start(&mut out);
+    for (i, t) in texts.iter().enumerate() {
+        let last = i + 1 == texts.len();
+        let u = SampleUpdate {
+            token_ids: vec![1],
+            text: t.to_string(),
+            finished: if last { finished(FinishReason::Length) } else { None },
+            ..Default::default()
+        };
+        chunks.update(&mut out, &Sample::default(), &u);
+    }
+    text(&out)
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| serde_json::from_str::<serde_json::Value>(&e[6..]).unwrap()["choices"][0]["delta"].clone())
+        .collect()
+}
+
+const THOUGHT: &[&str] = &["I ", "think", " so", "</think>", "\n\nYes", ", sure."];
+
+#[test]
+fn include_reasoning_false_parses_the_reasoning_apart_and_returns_none() {
+    let plan = thinking_plan();
+    let hidden = ChatReply { include_reasoning: false, ..ChatReply::default() };
+    let (m, _) = message(&plan, &hidden, "I think so</think>\n\nYes, sure.", Some("stop"));
+    let whole = serde_json::to_value(&m).unwrap();
+    assert_eq!(whole, json!({"role": "assistant", "content": "Yes, sure."}), "no reasoning_content at all");
+    let (shown, _) = message(&plan, &ChatReply::default(), "I think so</think>\n\nYes, sure.", Some("stop"));
+    assert_eq!(shown.reasoning_content, Some(Some("I think so".into())), "the default returns it");
+    let deltas = streamed_deltas(&plan, hidden, THOUGHT);
+    assert!(deltas.iter().all(|d| d.get("reasoning_content").is_none()), "{deltas:?}");
+    let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+    assert_eq!(content, "Yes, sure.");
+}
+
+#[test]
+fn stream_reasoning_false_sends_the_reasoning_as_one_delta_when_it_ends() {
+    let plan = thinking_plan();
+    let held = ChatReply { stream_reasoning: false, ..ChatReply::default() };
+    let deltas = streamed_deltas(&plan, held.clone(), THOUGHT);
+    let reasoning: Vec<(usize, &str)> = deltas
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| d.get("reasoning_content").map(|r| (i, r.as_str().unwrap())))
+        .collect();
+    // the role, then the reasoning once </think> came (its own update, the fourth)
+    assert_eq!(reasoning, vec![(1, "I think so")], "{deltas:?}");
+    let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+    assert_eq!(content, "Yes, sure.");
+    // by default the reasoning streams as it comes
+    let streamed = streamed_deltas(&plan, ChatReply::default(), THOUGHT);
+    assert_eq!(streamed.iter().filter(|d| d.get("reasoning_content").is_some()).count(), 3);
+    // reasoning that never ends comes at the end of the output
+    let deltas = streamed_deltas(&plan, held, &["I ", "think", " so "]);
+    let reasoning: Vec<&str> = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+    assert_eq!(reasoning, vec!["I think so"], "{deltas:?}");
+}
+
+#[test]
+fn echo_starts_the_content_with_the_assistants_last_message() {
+    let plain = ChatPlan { reasoning: None, ..thinking_plan() };
+    let echo = ChatReply { echo: Some("Once upon".into()), ..ChatReply::default() };
+    let (m, _) = message(&plain, &echo, " a time", Some("length"));
+    assert_eq!(m.content.as_deref(), Some("Once upon a time"));
+    // after parsing: the echoed text, then the content
+    let (m, _) = message(&thinking_plan(), &echo, "hmm</think> a time", Some("length"));
+    assert_eq!(
+        (m.content.as_deref(), m.reasoning_content),
+        (Some("Once upona time"), Some(Some("hmm".into())))
+    );
+    // streamed: its own delta right after the role
+    let deltas = streamed_deltas(&plain, echo, &[" a", " time"]);
+    assert_eq!(deltas[0], json!({"role": "assistant", "content": ""}));
+    assert_eq!(deltas[1], json!({"content": "Once upon"}));
+    let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+    assert_eq!(content, "Once upon a time");
+    // nothing to echo: nothing sent
+    let none = streamed_deltas(&plain, ChatReply { echo: None, ..ChatReply::default() }, &[" a"]);
+    assert_eq!(none[1], json!({"content": " a"}));
 }

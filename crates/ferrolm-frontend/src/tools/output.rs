@@ -153,6 +153,9 @@ pub struct ChatOutputParser {
     trim: bool,
     reasoning_text: Trimmed,
     content_text: Trimmed,
+    /// The reasoning so far, while it is held to be given as one piece when it ends
+    /// ([`ChatOutputParser::holding_reasoning`]).
+    held_reasoning: Option<String>,
 }
 
 impl ChatOutputParser {
@@ -172,7 +175,16 @@ impl ChatOutputParser {
             trim,
             reasoning_text: Trimmed::default(),
             content_text: Trimmed::default(),
+            held_reasoning: None,
         }
+    }
+
+    /// The reasoning held back and given as one piece once it ends (its closing tag, or
+    /// the end of the output), not piece by piece as it comes: SGLang's
+    /// `stream_reasoning: false`.
+    pub fn holding_reasoning(mut self) -> Self {
+        self.held_reasoning = Some(String::new());
+        self
     }
 
     pub fn feed(&mut self, text: &str) -> Vec<Piece> {
@@ -196,6 +208,8 @@ impl ChatOutputParser {
             }
             None => Vec::new(),
         };
+        // what is held comes before anything the end releases
+        pieces.splice(0..0, self.release_reasoning());
         if let Some(tools) = self.tools.as_mut() {
             let more = tools.finish();
             pieces.extend(self.trim_content(more));
@@ -209,15 +223,23 @@ impl ChatOutputParser {
             match kind {
                 Part::Reasoning => {
                     let kept = self.reasoning_text.feed(&text);
-                    if !kept.is_empty() {
-                        out.push(Piece::new(PieceKind::Reasoning, kept));
+                    match self.held_reasoning.as_mut() {
+                        Some(held) => held.push_str(&kept),
+                        None if !kept.is_empty() => out.push(Piece::new(PieceKind::Reasoning, kept)),
+                        None => {}
                     }
                 }
                 Part::Content => out.extend(self.answer(&text)),
-                Part::End => {}
+                Part::End => out.extend(self.release_reasoning()),
             }
         }
         out
+    }
+
+    /// The reasoning held so far, as one piece (none when nothing is held).
+    fn release_reasoning(&mut self) -> Option<Piece> {
+        let held = self.held_reasoning.as_mut().filter(|h| !h.is_empty())?;
+        Some(Piece::new(PieceKind::Reasoning, std::mem::take(held)))
     }
 
     fn answer(&mut self, text: &str) -> Vec<Piece> {
