@@ -210,7 +210,7 @@ def test_chat_echo_starts_the_content_with_the_assistants_last_message(server: R
     assert chat_stream(server, {**user, "echo": True})[1] != {"content": "hi"}
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
 def test_spaces_between_special_tokens_either_way_writes_adjacent_special_tokens_as_they_are(
     server: RunningServer, path: str
 ) -> None:
@@ -220,8 +220,17 @@ def test_spaces_between_special_tokens_either_way_writes_adjacent_special_tokens
     body = {**ask, "max_tokens": 3, "temperature": 0, "skip_special_tokens": False, "logit_bias": {"32002": 100}}
     texts = []
     for value in (True, False, None):
-        r = httpx.post(f"{server.url}{path}", json={**body, "spaces_between_special_tokens": value}, timeout=60)
+        if path == "/generate":  # SGLang's, in sampling_params
+            sampling = {"max_new_tokens": 3, "temperature": 0, "skip_special_tokens": False}
+            sent = {"text": "hi", "sampling_params": {**sampling, "logit_bias": {"32002": 100}}}
+            sent["sampling_params"]["spaces_between_special_tokens"] = value
+        else:
+            sent = {**body, "spaces_between_special_tokens": value}
+        r = httpx.post(f"{server.url}{path}", json=sent, timeout=60)
         assert r.status_code == 200, r.text
+        if path == "/generate":
+            texts.append(r.json()["text"])
+            continue
         choice = r.json()["choices"][0]
         texts.append(choice["text"] if path == "/v1/completions" else choice["message"]["content"])
     assert texts[0] == texts[1] == texts[2] == "<|im_start|>" * 3, texts

@@ -386,12 +386,7 @@ pub static FIELDS: &[Field] = &[
     f("json_schema", &[S], &[L], Read),
     f("ebnf", &[S], &[L], Read),
     f("stream_interval", &[S], &[L], Ignored),
-    f(
-        "spaces_between_special_tokens",
-        &[S],
-        &[L],
-        AtDefault(T, "special tokens are decoded as the tokenizer writes them"),
-    ),
+    f("spaces_between_special_tokens", &[S], &[L], Read), // the same text either way (above)
     f("structural_tag", &[S], &[L], AtDefault(NULL, "use json_schema, regex or ebnf")),
     f("stop_regex", &[S], &[L], AtDefault(NULL, "stop strings are plain text")),
     f("sampling_seed", &[S], &[L], AtDefault(NULL, "use seed")),

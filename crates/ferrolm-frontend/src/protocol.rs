@@ -238,6 +238,8 @@ pub struct NativeSampling {
     pub regex: Option<String>,
     pub json_schema: Option<SchemaField>,
     pub ebnf: Option<String>,
+    /// SGLang's; either value gives the same text, as `OpenAISampling`'s.
+    pub spaces_between_special_tokens: Option<bool>,
 }
 
 fn native_max_new_tokens() -> u64 {
