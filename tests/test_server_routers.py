@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from ferrolm.bench import routers
+from ferrolm.bench import route, routers
 from ferrolm.bench.serve import LaunchedServer
 from ferrolm.server.testing import RunningServer, free_port, running_server
 
@@ -466,7 +466,7 @@ def replicas() -> Iterator[list[tuple[LaunchedServer, str]]]:
     try:
         for _ in range(2):
             pub, replay = free_port(), free_port()
-            server = LaunchedServer("tiny", routers.replica_flags(pub, replay, 16, 16384), None)
+            server = LaunchedServer("tiny", route.replica_flags(pub, replay, 16, 16384), None)
             launched.append((server, f"tcp://127.0.0.1:{pub}"))
         yield launched
     finally:

@@ -181,7 +181,9 @@ class Fleet:
         self.http.close()
 
 
-def replica_flags(pub_port: int, replay_port: int, page_size: int, kv_tokens: int, topic: str) -> list[str]:
+def replica_flags(pub_port: int, replay_port: int, page_size: int, kv_tokens: int, topic: str = "") -> list[str]:
+    """A replica's serve flags: KV events published on these ports (``topic`` "" is
+    vLLM's default), its page size and pool."""
     # a wildcard address: by vLLM's rule the replica binds it (and subscribers connect)
     config = {
         "enable_kv_cache_events": True,

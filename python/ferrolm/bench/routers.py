@@ -270,23 +270,8 @@ class Router:
             pass
 
 
-def replica_flags(pub_port: int, replay_port: int, page_size: int, kv_tokens: int) -> list[str]:
-    config = {
-        "enable_kv_cache_events": True,
-        "endpoint": f"tcp://*:{pub_port}",
-        "replay_endpoint": f"tcp://*:{replay_port}",
-    }
-    return [
-        "--kv-events-config",
-        json.dumps(config),
-        "--page-size",
-        str(page_size),
-        "--max-total-tokens",
-        str(kv_tokens),
-    ]
-
-
 def run(args: Any) -> int:
+    from ferrolm.bench.route import replica_flags
     from ferrolm.bench.serve import LaunchedServer
     from ferrolm.server.testing import free_port
 
