@@ -334,10 +334,7 @@ impl Histograms {
                 s.retractions as f64,
             ),
         ];
-        for (name, kind, help, v) in series {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {}", prom_float(v));
-        }
+        write_series(out, &labels, &series);
         let blocks = (l.kv_capacity as u64).checked_div(block_size).unwrap_or(0);
         let _ = writeln!(
             out,
@@ -389,10 +386,16 @@ impl Histograms {
                 s.generation_tokens as f64,
             ),
         ];
-        for (name, kind, help, v) in series {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {}", prom_float(v));
-        }
+        write_series(out, &labels, &series);
+    }
+}
+
+/// One sample per `(name, type, help, value)`, each under the same labels (the other
+/// servers' names: vLLM's, SGLang's).
+fn write_series(out: &mut String, labels: &str, series: &[(&str, &str, &str, f64)]) {
+    for (name, kind, help, v) in series {
+        let _ =
+            writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {}", prom_float(*v));
     }
 }
 

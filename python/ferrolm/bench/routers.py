@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ferrolm.bench.serve import LoggedProcess
+
 # the PyPI packages' commands
 ROUTER_COMMANDS = {"sglang": "smg", "vllm": "vllm-router"}
 POLICIES = {"sglang": ("round_robin", "cache_aware"), "vllm": ("round_robin", "cache_aware", "kv_aware")}
@@ -170,7 +172,7 @@ def cache_totals(urls: list[str]) -> dict[str, tuple[float, float, float]]:
     return totals
 
 
-class Router:
+class Router(LoggedProcess):
     """A router on a free loopback port in front of ``workers``; stopped on ``close``."""
 
     def __init__(
@@ -248,26 +250,6 @@ class Router:
                 pass
             time.sleep(0.3)
         raise TimeoutError(f"the router did not come up:\n{self.log_tail()}")
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-chars:]
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        try:
-            os.unlink(self.log_path)
-        except OSError:
-            pass
 
 
 def run(args: Any) -> int:

@@ -435,7 +435,32 @@ def forward_from_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class LaunchedServer:
+class LoggedProcess:
+    """A child process (its own session) whose output goes to the temporary file
+    ``log_path``: ``log_tail`` reads the end of it, ``close`` stops the process and its
+    group and removes the file."""
+
+    process: Any
+    log_path: str
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        from ferrolm.server.testing import _stop
+
+        _stop(self.process)
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+class LaunchedServer(LoggedProcess):
     """``ferrolm serve --model MODEL`` on a free loopback port, stopped on ``close``."""
 
     def __init__(self, model: str, extra_flags: list[str], api_key: str | None) -> None:
@@ -494,22 +519,6 @@ class LaunchedServer:
             "forward_wall_s": forward.get("forward_wall_s"),
             "forward_calls": forward.get("forward_calls"),
         }
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-chars:]
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        from ferrolm.server.testing import _stop
-
-        _stop(self.process)
-        try:
-            os.unlink(self.log_path)
-        except OSError:
-            pass
 
 
 def cpu_per_token(before: dict[str, Any], after: dict[str, Any], tokens: int) -> dict[str, Any]:
