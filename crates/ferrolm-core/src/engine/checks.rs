@@ -147,6 +147,16 @@ impl Engine {
             for &s in &r.slots[r.cached_len..] {
                 mark(s, &format!("request {rid}"))?;
             }
+            // between steps a request holds exactly the slots of its written KV (a step's
+            // reservations, drafts' included, are settled at its commit)
+            if self.in_flight.is_empty() && (r.slots.len() != r.kv_len || r.kv_len > r.tokens.len()) {
+                return Err(format!(
+                    "request {rid} holds {} slots for {} written tokens of {}",
+                    r.slots.len(),
+                    r.kv_len,
+                    r.tokens.len()
+                ));
+            }
         }
         for (s, held) in seen.iter().enumerate() {
             if *held == self.pool.is_free(s as u32) {

@@ -15,10 +15,11 @@ use super::request::{ErrorKind, FinishReason, Request};
 impl Engine {
     // ---- commit ----
 
-    /// Consumes the step's logits (`[plan.num_requests(), width]`, row b for request b,
+    /// Consumes the step's logits (`[plan.logit_rows.len(), width]`: one row per request,
+    /// and one more per draft token of a request that verifies a draft, in plan order;
     /// `width >= vocab_size`; modified in place) and advances every request in the plan.
     pub fn commit(&mut self, logits: &mut [f32], width: usize) -> Result<StepOutputs, EngineError> {
-        let rows = self.in_flight.len();
+        let rows: usize = self.in_flight.iter().map(|f| 1 + f.draft.len()).sum();
         if width < self.config.vocab_size || logits.len() != rows * width {
             return Err(EngineError::Protocol(format!(
                 "logits must have shape [{rows}, >= {}], got {} values with rows of {width}",
@@ -29,11 +30,16 @@ impl Engine {
         let in_flight = std::mem::take(&mut self.in_flight);
         self.step_masks.clear();
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
-        let vocab = self.config.vocab_size;
-        let drawn = self.draw_all(&in_flight, logits, width);
-        for ((i, f), d) in in_flight.iter().enumerate().zip(drawn) {
-            let row = &mut logits[i * width..i * width + vocab];
-            self.advance_with(f, row, &mut out, None, d);
+        let mut blocks: Vec<&mut [f32]> = Vec::with_capacity(in_flight.len());
+        let mut rest = logits;
+        for f in &in_flight {
+            let (block, tail) = std::mem::take(&mut rest).split_at_mut((1 + f.draft.len()) * width);
+            blocks.push(block);
+            rest = tail;
+        }
+        let drawn = self.draw_all(&in_flight, &mut blocks);
+        for ((f, block), d) in in_flight.iter().zip(blocks).zip(drawn) {
+            self.advance_with(f, Rows::Logits { block, width, drawn: d }, &mut out);
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
         self.trace_outputs(OutputsOf::Commit, &out);
@@ -41,7 +47,8 @@ impl Engine {
     }
 
     /// Same as `commit` for a runner that sampled on its own (e.g. on a GPU): one token
-    /// per plan entry that samples, in plan order (ignored for entries that do not).
+    /// per logit row of the plan (one per entry, and one per draft token), in plan order
+    /// (ignored for entries that do not sample).
     pub fn commit_tokens(&mut self, tokens: &[u32]) -> Result<StepOutputs, EngineError> {
         let tokens: Vec<Option<u32>> = tokens.iter().map(|&t| Some(t)).collect();
         self.commit_drawn(&DeviceDraws { tokens: &tokens, ..DeviceDraws::default() })
@@ -52,12 +59,13 @@ impl Engine {
     /// mask, then the request advances as after the core's own draw (its random stream by
     /// one draw where it samples, its matcher, detokenizer, stops). An entry whose token
     /// is `None` (nothing could be drawn) ends with the error the core's sampler gives.
+    /// The columns have one entry per logit row of the plan (`BatchPlan::logit_rows`).
     /// Checks every length and id first; an error changes nothing.
     pub fn commit_drawn(&mut self, draws: &DeviceDraws<'_>) -> Result<StepOutputs, EngineError> {
-        let n = self.in_flight.len();
+        let n: usize = self.in_flight.iter().map(|f| 1 + f.draft.len()).sum();
         if draws.tokens.len() != n {
             return Err(EngineError::Protocol(format!(
-                "expected {n} tokens (one per plan entry), got {}",
+                "expected {n} tokens (one per logit row of the plan), got {}",
                 draws.tokens.len()
             )));
         }
@@ -66,7 +74,7 @@ impl Engine {
         }
         if let Some(l) = draws.logprobs.filter(|l| l.len() != n) {
             return Err(EngineError::Protocol(format!(
-                "expected {n} logprobs (one per plan entry), got {}",
+                "expected {n} logprobs (one per logit row of the plan), got {}",
                 l.len()
             )));
         }
@@ -81,20 +89,24 @@ impl Engine {
         let in_flight = std::mem::take(&mut self.in_flight);
         let masks = std::mem::take(&mut self.step_masks);
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
+        let mut row = 0;
         for (i, f) in in_flight.iter().enumerate() {
-            let given = match draws.tokens[i] {
-                None => Given::Nothing,
-                Some(token) => {
-                    let top = (i * w..(i + 1) * w).map(|j| (draws.top_ids[j], draws.top_logprobs[j]));
-                    Given::Token(Sampled {
-                        token,
-                        logprob: draws.logprobs.map(|l| l[i]),
-                        top_logprobs: top.collect(),
-                    })
-                }
-            };
+            let given = (row..row + 1 + f.draft.len())
+                .map(|j| match draws.tokens[j] {
+                    None => Given::Nothing,
+                    Some(token) => {
+                        let top = (j * w..(j + 1) * w).map(|t| (draws.top_ids[t], draws.top_logprobs[t]));
+                        Given::Token(Sampled {
+                            token,
+                            logprob: draws.logprobs.map(|l| l[j]),
+                            top_logprobs: top.collect(),
+                        })
+                    }
+                })
+                .collect();
+            row += 1 + f.draft.len();
             let mask = masks.get(i).and_then(|m| m.as_deref());
-            self.advance_with(f, &mut [], &mut out, Some((given, mask)), None);
+            self.advance_with(f, Rows::Given { given, mask }, &mut out);
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
         self.trace_outputs(OutputsOf::Commit, &out);
@@ -132,21 +144,23 @@ impl Engine {
         out
     }
 
-    /// Samples the rows of every entry that samples, split across two threads when the
-    /// batch is large enough to pay for one (`worth_a_thread`): rows, samplers and
-    /// grammars are per request, so the draws are independent. Returns each entry's draw
-    /// (or `None`).
+    /// Samples the first row of every entry that samples and verifies no draft, split
+    /// across two threads when the batch is large enough to pay for one
+    /// (`worth_a_thread`): rows, samplers and grammars are per request, so the draws are
+    /// independent. Returns each entry's draw (or `None`: drawn in `advance_with`).
     fn draw_all(
         &mut self,
         in_flight: &[InFlight],
-        logits: &mut [f32],
-        width: usize,
+        blocks: &mut [&mut [f32]],
     ) -> Vec<Option<Result<Sampled, FinishReason>>> {
         let vocab = self.config.vocab_size;
-        let index: HashMap<u64, usize> =
-            in_flight.iter().enumerate().filter(|(_, f)| f.samples).map(|(i, f)| (f.rid, i)).collect();
-        let mut rows: Vec<Option<&mut [f32]>> =
-            logits.chunks_mut(width).map(|r| Some(&mut r[..vocab])).collect();
+        let index: HashMap<u64, usize> = in_flight
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.samples && f.draft.is_empty())
+            .map(|(i, f)| (f.rid, i))
+            .collect();
+        let mut rows: Vec<Option<&mut [f32]>> = blocks.iter_mut().map(|b| Some(&mut b[..vocab])).collect();
         let mut work: Vec<(usize, &mut Request, &mut [f32])> = Vec::with_capacity(index.len());
         for (rid, r) in self.requests.iter_mut() {
             if let Some(&i) = index.get(rid) {
@@ -187,17 +201,11 @@ impl Engine {
         drawn
     }
 
-    /// Advances one plan entry: `drawn` is its token when it was sampled ahead (in
-    /// parallel), else it is sampled here from `row`, or `given` by the runner (checked
-    /// against the entry's mask, when the step's `sampling_batch` filled it).
-    fn advance_with(
-        &mut self,
-        f: &InFlight,
-        row: &mut [f32],
-        out: &mut StepOutputs,
-        given: Option<(Given, Option<&[u32]>)>,
-        drawn: Option<Result<Sampled, FinishReason>>,
-    ) {
+    /// Advances one plan entry by its rows: the token of each row is drawn (or was drawn
+    /// ahead, in parallel, or given by the runner), and the request takes it; a request
+    /// verifying a draft goes on to the next row while the token equals the draft's,
+    /// then keeps the KV of the drafts it kept and frees the rest.
+    fn advance_with(&mut self, f: &InFlight, mut rows: Rows<'_>, out: &mut StepOutputs) {
         let Some(r) = self.requests.get_mut(&f.rid) else { return };
         r.kv_len = f.end;
         if r.aborted {
@@ -214,21 +222,76 @@ impl Engine {
         }
         // the prompt is in the cache: the other samples of an n > 1 request may share it
         self.release_followers(f.rid);
-        let Some(r) = self.requests.get_mut(&f.rid) else { return };
+        let vocab = self.config.vocab_size;
+        let (mut text, mut reason, mut kept) = (String::new(), None, 0);
+        for i in 0..=f.draft.len() {
+            let r = self.requests.get_mut(&f.rid).expect("a sampling entry's request is live");
+            let eos = &self.config.eos_token_ids;
+            let (sampled, from_runner) = match &mut rows {
+                Rows::Logits { block, width, drawn } => {
+                    let row = &mut block[i * *width..i * *width + vocab];
+                    (
+                        drawn
+                            .take()
+                            .unwrap_or_else(|| draw(r, row, eos, None, &mut self.mask, &mut self.scratch)),
+                        false,
+                    )
+                }
+                Rows::Given { given, mask } => {
+                    let g = std::mem::replace(&mut given[i], Given::Nothing);
+                    let mask = if i == 0 { mask.take() } else { None };
+                    (draw(r, &mut [], eos, Some((g, mask)), &mut self.mask, &mut self.scratch), true)
+                }
+            };
+            let (delta, token, end) = self.take_token(f.rid, sampled, from_runner, out);
+            text.push_str(&delta);
+            reason = end;
+            let kept_draft = token.is_some() && f.draft.get(i) == token.as_ref();
+            kept += kept_draft as usize;
+            if reason.is_some() || !kept_draft {
+                break;
+            }
+        }
+        if !f.draft.is_empty() {
+            self.settle_draft(f, kept);
+        }
+        let fin = reason.map(|reason| self.finish(f.rid, reason));
+        out.push(f.rid, text, fin);
+    }
+
+    /// After verifying `f`'s draft, of which the first `kept` tokens were kept: their KV
+    /// stays, the rejected ones' slots go back to the pool.
+    fn settle_draft(&mut self, f: &InFlight, kept: usize) {
+        let r = self.requests.get_mut(&f.rid).expect("a sampling entry's request is live");
+        r.kv_len = f.end + kept;
+        debug_assert!(r.kv_len <= r.tokens.len());
+        let rejected = r.slots.split_off(r.kv_len);
+        self.pool.free(&rejected).expect("a rejected draft's slots were the request's");
+        if let Some(spec) = r.spec.as_mut() {
+            spec.record(f.draft.len(), kept);
+        }
+        self.stats.spec_drafts += 1;
+        self.stats.spec_draft_tokens += f.draft.len() as u64;
+        self.stats.spec_accepted_tokens += kept as u64;
+        let at = kept.min(self.stats.spec_accepted_histogram.len() - 1);
+        self.stats.spec_accepted_histogram[at] += 1;
+    }
+
+    /// Request `rid` takes one drawn token: its grammar, sampler, detokenizer and stops
+    /// see it. Returns the text it adds, the token (`None` when the draw failed) and why
+    /// the request ends, if it does (the caller finishes it, once its KV is settled).
+    fn take_token(
+        &mut self,
+        rid: u64,
+        sampled: Result<Sampled, FinishReason>,
+        from_runner: bool,
+        out: &mut StepOutputs,
+    ) -> (String, Option<u32>, Option<FinishReason>) {
+        let r = self.requests.get_mut(&rid).expect("a sampling entry's request is live");
         let stops_active = r.generated() >= r.params.min_new_tokens;
-        let from_runner = given.is_some();
-        let sampled = match drawn {
-            Some(d) => d,
-            None => draw(r, row, &self.config.eos_token_ids, given, &mut self.mask, &mut self.scratch),
-        };
         let sampled = match sampled {
             Ok(s) => s,
-            Err(reason) => {
-                let text = r.detok.flush();
-                let fin = self.finish(f.rid, reason);
-                out.push(f.rid, text, Some(fin));
-                return;
-            }
+            Err(reason) => return (r.detok.flush(), None, Some(reason)),
         };
         if from_runner && !r.sampler.params().is_greedy() {
             r.sampler.skip_uniform(); // the runner drew with it (SamplingBatch::uniforms)
@@ -239,16 +302,16 @@ impl Engine {
         let document_done = r.constraint.as_ref().is_some_and(|c| c.must_end());
         if let Some(c) = &mut r.constraint {
             if !c.accept_token(token) {
-                let text = r.detok.flush();
                 let reason =
                     FinishReason::error(ErrorKind::Grammar, format!("the grammar rejected token {token}"));
-                let fin = self.finish(f.rid, reason);
-                out.push(f.rid, text, Some(fin));
-                return;
+                return (r.detok.flush(), None, Some(reason));
             }
         }
         r.sampler.observe(token);
         r.tokens.push(token);
+        if let Some(spec) = r.spec.as_mut() {
+            spec.push(token);
+        }
         let now = Instant::now();
         match r.last_token_at {
             None => self.latencies.ttft_s.push(now.duration_since(r.arrival).as_secs_f64()),
@@ -272,8 +335,7 @@ impl Engine {
             }
             None => None,
         };
-        let fin = reason.map(|reason| self.finish(f.rid, reason));
-        out.push(f.rid, text, fin);
+        (text, Some(token), reason)
     }
 
     /// A finished prefill goes into the cache at once (not only when the request ends), so
@@ -297,6 +359,14 @@ impl Engine {
         }
         r.cached_len = n;
     }
+}
+
+/// Where an entry's tokens come from: its rows of the step's logits (`width` apart; the
+/// first one's token perhaps `drawn` ahead), or the runner, a token per row (and the
+/// first row's grammar mask, when `sampling_batch` filled it).
+enum Rows<'a> {
+    Logits { block: &'a mut [f32], width: usize, drawn: Option<Result<Sampled, FinishReason>> },
+    Given { given: Vec<Given>, mask: Option<&'a [u32]> },
 }
 
 /// A token the runner drew (its logprobs as it computed them), or its word that nothing

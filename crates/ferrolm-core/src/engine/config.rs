@@ -91,6 +91,11 @@ pub struct EngineConfig {
     pub kv_events: bool,
     /// Tokens per KV event block (the page size a router's index must use).
     pub kv_event_block_size: usize,
+    /// Speculate by lookup (`engine::draft`) for requests that do not say otherwise
+    /// (`RequestParams::speculative`).
+    pub speculative: bool,
+    /// The most draft tokens a request verifies in one step.
+    pub speculative_max_draft: usize,
 }
 
 impl Default for EngineConfig {
@@ -110,6 +115,8 @@ impl Default for EngineConfig {
             seed: 0,
             kv_events: false,
             kv_event_block_size: Self::DEFAULT_KV_EVENT_BLOCK_SIZE,
+            speculative: false,
+            speculative_max_draft: Self::DEFAULT_SPECULATIVE_MAX_DRAFT,
         }
     }
 }
@@ -120,6 +127,10 @@ impl EngineConfig {
     pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 2048;
     /// vLLM's default block size, which routers (Dynamo, llm-d) are usually set up with.
     pub const DEFAULT_KV_EVENT_BLOCK_SIZE: usize = 16;
+    /// Long enough for a copied line of code to go in one or two steps; a draft that
+    /// misses shrinks to what was kept (`draft::DraftLength`).
+    pub const DEFAULT_SPECULATIVE_MAX_DRAFT: usize = 6;
+    pub const MAX_SPECULATIVE_DRAFT: usize = 64;
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
@@ -129,6 +140,7 @@ impl EngineConfig {
             ("max_context", self.max_context),
             ("vocab_size", self.vocab_size),
             ("kv_event_block_size", self.kv_event_block_size),
+            ("speculative_max_draft", self.speculative_max_draft),
         ];
         for (field, v) in positive {
             if v == 0 {
@@ -139,6 +151,16 @@ impl EngineConfig {
             return Err(ConfigError::new(
                 "kv_capacity",
                 format!("must be below 2^31, got {}", self.kv_capacity),
+            ));
+        }
+        if self.speculative_max_draft > Self::MAX_SPECULATIVE_DRAFT {
+            return Err(ConfigError::new(
+                "speculative_max_draft",
+                format!(
+                    "must be at most {}, got {}",
+                    Self::MAX_SPECULATIVE_DRAFT,
+                    self.speculative_max_draft
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.new_token_ratio) {

@@ -21,6 +21,7 @@ use crate::trace::{OutputsOf, TraceRecorder};
 
 use super::config::{ConfigError, EngineConfig};
 use super::constraint::{Constraint, TokenConstraint};
+use super::draft::Speculation;
 use super::kv_slots::SlotPool;
 use super::plan::{Finished, StepOutputs};
 use super::request::{FinishReason, Request, RequestParams};
@@ -56,9 +57,12 @@ pub(super) fn invalid(field: &'static str, message: String) -> EngineError {
 
 pub(super) struct InFlight {
     pub rid: u64,
+    /// The request's `kv_len` once the step's KV is written (its drafts not counted).
     pub end: usize,
     pub samples: bool,
     pub is_prefill: bool,
+    /// Draft tokens the step verifies (their KV goes to the slots past `end`).
+    pub draft: Vec<u32>,
 }
 
 pub struct Engine {
@@ -184,6 +188,7 @@ impl Engine {
             Some(c) => rids.iter().map(|_| Some(c.instance(self.config.vocab_size))).collect(),
         };
         let now = Instant::now();
+        let speculates = params.speculative.unwrap_or(self.config.speculative);
         for (j, &rid) in rids.iter().enumerate() {
             let mut params = params.clone();
             params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(j as u64));
@@ -206,6 +211,7 @@ impl Engine {
                 cached_prompt_tokens: None,
                 retractions: 0,
                 aborted: false,
+                spec: speculates.then(|| Speculation::new(prompt, self.config.speculative_max_draft)),
             };
             self.requests.insert(rid, request);
         }

@@ -1,6 +1,5 @@
 //! Draft tokens without a draft model (speculative decoding by lookup): the tokens that
-//! followed the latest earlier occurrence of the sequence's own suffix, and the rules that
-//! accept or reject them against the target model's distribution.
+//! followed the latest earlier occurrence of the sequence's own suffix.
 //!
 //! [`NgramIndex`] keeps, for every n-gram of length `min_n..=max_n` of a request's tokens
 //! (prompt and output), where it last ended; appending a token costs `max_n - min_n + 1`
@@ -8,15 +7,20 @@
 //! and drafts what came after that occurrence, as vLLM's n-gram proposer and llama.cpp's
 //! prompt lookup do: copies of a quoted passage, a file being edited, repeated JSON keys.
 //!
-//! [`DraftLength`] adapts how many tokens to draft to what the request's drafts earned:
-//! one more after a draft accepted whole, half after one rejected at its first token.
+//! [`DraftLength`] adapts how many tokens to draft to what the request's drafts earned,
+//! and [`Speculation`] pauses drafting after drafts that earned nothing, so that a request
+//! with nothing to copy pays for almost no verified rows.
 //!
-//! Acceptance keeps the output distribution exactly the target's. A lookup draft is a
-//! single token with probability 1 under the drafter, so the standard rule (accept `d`
-//! with probability `min(1, p(d) / q(d))`, else sample from the normalized `(p - q)+`)
-//! becomes: accept `d` with probability `p(d)`, else sample from `p` without `d`. Then
-//! `P(x) = p(d) [x = d] + (1 - p(d)) p(x) / (1 - p(d)) [x != d] = p(x)`. Greedy decoding
-//! accepts a draft token exactly when it is the argmax.
+//! Verification keeps the output distribution exactly the target's, with no rule of its
+//! own: the commit draws each position's token from the target's distribution as it would
+//! without a draft (same masks, penalties and random stream), and keeps going while the
+//! drawn token equals the draft's. A lookup draft is a single token with probability 1
+//! under the drafter, for which the standard rule (accept `d` with probability
+//! `min(1, p(d) / q(d))`, else draw from the normalized `(p - q)+`) is "accept with
+//! probability `p(d)`, else draw from `p` without `d`": the same law as drawing `x ~ p`
+//! and accepting when `x = d`. Greedy decoding accepts a draft token exactly when it is
+//! the argmax. So a seeded request gives the same tokens with and without speculation,
+//! up to the rounding of a multi-token forward.
 
 use hashbrown::HashMap;
 
@@ -121,44 +125,81 @@ impl DraftLength {
         if drafted == 0 {
             return;
         }
-        if accepted >= drafted {
-            self.current = (self.current + 1).min(self.max);
+        self.current = if accepted >= drafted {
+            (self.current + 1).min(self.max)
         } else if accepted == 0 {
-            self.current = (self.current / 2).max(1);
-        }
+            (self.current / 2).max(1)
+        } else {
+            // a verified row costs a share of a step: draft what the last one kept, and one more
+            (accepted + 1).min(self.max)
+        };
     }
 }
 
-/// Whether a sampled step keeps the draft token `draft`, given the target's probabilities
-/// `probs` for that position (after temperature, top-k and top-p) and a uniform draw `u` in
-/// [0, 1): kept with probability `probs[draft]`.
-pub fn keep_draft(probs: &[f32], draft: u32, u: f32) -> bool {
-    probs.get(draft as usize).is_some_and(|&p| u < p)
+/// One request's drafting state: its n-gram index, its draft length and its pause.
+#[derive(Clone, Debug)]
+pub struct Speculation {
+    index: NgramIndex,
+    length: DraftLength,
+    /// Steps left before drafting again, after drafts that earned nothing.
+    pause: u32,
+    /// The pause the next fruitless draft earns (doubles each time, up to `MAX_PAUSE`).
+    backoff: u32,
 }
 
-/// The token sampled in place of a rejected draft token: from `probs` without `draft`,
-/// renormalized, by inverse CDF at the uniform draw `u` in [0, 1). `None` when nothing
-/// else has probability (then the draft could not have been rejected).
-pub fn resample_without(probs: &[f32], draft: u32, u: f32) -> Option<u32> {
-    let rest: f64 =
-        probs.iter().enumerate().filter(|&(i, _)| i != draft as usize).map(|(_, &p)| p as f64).sum();
-    if rest <= 0.0 {
-        return None;
-    }
-    let target = u as f64 * rest;
-    let mut seen = 0f64;
-    let mut last = None;
-    for (i, &p) in probs.iter().enumerate() {
-        if i == draft as usize || p <= 0.0 {
-            continue;
-        }
-        seen += p as f64;
-        last = Some(i as u32);
-        if target < seen {
-            return last;
+/// n-gram lengths matched: a single shared token is too weak a hint to pay for a row.
+pub const MIN_NGRAM: usize = 2;
+pub const MAX_NGRAM: usize = 5;
+/// At most this many steps without a draft after a run of fruitless ones: a request whose
+/// text has nothing to copy pays one verified row per this many steps.
+const MAX_PAUSE: u32 = 32;
+
+impl Speculation {
+    /// Drafting over `tokens` (the prompt), at most `max_draft` tokens a step.
+    pub fn new(tokens: &[u32], max_draft: usize) -> Speculation {
+        let mut index = NgramIndex::new(MIN_NGRAM, MAX_NGRAM);
+        index.extend(tokens);
+        Speculation {
+            index,
+            length: DraftLength::new(max_draft.div_ceil(2), max_draft),
+            pause: 0,
+            backoff: 1,
         }
     }
-    last // rounding left the target at the very end
+
+    /// The next token of the sequence.
+    pub fn push(&mut self, token: u32) {
+        self.index.push(token);
+    }
+
+    /// This step's draft, at most `limit` tokens, into `out` (cleared first); empty while
+    /// paused or when nothing matches.
+    pub fn draft(&mut self, limit: usize, out: &mut Vec<u32>) {
+        out.clear();
+        if self.pause > 0 {
+            self.pause -= 1;
+            return;
+        }
+        self.index.propose(self.length.get().min(limit), out);
+    }
+
+    /// A draft of `drafted` tokens of which the first `accepted` were kept.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.length.record(drafted, accepted);
+        if accepted == 0 {
+            self.pause = self.backoff;
+            self.backoff = (self.backoff * 2).min(MAX_PAUSE);
+        } else {
+            self.backoff = 1;
+        }
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        self.index.tokens()
+    }
 }
 
 #[cfg(test)]
@@ -233,33 +274,36 @@ mod tests {
         assert!(out.is_empty());
     }
 
-    /// The distribution of the token a lookup step emits (the draft if kept, else the
-    /// resampled one) equals the target's: exactly, computed over a grid of draws fine
-    /// enough that each bucket's share is the probability to the grid's resolution.
     #[test]
-    fn keeping_or_resampling_leaves_the_target_distribution() {
-        let probs = [0.05f32, 0.4, 0.0, 0.25, 0.3];
-        let grid = 500;
-        for draft in 0..probs.len() as u32 {
-            let mut counts = [0usize; 5];
-            for a in 0..grid {
-                let u1 = (a as f32 + 0.5) / grid as f32;
-                if keep_draft(&probs, draft, u1) {
-                    counts[draft as usize] += grid;
-                    continue;
-                }
-                for b in 0..grid {
-                    let u2 = (b as f32 + 0.5) / grid as f32;
-                    counts[resample_without(&probs, draft, u2).unwrap() as usize] += 1;
-                }
-            }
-            let total = (grid * grid) as f64;
-            for (x, &c) in counts.iter().enumerate() {
-                let share = c as f64 / total;
-                assert!((share - probs[x] as f64).abs() < 4e-3, "draft {draft}: P({x}) = {share}");
+    fn fruitless_drafts_pause_drafting_longer_each_time() {
+        // a sequence where "1 2" recurs: a draft is always on offer
+        let mut spec = Speculation::new(&[1, 2, 3, 1, 2], 4);
+        let mut out = Vec::new();
+        let mut drafted_steps = Vec::new();
+        for step in 0..80 {
+            spec.draft(4, &mut out);
+            if !out.is_empty() {
+                drafted_steps.push(step);
+                spec.record(out.len(), 0); // never accepted
             }
         }
-        assert_eq!(resample_without(&[0.0, 1.0], 1, 0.3), None);
-        assert!(!keep_draft(&probs, 99, 0.0)); // outside the vocabulary: never kept
+        // paused 1, 2, 4, ... then 32 steps between drafts
+        let gaps: Vec<usize> = drafted_steps.windows(2).map(|w| w[1] - w[0] - 1).collect();
+        assert_eq!(&gaps[..5], &[1, 2, 4, 8, 16]);
+        assert!(gaps[5..].iter().all(|&g| g == 32), "{gaps:?}");
+        // one kept token ends the pause's growth
+        spec.record(2, 1);
+        assert_eq!(spec.backoff, 1);
+    }
+
+    #[test]
+    fn a_partly_kept_draft_sets_the_next_length_to_what_was_kept_plus_one() {
+        let mut length = DraftLength::new(4, 8);
+        length.record(4, 1);
+        assert_eq!(length.get(), 2);
+        length.record(2, 2);
+        assert_eq!(length.get(), 3);
+        length.record(3, 0);
+        assert_eq!(length.get(), 1);
     }
 }

@@ -9,7 +9,8 @@ use super::request::RequestParams;
 /// `input_ids[qo_offsets[b]..qo_offsets[b + 1]]` at `positions[...]`, their K/V go to
 /// `out_slots[...]`, and it attends to `kv_slots[kv_offsets[b]..kv_offsets[b + 1]]` (every
 /// slot of its sequence up to and including the new tokens, in position order). The
-/// runner returns one row of logits per request, for its last new token.
+/// runner returns one row of logits per entry of `logit_rows`: each request's last new
+/// token, and before it each of its draft tokens' predecessors when it speculates.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BatchPlan {
     pub rids: Vec<u64>,
@@ -30,6 +31,11 @@ pub struct BatchPlan {
     /// Whether request b ignores EOS (a runner picking its greedy token must never pick an
     /// EOS id, as the core's sampler would not).
     pub ignore_eos: Vec<bool>,
+    /// How many of request b's new tokens are draft tokens (its last ones) to verify.
+    pub drafted: Vec<u32>,
+    /// The new tokens (indices into `input_ids`) whose logits the runner returns, in
+    /// order: for request b, its last `drafted[b] + 1` new tokens.
+    pub logit_rows: Vec<u32>,
 }
 
 impl BatchPlan {
@@ -43,9 +49,15 @@ impl BatchPlan {
         self.input_ids.len()
     }
     /// Whether every entry that samples this step is plain greedy (true when none
-    /// samples): the runner may then pick the whole step's tokens as argmaxes.
+    /// samples): the runner may then pick the whole step's tokens as argmaxes. False when
+    /// any entry verifies a draft, whose rows the core reads in turn.
     pub fn all_plain_greedy(&self) -> bool {
-        self.samples.iter().zip(&self.plain_greedy).all(|(&s, &g)| !s || g)
+        !self.has_drafts() && self.samples.iter().zip(&self.plain_greedy).all(|(&s, &g)| !s || g)
+    }
+    /// Whether any entry verifies draft tokens (then the runner returns more logit rows
+    /// than requests, and only the core's sampler reads them).
+    pub fn has_drafts(&self) -> bool {
+        self.logit_rows.len() > self.rids.len()
     }
 }
 

@@ -7,6 +7,7 @@ use crate::radix::NodeHandle;
 use crate::sampling::{Sampler, SamplingParams};
 
 use super::constraint::TokenConstraint;
+use super::draft::Speculation;
 
 /// What a caller submits besides the prompt.
 #[derive(Clone, Debug)]
@@ -23,6 +24,8 @@ pub struct RequestParams {
     pub namespace: Option<String>,
     /// Give up if still waiting after this many seconds.
     pub queue_timeout_s: Option<f64>,
+    /// Speculate by lookup (`engine::draft`); `None`: as `EngineConfig::speculative` says.
+    pub speculative: Option<bool>,
 }
 
 impl RequestParams {
@@ -56,6 +59,7 @@ impl Default for RequestParams {
             priority: 0,
             namespace: None,
             queue_timeout_s: None,
+            speculative: None,
         }
     }
 }
@@ -148,11 +152,18 @@ pub(crate) struct Request {
     pub cached_prompt_tokens: Option<usize>,
     pub retractions: u32,
     pub aborted: bool,
+    /// Its drafting state, when it speculates.
+    pub spec: Option<Speculation>,
 }
 
 impl Request {
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether its next step is one decode token (its prompt is in the pool).
+    pub fn is_decoding(&self) -> bool {
+        self.tokens.len() - self.kv_len == 1 && self.kv_len >= self.prompt_len
     }
 
     /// Tokens it may still generate.

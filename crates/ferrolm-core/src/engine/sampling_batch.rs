@@ -90,6 +90,12 @@ impl Engine {
                 "sampling_batch needs a scheduled step (call schedule first)".into(),
             ));
         }
+        if self.in_flight.iter().any(|f| !f.draft.is_empty()) {
+            // a draft's rows are drawn one after another, each after the one before is kept
+            return Err(EngineError::Protocol(
+                "a step that verifies drafts is sampled by the core: commit its logits".into(),
+            ));
+        }
         let vocab = self.config.vocab_size;
         let words = vocab.div_ceil(32);
         let mut b = SamplingBatch {

@@ -32,23 +32,28 @@ impl Engine {
         self.make_room_for_decodes();
         let mut plan = BatchPlan { qo_offsets: vec![0], kv_offsets: vec![0], ..BatchPlan::default() };
         let mut budget = self.config.max_prefill_tokens;
+        // drafts take only slots that are free beyond every decode's one (never an eviction)
+        let decodes = self.running.iter().filter(|rid| self.requests[*rid].is_decoding()).count();
+        let mut spare = self.pool.num_free().saturating_sub(decodes);
         for i in 0..self.running.len() {
             let rid = self.running[i];
             let r = &self.requests[&rid];
             let todo = r.tokens.len() - r.kv_len;
-            let is_decode = todo == 1 && r.kv_len >= r.prompt_len;
+            let is_decode = r.is_decoding();
             // a decode's slot was made room for; prompt chunks share the prefill budget
             let n = if is_decode { 1 } else { todo.min(budget) };
             if !is_decode && n > 0 && n < todo {
                 tracing::debug!(rid, start = r.kv_len, tokens = n, left = todo - n, "prefill chunk");
             }
-            if n == 0 || !self.reserve_slots(rid, n) {
+            let draft = if is_decode { self.draft_for(rid, spare) } else { Vec::new() };
+            if n == 0 || !self.reserve_slots(rid, n + draft.len()) {
                 continue;
             }
+            spare -= draft.len();
             if !is_decode {
                 budget -= n;
             }
-            self.add_to_plan(&mut plan, rid, n, !is_decode);
+            self.add_to_plan(&mut plan, rid, n, !is_decode, draft);
         }
         self.admit(&mut plan, &mut budget);
         if plan.is_empty() && self.running.len() > 1 {
@@ -83,36 +88,49 @@ impl Engine {
         }
     }
 
-    fn add_to_plan(&mut self, plan: &mut BatchPlan, rid: u64, n: usize, is_prefill: bool) {
+    /// This step's draft for a decoding request that speculates: at most `spare` tokens
+    /// (free slots), and no more than could be kept (its `max_new_tokens`, the context).
+    fn draft_for(&mut self, rid: u64, spare: usize) -> Vec<u32> {
+        let max_context = self.config.max_context;
+        let r = self.requests.get_mut(&rid).expect("running request exists");
+        // the step emits the kept drafts and one token more
+        let limit =
+            spare.min(r.remaining().saturating_sub(1)).min(max_context.saturating_sub(r.tokens.len() + 1));
+        let Some(spec) = r.spec.as_mut() else { return Vec::new() };
+        let mut draft = Vec::new();
+        spec.draft(limit, &mut draft);
+        draft
+    }
+
+    /// Request `rid`'s `n` next tokens, then its `draft` (whose slots were reserved after them).
+    fn add_to_plan(&mut self, plan: &mut BatchPlan, rid: u64, n: usize, is_prefill: bool, draft: Vec<u32>) {
         let r = &self.requests[&rid];
         let (start, end) = (r.kv_len, r.kv_len + n);
+        let k = draft.len();
         plan.rids.push(rid);
         plan.input_ids.extend_from_slice(&r.tokens[start..end]);
-        plan.positions.extend(start as u32..end as u32);
-        plan.out_slots.extend_from_slice(&r.slots[start..end]);
+        plan.input_ids.extend_from_slice(&draft);
+        plan.positions.extend(start as u32..(end + k) as u32);
+        plan.out_slots.extend_from_slice(&r.slots[start..end + k]);
         plan.qo_offsets.push(plan.input_ids.len() as u32);
-        plan.kv_slots.extend_from_slice(&r.slots[..end]);
+        plan.kv_slots.extend_from_slice(&r.slots[..end + k]);
         plan.kv_offsets.push(plan.kv_slots.len() as u32);
+        let last = plan.input_ids.len() as u32;
+        plan.logit_rows.extend(last - 1 - k as u32..last);
+        plan.drafted.push(k as u32);
         let samples = end == r.tokens.len();
         plan.samples.push(samples);
         plan.is_prefill.push(is_prefill);
         plan.plain_greedy.push(r.params.plain_greedy(r.constraint.is_some()));
         plan.ignore_eos.push(r.params.ignore_eos);
-        self.in_flight.push(InFlight { rid, end, samples, is_prefill });
+        self.in_flight.push(InFlight { rid, end, samples, is_prefill, draft });
     }
 
     /// Frees pool slots for every decoding request: from the cache first, then by
     /// retracting running requests (those with the most left to generate go first).
     fn make_room_for_decodes(&mut self) {
         loop {
-            let need = self
-                .running
-                .iter()
-                .filter(|rid| {
-                    let r = &self.requests[*rid];
-                    r.tokens.len() - r.kv_len == 1 && r.kv_len >= r.prompt_len
-                })
-                .count();
+            let need = self.running.iter().filter(|rid| self.requests[*rid].is_decoding()).count();
             self.evict_until_free(need);
             if self.pool.num_free() >= need {
                 return;
@@ -302,7 +320,7 @@ impl Engine {
                 "admitted"
             );
             let is_prefill = !(chunk == 1 && matched >= self.requests[&rid].prompt_len);
-            self.add_to_plan(plan, rid, chunk, is_prefill);
+            self.add_to_plan(plan, rid, chunk, is_prefill, Vec::new());
         }
     }
 }

@@ -17,7 +17,17 @@ pub struct EngineStats {
     /// (`commit`), in nanoseconds: they end with the call, so a reader of the process's
     /// live threads cannot see it.
     pub sampling_thread_cpu_ns: u64,
+    /// Drafts verified (speculative decoding), their tokens, and the tokens kept.
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    /// Drafts by how many of their tokens were kept: entry i counts those that kept i
+    /// (the last entry, those that kept at least that many).
+    pub spec_accepted_histogram: [u64; SPEC_HISTOGRAM_LEN],
 }
+
+/// Entries of `EngineStats::spec_accepted_histogram`: 0 to 15 tokens, then 16 or more.
+pub const SPEC_HISTOGRAM_LEN: usize = 17;
 
 /// Latencies observed since the last `take_latencies`, in seconds.
 #[derive(Clone, Debug, Default, PartialEq)]

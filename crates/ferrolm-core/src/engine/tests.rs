@@ -25,35 +25,70 @@ fn vocab() -> Arc<TokenTable> {
 
 struct FakeModel {
     kv: Vec<Option<(u32, u32)>>,
+    /// Added to the logit of the token that followed the latest earlier occurrence of the
+    /// context's last token: a model that copies from its context, for speculation.
+    copy_bonus: f32,
 }
 
 impl FakeModel {
     fn new(capacity: usize) -> Self {
-        FakeModel { kv: vec![None; capacity] }
+        FakeModel { kv: vec![None; capacity], copy_bonus: 0.0 }
     }
 
+    fn copying(capacity: usize, bonus: f32) -> Self {
+        FakeModel { kv: vec![None; capacity], copy_bonus: bonus }
+    }
+
+    /// One row per `plan.logit_rows` entry: a hash of the tokens in the slots that token
+    /// attends to (its request's, up to its position).
     fn forward(&mut self, plan: &BatchPlan) -> Vec<f32> {
         for i in 0..plan.num_tokens() {
             self.kv[plan.out_slots[i] as usize] = Some((plan.input_ids[i], plan.positions[i]));
         }
-        let mut logits = Vec::with_capacity(plan.num_requests() * VOCAB);
-        for b in 0..plan.num_requests() {
-            let ctx = &plan.kv_slots[plan.kv_offsets[b] as usize..plan.kv_offsets[b + 1] as usize];
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for (pos, &slot) in ctx.iter().enumerate() {
-                let (token, p) = self.kv[slot as usize].expect("attended slot was written");
-                assert_eq!(p as usize, pos, "context slots out of position order");
-                h = (h ^ token as u64).wrapping_mul(0x100_0000_01b3);
+        let mut logits = Vec::with_capacity(plan.logit_rows.len() * VOCAB);
+        let mut b = 0;
+        for &t in &plan.logit_rows {
+            while plan.qo_offsets[b + 1] <= t {
+                b += 1;
             }
-            let last = plan.positions[plan.qo_offsets[b + 1] as usize - 1] as usize;
-            assert_eq!(last + 1, ctx.len(), "attends to exactly the tokens up to the last new one");
-            for v in 0..VOCAB as u64 {
-                let x = (h ^ v.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-                logits.push(((x >> 40) % 1000) as f32 / 100.0);
+            let all = &plan.kv_slots[plan.kv_offsets[b] as usize..plan.kv_offsets[b + 1] as usize];
+            let pos = plan.positions[t as usize] as usize;
+            let ctx = &all[..pos + 1];
+            let mut tokens = Vec::with_capacity(ctx.len());
+            for (p, &slot) in ctx.iter().enumerate() {
+                let (token, at) = self.kv[slot as usize].expect("attended slot was written");
+                assert_eq!(at as usize, p, "context slots out of position order");
+                tokens.push(token);
             }
+            if t + 1 == plan.qo_offsets[b + 1] {
+                assert_eq!(pos + 1, all.len(), "attends to exactly the tokens up to the last new one");
+            }
+            logits.extend(fake_row(&tokens, self.copy_bonus));
         }
         logits
     }
+}
+
+/// The fake model's logits after `tokens`.
+fn fake_row(tokens: &[u32], copy_bonus: f32) -> Vec<f32> {
+    let h =
+        tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3));
+    let mut row: Vec<f32> = (0..VOCAB as u64)
+        .map(|v| {
+            let x = (h ^ v.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            ((x >> 40) % 1000) as f32 / 100.0
+        })
+        .collect();
+    if let Some(next) = copied_next(tokens) {
+        row[next as usize] += copy_bonus;
+    }
+    row
+}
+
+/// The token after the latest earlier occurrence of the last one.
+fn copied_next(tokens: &[u32]) -> Option<u32> {
+    let (&last, before) = tokens.split_last()?;
+    before.iter().rposition(|&t| t == last).map(|i| tokens[i + 1])
 }
 
 fn config(f: impl FnOnce(&mut EngineConfig)) -> EngineConfig {
@@ -956,6 +991,9 @@ fn kv_events_are_off_by_default() {
 }
 #[path = "sampling_batch_tests.rs"]
 mod sampling_batch_tests;
+
+#[path = "spec_tests.rs"]
+mod spec_tests;
 
 #[test]
 fn the_cpu_of_a_large_steps_sampling_thread_is_counted() {

@@ -116,6 +116,8 @@ pub fn header(config: &EngineConfig) -> Value {
             "vocab_size": config.vocab_size,
             "eos_token_ids": config.eos_token_ids,
             "seed": config.seed,
+            "speculative": config.speculative,
+            "speculative_max_draft": config.speculative_max_draft,
         },
     })
 }
@@ -204,6 +206,7 @@ fn params_json(p: &RequestParams) -> Value {
         "priority": p.priority,
         "namespace": p.namespace,
         "queue_timeout_s": p.queue_timeout_s,
+        "speculative": p.speculative,
         "temperature": s.temperature,
         "top_k": s.top_k,
         "top_p": s.top_p,

@@ -117,6 +117,9 @@ pub fn parse_header(line: &Value) -> Result<EngineConfig, String> {
         vocab_size: c.usize_or("vocab_size", d.vocab_size)?,
         eos_token_ids: c.ids_or_empty("eos_token_ids")?,
         seed: c.opt("seed").map_or(Some(d.seed), Value::as_u64).ok_or("seed: expected an integer")?,
+        // drafts change a plan's entries
+        speculative: c.bool_or("speculative", d.speculative)?,
+        speculative_max_draft: c.usize_or("speculative_max_draft", d.speculative_max_draft)?,
         // settings that do not change a schedule (KV events): the defaults
         ..d
     };
@@ -257,6 +260,10 @@ fn parse_params(v: &Value) -> Result<RequestParams, String> {
         queue_timeout_s: p
             .opt("queue_timeout_s")
             .map(|v| v.as_f64().ok_or("queue_timeout_s: expected a number"))
+            .transpose()?,
+        speculative: p
+            .opt("speculative")
+            .map(|v| v.as_bool().ok_or("speculative: expected true or false"))
             .transpose()?,
     })
 }

@@ -146,6 +146,9 @@ impl<'a> Replayer<'a> {
         self.s.cache_hit_tokens = stats.cache_hit_tokens;
         self.s.generated_tokens = stats.generation_tokens;
         self.s.retractions = stats.retractions;
+        self.s.drafts = stats.spec_drafts;
+        self.s.draft_tokens = stats.spec_draft_tokens;
+        self.s.accepted_tokens = stats.spec_accepted_tokens;
         self.s
     }
 

@@ -23,6 +23,10 @@ pub struct ReplaySummary {
     /// Plan entries that ran part of a prompt (chunked prefill).
     pub prefill_chunks: u64,
     pub retractions: u64,
+    /// Drafts verified (speculative decoding), their tokens and the tokens kept.
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
     /// By reason: `length`, `stop`, `abort`, `error:<kind>` (enforced ends under their
     /// recorded reason).
     pub finishes: BTreeMap<String, usize>,
@@ -109,6 +113,15 @@ impl ReplaySummary {
             "schedule: {} admissions, {} prefill chunks, {} retractions, peak {} running",
             self.admissions, self.prefill_chunks, self.retractions, self.peak_running
         ));
+        if self.drafts > 0 {
+            lines.push(format!(
+                "speculation: {} drafts of {} tokens, {} kept ({:.1}%)",
+                self.drafts,
+                self.draft_tokens,
+                self.accepted_tokens,
+                pct(self.accepted_tokens, self.draft_tokens)
+            ));
+        }
         let finishes: Vec<String> = self.finishes.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let mut l = format!(
             "finishes: {}; ended as recorded {}, cut off {}, refused {}, mismatches {}, missing tokens {}",

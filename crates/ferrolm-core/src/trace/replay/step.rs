@@ -93,7 +93,8 @@ impl Replayer<'_> {
         let before: HashSet<u64> = before.into_iter().collect();
         let mut prefill = Vec::new();
         let mut decodes = 0;
-        for e in &entries {
+        let mut drafts = Vec::new();
+        for (e, &drafted) in entries.iter().zip(&plan.drafted) {
             let admitted = !before.contains(&e.rid);
             if admitted {
                 self.s.admissions += 1;
@@ -101,7 +102,10 @@ impl Replayer<'_> {
             if !e.samples {
                 self.s.prefill_chunks += 1;
             }
-            if admitted || e.len > 1 || !e.samples {
+            if drafted > 0 && !admitted {
+                decodes += 1;
+                drafts.push(format!("r{} {}", e.rid, drafted));
+            } else if admitted || e.len > 1 || !e.samples {
                 let mut d = format!("r{} {}+{}", e.rid, e.start, e.len);
                 if admitted && e.start > 0 {
                     d += &format!(" hit {}", e.start);
@@ -121,6 +125,9 @@ impl Replayer<'_> {
             }
             if decodes > 0 {
                 n += &format!(" | decode {decodes}");
+            }
+            if !drafts.is_empty() {
+                n += &format!(" | drafts {}", drafts.join(", "));
             }
             if !retracted.is_empty() {
                 n += &format!(" | retract {}", rid_list(&retracted));
@@ -146,12 +153,14 @@ impl Replayer<'_> {
         let result = match failure {
             Some(message) => Ok(self.engine.fail_step(message)),
             None => {
-                let tokens: Vec<u32> = plan
-                    .rids
-                    .iter()
-                    .zip(&plan.samples)
-                    .map(|(&rid, &samples)| self.token_for(rid, samples))
-                    .collect();
+                // a token per logit row: a draft's rows get the recorded tokens in turn
+                // (the core keeps the draft's tokens while they agree)
+                let mut tokens = Vec::with_capacity(plan.logit_rows.len());
+                for ((&rid, &samples), &drafted) in plan.rids.iter().zip(&plan.samples).zip(&plan.drafted) {
+                    for j in 0..=drafted as usize {
+                        tokens.push(self.token_at(rid, samples, j));
+                    }
+                }
                 self.engine.commit_tokens(&tokens)
             }
         };
@@ -175,18 +184,20 @@ impl Replayer<'_> {
         self.end_step();
     }
 
-    pub(super) fn token_for(&mut self, rid: u64, samples: bool) -> u32 {
+    /// The recorded token `ahead` places after what `rid` has produced (a stand-in
+    /// where the recording has none).
+    pub(super) fn token_at(&mut self, rid: u64, samples: bool, ahead: usize) -> u32 {
         if !samples {
             return 0; // not read
         }
         let e = self.expected.entry(rid).or_default();
-        let i = self.produced.get(&rid).copied().unwrap_or(0);
+        let i = self.produced.get(&rid).copied().unwrap_or(0) + ahead;
         match e.tokens.get(i) {
             Some(&t) => t,
             None => {
                 // a request ended by its grammar or sampling drew no token in its last step
                 let ended_here = e.finish.is_some() && !e.ends_by_itself();
-                if !ended_here {
+                if !ended_here && ahead == 0 {
                     self.s.missing_tokens += 1;
                 }
                 self.stand_in
