@@ -111,7 +111,7 @@ fn drafts_stop_at_max_new_tokens_and_the_context() {
         let plan = engine.schedule().unwrap();
         for (b, &k) in plan.drafted.iter().enumerate() {
             // the step emits the kept drafts and one token more: never past max_new_tokens
-            assert!(generated + k as usize < 5, "entry {b} drafts {k} after {generated}");
+            assert!(generated + (k as usize) < 5, "entry {b} drafts {k} after {generated}");
         }
         let mut logits = model.forward(&plan);
         let out = engine.commit(&mut logits, VOCAB).unwrap();
