@@ -234,7 +234,9 @@ class BatchPlan:
     are ``input_ids[qo_offsets[b]:qo_offsets[b+1]]`` at ``positions[...]``; their K/V go to
     ``out_slots[...]``; it attends to ``kv_slots[kv_offsets[b]:kv_offsets[b+1]]``, every slot
     of its sequence up to and including the new tokens, in position order. The runner
-    returns one row of logits per request, for its last new token. The columns are
+    returns one row of logits per entry of ``logit_rows``: each request's last new token,
+    and before it one per draft token of a request that verifies a draft (speculative
+    decoding: its last ``drafted[b]`` new tokens are the draft). The columns are
     read-only numpy arrays: ``ForwardBatch.from_plan`` uses them as they are, unchecked.
     ``rids``, ``samples``, ``is_prefill``, ``plain_greedy`` and ``ignore_eos`` are made when
     first read (a loop that leaves the step's outputs to the core, as the Rust front end's
@@ -255,6 +257,15 @@ class BatchPlan:
     @property
     def kv_offsets(self) -> npt.NDArray[np.int32]: ...
     @property
+    def logit_rows(self) -> npt.NDArray[np.int32]:
+        """The new tokens (indices into ``input_ids``) whose logits the runner returns, in order."""
+    @property
+    def drafted(self) -> npt.NDArray[np.uint32]:
+        """How many of request ``b``'s new tokens are draft tokens to verify (made when first read)."""
+    @property
+    def has_drafts(self) -> bool:
+        """Whether any entry verifies a draft: the core's sampler then reads the rows (no device mode)."""
+    @property
     def samples(self) -> npt.NDArray[np.bool_]:
         """Whether request ``b`` samples a token after this step (false for a prompt chunk
         that does not reach the end of its prompt)."""
@@ -272,7 +283,8 @@ class BatchPlan:
     @property
     def all_plain_greedy(self) -> bool:
         """Whether every entry that samples this step is plain greedy (true when none
-        samples): the runner may pick the whole step's tokens (``forward_greedy``)."""
+        samples) and none verifies a draft: the runner may pick the whole step's tokens
+        (``forward_greedy``)."""
     @property
     def num_requests(self) -> int: ...
     @property
@@ -423,6 +435,12 @@ class EngineConfig:
     def enable_kv_events(self) -> bool: ...
     @property
     def kv_event_block_size(self) -> int: ...
+    @property
+    def speculative(self) -> bool: ...
+    @property
+    def speculative_max_draft(self) -> int: ...
+    @property
+    def speculative_row_cost(self) -> float: ...
 
 @final
 class Engine:
@@ -448,6 +466,9 @@ class Engine:
         seed: int | None = None,
         enable_kv_events: bool | None = None,
         kv_event_block_size: int | None = None,
+        speculative: bool | None = None,
+        speculative_max_draft: int | None = None,
+        speculative_row_cost: float | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
@@ -459,7 +480,10 @@ class Engine:
         step. ``new_token_ratio`` of each running request's remaining ``max_new_tokens``
         is kept free when admitting others. With ``enable_kv_events`` the prefix cache
         queues KV events (vLLM's shape, over blocks of ``kv_event_block_size`` tokens) for
-        ``take_kv_events``. ``record_trace``: a file (created, or truncated) in which every
+        ``take_kv_events``. ``speculative``: requests that do not say otherwise draft up to
+        ``speculative_max_draft`` tokens a step by lookup in their own text, verified in the
+        step's forward (``BatchPlan.logit_rows``), each draft as long as its tokens are
+        likely to pay for their rows, a row costing ``speculative_row_cost`` of a step. ``record_trace``: a file (created, or truncated) in which every
         call is recorded as JSON lines for ``replay_trace`` (the format is documented in
         the core's ``trace`` module); a write that fails stops the recording, never the
         engine. Raises ``InvalidInputError`` naming a bad setting, ``OSError`` when the
@@ -492,6 +516,7 @@ class Engine:
         queue_timeout: float | None = None,
         allowed_token_ids: list[int] | None = None,
         grammar: Grammar | None = None,
+        speculative: bool | None = None,
     ) -> None:
         """Queues a request; with a list of rids, one sample of the prompt per rid (``n``
         = ``len(rid)``), sample ``j`` seeded ``seed + j`` when ``seed`` is given. The first
@@ -510,8 +535,9 @@ class Engine:
         """Picks this step's work (evicting from the cache and retracting running requests
         under KV pressure). Raises ``ProtocolError`` if the last plan was not committed."""
     def commit(self, logits: object) -> StepOutputs:
-        """Advances every request of the last plan with its row of ``logits``
-        (``float32[num_requests, >= vocab]``; a writable C-contiguous float32 array is
+        """Advances every request of the last plan with its rows of ``logits``
+        (``float32[len(plan.logit_rows), >= vocab]``: one per request, and one per draft
+        token, whose tokens it keeps while its own draws agree with them; a writable C-contiguous float32 array is
         modified in place, anything else is copied once). Raises ``ProtocolError`` for a
         wrong shape (nothing changes then)."""
     def commit_tokens(
@@ -560,9 +586,11 @@ class Engine:
         makes objects of them); empty when events are off. Mutates: clears the queue."""
     def check_invariants(self) -> None:
         """KV conservation and the cache's invariants; raises ``InvariantViolation``."""
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters (steps, prompt/generation/cache-hit tokens, retractions, finished,
-        errors, failed_steps) and load (waiting, running, kv_used, kv_capacity, cached/evictable tokens)."""
+        errors, failed_steps; speculation: spec_drafts, spec_draft_tokens,
+        spec_accepted_tokens, and spec_accepted_histogram, a list of drafts by tokens kept)
+        and load (waiting, running, kv_used, kv_capacity, cached/evictable tokens)."""
     def take_latencies(self) -> dict[str, npt.NDArray[np.float64]]:
         """Latency samples in seconds since the last call: ttft_s, itl_s, e2e_s, queue_s."""
     @property
@@ -1126,11 +1154,13 @@ class QuantModel:
         kv_slots: npt.ArrayLike,
         kv_offsets: npt.ArrayLike,
         all_logits: bool = False,
+        logit_rows: npt.ArrayLike | None = None,
     ) -> npt.NDArray[np.float32]:
         """One step, with the columns of ``ferrolm.model.runner.ForwardBatch``: writes the
         new tokens' keys and values to their slots and returns float32 logits ``[B, vocab]``
         of each request's last new token (``[T, vocab]`` of every token with
-        ``all_logits``). Each matrix product quantizes its input per block to int8 first,
+        ``all_logits``; ``[R, vocab]`` of the new tokens at ``logit_rows``, a plan's
+        column, when given). Each matrix product quantizes its input per block to int8 first,
         as ``quant_matmul`` does. The GIL is released for the whole step.
         ``InvalidInputError`` naming ``input_ids`` (an id beyond the vocabulary),
         ``kv_slots`` (a slot beyond the pool), ``positions`` or ``qo_offsets``."""

@@ -22,6 +22,7 @@ BENCHES = (
     "kv_events",
     "quant",
     "perplexity",
+    "spec",
 )
 
 

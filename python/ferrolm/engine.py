@@ -172,6 +172,9 @@ class Engine:
         enable_kv_events: bool = DEFAULTS.enable_kv_events,
         kv_event_block_size: int = DEFAULTS.kv_event_block_size,
         device_sampling: bool | None = None,
+        speculative: bool = DEFAULTS.speculative,
+        speculative_max_draft: int = DEFAULTS.speculative_max_draft,
+        speculative_row_cost: float | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
@@ -199,6 +202,15 @@ class Engine:
         grammar masks, seeds and logprobs included; only ids and logprobs reach the host);
         ``None``: where its device is not the CPU (on the CPU the core's sampler reads the
         logits in place, at no copy).
+        ``speculative``: speculative decoding by lookup for requests that do not say
+        otherwise (``SamplingParams.speculative``): each step drafts up to
+        ``speculative_max_draft`` tokens that followed the request's latest suffix earlier
+        in its prompt or output, and one forward verifies them; the tokens are the ones
+        drawn without it (greedy exactly; seeded alike, up to rounding). A draft is as
+        long as its tokens are likely to pay for their rows, a verified row costing
+        ``speculative_row_cost`` of a one-token step (``None``: the core's CPU figure,
+        ``EngineConfig.defaults()``, or a twentieth of it where the runner's device is a
+        GPU, whose extra rows cost next to nothing).
         ``record_trace``: a file to record every call to the core in (submits, aborts,
         each step's plan and tokens), replayable without the model: ``ferrolm replay``,
         the ``ferrolm-replay`` binary (README, "Traces, logs, the wheel")."""
@@ -262,6 +274,11 @@ class Engine:
             seed=seed,
             enable_kv_events=enable_kv_events,
             kv_event_block_size=kv_event_block_size,
+            speculative=speculative,
+            speculative_max_draft=speculative_max_draft,
+            speculative_row_cost=speculative_row_cost
+            if speculative_row_cost is not None
+            else DEFAULTS.speculative_row_cost / (20 if str(getattr(self.runner, "device", "cpu")) != "cpu" else 1),
             record_trace=None if record_trace is None else os.fspath(record_trace),
         )
         release_free_heap()  # what loading freed (parsed metadata, staging copies)

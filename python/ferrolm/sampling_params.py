@@ -34,6 +34,9 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     allowed_token_ids: list[int] | None = None
+    # speculative decoding by lookup for this request (None: as the engine's
+    # ``speculative`` says); the tokens are the ones drawn without it
+    speculative: bool | None = None
     # structured output: at most one of these
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None

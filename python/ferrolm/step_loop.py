@@ -14,6 +14,9 @@ Each step runs the runner in the best mode it has for the plan:
   draws every token on its device under the core's sampling columns (penalties, bias,
   grammar masks, seeds), and hands ids and the logprobs asked for to ``commit_tokens``;
 - logits (``runner.forward``): the core's sampler reads the logits on the host (``commit``).
+  Always so for a plan that verifies drafts (speculative decoding, ``plan.has_drafts``):
+  the runner returns a row per draft token as well (``plan.logit_rows``), and the core
+  draws them one after another, each once the one before was kept.
 
 Both device modes are on by default where the runner's device is not the CPU (on the CPU
 the core reads the logits in place, at no copy). The loop keeps no state about requests:
@@ -129,7 +132,7 @@ class StepLoop:
                     kv.wait_earlier()
                 out = self._commit_tokens(ids, forward_s=w1 - w0, forward_cpu_s=c1 - c0)
                 self.greedy_steps += 1
-            elif self.device_sampling:
+            elif self.device_sampling and not plan.has_drafts:
                 draws = runner.forward_sample(batch, self.core.sampling_batch(), vocab_size=self.vocab_size)
                 w1 = perf_counter()
                 c1 = thread_time()

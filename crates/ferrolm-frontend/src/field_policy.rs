@@ -27,6 +27,8 @@ pub enum Schema {
     Sglang,
     /// llama.cpp's server (`cache_prompt`, `grammar`), whose clients ferrolm also serves.
     LlamaCpp,
+    /// ferrolm's own (`speculative`).
+    Ferrolm,
 }
 
 impl Schema {
@@ -36,6 +38,7 @@ impl Schema {
             Schema::Vllm => "vLLM",
             Schema::Sglang => "SGLang",
             Schema::LlamaCpp => "llama.cpp",
+            Schema::Ferrolm => "ferrolm",
         }
     }
 }
@@ -107,7 +110,7 @@ pub struct Field {
 
 use Route::{Chat as C, Completion as P, Generate as G, Sampling as S};
 use Rule::{AtDefault, Ignored, Read};
-use Schema::{LlamaCpp as LC, OpenAI as O, Sglang as L, Vllm as V};
+use Schema::{Ferrolm as FE, LlamaCpp as LC, OpenAI as O, Sglang as L, Vllm as V};
 
 const CP: &[Route] = &[C, P];
 const F: &[Val] = &[Val::Bool(false)];
@@ -157,6 +160,7 @@ pub static FIELDS: &[Field] = &[
     f("grammar", CP, &[LC], Read),
     f("user", CP, OVL, Read),
     f("cache_prompt", CP, &[LC], Read),
+    f("speculative", CP, &[FE], Read),
     // chat only
     f("messages", &[C], OVL, Read),
     f("max_completion_tokens", &[C], OVL, Read),
@@ -385,6 +389,7 @@ pub static FIELDS: &[Field] = &[
     f("regex", &[S], &[L], Read),
     f("json_schema", &[S], &[L], Read),
     f("ebnf", &[S], &[L], Read),
+    f("speculative", &[S], &[FE], Read),
     f("stream_interval", &[S], &[L], Ignored),
     f("spaces_between_special_tokens", &[S], &[L], Read), // the same text either way (above)
     f("structural_tag", &[S], &[L], AtDefault(NULL, "use json_schema, regex or ebnf")),

@@ -119,6 +119,22 @@ fn write_counters(out: &mut String, counters: &[(&str, &str, u64)]) {
     }
 }
 
+/// Drafts by tokens kept (speculative decoding), as a histogram whose buckets are the
+/// kept counts: `le="k"` counts the drafts that kept at most k tokens.
+fn write_acceptance(out: &mut String, by_kept: &[u64]) {
+    let name = "ferrolm:spec_decode_accepted_tokens_per_draft";
+    let _ = writeln!(out, "# HELP {name} Draft tokens kept per verified draft.\n# TYPE {name} histogram");
+    let (mut count, mut sum) = (0u64, 0u64);
+    for (k, &n) in by_kept.iter().enumerate() {
+        count += n;
+        sum += k as u64 * n;
+        if k + 1 < by_kept.len() {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{k}.0\"}} {count}");
+        }
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}.0\n{name}_count {count}");
+}
+
 fn prom_float(x: f64) -> String {
     let s = format!("{x}");
     if s.contains(['.', 'e', 'E']) {
@@ -222,6 +238,7 @@ impl Histograms {
              ferrolm:sampling_thread_cpu_seconds_total {}",
             prom_float(s.sampling_thread_cpu_ns as f64 / 1e9)
         );
+        write_acceptance(&mut out, &s.spec_accepted_histogram);
         if let Some(kv) = kv_events {
             let counters: [(&str, &str, u64); 3] = [
                 ("ferrolm:kv_event_batches_published", "KV event batches sent on the PUB socket.", kv.sent),
@@ -283,7 +300,7 @@ impl Histograms {
         // as vLLM counts it: cached blocks no request uses are free (evictable on demand)
         let busy = l.kv_used.saturating_sub(l.evictable_tokens) as f64;
         let usage = if l.kv_capacity > 0 { busy / l.kv_capacity as f64 } else { 0.0 };
-        let series: [(&str, &str, &str, f64); 9] = [
+        let series: [(&str, &str, &str, f64); 12] = [
             (
                 "vllm:num_requests_running",
                 "gauge",
@@ -332,6 +349,24 @@ impl Histograms {
                 "counter",
                 "Cumulative number of preemptions.",
                 s.retractions as f64,
+            ),
+            (
+                "vllm:spec_decode_num_drafts_total",
+                "counter",
+                "Number of spec decoding drafts.",
+                s.spec_drafts as f64,
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens_total",
+                "counter",
+                "Number of draft tokens.",
+                s.spec_draft_tokens as f64,
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Number of accepted tokens.",
+                s.spec_accepted_tokens as f64,
             ),
         ];
         write_series(out, &labels, &series);

@@ -94,6 +94,8 @@ pub struct OpenAISampling {
     pub grammar: Option<String>,
     pub user: Option<String>,
     pub cache_prompt: Option<bool>,
+    /// ferrolm's: speculate by lookup (`None`: as the server's `--speculative` says).
+    pub speculative: Option<bool>,
     /// vLLM's; either value gives the same text here: the detokenizer writes each token's
     /// bytes, an added token as its content, with nothing between two tokens (see
     /// `crate::field_policy`).
@@ -240,6 +242,8 @@ pub struct NativeSampling {
     pub ebnf: Option<String>,
     /// SGLang's; either value gives the same text, as `OpenAISampling`'s.
     pub spaces_between_special_tokens: Option<bool>,
+    /// ferrolm's, as `OpenAISampling::speculative`.
+    pub speculative: Option<bool>,
 }
 
 fn native_max_new_tokens() -> u64 {
@@ -623,6 +627,7 @@ pub struct OfflineSampling {
     pub ignore_eos: bool,
     pub n: NonZeroU32,
     pub allowed_token_ids: Option<Vec<u32>>,
+    pub speculative: Option<bool>,
 }
 
 pub struct Generate {
@@ -819,6 +824,7 @@ pub fn openai_params(
         priority: s.priority.unwrap_or(0),
         namespace: s.cache_salt.clone(),
         queue_timeout_s: None,
+        speculative: s.speculative,
     })
 }
 
@@ -854,6 +860,7 @@ pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
         priority: g.req.priority.unwrap_or(0),
         namespace: g.req.cache_salt.clone(),
         queue_timeout_s: None,
+        speculative: sp.speculative,
     })
 }
 

@@ -191,7 +191,9 @@ impl QuantModel {
         self.core.weight_bytes()
     }
 
-    #[pyo3(signature = (input_ids, positions, out_slots, qo_offsets, kv_slots, kv_offsets, all_logits = false))]
+    #[pyo3(signature = (
+        input_ids, positions, out_slots, qo_offsets, kv_slots, kv_offsets, all_logits = false, logit_rows = None,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
         &mut self,
@@ -203,7 +205,11 @@ impl QuantModel {
         kv_slots: &Bound<'py, PyAny>,
         kv_offsets: &Bound<'py, PyAny>,
         all_logits: bool,
+        logit_rows: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        // copied out of the array: the forward runs with the GIL released
+        let logit_rows: Option<Vec<u32>> =
+            logit_rows.map(|r| ids(r, "logit_rows", u32::MAX).map(|r| r.as_slice().to_vec())).transpose()?;
         let columns = [
             ids(input_ids, "input_ids", u32::MAX)?,
             ids(positions, "positions", u32::MAX)?,
@@ -220,10 +226,17 @@ impl QuantModel {
             kv_slots: columns[4].as_slice(),
             kv_offsets: columns[5].as_slice(),
         };
-        let rows = if all_logits { batch.input_ids.len() } else { batch.qo_offsets.len().saturating_sub(1) };
+        let rows = match (&logit_rows, all_logits) {
+            (Some(r), _) => r.len(),
+            (None, true) => batch.input_ids.len(),
+            (None, false) => batch.qo_offsets.len().saturating_sub(1),
+        };
         let vocab = self.core.shape.vocab;
         let core = &mut self.core;
-        let logits = self.poison.run(py, (core, &batch), |(core, batch)| core.forward(batch, all_logits))?;
+        let logits = self.poison.run(py, (core, &batch, &logit_rows), |(core, batch, rows)| match rows {
+            Some(r) => core.forward_rows(batch, r),
+            None => core.forward(batch, all_logits),
+        })?;
         let logits = logits.map_err(|e| model_error(py, e))?;
         logits.into_pyarray(py).reshape([rows, vocab])
     }

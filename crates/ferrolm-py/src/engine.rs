@@ -66,6 +66,9 @@ pub struct PyBatchPlan {
     kv_slots: Py<PyArray1<i32>>,
     #[pyo3(get)]
     kv_offsets: Py<PyArray1<i32>>,
+    /// The new tokens whose logits the runner returns (`BatchPlan::logit_rows`).
+    #[pyo3(get)]
+    logit_rows: Py<PyArray1<i32>>,
     // the loop's columns, which a loop that leaves the outputs to the core (the Rust
     // front end's) seldom reads: made into arrays when first read
     rid_values: Vec<u64>,
@@ -73,14 +76,18 @@ pub struct PyBatchPlan {
     prefill_values: Vec<bool>,
     greedy_values: Vec<bool>,
     ignore_eos_values: Vec<bool>,
+    drafted_values: Vec<u32>,
     rids: PyOnceLock<Py<PyArray1<u64>>>,
     samples: PyOnceLock<Py<PyArray1<bool>>>,
     is_prefill: PyOnceLock<Py<PyArray1<bool>>>,
     plain_greedy: PyOnceLock<Py<PyArray1<bool>>>,
     ignore_eos: PyOnceLock<Py<PyArray1<bool>>>,
-    // read by the step loop every step to pick the runner's mode: a plain bool, no array
+    drafted: PyOnceLock<Py<PyArray1<u32>>>,
+    // read by the step loop every step to pick the runner's mode: plain bools, no array
     #[pyo3(get)]
     all_plain_greedy: bool,
+    #[pyo3(get)]
+    has_drafts: bool,
     num_requests: usize,
     num_tokens: usize,
 }
@@ -89,6 +96,7 @@ impl PyBatchPlan {
     pub(crate) fn new(py: Python<'_>, p: BatchPlan) -> Self {
         PyBatchPlan {
             all_plain_greedy: p.all_plain_greedy(),
+            has_drafts: p.has_drafts(),
             num_requests: p.num_requests(),
             num_tokens: p.num_tokens(),
             input_ids: plan_column(py, p.input_ids),
@@ -97,16 +105,19 @@ impl PyBatchPlan {
             qo_offsets: plan_column(py, p.qo_offsets),
             kv_slots: plan_column(py, p.kv_slots),
             kv_offsets: plan_column(py, p.kv_offsets),
+            logit_rows: plan_column(py, p.logit_rows),
             rid_values: p.rids,
             sample_values: p.samples,
             prefill_values: p.is_prefill,
             greedy_values: p.plain_greedy,
             ignore_eos_values: p.ignore_eos,
+            drafted_values: p.drafted,
             rids: PyOnceLock::new(),
             samples: PyOnceLock::new(),
             is_prefill: PyOnceLock::new(),
             plain_greedy: PyOnceLock::new(),
             ignore_eos: PyOnceLock::new(),
+            drafted: PyOnceLock::new(),
         }
     }
 }
@@ -142,6 +153,10 @@ impl PyBatchPlan {
     #[getter]
     fn ignore_eos<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
         lazy_column(py, &self.ignore_eos, &self.ignore_eos_values)
+    }
+    #[getter]
+    fn drafted<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        lazy_column(py, &self.drafted, &self.drafted_values)
     }
     #[getter]
     fn num_requests(&self) -> usize {
@@ -424,7 +439,8 @@ impl PyEngine {
         vocabulary, *, kv_capacity = None, max_running_requests = None, max_prefill_tokens = None,
         schedule_policy = None, enable_prefix_cache = None, eviction_policy = None, new_token_ratio = None,
         fast_lane_tokens = None, max_context = None, seed = None, enable_kv_events = None,
-        kv_event_block_size = None, record_trace = None,
+        kv_event_block_size = None, speculative = None, speculative_max_draft = None,
+        speculative_row_cost = None, record_trace = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -442,6 +458,9 @@ impl PyEngine {
         seed: Option<u64>,
         enable_kv_events: Option<bool>,
         kv_event_block_size: Option<BlockSize>,
+        speculative: Option<bool>,
+        speculative_max_draft: Option<usize>,
+        speculative_row_cost: Option<f64>,
         record_trace: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let bad = |field: &'static str, m: String| errors::invalid_field(py, field, format!("{field}: {m}"));
@@ -471,6 +490,9 @@ impl PyEngine {
             seed: seed.unwrap_or(d.seed),
             kv_events: enable_kv_events.unwrap_or(d.kv_events),
             kv_event_block_size: kv_event_block_size.map_or(d.kv_event_block_size, |b| b.0),
+            speculative: speculative.unwrap_or(d.speculative),
+            speculative_max_draft: speculative_max_draft.unwrap_or(d.speculative_max_draft),
+            speculative_row_cost: speculative_row_cost.unwrap_or(d.speculative_row_cost),
         };
         // the engine detokenizes with it; request grammars must be compiled from it
         let mut engine = Engine::new(config, vocabulary.vocab().clone())
@@ -491,6 +513,7 @@ impl PyEngine {
         logit_bias = None, seed = None, logprobs = false, top_logprobs = 0, stop = Vec::new(),
         stop_token_ids = Vec::new(), include_stop_str = false, skip_special_tokens = true, ignore_eos = false,
         priority = 0, namespace = None, queue_timeout = None, allowed_token_ids = None, grammar = None,
+        speculative = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
@@ -521,6 +544,7 @@ impl PyEngine {
         queue_timeout: Option<f64>,
         allowed_token_ids: Option<Vec<u32>>,
         grammar: Option<PyRef<'_, crate::constraint::PyGrammar>>,
+        speculative: Option<bool>,
     ) -> PyResult<()> {
         let input_ids = ids(input_ids, "input_ids", u32::MAX)?;
         let input_ids = input_ids.as_slice();
@@ -552,6 +576,7 @@ impl PyEngine {
             priority,
             namespace,
             queue_timeout_s: queue_timeout,
+            speculative,
         };
         let constraint = match (allowed_token_ids, grammar) {
             (Some(_), Some(_)) => {
@@ -663,6 +688,10 @@ impl PyEngine {
         d.set_item("finished", s.finished)?;
         d.set_item("errors", s.errors)?;
         d.set_item("failed_steps", s.failed_steps)?;
+        d.set_item("spec_drafts", s.spec_drafts)?;
+        d.set_item("spec_draft_tokens", s.spec_draft_tokens)?;
+        d.set_item("spec_accepted_tokens", s.spec_accepted_tokens)?;
+        d.set_item("spec_accepted_histogram", s.spec_accepted_histogram.to_vec())?;
         d.set_item("waiting", l.waiting)?;
         d.set_item("running", l.running)?;
         d.set_item("kv_used", l.kv_used)?;
@@ -720,6 +749,9 @@ pub struct PyEngineConfig {
     seed: u64,
     enable_kv_events: bool,
     kv_event_block_size: usize,
+    speculative: bool,
+    speculative_max_draft: usize,
+    speculative_row_cost: f64,
 }
 
 #[pymethods]
@@ -740,6 +772,9 @@ impl PyEngineConfig {
             seed: d.seed,
             enable_kv_events: d.kv_events,
             kv_event_block_size: d.kv_event_block_size,
+            speculative: d.speculative,
+            speculative_max_draft: d.speculative_max_draft,
+            speculative_row_cost: d.speculative_row_cost,
         }
     }
 
@@ -747,7 +782,8 @@ impl PyEngineConfig {
         format!(
             "EngineConfig(kv_capacity={}, max_running_requests={}, max_prefill_tokens={}, schedule_policy={:?}, \
              enable_prefix_cache={}, eviction_policy={:?}, new_token_ratio={}, fast_lane_tokens={}, \
-             max_context={}, seed={}, enable_kv_events={}, kv_event_block_size={})",
+             max_context={}, seed={}, enable_kv_events={}, kv_event_block_size={}, speculative={}, \
+             speculative_max_draft={}, speculative_row_cost={})",
             self.kv_capacity,
             self.max_running_requests,
             self.max_prefill_tokens,
@@ -760,6 +796,9 @@ impl PyEngineConfig {
             self.seed,
             if self.enable_kv_events { "True" } else { "False" },
             self.kv_event_block_size,
+            if self.speculative { "True" } else { "False" },
+            self.speculative_max_draft,
+            self.speculative_row_cost,
         )
     }
 }

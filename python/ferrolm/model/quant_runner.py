@@ -280,4 +280,5 @@ class QuantRunner(ModelRunner):
             batch.kv_slots,
             batch.kv_offsets,
             all_logits=all_logits,
+            logit_rows=None if all_logits else batch.logit_rows,
         )

@@ -85,6 +85,8 @@ class ForwardBatch:
     qo_offsets: np.ndarray
     kv_slots: np.ndarray
     kv_offsets: np.ndarray
+    # the new tokens whose logits ``forward`` returns, in order (None: each request's last)
+    logit_rows: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in _COLUMNS:
@@ -119,6 +121,13 @@ class ForwardBatch:
             raise InvalidInputError("ForwardBatch.positions must number each request's kv_slots from 0")
         if np.unique(self.out_slots).size != num_new:
             raise InvalidInputError("ForwardBatch.out_slots names a slot twice")
+        if self.logit_rows is None:
+            object.__setattr__(self, "logit_rows", self.qo_offsets[1:] - 1)
+        else:
+            rows = _int32_vector("logit_rows", self.logit_rows)
+            if rows.size and (rows.max() >= num_new or (np.diff(rows) <= 0).any()):
+                raise InvalidInputError("ForwardBatch.logit_rows must be increasing indices of new tokens")
+            object.__setattr__(self, "logit_rows", rows)
 
     @property
     def batch_size(self) -> int:
@@ -139,16 +148,23 @@ class ForwardBatch:
         cost more than a decode step's whole bookkeeping. Any other plan is checked."""
         if type(plan) is _core.BatchPlan:
             return cls._unchecked(
-                plan.input_ids, plan.positions, plan.out_slots, plan.qo_offsets, plan.kv_slots, plan.kv_offsets
+                plan.input_ids,
+                plan.positions,
+                plan.out_slots,
+                plan.qo_offsets,
+                plan.kv_slots,
+                plan.kv_offsets,
+                plan.logit_rows,
             )
-        return cls(*(getattr(plan, name) for name in _COLUMNS))
+        columns = {name: getattr(plan, name) for name in _COLUMNS}
+        return cls(**columns, logit_rows=getattr(plan, "logit_rows", None))
 
     @classmethod
     def _unchecked(cls, *columns: np.ndarray) -> ForwardBatch:
         """A batch of columns known to be consistent int32 vectors (``_COLUMNS`` order),
         without ``__post_init__``'s checks."""
         batch = object.__new__(cls)
-        for name, column in zip(_COLUMNS, columns, strict=True):
+        for name, column in zip((*_COLUMNS, "logit_rows"), columns, strict=True):
             object.__setattr__(batch, name, column)
         return batch
 
@@ -189,8 +205,9 @@ class ModelRunner(ABC):
     @abstractmethod
     def forward(self, batch: Batch, *, all_logits: bool = False) -> np.ndarray:
         """Writes the new tokens' keys and values to their slots and returns float32
-        logits ``[B, vocab]`` of each request's last new token, or ``[T, vocab]`` of every
-        new token when ``all_logits``."""
+        logits ``[R, vocab]`` of the new tokens at ``batch.logit_rows`` (each request's
+        last new token, and the tokens before it that a draft asks for), or ``[T, vocab]``
+        of every new token when ``all_logits``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +404,7 @@ class NumpyRunner(ModelRunner):
             x = x + self._attention(layer, h, batch, plan, cos, sin, k_pool, v_pool)
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
         if not all_logits:
-            x = x[batch.qo_offsets[1:] - 1]  # each request's last new token
+            x = x[batch.logit_rows]  # each request's last new token (and its drafts' rows)
         return _rms_norm(x, self.final_norm, c.rms_norm_eps) @ self.head
 
     def _check(self, batch: Batch) -> None:

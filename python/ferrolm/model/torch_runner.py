@@ -561,7 +561,9 @@ class TorchRunner(ModelRunner):
             x = x + self._attention(layer, h, batch, plan, cos, sin, out_slots, i)
             x = x + self._mlp(layer, self._norm(x, layer.post_norm))
         if not all_logits:
-            x = x.index_select(0, self._index(batch.qo_offsets[1:] - 1))  # each request's last new token
+            rows = batch.logit_rows  # each request's last new token (and its drafts' rows)
+            assert rows is not None, "set by ForwardBatch.__post_init__"
+            x = x.index_select(0, self._index(rows))
         return self._linear(self._norm(x, self.final_norm), self.lm_head, None)
 
     def _attention(

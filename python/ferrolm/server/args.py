@@ -74,6 +74,10 @@ class ServerArgs:
     kv_events_config: KvEventsConfig | None = None
     page_size: int = ENGINE_DEFAULTS.kv_event_block_size  # tokens per KV event block: a router's must equal it
     record_trace: str | None = None  # a file recording the engine's calls, for ferrolm replay
+    # speculative decoding by lookup for requests that do not say otherwise: "off" | "ngram"
+    speculative: str = "ngram" if ENGINE_DEFAULTS.speculative else "off"
+    speculative_max_draft: int = ENGINE_DEFAULTS.speculative_max_draft
+    speculative_row_cost: float | None = None  # a verified row's share of a step; None: by device
 
     @property
     def model_name(self) -> str:
@@ -172,6 +176,29 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="torch runner on CUDA: size the KV pool so that weights and pool take this "
         "fraction of the GPU's memory (e.g. 0.85), instead of --max-total-tokens",
+    )
+    parser.add_argument(
+        "--speculative",
+        choices=("off", "ngram"),
+        default=defaults.speculative,
+        help="ngram: speculative decoding without a draft model for requests that do not set "
+        "'speculative': each step drafts the tokens that followed the text's latest suffix earlier in "
+        "its prompt or output, and one forward verifies them (the same tokens as without; "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--speculative-max-draft",
+        type=int,
+        default=defaults.speculative_max_draft,
+        help="draft tokens verified per request and step at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--speculative-row-cost",
+        type=float,
+        default=None,
+        help="what a verified draft row costs as a share of a one-token step; drafts are as long as "
+        f"their tokens are likely to pay for it (default: {ENGINE_DEFAULTS.speculative_row_cost} on the CPU, "
+        "a twentieth of that on a GPU)",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
     parser.add_argument(
@@ -313,6 +340,9 @@ def build_engine(args: ServerArgs) -> Engine:
         device_greedy=args.device_greedy,
         enable_kv_events=kv_events_on(args),
         kv_event_block_size=args.page_size,
+        speculative=args.speculative == "ngram",
+        speculative_max_draft=args.speculative_max_draft,
+        speculative_row_cost=args.speculative_row_cost,
         record_trace=args.record_trace,
     )
 

@@ -239,16 +239,39 @@ impl QuantModel {
     /// `[B, vocab]` of each request's last new token, or `[T, vocab]` of every new token
     /// when `all_logits`.
     pub fn forward(&mut self, batch: &Batch<'_>, all_logits: bool) -> Result<Vec<f32>, ModelError> {
+        let rows: Vec<usize> = if all_logits {
+            (0..batch.input_ids.len()).collect()
+        } else {
+            batch.qo_offsets.iter().skip(1).map(|&end| (end as usize).saturating_sub(1)).collect()
+        };
+        self.logits_at(batch, &rows)
+    }
+
+    /// `forward` returning the logits of the new tokens at `rows` (indices into
+    /// `input_ids`, in order): a plan's `logit_rows`, which add a row per draft token.
+    pub fn forward_rows(&mut self, batch: &Batch<'_>, rows: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let tokens = batch.input_ids.len();
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= tokens) {
+            return Err(ModelError::new(
+                "logit_rows",
+                format!("row {r} is past the step's {tokens} new tokens"),
+            ));
+        }
+        let rows: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
+        self.logits_at(batch, &rows)
+    }
+
+    fn logits_at(&mut self, batch: &Batch<'_>, rows: &[usize]) -> Result<Vec<f32>, ModelError> {
         self.check(batch)?;
         let threads = Arc::clone(&self.threads);
-        threads.install(|| self.forward_here(batch, all_logits))
+        threads.install(|| self.forward_here(batch, rows))
     }
 
     pub fn num_threads(&self) -> usize {
         self.threads.current_num_threads()
     }
 
-    fn forward_here(&mut self, batch: &Batch<'_>, all_logits: bool) -> Result<Vec<f32>, ModelError> {
+    fn forward_here(&mut self, batch: &Batch<'_>, rows: &[usize]) -> Result<Vec<f32>, ModelError> {
         let s = &self.shape;
         let (hidden, tokens) = (s.hidden, batch.input_ids.len());
         let mut x = vec![0f32; tokens * hidden];
@@ -260,13 +283,8 @@ impl QuantModel {
         for (layer, pool) in self.layers.iter().zip(&mut self.pools) {
             layer_forward(s, layer, pool, batch, &rope, &mut x, &mut scratch)?;
         }
-        let rows: Vec<usize> = if all_logits {
-            (0..tokens).collect()
-        } else {
-            batch.qo_offsets[1..].iter().map(|&end| end as usize - 1).collect()
-        };
         let mut last = Vec::with_capacity(rows.len() * hidden);
-        for &t in &rows {
+        for &t in rows {
             last.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
         }
         let mut normed = vec![0f32; last.len()];

@@ -96,6 +96,9 @@ pub struct EngineConfig {
     pub speculative: bool,
     /// The most draft tokens a request verifies in one step.
     pub speculative_max_draft: usize,
+    /// What a verified draft row costs, as a share of a one-token step's forward: drafts
+    /// are as long as their tokens are likely to pay for it (`draft::Speculation`).
+    pub speculative_row_cost: f64,
 }
 
 impl Default for EngineConfig {
@@ -117,6 +120,7 @@ impl Default for EngineConfig {
             kv_event_block_size: Self::DEFAULT_KV_EVENT_BLOCK_SIZE,
             speculative: false,
             speculative_max_draft: Self::DEFAULT_SPECULATIVE_MAX_DRAFT,
+            speculative_row_cost: Self::DEFAULT_SPECULATIVE_ROW_COST,
         }
     }
 }
@@ -127,9 +131,13 @@ impl EngineConfig {
     pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 2048;
     /// vLLM's default block size, which routers (Dynamo, llm-d) are usually set up with.
     pub const DEFAULT_KV_EVENT_BLOCK_SIZE: usize = 16;
-    /// Long enough for a copied line of code to go in one or two steps; a draft that
-    /// misses shrinks to what was kept (`draft::DraftLength`).
-    pub const DEFAULT_SPECULATIVE_MAX_DRAFT: usize = 6;
+    /// Long enough for a copied line of code to go in one step; a draft is only as long
+    /// as its tokens are likely to pay for their rows (`draft::Speculation`).
+    pub const DEFAULT_SPECULATIVE_MAX_DRAFT: usize = 10;
+    /// A decode row's share of a one-token step on a CPU for a small model (a row reads
+    /// no more weights, but multiplies them again): measured with SmolLM2-135M Q4_1 on
+    /// two cores (`ferrolm bench spec`). Far less on a GPU.
+    pub const DEFAULT_SPECULATIVE_ROW_COST: f64 = 0.35;
     pub const MAX_SPECULATIVE_DRAFT: usize = 64;
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -161,6 +169,12 @@ impl EngineConfig {
                     Self::MAX_SPECULATIVE_DRAFT,
                     self.speculative_max_draft
                 ),
+            ));
+        }
+        if !(self.speculative_row_cost > 0.0 && self.speculative_row_cost <= 1.0) {
+            return Err(ConfigError::new(
+                "speculative_row_cost",
+                format!("must be in (0, 1], got {}", self.speculative_row_cost),
             ));
         }
         if !(0.0..=1.0).contains(&self.new_token_ratio) {

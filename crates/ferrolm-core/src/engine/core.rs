@@ -211,7 +211,13 @@ impl Engine {
                 cached_prompt_tokens: None,
                 retractions: 0,
                 aborted: false,
-                spec: speculates.then(|| Speculation::new(prompt, self.config.speculative_max_draft)),
+                spec: speculates.then(|| {
+                    Speculation::new(
+                        prompt,
+                        self.config.speculative_max_draft,
+                        self.config.speculative_row_cost,
+                    )
+                }),
             };
             self.requests.insert(rid, request);
         }

@@ -7,9 +7,9 @@
 //! and drafts what came after that occurrence, as vLLM's n-gram proposer and llama.cpp's
 //! prompt lookup do: copies of a quoted passage, a file being edited, repeated JSON keys.
 //!
-//! [`DraftLength`] adapts how many tokens to draft to what the request's drafts earned,
-//! and [`Speculation`] pauses drafting after drafts that earned nothing, so that a request
-//! with nothing to copy pays for almost no verified rows.
+//! [`Speculation`] sizes each draft by what a verified row costs against the chance that
+//! a draft token is kept, estimated from the request's own drafts, and pauses drafting
+//! while none pays, so that a request with nothing to copy pays for almost no rows.
 //!
 //! Verification keeps the output distribution exactly the target's, with no rule of its
 //! own: the commit draws each position's token from the target's distribution as it would
@@ -102,74 +102,76 @@ impl NgramIndex {
     }
 }
 
-/// How many tokens to draft next for one request, from what its drafts earned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DraftLength {
-    current: usize,
-    max: usize,
-}
-
-impl DraftLength {
-    /// Starting at `max.min(start)` tokens, never above `max` (at least 1).
-    pub fn new(start: usize, max: usize) -> DraftLength {
-        let max = max.max(1);
-        DraftLength { current: start.clamp(1, max), max }
-    }
-
-    pub fn get(&self) -> usize {
-        self.current
-    }
-
-    /// A draft of `drafted` tokens of which the first `accepted` were accepted.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        self.current = if accepted >= drafted {
-            (self.current + 1).min(self.max)
-        } else if accepted == 0 {
-            (self.current / 2).max(1)
-        } else {
-            // a verified row costs a share of a step: draft what the last one kept, and one more
-            (accepted + 1).min(self.max)
-        };
-    }
-}
-
-/// One request's drafting state: its n-gram index, its draft length and its pause.
+/// One request's drafting state: its n-gram index, what its drafts earned, and its pause.
+///
+/// How long a draft is follows from what a verified row costs and what a draft token is
+/// worth. A row costs `row_cost` of a one-token step (the forward's work grows with its
+/// rows; on a CPU a row of a small model costs about a third of a step). The j-th draft
+/// token is kept with probability `p^j` when each is kept with probability `p` once the
+/// ones before it were, so it pays while `p^j > row_cost`: the draft is the longest
+/// such, `floor(ln(row_cost) / ln(p))` tokens. `p` is estimated from the request's own
+/// drafts (kept tokens against drafts cut short, decayed so that the estimate follows
+/// the text: a copied passage, then free prose). While `p <= row_cost` no draft pays: the
+/// request then drafts one token now and then to see whether that changed, waiting twice
+/// as long after each probe that earned nothing.
 #[derive(Clone, Debug)]
 pub struct Speculation {
     index: NgramIndex,
-    length: DraftLength,
-    /// Steps left before drafting again, after drafts that earned nothing.
+    max_draft: usize,
+    row_cost: f64,
+    /// Decayed counts of draft tokens kept and of drafts cut short by a rejection.
+    kept: f64,
+    missed: f64,
+    /// Steps left before drafting again.
     pause: u32,
-    /// The pause the next fruitless draft earns (doubles each time, up to `MAX_PAUSE`).
+    /// The pause the next fruitless probe earns (doubles each time, up to `MAX_PAUSE`).
     backoff: u32,
 }
 
 /// n-gram lengths matched: a single shared token is too weak a hint to pay for a row.
 pub const MIN_NGRAM: usize = 2;
 pub const MAX_NGRAM: usize = 5;
-/// At most this many steps without a draft after a run of fruitless ones: a request whose
-/// text has nothing to copy pays one verified row per this many steps.
+/// At most this many steps without a draft after fruitless probes: a request whose text
+/// has nothing to copy pays one verified row per this many steps.
 const MAX_PAUSE: u32 = 32;
+/// The estimate before any draft: as if 2 tokens had been kept and 1 draft cut short
+/// (p = 2/3, a draft of two or three tokens at the CPU's row cost).
+const PRIOR_KEPT: f64 = 2.0;
+const PRIOR_MISSED: f64 = 1.0;
+/// Each draft's outcome weighs this much less at the next (about the last 5 drafts count).
+const DECAY: f64 = 0.8;
 
 impl Speculation {
-    /// Drafting over `tokens` (the prompt), at most `max_draft` tokens a step.
-    pub fn new(tokens: &[u32], max_draft: usize) -> Speculation {
+    /// Drafting over `tokens` (the prompt), at most `max_draft` tokens a step, a verified
+    /// row costing `row_cost` (in (0, 1]) of a one-token step.
+    pub fn new(tokens: &[u32], max_draft: usize, row_cost: f64) -> Speculation {
         let mut index = NgramIndex::new(MIN_NGRAM, MAX_NGRAM);
         index.extend(tokens);
-        Speculation {
-            index,
-            length: DraftLength::new(max_draft.div_ceil(2), max_draft),
-            pause: 0,
-            backoff: 1,
-        }
+        Speculation { index, max_draft, row_cost, kept: 0.0, missed: 0.0, pause: 0, backoff: 1 }
     }
 
     /// The next token of the sequence.
     pub fn push(&mut self, token: u32) {
         self.index.push(token);
+    }
+
+    /// The estimated chance that a draft token is kept, its predecessors kept.
+    pub fn keep_rate(&self) -> f64 {
+        (self.kept + PRIOR_KEPT) / (self.kept + self.missed + PRIOR_KEPT + PRIOR_MISSED)
+    }
+
+    /// How many tokens pay to draft now (0: none; the request probes with one token).
+    pub fn worth_drafting(&self) -> usize {
+        let p = self.keep_rate();
+        if p <= self.row_cost {
+            return 0;
+        }
+        if p >= 1.0 {
+            return self.max_draft;
+        }
+        // p^k > row_cost  <=>  k < ln(row_cost) / ln(p)
+        let k = (self.row_cost.ln() / p.ln()).ceil() as usize - 1;
+        k.clamp(1, self.max_draft)
     }
 
     /// This step's draft, at most `limit` tokens, into `out` (cleared first); empty while
@@ -180,7 +182,8 @@ impl Speculation {
             self.pause -= 1;
             return;
         }
-        self.index.propose(self.length.get().min(limit), out);
+        let k = self.worth_drafting().max(1); // 0: a probe of one token
+        self.index.propose(k.min(limit), out);
     }
 
     /// A draft of `drafted` tokens of which the first `accepted` were kept.
@@ -188,12 +191,14 @@ impl Speculation {
         if drafted == 0 {
             return;
         }
-        self.length.record(drafted, accepted);
-        if accepted == 0 {
+        self.kept = self.kept * DECAY + accepted as f64;
+        self.missed = self.missed * DECAY + (accepted < drafted) as u8 as f64;
+        if self.worth_drafting() > 0 && accepted > 0 {
+            self.backoff = 1;
+        } else {
+            // nothing pays (or nothing was kept): look again after a pause that grows
             self.pause = self.backoff;
             self.backoff = (self.backoff * 2).min(MAX_PAUSE);
-        } else {
-            self.backoff = 1;
         }
     }
 
@@ -238,23 +243,6 @@ mod tests {
             }
             prop_assert_eq!(index.tokens(), &tokens[..]);
         }
-
-        #[test]
-        fn draft_length_stays_within_its_bounds(
-            start in 0usize..10,
-            max in 0usize..10,
-            outcomes in prop::collection::vec((0usize..10, 0usize..10), 0..50),
-        ) {
-            let mut length = DraftLength::new(start, max);
-            for (drafted, accepted) in outcomes {
-                let before = length.get();
-                length.record(drafted, accepted.min(drafted));
-                prop_assert!(1 <= length.get() && length.get() <= max.max(1));
-                if drafted > 0 && accepted >= drafted {
-                    prop_assert!(length.get() >= before);
-                }
-            }
-        }
     }
 
     #[test]
@@ -277,33 +265,43 @@ mod tests {
     #[test]
     fn fruitless_drafts_pause_drafting_longer_each_time() {
         // a sequence where "1 2" recurs: a draft is always on offer
-        let mut spec = Speculation::new(&[1, 2, 3, 1, 2], 4);
+        let mut spec = Speculation::new(&[1, 2, 3, 1, 2], 4, 0.35);
         let mut out = Vec::new();
         let mut drafted_steps = Vec::new();
-        for step in 0..80 {
+        for step in 0..120 {
             spec.draft(4, &mut out);
             if !out.is_empty() {
                 drafted_steps.push(step);
-                spec.record(out.len(), 0); // never accepted
+                spec.record(out.len(), 0); // never kept
             }
         }
-        // paused 1, 2, 4, ... then 32 steps between drafts
+        // paused 1, 2, 4, ... then 32 steps between probes of one token
         let gaps: Vec<usize> = drafted_steps.windows(2).map(|w| w[1] - w[0] - 1).collect();
         assert_eq!(&gaps[..5], &[1, 2, 4, 8, 16]);
         assert!(gaps[5..].iter().all(|&g| g == 32), "{gaps:?}");
-        // one kept token ends the pause's growth
-        spec.record(2, 1);
-        assert_eq!(spec.backoff, 1);
+        assert_eq!(spec.worth_drafting(), 0);
+        spec.draft(4, &mut out);
+        assert!(out.len() <= 1, "a probe is one token");
     }
 
     #[test]
-    fn a_partly_kept_draft_sets_the_next_length_to_what_was_kept_plus_one() {
-        let mut length = DraftLength::new(4, 8);
-        length.record(4, 1);
-        assert_eq!(length.get(), 2);
-        length.record(2, 2);
-        assert_eq!(length.get(), 3);
-        length.record(3, 0);
-        assert_eq!(length.get(), 1);
+    fn a_draft_is_as_long_as_its_tokens_pay_for_their_rows() {
+        let mut spec = Speculation::new(&[], 10, 0.35);
+        // the prior: p = 2/3, and (2/3)^2 = 0.44 > 0.35 > (2/3)^3
+        assert_eq!(spec.worth_drafting(), 2);
+        for _ in 0..20 {
+            spec.record(6, 6); // everything kept
+        }
+        assert!(spec.keep_rate() > 0.95);
+        assert_eq!(spec.worth_drafting(), 10, "capped at the most allowed");
+        for _ in 0..5 {
+            spec.record(2, 1); // half kept: p falls toward 1/2
+        }
+        let p = spec.keep_rate();
+        let k = spec.worth_drafting();
+        assert!(p.powi(k as i32) > 0.35 && p.powi(k as i32 + 1) <= 0.35, "p {p}, k {k}");
+        // a row that costs little (a GPU): long drafts pay even at a modest rate
+        let cheap = Speculation::new(&[], 16, 0.02);
+        assert_eq!(cheap.worth_drafting(), 9); // (2/3)^9 = 0.026 > 0.02 > (2/3)^10
     }
 }

@@ -118,6 +118,7 @@ pub fn header(config: &EngineConfig) -> Value {
             "seed": config.seed,
             "speculative": config.speculative,
             "speculative_max_draft": config.speculative_max_draft,
+            "speculative_row_cost": config.speculative_row_cost,
         },
     })
 }

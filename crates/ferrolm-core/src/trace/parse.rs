@@ -120,6 +120,7 @@ pub fn parse_header(line: &Value) -> Result<EngineConfig, String> {
         // drafts change a plan's entries
         speculative: c.bool_or("speculative", d.speculative)?,
         speculative_max_draft: c.usize_or("speculative_max_draft", d.speculative_max_draft)?,
+        speculative_row_cost: c.f64_or("speculative_row_cost", d.speculative_row_cost)?,
         // settings that do not change a schedule (KV events): the defaults
         ..d
     };
