@@ -23,7 +23,7 @@ use super::config::{ConfigError, EngineConfig};
 use super::constraint::{Constraint, TokenConstraint};
 use super::kv_slots::SlotPool;
 use super::plan::{Finished, StepOutputs};
-use super::request::{FinishReason, Request, RequestParams};
+use super::request::{FinishReason, Request, RequestParams, ThinkingBudget};
 use super::stats::{EngineStats, LatencySamples};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +188,7 @@ impl Engine {
             let mut params = params.clone();
             params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(j as u64));
             let seed = self.seeds.next_u64();
+            let thinking = params.thinking.as_ref().map(ThinkingBudget::initial);
             let request = Request {
                 tokens: prompt.to_vec(),
                 prompt_len: prompt.len(),
@@ -206,6 +207,7 @@ impl Engine {
                 cached_prompt_tokens: None,
                 retractions: 0,
                 aborted: false,
+                thinking,
             };
             self.requests.insert(rid, request);
         }
