@@ -108,8 +108,9 @@ impl RequestParams {
     /// Whether the core picks this request's tokens as the bare argmax of the logits (EOS
     /// excluded where it ignores EOS): greedy, and nothing that changes or masks the
     /// logits (bias, penalties, `min_new_tokens`' ban on stop tokens, a grammar or allow
-    /// list: `constrained`) or asks for their log-probabilities. The one statement of the
-    /// rule: plans carry it per entry (`BatchPlan::plain_greedy`) for the runner.
+    /// list, or a token the thinking budget forces: `constrained`) or asks for their
+    /// log-probabilities. The one statement of the rule: plans carry it per entry
+    /// (`BatchPlan::plain_greedy`) for the runner.
     pub fn plain_greedy(&self, constrained: bool) -> bool {
         let s = &self.sampling;
         s.is_greedy()
