@@ -4,6 +4,7 @@ many seeds; ``auto`` stays free until the trigger; thinking comes apart."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -311,3 +312,28 @@ def test_combinators_refuse_what_they_cannot_run(engine: Any) -> None:
         engine.chat(USER, sampled(0, regex="<[a-z]+>"), tools=TOOLS)
     assert e.value.field == "regex"
     assert not engine.has_work()
+
+
+def test_a_thinking_budget_forces_the_end_of_thinking_and_the_answer_follows(engine: Any) -> None:
+    free = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True, n=2)
+    plain = engine.chat(USER, free, reasoning_parser="deepseek_r1")
+    assert all(THINK_END not in a.token_ids for a in plain)
+    for budget in (0, 4):
+        params = dataclasses.replace(free, thinking_token_budget=budget)
+        answers = engine.chat(USER, params, reasoning_parser="deepseek_r1")
+        for a, p in zip(answers, plain, strict=True):  # each of the n samples
+            assert a.token_ids[:budget] == p.token_ids[:budget] and a.token_ids[budget] == THINK_END
+            assert a.content and len(a.token_ids) == 12
+    # no reasoning format (the tiny template shows none): nothing to cap
+    [same] = engine.chat(USER, dataclasses.replace(free, n=1, thinking_token_budget=2))
+    assert same.token_ids == plain[0].token_ids
+    # a raw prompt: the request core's budget for a format, given to the submit
+    ids = engine.encode("Think")
+    thinking = engine.chat_core.thinking(ids, 3, reasoning_parser="deepseek_r1")
+    assert (thinking.budget, thinking.end_ids, thinking.open) == (3, [THINK_END], True)
+    assert engine.chat_core.thinking(engine.encode("Think</think>"), 3, reasoning_parser="deepseek_r1") is None
+    [g] = engine.generate(ids, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True), thinking=thinking)
+    assert g.token_ids[3] == THINK_END and THINK_END not in g.token_ids[:3]
+    with pytest.raises(InvalidInputError) as e:
+        SamplingParams(thinking_token_budget=-1)
+    assert e.value.field == "thinking_token_budget"

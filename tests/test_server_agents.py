@@ -508,7 +508,7 @@ def test_responses_reasoning_items(thinking_server: RunningServer) -> None:
         item = whole.output[0]
         assert item.type == "reasoning" and item.content and item.content[0].text
         assert item.summary and item.summary[0].text == item.content[0].text
-        stream = streamed_response(client, **kw)
+        stream = streamed_response(client, **kw, reasoning={"effort": "medium"})
         assert stream.output[0].type == "reasoning" and stream.output[0].content[0].text == item.content[0].text
         assert whole.usage is not None and whole.usage.output_tokens_details.reasoning_tokens > 0
         # Codex's stateless turns: include the reasoning, hand it back, and the next turn's
@@ -528,6 +528,96 @@ def test_responses_reasoning_items(thinking_server: RunningServer) -> None:
         chained = client.responses.create(**{**kw, "input": "More"}, previous_response_id=stored.id)
         assert with_reasoning.usage is not None and chained.usage is not None
         assert with_reasoning.usage.input_tokens == chained.usage.input_tokens
+
+
+# ---- thinking budgets: the core forces the end of the thinking ----
+
+THINK_END = 32007  # the tiny model's </think>, one token
+
+
+def generated_ids(server: RunningServer, text: str, stream: bool, **sampling: Any) -> list[int]:
+    """The output ids of a native /generate (a stream's last result)."""
+    body = {"text": text, "stream": stream, "sampling_params": {"temperature": 0, "ignore_eos": True, **sampling}}
+    r = httpx.post(f"{server.url}/generate", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    assert r.status_code == 200, r.text
+    if not stream:
+        return list(r.json()["output_ids"])
+    blocks = [b[len("data: ") :] for b in r.text.split("\n\n") if b.strip()]
+    assert blocks[-1] == "[DONE]"
+    return list(json.loads(blocks[-2])["output_ids"])
+
+
+def test_generate_forces_the_end_of_thinking_after_exactly_the_budget(thinking_server: RunningServer) -> None:
+    # deepseek_r1: the output thinks from its first token; the tiny model never closes it
+    free = generated_ids(thinking_server, "Think", False, max_new_tokens=12)
+    assert THINK_END not in free
+    for budget in (0, 1, 5):
+        for stream in (False, True):
+            ids = generated_ids(thinking_server, "Think", stream, max_new_tokens=12, thinking_token_budget=budget)
+            assert len(ids) == 12 and ids[:budget] == free[:budget], (budget, stream)
+            assert ids[budget] == THINK_END and THINK_END not in ids[:budget], (budget, stream, ids)
+    # a prompt that closed the thinking leaves nothing to cap
+    closed = generated_ids(thinking_server, "Think</think>", False, max_new_tokens=6, thinking_token_budget=1)
+    assert closed == generated_ids(thinking_server, "Think</think>", False, max_new_tokens=6)
+
+
+def test_chat_thinking_token_budget_cuts_the_reasoning_and_the_answer_follows(thinking_server: RunningServer) -> None:
+    with openai.OpenAI(base_url=f"{thinking_server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+        messages: Any = [{"role": "user", "content": "Think"}]
+
+        def ask(max_tokens: int, **extra: Any) -> Any:
+            return client.chat.completions.create(
+                model="tiny",
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=0,
+                extra_body={"ignore_eos": True, **extra},
+            )
+
+        short = ask(6).choices[0].message.model_extra["reasoning_content"]
+        for extra in ({"thinking_token_budget": 6}, {"reasoning_effort": "low"}):  # low: 6 of 30
+            got = ask(30, **extra)
+            msg = got.choices[0].message
+            assert msg.model_extra["reasoning_content"] == short, extra
+            assert msg.content, extra
+            assert got.usage is not None and got.usage.completion_tokens == 30
+
+
+@needs_anthropic
+def test_messages_thinking_budget_and_effort_cap_the_thinking_block(thinking_server: RunningServer) -> None:
+    client = anthropic_client(thinking_server, key=KEY)
+    kw: Any = {"model": "tiny", "messages": [{"role": "user", "content": "Think"}], "extra_body": {"temperature": 0}}
+    # effort low: a fifth of max_tokens, 8 tokens of thinking; the answer follows
+    short = client.messages.create(**kw, max_tokens=8)
+    assert [b.type for b in short.content] == ["thinking"], short
+    for streamed in (False, True):
+        call = streamed_message if streamed else lambda client, **kw: client.messages.create(**kw)
+        got = call(client, **kw, max_tokens=40, output_config={"effort": "low"})
+        assert got.content[0].type == "thinking" and got.content[0].thinking == short.content[0].thinking, got
+        assert got.content[1].type == "text" and got.content[1].text, got
+        assert got.usage.output_tokens > 9
+    # Anthropic's budget_tokens (at least 1024): the thinking ends there, the answer follows
+    long = client.messages.create(**kw, max_tokens=1024)
+    got = client.messages.create(**kw, max_tokens=1100, thinking={"type": "enabled", "budget_tokens": 1024})
+    if long.stop_reason == "max_tokens":  # the model thought all 1024 tokens
+        assert got.content[0].type == "thinking" and got.content[0].thinking == long.content[0].thinking
+        assert got.content[1].type == "text" and got.content[1].text, got
+    else:  # it stopped before: nothing to cap
+        assert got.content == long.content
+
+
+def test_responses_reasoning_effort_caps_the_reasoning_item(thinking_server: RunningServer) -> None:
+    with openai.OpenAI(base_url=f"{thinking_server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+        kw: Any = {"model": "tiny", "input": "Think", "temperature": 0}
+        short = client.responses.create(**kw, max_output_tokens=10)
+        assert [item.type for item in short.output] == ["reasoning"], short
+        for streamed in (False, True):
+            call = streamed_response if streamed else lambda client, **kw: client.responses.create(**kw)
+            got = call(client, **kw, max_output_tokens=20, reasoning={"effort": "medium"})  # 10 of 20
+            reasoning, answer = got.output[0], got.output[1]
+            assert reasoning.type == "reasoning" and reasoning.content[0].text == short.output[0].content[0].text
+            assert answer.type == "message" and answer.content[0].text, got
+            assert got.usage is not None and got.usage.output_tokens > 11  # 10, the marker, the answer
 
 
 # ---- the Messages API over raw HTTP (with or without the SDK) ----

@@ -67,7 +67,7 @@ CHAT = {
 
 
 @contextmanager
-def serving(device_sampling: bool) -> Iterator[tuple[StepLoop, str]]:
+def serving(device_sampling: bool, **more: Any) -> Iterator[tuple[StepLoop, str]]:
     # float32 weights and pool: the two servers' logits are the same numbers
     args = ServerArgs(
         port=0,
@@ -77,7 +77,7 @@ def serving(device_sampling: bool) -> Iterator[tuple[StepLoop, str]]:
         dtype="float32",
         kv_cache_dtype="float32",
         device_sampling=device_sampling,
-        device_greedy=False,
+        **{"device_greedy": False, **more},
     )
     with serving_in_process(args) as served:
         yield served
@@ -162,3 +162,37 @@ def test_device_sampling_gives_what_the_cpu_sampler_gives_streamed_and_not() -> 
     assert len(on_device[0][4][0]) == 3
     chat_answer = on_device[len(NATIVE)]
     assert len(chat_answer[1]) > 0 and len(chat_answer[2][0]) == 2
+
+
+THINK_END = 32007  # the tiny model's </think>
+# a seeded draw and a greedy one, each with a thinking budget (deepseek_r1: the output
+# thinks from its first token, and the tiny model never closes it)
+THINKING = [
+    {
+        "text": "Think",
+        "sampling_params": {
+            "temperature": 0.8,
+            "seed": 4,
+            "max_new_tokens": 10,
+            "ignore_eos": True,
+            "thinking_token_budget": 3,
+        },
+    },
+    {
+        "text": "Think",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True, "thinking_token_budget": 2},
+    },
+]
+
+
+def test_a_thinking_budget_forces_the_same_tokens_on_the_device_as_on_the_host() -> None:
+    got: dict[bool, list[list[int]]] = {}
+    for on_device in (True, False):
+        with serving(on_device, device_greedy=on_device, reasoning_parser="deepseek_r1") as (loop, url):
+            got[on_device] = [native(url, b, stream)["output_ids"] for b in THINKING for stream in (False, True)]
+            # a forced step of the greedy request is drawn under the batch's mask, the
+            # others are picked greedily on the device
+            assert (loop.sampling_steps > 0 and loop.greedy_steps > 0) == on_device
+    assert got[True] == got[False]
+    for ids, budget in zip(got[True], (3, 3, 2, 2), strict=True):
+        assert len(ids) == 10 and ids[budget] == THINK_END and THINK_END not in ids[:budget], ids

@@ -27,6 +27,7 @@ __all__ = [
     "BatchPlan",
     "StepOutputs",
     "SamplingBatch",
+    "ThinkingBudget",
     "Vocabulary",
     "Grammar",
     "Matcher",
@@ -227,6 +228,22 @@ class ManualClock:
         negative, non-finite or non-numeric ``seconds``."""
     def now_ns(self) -> int:
         """The time in nanoseconds."""
+
+@final
+class ThinkingBudget:
+    """How many tokens a request may think (``Engine.submit(thinking=...)``): once it
+    has generated ``budget`` tokens inside its reasoning without closing it, the core
+    forces ``end_ids`` (the reasoning format's end marker, e.g. ``</think>``), one token per
+    step, and generation goes on. The reasoning opens at ``start_ids`` in the output, or
+    at once where ``open`` (the prompt opened it, or the model thinks without the opening
+    marker). Marker tokens do not count. ``ChatCore.thinking`` and
+    ``PreparedChat.thinking`` make one from the model's reasoning format."""
+
+    budget: int
+    start_ids: list[int]
+    end_ids: list[int]
+    open: bool
+    def __new__(cls, budget: int, end_ids: list[int], *, start_ids: list[int] = ..., open: bool = False) -> Self: ...
 
 @final
 class BatchPlan:
@@ -517,6 +534,7 @@ class Engine:
         allowed_token_ids: list[int] | None = None,
         grammar: Grammar | None = None,
         speculative: bool | None = None,
+        thinking: ThinkingBudget | None = None,
     ) -> None:
         """Queues a request; with a list of rids, one sample of the prompt per rid (``n``
         = ``len(rid)``), sample ``j`` seeded ``seed + j`` when ``seed`` is given. The first
@@ -529,8 +547,14 @@ class Engine:
         prompt or prompt + ``max_new_tokens`` beyond the context, a prompt larger than the
         KV pool, out-of-range sampling values, an empty stop string, an empty or
         out-of-vocabulary ``allowed_token_ids``, a grammar of another vocabulary, both a
-        grammar and ``allowed_token_ids``, no rid, or a rid already in use.
-        ``temperature=0`` is greedy."""
+        grammar and ``allowed_token_ids``, no rid, or a rid already in use, a ``thinking``
+        budget without end marker tokens or with marker ids outside the vocabulary.
+        ``temperature=0`` is greedy. ``thinking``: once a sample has thought
+        ``thinking.budget`` tokens without closing its reasoning, its next tokens are the
+        end marker's (forced through the grammar, stops and detokenizer as sampled ones;
+        on a runner's own draws, through the step's sampling batch, whose mask for the
+        entry allows the forced token alone, and the plan says the entry is not plain
+        greedy)."""
     def schedule(self) -> BatchPlan:
         """Picks this step's work (evicting from the cache and retracting running requests
         under KV pressure). Raises ``ProtocolError`` if the last plan was not committed."""
@@ -1019,7 +1043,14 @@ class ChatCore:
         ``constraint_json``: the caller's structured output as ``SamplingParams``' fields
         (``SamplingParams.constraint_fields()``). Bad input raises ``InvalidInputError``
         whose ``field`` names it (``tools.0.function.parameters``, ``messages.1.role``,
-        ``tool_call_parser``, ``regex``...)."""
+        ``tool_call_parser``, ``regex``...). ``thinking_token_budget`` in the request
+        makes ``PreparedChat.thinking``."""
+    def thinking(self, prompt_ids: object, budget: int, *, reasoning_parser: str = "auto") -> ThinkingBudget | None:
+        """The thinking budget of an output to the prompt ``prompt_ids``: ``budget`` tokens
+        between the markers of the reasoning format ``reasoning_parser`` names (``auto``:
+        the chat template's), as this tokenizer's ids, open where the prompt opened the
+        thinking (or the format thinks without its opening marker). None where the output
+        does not think: no reasoning format, or a prompt that closed the thinking."""
 
 @final
 class PreparedChat:
@@ -1042,6 +1073,11 @@ class PreparedChat:
     @property
     def parses(self) -> bool:
         """Whether outputs are parsed (a tool-call or reasoning format applies)."""
+    @property
+    def thinking(self) -> ThinkingBudget | None:
+        """The request's ``thinking_token_budget`` as the core takes it
+        (``Engine.submit(thinking=...)``); None without one, or where the output does not
+        think (``ChatCore.thinking``)."""
     def output_parser(self) -> ChatOutputParser:
         """A parser of one output as it streams."""
     def parse(

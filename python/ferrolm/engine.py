@@ -415,6 +415,10 @@ class Engine:
         grammar = self.grammar(params)
         if grammar is not None:
             core_kw = {**core_kw, "grammar": grammar}
+        if params.thinking_token_budget is not None and "thinking" not in core_kw:
+            # the markers of the chat template's reasoning format, where the prompt leaves
+            # the output to think (the request core's rule, as the server's /generate)
+            core_kw = {**core_kw, "thinking": self.chat_core.thinking(ids, params.thinking_token_budget)}
         rids = [next(self._rids) for _ in range(n)]
         if claim:
             self._claimed.update(rids)
@@ -475,12 +479,13 @@ class Engine:
         The request core is the server's (``_core.ChatCore``): template, tool plan,
         grammar and output parser are the same as ``/v1/chat/completions``'s."""
         params = params or SamplingParams(max_new_tokens=256)
-        request = {
+        request: dict[str, Any] = {
             "messages": list(messages),
             "tools": tools,
             "tool_choice": tool_choice,
             "parallel_tool_calls": parallel_tool_calls,
             "chat_template_kwargs": chat_template_kwargs,
+            "thinking_token_budget": params.thinking_token_budget,
         }
         constraint = params.constraint_fields()
         prepared = self.chat_core.prepare(
@@ -495,7 +500,10 @@ class Engine:
         if prepared.skip_special_tokens is not None:
             run = dataclasses.replace(run, skip_special_tokens=prepared.skip_special_tokens)
         grammar = prepared.grammar
-        results = self.generate(prepared.prompt_ids, run, **({} if grammar is None else {"grammar": grammar}))
+        kw: dict[str, Any] = {} if grammar is None else {"grammar": grammar}
+        if params.thinking_token_budget is not None:
+            kw["thinking"] = prepared.thinking  # this chat's reasoning format
+        results = self.generate(prepared.prompt_ids, run, **kw)
         answers = []
         for r in results:
             content, reasoning, calls, finish = prepared.parse(r.text, r.finish_reason)

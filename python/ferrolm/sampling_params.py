@@ -37,6 +37,11 @@ class SamplingParams:
     # speculative decoding by lookup for this request (None: as the engine's
     # ``speculative`` says); the tokens are the ones drawn without it
     speculative: bool | None = None
+    # vLLM's: once the output has thought this many tokens without closing its reasoning,
+    # the core forces the reasoning format's end marker (e.g. "</think>") and the answer
+    # follows; no effect where the output does not think (no reasoning format, or a
+    # prompt that closed the thinking)
+    thinking_token_budget: int | None = None
     # structured output: at most one of these
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
@@ -74,7 +79,7 @@ class SamplingParams:
             self.stop = [self.stop]
         # each field's type, and what may be combined with what: the request core's rules,
         # the ones a submit applies (one copy, in Rust)
-        _core.check_sampling({**self.core_kwargs(), "n": self.n})
+        _core.check_sampling({**self.core_kwargs(), "n": self.n, "thinking_token_budget": self.thinking_token_budget})
         constraint = self.constraint_fields()
         if constraint:
             _core.check_constraint(json.dumps(constraint))
@@ -108,9 +113,10 @@ class SamplingParams:
         )
 
     def core_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``_core.Engine.submit``."""
+        """Keyword arguments of ``_core.Engine.submit`` (the thinking budget goes as the
+        ``thinking`` the request core makes of it: ``Engine``)."""
         kw = asdict(self)
-        for name in ("n", *_CONSTRAINT_FIELDS):
+        for name in ("n", "thinking_token_budget", *_CONSTRAINT_FIELDS):
             del kw[name]
         return kw
 

@@ -9,7 +9,9 @@ Each step runs the runner in the best mode it has for the plan:
 - device greedy (``runner.forward_greedy``): every entry that samples is plain greedy
   (``plan.all_plain_greedy``; the rule lives in the core, ``RequestParams::plain_greedy``)
   and the runner picks the argmaxes on its device, EOS excluded where ``plan.ignore_eos``
-  says so; only B ids reach the host;
+  says so; only B ids reach the host. A step in which a thinking budget forces a request's
+  end-of-thinking token is not all plain greedy: it runs in one of the modes below, the
+  forced token being the one token the core's mask allows;
 - device sampling (``runner.forward_sample`` with ``core.sampling_batch()``): the runner
   draws every token on its device under the core's sampling columns (penalties, bias,
   grammar masks, seeds), and hands ids and the logprobs asked for to ``commit_tokens``;

@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use ferrolm_constraint::json_schema::{JsonSchemaOptions, Whitespace};
 use ferrolm_constraint::{Grammar, GrammarCache, GrammarSource, TagSequence};
+use ferrolm_core::engine::ThinkingBudget;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -30,6 +31,7 @@ use crate::protocol::{ChatMessage, Content, OneOrMany};
 use crate::structured::{compile_error, SchemaField, Structured};
 use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
 use crate::tools::plan::PlanInput;
+use crate::tools::reasoning::PromptState;
 use crate::tools::{self, ChatOutputParser, ChatPlan, PlannedConstraint, ServerTools};
 
 /// Chat template variables a request may not set through `chat_template_kwargs`.
@@ -47,6 +49,8 @@ pub struct ChatInput {
     pub chat_template_kwargs: Map<String, Value>,
     /// The caller's own structured output (`response_format`, `json_schema`...).
     pub structured: Option<Structured>,
+    /// The most tokens the output may think (`thinking_token_budget`).
+    pub thinking_budget: Option<u64>,
 }
 
 /// How a chat's prompt is rendered and its output read, beyond its messages: vLLM's
@@ -81,6 +85,8 @@ pub struct PreparedChat {
     pub ids: Vec<u32>,
     /// The rendered prompt with what the tools add, the constraint, the parser settings.
     pub plan: ChatPlan,
+    /// The core's thinking budget: where one was asked for and the output thinks.
+    pub thinking: Option<ThinkingBudget>,
 }
 
 impl PreparedChat {
@@ -231,7 +237,37 @@ pub fn prepare_chat_with(
         .tokenizer
         .encode(&plan.prompt, false)
         .map_err(|m| ApiError::bad_request(format!("messages: {m}"), "messages"))?;
-    Ok(PreparedChat { ids, plan })
+    let thinking = thinking_budget(model, &plan.prompt, input.thinking_budget)?;
+    Ok(PreparedChat { ids, plan, thinking })
+}
+
+/// The core's thinking budget of an output to `prompt`: `budget` tokens of thinking between
+/// the markers of the model's reasoning format (the server's reasoning parser, whether or
+/// not the reasoning is returned apart), as the model's tokens. `None` where nothing is
+/// asked or the output does not think: no reasoning format, or a prompt that closed the
+/// thinking (then there is no thinking to cap).
+pub fn thinking_budget(
+    model: &ChatModel<'_>,
+    prompt: &str,
+    budget: Option<u64>,
+) -> ApiResult<Option<ThinkingBudget>> {
+    let (Some(budget), Some(format)) = (budget, model.tools.reasoning.as_ref()) else { return Ok(None) };
+    let open = match format.prompt_state(prompt) {
+        PromptState::Closed => return Ok(None),
+        PromptState::Open => true,
+        PromptState::Unsaid => format.thinks_without_start,
+    };
+    let encode = |marker: &str| {
+        model.tokenizer.encode(marker, false).map_err(|m| {
+            ApiError::new(500, format!("thinking_token_budget: the marker {marker:?} does not tokenize: {m}"))
+        })
+    };
+    Ok(Some(ThinkingBudget {
+        budget: usize::try_from(budget).unwrap_or(usize::MAX),
+        start_ids: encode(format.start)?,
+        end_ids: encode(format.end)?,
+        open,
+    }))
 }
 
 /// What `/generate` asks of the request core beyond its sampling: the caller's own prompt
@@ -245,6 +281,8 @@ pub struct GenerateInput {
     pub separate_reasoning: bool,
     /// The caller's own structured output (`sampling_params.regex`...).
     pub structured: Option<Structured>,
+    /// `sampling_params.thinking_token_budget`.
+    pub thinking_budget: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -282,11 +320,12 @@ pub fn prepare_generate(
     // what the reasoning parser reads: whether the prompt opened the thinking
     let prompt = match &input.prompt {
         GeneratePrompt::Text(text) => text.clone(),
-        GeneratePrompt::Ids(ids) if parses => {
+        GeneratePrompt::Ids(ids) if parses || input.thinking_budget.is_some() => {
             model.tokenizer.decode(ids).map_err(|m| ApiError::bad_request(m, "input_ids"))?
         }
         GeneratePrompt::Ids(_) => String::new(),
     };
+    let thinking = thinking_budget(model, &prompt, input.thinking_budget)?;
     let plan = tools::plan_chat(
         prompt,
         PlanInput {
@@ -318,7 +357,7 @@ pub fn prepare_generate(
             ids.extend(encode(format.opening(), false)?);
         }
     }
-    Ok(PreparedChat { ids, plan })
+    Ok(PreparedChat { ids, plan, thinking })
 }
 
 /// One source compiled in the cache (bounded by the vocabulary's compile timeout); its

@@ -176,6 +176,8 @@ pub static FIELDS: &[Field] = &[
     f("include_reasoning", &[C], &[V], Read),
     f("stream_reasoning", &[C], &[L], Read),
     f("echo", &[C], &[V], Read),
+    f("thinking_token_budget", &[C], &[V], Read),
+    f("reasoning_effort", &[C], OVL, Read),
     // The detokenizer writes each token's bytes, an added token as its content, with
     // nothing between two tokens. vLLM's `false` asks that an added token after an added
     // token be written as its content with no space before it; with the decoders of the
@@ -307,7 +309,6 @@ pub static FIELDS: &[Field] = &[
             "use guided_json, guided_regex, guided_choice, json_schema, regex or response_format",
         ),
     ),
-    f("reasoning_effort", &[C], OVL, AtDefault(NULL, "the reasoning effort cannot be set")),
     f("verbosity", &[C], &[O], AtDefault(NULL, "the verbosity cannot be set")),
     f("web_search_options", &[C], &[O], AtDefault(NULL, "web search is not supported")),
     f("prediction", &[C], &[O], AtDefault(NULL, "predicted outputs are not supported")),
@@ -390,6 +391,7 @@ pub static FIELDS: &[Field] = &[
     f("json_schema", &[S], &[L], Read),
     f("ebnf", &[S], &[L], Read),
     f("speculative", &[S], &[FE], Read),
+    f("thinking_token_budget", &[S], &[V], Read),
     f("stream_interval", &[S], &[L], Ignored),
     f("spaces_between_special_tokens", &[S], &[L], Read), // the same text either way (above)
     f("structural_tag", &[S], &[L], AtDefault(NULL, "use json_schema, regex or ebnf")),

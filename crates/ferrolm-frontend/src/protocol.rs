@@ -203,6 +203,40 @@ pub struct ChatFields {
     pub include_reasoning: Option<bool>,
     /// SGLang's: `false` streams the reasoning as one delta, once it ends.
     pub stream_reasoning: Option<bool>,
+    /// vLLM's: the most tokens the reasoning may take before its end is forced.
+    pub thinking_token_budget: Option<u64>,
+    /// OpenAI's: a thinking budget as a share of the output's (`effort_budget`).
+    pub reasoning_effort: Option<String>,
+}
+
+/// The reasoning efforts (OpenAI's `reasoning_effort` and `reasoning.effort`, Anthropic's
+/// `output_config.effort`) and the share of the output's token budget (`max_tokens`) each
+/// lets the thinking take, as (numerator, denominator); `max`: no cap.
+pub const REASONING_EFFORTS: &[(&str, Option<(u64, u64)>)] = &[
+    ("none", Some((0, 1))),
+    ("minimal", Some((1, 10))),
+    ("low", Some((1, 5))),
+    ("medium", Some((1, 2))),
+    ("high", Some((4, 5))),
+    ("xhigh", Some((9, 10))),
+    ("max", None),
+];
+
+/// The thinking budget of an effort for an output of `max_tokens` tokens (at least one
+/// token but for `none`); `None` for `max`. Refuses an effort not known, naming `field`.
+pub fn effort_budget(effort: &str, max_tokens: u64, field: &str) -> ApiResult<Option<u64>> {
+    let Some((_, share)) = REASONING_EFFORTS.iter().find(|(name, _)| *name == effort) else {
+        let names: Vec<&str> = REASONING_EFFORTS.iter().map(|(n, _)| *n).collect();
+        return Err(ApiError::bad_request(format!("{field}: must be one of {}", names.join(", ")), field));
+    };
+    Ok(share.map(|(num, den)| {
+        let budget = (max_tokens as u128 * num as u128 / den as u128) as u64;
+        if num == 0 {
+            0
+        } else {
+            budget.max(1)
+        }
+    }))
 }
 
 #[derive(Deserialize, Debug)]
@@ -244,6 +278,8 @@ pub struct NativeSampling {
     pub spaces_between_special_tokens: Option<bool>,
     /// ferrolm's, as `OpenAISampling::speculative`.
     pub speculative: Option<bool>,
+    /// vLLM's: the most tokens the reasoning may take before its end is forced.
+    pub thinking_token_budget: Option<u64>,
 }
 
 fn native_max_new_tokens() -> u64 {
@@ -574,7 +610,8 @@ fn check_messages(messages: &Value) -> ApiResult<()> {
 }
 
 /// The chat fields of the offline API (`Engine.chat`), as one JSON object: `messages`,
-/// `tools`, `tool_choice`, `parallel_tool_calls`, `chat_template_kwargs`; checked as the
+/// `tools`, `tool_choice`, `parallel_tool_calls`, `chat_template_kwargs`,
+/// `thinking_token_budget`; checked as the
 /// HTTP body's are, errors naming the same fields.
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
@@ -584,6 +621,8 @@ pub struct OfflineChat {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// `SamplingParams.thinking_token_budget`, which the prepared chat turns into the core's.
+    pub thinking_token_budget: Option<u64>,
 }
 
 pub fn parse_offline_chat(value: &Value) -> ApiResult<OfflineChat> {
@@ -628,6 +667,7 @@ pub struct OfflineSampling {
     pub n: NonZeroU32,
     pub allowed_token_ids: Option<Vec<u32>>,
     pub speculative: Option<bool>,
+    pub thinking_token_budget: Option<u64>,
 }
 
 pub struct Generate {
@@ -825,6 +865,7 @@ pub fn openai_params(
         namespace: s.cache_salt.clone(),
         queue_timeout_s: None,
         speculative: s.speculative,
+        thinking: None, // the request core's, from the prepared chat
     })
 }
 
@@ -861,6 +902,7 @@ pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
         namespace: g.req.cache_salt.clone(),
         queue_timeout_s: None,
         speculative: sp.speculative,
+        thinking: None, // the request core's, from the prepared generate
     })
 }
 
@@ -879,6 +921,23 @@ pub fn core_field_error(e: EngineError, names: &dyn Fn(&str) -> Option<String>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_effort_is_a_share_of_the_output_budget() {
+        let at = |e: &str, m: u64| effort_budget(e, m, "reasoning_effort").unwrap();
+        assert_eq!(at("none", 1000), Some(0));
+        assert_eq!(at("minimal", 1000), Some(100));
+        assert_eq!(at("low", 1000), Some(200));
+        assert_eq!(at("medium", 1000), Some(500));
+        assert_eq!(at("high", 1000), Some(800));
+        assert_eq!(at("xhigh", 1000), Some(900));
+        assert_eq!(at("max", 1000), None, "no cap");
+        assert_eq!(at("minimal", 3), Some(1), "at least a token");
+        assert_eq!(at("high", u64::MAX), Some(u64::MAX / 5 * 4), "no overflow");
+        let e = effort_budget("extreme", 10, "reasoning.effort").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("reasoning.effort"));
+        assert!(e.message.contains("none, minimal, low, medium, high, xhigh, max"), "{}", e.message);
+    }
 
     fn prompt(body: &str) -> ApiResult<Prompt> {
         parse_completion(body.as_bytes()).map(|r| r.fields.prompt)

@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::constraint::{PyGrammar, PyVocabulary};
+use crate::engine::PyThinkingBudget;
 use crate::errors;
 use crate::guard::contain;
 
@@ -97,6 +98,7 @@ impl PyChatCore {
                 parallel_tool_calls: chat.parallel_tool_calls != Some(false),
                 chat_template_kwargs: chat.chat_template_kwargs.unwrap_or_default(),
                 structured,
+                thinking_budget: chat.thinking_token_budget,
             };
             let model =
                 ChatModel { template: self.template.as_ref(), tokenizer: &self.tokenizer, tools: &tools };
@@ -109,6 +111,30 @@ impl PyChatCore {
         })?;
         let (prepared, grammar) = prepared.map_err(|e| api_error(py, e))?;
         Ok(PyPreparedChat { prepared, grammar })
+    }
+
+    /// See `_core.pyi`.
+    #[pyo3(signature = (prompt_ids, budget, *, reasoning_parser = "auto"))]
+    fn thinking(
+        &self,
+        py: Python<'_>,
+        prompt_ids: &Bound<'_, PyAny>,
+        budget: u64,
+        reasoning_parser: &str,
+    ) -> PyResult<Option<PyThinkingBudget>> {
+        let prompt_ids = crate::convert::ids(prompt_ids, "prompt_ids", u32::MAX)?;
+        let prompt_ids = prompt_ids.as_slice();
+        let thinking = contain(py, || -> Result<_, ApiError> {
+            let source = self.template.as_ref().map(ChatTemplate::source);
+            let tools =
+                ServerTools::named("none", reasoning_parser, false, source, self.special_tokens.clone())?;
+            let prompt =
+                self.tokenizer.decode(prompt_ids).map_err(|m| ApiError::bad_request(m, "prompt_ids"))?;
+            let model =
+                ChatModel { template: self.template.as_ref(), tokenizer: &self.tokenizer, tools: &tools };
+            chat_request::thinking_budget(&model, &prompt, Some(budget))
+        })?;
+        Ok(thinking.map_err(|e| api_error(py, e))?.map(PyThinkingBudget::from))
     }
 }
 
@@ -138,6 +164,11 @@ impl PyPreparedChat {
     #[getter]
     fn skip_special_tokens(&self) -> Option<bool> {
         self.prepared.skip_special_tokens()
+    }
+
+    #[getter]
+    fn thinking(&self) -> Option<PyThinkingBudget> {
+        self.prepared.thinking.clone().map(PyThinkingBudget::from)
     }
 
     #[getter]

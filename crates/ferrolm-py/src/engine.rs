@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use ferrolm_core::detok::{StopConditions, StopReason};
 use ferrolm_core::engine::{
     BatchPlan, Constraint, DeviceDraws, Engine, EngineConfig, FinishReason, RequestParams, SamplingBatch,
-    StepOutputs,
+    StepOutputs, ThinkingBudget,
 };
 use ferrolm_core::radix::EvictionPolicy;
 use ferrolm_core::sampling::SamplingParams;
@@ -49,6 +49,52 @@ fn u32_array(py: Python<'_>, v: Vec<u32>) -> Py<PyArray1<i32>> {
 
 fn plan_column(py: Python<'_>, v: Vec<u32>) -> Py<PyArray1<i32>> {
     frozen(v.into_iter().map(|x| x as i32).collect::<Vec<i32>>().into_pyarray(py))
+}
+
+/// A request's thinking budget (`ferrolm_core::engine::ThinkingBudget`): see `_core.pyi`.
+#[pyclass(module = "ferrolm._core", name = "ThinkingBudget", frozen, get_all)]
+#[derive(Clone)]
+pub struct PyThinkingBudget {
+    pub budget: usize,
+    pub start_ids: Vec<u32>,
+    pub end_ids: Vec<u32>,
+    pub open: bool,
+}
+
+#[pymethods]
+impl PyThinkingBudget {
+    #[new]
+    #[pyo3(signature = (budget, end_ids, *, start_ids = Vec::new(), open = false))]
+    fn new(budget: usize, end_ids: Vec<u32>, start_ids: Vec<u32>, open: bool) -> Self {
+        PyThinkingBudget { budget, start_ids, end_ids, open }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ThinkingBudget(budget={}, end_ids={:?}, start_ids={:?}, open={})",
+            self.budget,
+            self.end_ids,
+            self.start_ids,
+            if self.open { "True" } else { "False" }
+        )
+    }
+}
+
+impl From<ThinkingBudget> for PyThinkingBudget {
+    fn from(t: ThinkingBudget) -> Self {
+        PyThinkingBudget { budget: t.budget, start_ids: t.start_ids, end_ids: t.end_ids, open: t.open }
+    }
+}
+
+impl From<&PyThinkingBudget> for ThinkingBudget {
+    fn from(t: &PyThinkingBudget) -> Self {
+        ThinkingBudget {
+            budget: t.budget,
+            start_ids: t.start_ids.clone(),
+            end_ids: t.end_ids.clone(),
+            open: t.open,
+        }
+    }
 }
 
 #[pyclass(module = "ferrolm._core", name = "BatchPlan", frozen)]
@@ -514,6 +560,7 @@ impl PyEngine {
         stop_token_ids = Vec::new(), include_stop_str = false, skip_special_tokens = true, ignore_eos = false,
         priority = 0, namespace = None, queue_timeout = None, allowed_token_ids = None, grammar = None,
         speculative = None,
+        thinking = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
@@ -545,6 +592,7 @@ impl PyEngine {
         allowed_token_ids: Option<Vec<u32>>,
         grammar: Option<PyRef<'_, crate::constraint::PyGrammar>>,
         speculative: Option<bool>,
+        thinking: Option<PyRef<'_, PyThinkingBudget>>,
     ) -> PyResult<()> {
         let input_ids = ids(input_ids, "input_ids", u32::MAX)?;
         let input_ids = input_ids.as_slice();
@@ -577,6 +625,7 @@ impl PyEngine {
             namespace,
             queue_timeout_s: queue_timeout,
             speculative,
+            thinking: thinking.map(|t| ThinkingBudget::from(&*t)),
         };
         let constraint = match (allowed_token_ids, grammar) {
             (Some(_), Some(_)) => {
@@ -807,6 +856,7 @@ pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyEngineConfig>()?;
     m.add_class::<PyBatchPlan>()?;
+    m.add_class::<PyThinkingBudget>()?;
     m.add_class::<PyStepOutputs>()?;
     m.add_class::<PySamplingBatch>()?;
     Ok(())

@@ -75,6 +75,21 @@ impl Engine {
         if p.stops.stop_strings.iter().any(String::is_empty) {
             return Err(invalid("stop", "stop strings must not be empty".into()));
         }
+        if let Some(t) = &p.thinking {
+            if t.end_ids.is_empty() {
+                return Err(invalid(
+                    "thinking_end_ids",
+                    "a thinking budget needs the end marker's tokens".into(),
+                ));
+            }
+            let outside = t.start_ids.iter().chain(&t.end_ids).find(|&&id| id as usize >= c.vocab_size);
+            if let Some(id) = outside {
+                return Err(invalid(
+                    "thinking_token_budget",
+                    format!("marker token {id} is outside the vocabulary (size {})", c.vocab_size),
+                ));
+            }
+        }
         if let Some(t) = p.queue_timeout_s {
             if !(t.is_finite() && t > 0.0) {
                 return Err(invalid(

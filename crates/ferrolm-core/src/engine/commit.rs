@@ -312,6 +312,7 @@ impl Engine {
         if let Some(spec) = r.spec.as_mut() {
             spec.push(token);
         }
+        r.observe_thinking();
         let now = Instant::now();
         match r.last_token_at {
             None => self.latencies.ttft_s.push(now.duration_since(r.arrival).as_secs_f64()),
@@ -421,13 +422,20 @@ fn draw(
         Some((g, m)) => (Some(g), m),
         None => (None, None),
     };
-    let mask = match (&mut r.constraint, known_mask) {
-        (Some(_), Some(m)) => Some(m),
-        (Some(c), None) => {
+    // the thinking budget's forced end marker is the one token allowed (the grammar, if
+    // any, checks it as it accepts it); a runner's step mask already says so
+    let forced = r.forced_token();
+    let mask = match (forced, &mut r.constraint, known_mask) {
+        (_, _, Some(m)) => Some(m),
+        (Some(t), _, None) => {
+            crate::sampling::mask_only(mask, t);
+            Some(mask.as_slice())
+        }
+        (None, Some(c), None) => {
             c.fill_mask(mask);
             Some(mask.as_slice())
         }
-        (None, _) => None,
+        (None, None, None) => None,
     };
     // nothing left to draw: the grammar's doing when there is one
     let none_left = |mask: Option<&[u32]>, message: String| {
@@ -441,6 +449,14 @@ fn draw(
             let top = s.top_logprobs.into_iter().filter(|t| t.1.is_finite()).take(wanted).collect();
             Ok(Sampled { token: s.token, logprob: s.logprob.filter(|_| p.logprobs), top_logprobs: top })
         }
+        Some(Given::Token(s)) if forced.is_some() => Err(FinishReason::error(
+            ErrorKind::Grammar,
+            format!(
+                "token {} is not the thinking budget's forced token {}",
+                s.token,
+                forced.expect("matched")
+            ),
+        )),
         Some(Given::Token(s)) => Err(FinishReason::error(
             ErrorKind::Grammar,
             format!("token {} is not allowed by the request's grammar", s.token),

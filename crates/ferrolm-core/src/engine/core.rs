@@ -24,7 +24,7 @@ use super::constraint::{Constraint, TokenConstraint};
 use super::draft::Speculation;
 use super::kv_slots::SlotPool;
 use super::plan::{Finished, StepOutputs};
-use super::request::{FinishReason, Request, RequestParams};
+use super::request::{FinishReason, Request, RequestParams, ThinkingBudget};
 use super::stats::{EngineStats, LatencySamples};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,6 +193,7 @@ impl Engine {
             let mut params = params.clone();
             params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(j as u64));
             let seed = self.seeds.next_u64();
+            let thinking = params.thinking.as_ref().map(ThinkingBudget::initial);
             let request = Request {
                 tokens: prompt.to_vec(),
                 prompt_len: prompt.len(),
@@ -218,6 +219,7 @@ impl Engine {
                         self.config.speculative_row_cost,
                     )
                 }),
+                thinking,
             };
             self.requests.insert(rid, request);
         }

@@ -26,14 +26,94 @@ pub struct RequestParams {
     pub queue_timeout_s: Option<f64>,
     /// Speculate by lookup (`engine::draft`); `None`: as `EngineConfig::speculative` says.
     pub speculative: Option<bool>,
+    /// A cap on the tokens of the reasoning section, with the markers that open and close
+    /// it (vLLM's `thinking_token_budget`).
+    pub thinking: Option<ThinkingBudget>,
+}
+
+/// How many tokens a request may think, and the token sequences that delimit the
+/// thinking. Once it has generated `budget` tokens inside its reasoning without closing
+/// it, the core forces `end_ids` one token per step (as if sampled: they go through the
+/// grammar, the stop checks, the detokenizer and the KV like any token), and generation
+/// then goes on as usual. Tokens of the markers themselves do not count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThinkingBudget {
+    pub budget: usize,
+    /// The tokens that open the reasoning, watched for in the output when it does not
+    /// start inside it (empty: only `open` says).
+    pub start_ids: Vec<u32>,
+    /// The tokens that close it: watched for, and forced once the budget is spent.
+    pub end_ids: Vec<u32>,
+    /// The output starts inside the reasoning (the prompt opened it, or the model thinks
+    /// without writing the opening marker).
+    pub open: bool,
+}
+
+/// Where a request with a thinking budget stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Thinking {
+    /// The reasoning has not opened (yet): watching for its start marker.
+    Before,
+    /// Inside it, `spent` tokens so far.
+    Inside { spent: usize },
+    /// The budget is spent: the next token is `end_ids[next]`.
+    Forcing { next: usize },
+    /// Closed (by the model or by force): nothing more to do.
+    After,
+}
+
+impl ThinkingBudget {
+    /// The state of a request that has generated nothing yet.
+    pub(crate) fn initial(&self) -> Thinking {
+        if self.open {
+            self.inside(0, &[])
+        } else {
+            Thinking::Before
+        }
+    }
+
+    /// Inside with `spent` tokens out, `output` the tokens generated so far: forcing once
+    /// the budget is spent, from the part of the end marker the output already ends with.
+    fn inside(&self, spent: usize, output: &[u32]) -> Thinking {
+        if spent < self.budget {
+            return Thinking::Inside { spent };
+        }
+        let begun =
+            (1..self.end_ids.len()).rev().find(|&k| output.ends_with(&self.end_ids[..k])).unwrap_or(0);
+        Thinking::Forcing { next: begun }
+    }
+
+    /// The state after `output` (the tokens generated so far, the newest last) grew by
+    /// its last token, from `state` before it.
+    pub(crate) fn advance(&self, state: Thinking, output: &[u32]) -> Thinking {
+        match state {
+            Thinking::Before if !self.start_ids.is_empty() && output.ends_with(&self.start_ids) => {
+                self.inside(0, output)
+            }
+            Thinking::Before | Thinking::After => state,
+            Thinking::Inside { .. } if output.ends_with(&self.end_ids) => Thinking::After,
+            Thinking::Inside { spent } => self.inside(spent + 1, output),
+            Thinking::Forcing { next } if next + 1 >= self.end_ids.len() => Thinking::After,
+            Thinking::Forcing { next } => Thinking::Forcing { next: next + 1 },
+        }
+    }
+
+    /// The token the state forces next, if any.
+    pub(crate) fn forced(&self, state: Thinking) -> Option<u32> {
+        match state {
+            Thinking::Forcing { next } => self.end_ids.get(next).copied(),
+            _ => None,
+        }
+    }
 }
 
 impl RequestParams {
     /// Whether the core picks this request's tokens as the bare argmax of the logits (EOS
     /// excluded where it ignores EOS): greedy, and nothing that changes or masks the
     /// logits (bias, penalties, `min_new_tokens`' ban on stop tokens, a grammar or allow
-    /// list: `constrained`) or asks for their log-probabilities. The one statement of the
-    /// rule: plans carry it per entry (`BatchPlan::plain_greedy`) for the runner.
+    /// list, or a token the thinking budget forces: `constrained`) or asks for their
+    /// log-probabilities. The one statement of the rule: plans carry it per entry
+    /// (`BatchPlan::plain_greedy`) for the runner.
     pub fn plain_greedy(&self, constrained: bool) -> bool {
         let s = &self.sampling;
         s.is_greedy()
@@ -60,6 +140,7 @@ impl Default for RequestParams {
             namespace: None,
             queue_timeout_s: None,
             speculative: None,
+            thinking: None,
         }
     }
 }
@@ -154,6 +235,8 @@ pub(crate) struct Request {
     pub aborted: bool,
     /// Its drafting state, when it speculates.
     pub spec: Option<Speculation>,
+    /// Where its thinking budget stands (`None` without one).
+    pub thinking: Option<Thinking>,
 }
 
 impl Request {
@@ -164,6 +247,19 @@ impl Request {
     /// Whether its next step is one decode token (its prompt is in the pool).
     pub fn is_decoding(&self) -> bool {
         self.tokens.len() - self.kv_len == 1 && self.kv_len >= self.prompt_len
+    }
+
+    /// The token its thinking budget forces next, if any.
+    pub fn forced_token(&self) -> Option<u32> {
+        let budget = self.params.thinking.as_ref()?;
+        budget.forced(self.thinking?)
+    }
+
+    /// Moves its thinking state past the token just pushed.
+    pub fn observe_thinking(&mut self) {
+        if let (Some(budget), Some(state)) = (&self.params.thinking, self.thinking) {
+            self.thinking = Some(budget.advance(state, &self.tokens[self.prompt_len..]));
+        }
     }
 
     /// Tokens it may still generate.

@@ -143,7 +143,16 @@ impl Engine {
             if !stops_active {
                 b.banned_ids.extend(r.params.stops.stop_token_ids.iter().copied());
             }
+            let forced = r.forced_token();
             match &mut r.constraint {
+                _ if forced.is_some() => {
+                    // the thinking budget's end marker: the one token allowed
+                    let mut mask = vec![0u32; words];
+                    crate::sampling::mask_only(&mut mask, forced.expect("matched"));
+                    b.mask_rows.push((b.masks.len() / words) as i32);
+                    b.masks.extend_from_slice(&mask);
+                    step_masks.push(Some(mask));
+                }
                 Some(c) => {
                     let mut mask = vec![0u32; words];
                     c.fill_mask(&mut mask);

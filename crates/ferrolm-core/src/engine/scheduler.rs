@@ -121,7 +121,8 @@ impl Engine {
         let samples = end == r.tokens.len();
         plan.samples.push(samples);
         plan.is_prefill.push(is_prefill);
-        plan.plain_greedy.push(r.params.plain_greedy(r.constraint.is_some()));
+        // a token forced by the thinking budget is masked in: not the bare argmax
+        plan.plain_greedy.push(r.params.plain_greedy(r.constraint.is_some() || r.forced_token().is_some()));
         plan.ignore_eos.push(r.params.ignore_eos);
         self.in_flight.push(InFlight { rid, end, samples, is_prefill, draft });
     }

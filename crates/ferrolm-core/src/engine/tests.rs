@@ -1011,3 +1011,6 @@ fn the_cpu_of_a_large_steps_sampling_thread_is_counted() {
     engine.commit(&mut model.forward(&plan), VOCAB).unwrap();
     assert!(engine.stats().sampling_thread_cpu_ns > 0, "{:?}", engine.stats());
 }
+
+#[path = "thinking_tests.rs"]
+mod thinking_tests;

@@ -7,4 +7,4 @@ pub(crate) mod simd;
 
 pub use params::{InvalidParam, SamplingParams, MAX_TOP_LOGPROBS};
 pub use rng::RequestRng;
-pub use sampler::{argmax, mask_allows, NoAllowedToken, Sampled, Sampler};
+pub use sampler::{argmax, mask_allows, mask_only, NoAllowedToken, Sampled, Sampler};

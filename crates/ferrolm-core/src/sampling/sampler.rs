@@ -50,6 +50,14 @@ pub fn mask_allows(mask: &[u32], token: usize) -> bool {
     mask.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1)
 }
 
+/// Makes `mask` allow `token` alone.
+pub fn mask_only(mask: &mut [u32], token: u32) {
+    mask.fill(0);
+    if let Some(w) = mask.get_mut(token as usize / 32) {
+        *w |= 1 << (token % 32);
+    }
+}
+
 impl Sampler {
     /// `params` must have passed `validate`; `seed` is used when the params carry none.
     pub fn new(params: SamplingParams, prompt: &[u32], seed: u64) -> Self {

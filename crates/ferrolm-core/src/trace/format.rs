@@ -208,6 +208,9 @@ fn params_json(p: &RequestParams) -> Value {
         "namespace": p.namespace,
         "queue_timeout_s": p.queue_timeout_s,
         "speculative": p.speculative,
+        "thinking": p.thinking.as_ref().map(|t| json!({
+            "budget": t.budget, "start_ids": t.start_ids, "end_ids": t.end_ids, "open": t.open,
+        })),
         "temperature": s.temperature,
         "top_k": s.top_k,
         "top_p": s.top_p,

@@ -18,7 +18,7 @@
 //! | kind | fields |
 //! |---|---|
 //! | `header` (first line) | `format: "ferrolm-trace"`, `version: 1`, `config`: the engine's settings (`kv_capacity`, `max_running_requests`, `max_prefill_tokens`, `schedule_policy`, `enable_prefix_cache`, `eviction_policy`, `new_token_ratio`, `fast_lane_tokens`, `max_context`, `vocab_size`, `eos_token_ids`, `seed`) |
-//! | `submit` | `rids` (one per sample), `prompt` (token ids), `params` (`max_new_tokens`, `min_new_tokens`, `ignore_eos`, `priority`, `namespace`, `queue_timeout_s`, the sampling fields `temperature` ... `top_logprobs`, `stop`, `stop_token_ids`, `include_stop_str`, `skip_special_tokens`), `constraint`: `null`, `{"allowed_token_ids": [...]}`, `"grammar"` or `"custom"` |
+//! | `submit` | `rids` (one per sample), `prompt` (token ids), `params` (`max_new_tokens`, `min_new_tokens`, `ignore_eos`, `priority`, `namespace`, `queue_timeout_s`, `thinking` (`null` or `{budget, start_ids, end_ids, open}`), the sampling fields `temperature` ... `top_logprobs`, `stop`, `stop_token_ids`, `include_stop_str`, `skip_special_tokens`), `constraint`: `null`, `{"allowed_token_ids": [...]}`, `"grammar"` or `"custom"` |
 //! | `abort` | `rid` (an abort of a live request) |
 //! | `flush` | (a `flush_cache` that emptied the cache) |
 //! | `schedule` | `plan`: `[[rid, start, len, samples], ...]`: request `rid` runs its tokens `start..start+len`, and samples a token after them when `samples` |

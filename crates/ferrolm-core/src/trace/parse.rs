@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use crate::detok::{StopConditions, StopReason};
-use crate::engine::{EngineConfig, ErrorKind, FinishReason, RequestParams};
+use crate::engine::{EngineConfig, ErrorKind, FinishReason, RequestParams, ThinkingBudget};
 use crate::sampling::SamplingParams;
 
 use super::format::{At, Output, PlanEntry, Record, RecordedConstraint, RecordedFinish, FORMAT, VERSION};
@@ -266,6 +266,17 @@ fn parse_params(v: &Value) -> Result<RequestParams, String> {
             .opt("speculative")
             .map(|v| v.as_bool().ok_or("speculative: expected true or false"))
             .transpose()?,
+        thinking: match p.opt("thinking") {
+            None => None,
+            Some(v) => {
+                let t = object(v).map_err(|m| format!("thinking: {m}"))?;
+                let budget = t.usize_or("budget", 0).map_err(|m| format!("thinking.{m}"))?;
+                let start_ids = t.ids_or_empty("start_ids").map_err(|m| format!("thinking.{m}"))?;
+                let end_ids = t.ids_or_empty("end_ids").map_err(|m| format!("thinking.{m}"))?;
+                let open = t.bool_or("open", false).map_err(|m| format!("thinking.{m}"))?;
+                Some(ThinkingBudget { budget, start_ids, end_ids, open })
+            }
+        },
     })
 }
 

@@ -57,6 +57,7 @@ fn input(request: Value) -> ApiResult<ChatInput> {
         parallel_tool_calls: chat.parallel_tool_calls != Some(false),
         chat_template_kwargs: chat.chat_template_kwargs.unwrap_or_default(),
         structured: None,
+        thinking_budget: chat.thinking_token_budget,
     })
 }
 
@@ -500,4 +501,36 @@ fn constraint_fields_compile_with_their_errors_named() {
     assert_eq!(e.param.as_deref(), Some("structured_or"));
     let e = compile(json!({"ebnf": "root ::= (\"a\""})).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("ebnf"));
+}
+
+#[test]
+fn a_thinking_budget_takes_the_markers_as_tokens_and_where_the_prompt_left_the_thinking() {
+    let words = ["<unk>", "<think>", "</think>", "hi"];
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+    let added: Vec<Value> = (1..3)
+        .map(|i| {
+            json!({"id": i, "content": words[i], "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": false, "special": true})
+        })
+        .collect();
+    let text = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+                      "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+                      "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}});
+    let tok = Tokenizer::from_json(&text.to_string()).unwrap();
+    let with = |reasoning: Option<crate::tools::reasoning::ReasoningFormat>, prompt: &str, budget| {
+        let tools = ServerTools { reasoning, ..server_tools() };
+        let model = ChatModel { template: None, tokenizer: &tok, tools: &tools };
+        thinking_budget(&model, prompt, budget).unwrap()
+    };
+    let open = ThinkingBudget { budget: 5, start_ids: vec![1], end_ids: vec![2], open: true };
+    assert_eq!(with(Some(QWEN3), "hi <think>", Some(5)), Some(open.clone()));
+    // the prompt said nothing: Qwen3 thinks once it opens the tag, DeepSeek-R1 at once
+    assert_eq!(with(Some(QWEN3), "hi", Some(5)), Some(ThinkingBudget { open: false, ..open.clone() }));
+    let r1 = crate::tools::reasoning::DEEPSEEK_R1;
+    assert_eq!(with(Some(r1), "hi", Some(5)), Some(open));
+    // nothing to cap: the prompt closed the thinking, no reasoning format, no budget
+    assert_eq!(with(Some(QWEN3), "hi <think> </think>", Some(5)), None);
+    assert_eq!(with(None, "hi <think>", Some(5)), None);
+    assert_eq!(with(Some(QWEN3), "hi <think>", None), None);
 }

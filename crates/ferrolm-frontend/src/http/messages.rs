@@ -119,8 +119,10 @@ const THINKING_FIELDS: &[FieldPolicy] = &[
     ("budget_tokens", Policy::Honoured),
     ("display", Policy::Refused("the thinking is always shown whole")),
 ];
-const OUTPUT_CONFIG_FIELDS: &[FieldPolicy] =
-    &[("format", Policy::Honoured), ("effort", Policy::Refused("the effort cannot be set"))];
+const OUTPUT_CONFIG_FIELDS: &[FieldPolicy] = &[("format", Policy::Honoured), ("effort", Policy::Honoured)];
+/// Anthropic's efforts: each caps the thinking at its share of `max_tokens`, as OpenAI's
+/// reasoning efforts do (`protocol::REASONING_EFFORTS`).
+const EFFORTS: &[&str] = &["low", "medium", "high", "xhigh", "max"];
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -234,6 +236,16 @@ fn translate(obj: &Map<String, Value>, counting: bool) -> ApiResult<(Value, Rena
             );
             renames.add("response_format.json_schema.schema", "output_config.format.schema");
             renames.add("response_format", "output_config.format");
+        }
+        match opt_str(oc, "effort", "output_config.effort")? {
+            None => {}
+            Some(e) if EFFORTS.contains(&e) => {
+                chat.insert("reasoning_effort".into(), json!(e));
+                renames.add("reasoning_effort", "output_config.effort");
+            }
+            Some(_) => {
+                return Err(bad("output_config.effort", format!("must be one of {}", EFFORTS.join(", "))))
+            }
         }
     }
     if counting {
@@ -486,6 +498,8 @@ fn translate_thinking(
             if budget < 1024 || (!counting && budget >= max_tokens) {
                 return Err(bad("thinking.budget_tokens", "must be at least 1024 and less than max_tokens"));
             }
+            // the core forces the end of the thinking once it has taken this many tokens
+            chat.insert("thinking_token_budget".into(), json!(budget));
             true
         }
         Some("adaptive") => true,
@@ -724,6 +738,22 @@ mod tests {
     }
 
     #[test]
+    fn the_thinking_budget_and_the_effort_cap_the_chats_thinking() {
+        let msg = json!([{"role": "user", "content": "hi"}]);
+        let chat = tr(json!({"model": "m", "max_tokens": 4000, "messages": msg,
+                             "thinking": {"type": "enabled", "budget_tokens": 1024},
+                             "output_config": {"effort": "low"}}))
+        .unwrap();
+        assert_eq!(chat["thinking_token_budget"], 1024);
+        assert_eq!(chat["reasoning_effort"], "low");
+        assert_eq!(chat["chat_template_kwargs"], json!({"enable_thinking": true}));
+        let chat =
+            tr(json!({"model": "m", "max_tokens": 10, "messages": msg, "thinking": {"type": "adaptive"}}))
+                .unwrap();
+        assert!(chat.get("thinking_token_budget").is_none() && chat.get("reasoning_effort").is_none());
+    }
+
+    #[test]
     fn unsupported_input_is_refused_by_name() {
         let base = |extra: Value| {
             let mut v =
@@ -746,7 +776,7 @@ mod tests {
                 json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}),
                 "messages.1",
             ),
-            (json!({"output_config": {"effort": "high"}}), "output_config.effort"),
+            (json!({"output_config": {"effort": "extreme"}}), "output_config.effort"),
         ] {
             let body = base(extra);
             let obj = body.as_object().unwrap();

@@ -65,6 +65,7 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
         parallel_tool_calls: g.req.parallel_tool_calls != Some(false),
         separate_reasoning: g.req.separate_reasoning,
         structured,
+        thinking_budget: g.sampling.thinking_token_budget,
     };
     let parses = input.parses();
     let prepared = state.prepare_generate(input).await?;
@@ -72,6 +73,7 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
     if prepared.skip_special_tokens() == Some(false) {
         params.stops.skip_special_tokens = false;
     }
+    params.thinking = prepared.thinking.clone();
     let grammar = match prepared.constraint() {
         Some(c) => Some(state.planned_grammar(c).await?),
         None => None,

@@ -228,6 +228,10 @@ pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResul
         include_reasoning: fields.include_reasoning != Some(false),
         stream_reasoning: fields.stream_reasoning != Some(false),
     };
+    let effort = fields.reasoning_effort.clone();
+    if let Some(e) = &effort {
+        protocol::effort_budget(e, 0, "reasoning_effort")?; // known, before the work of planning
+    }
     let prepared = plan(state, fields, &sampling).await?;
     let grammar = match prepared.constraint() {
         Some(c) => Some(state.planned_grammar(c).await?),
@@ -250,6 +254,16 @@ pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResul
     if prepared.skip_special_tokens() == Some(false) {
         params.stops.skip_special_tokens = false;
     }
+    // the budget asked for and the effort's share of max_tokens, the smaller
+    let by_effort = match &effort {
+        Some(e) => protocol::effort_budget(e, max_tokens, "reasoning_effort")?,
+        None => None,
+    };
+    params.thinking = prepared.thinking.clone().and_then(|mut t| {
+        let budget = by_effort.map_or(t.budget, |b| t.budget.min(usize::try_from(b).unwrap_or(usize::MAX)));
+        t.budget = budget;
+        (budget != usize::MAX).then_some(t)
+    });
     Ok(ChatJob {
         prepared,
         grammar,
@@ -282,6 +296,10 @@ pub(crate) async fn plan(
         parallel_tool_calls: fields.parallel_tool_calls != Some(false),
         chat_template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
         structured: protocol::openai_structured(sampling)?,
+        // the markers are wanted where an effort may set the budget (capped in `prepare`)
+        thinking_budget: fields
+            .thinking_token_budget
+            .or(fields.reasoning_effort.as_ref().map(|_| usize::MAX as u64)),
     };
     state.prepare_chat(input, options).await
 }

@@ -408,13 +408,18 @@ fn translate(obj: &Map<String, Value>, prior: Vec<Value>) -> ApiResult<Translate
     if let Some(reasoning) = obj.get("reasoning").filter(|v| !v.is_null()) {
         let r = object_at(reasoning, "reasoning")?;
         check_fields(r, REASONING_FIELDS, "reasoning.")?;
+        // the effort also caps the thinking at its share of max_output_tokens (chat's
+        // reasoning_effort: protocol::REASONING_EFFORTS)
+        renames.add("reasoning_effort", "reasoning.effort");
         match opt_str(r, "effort", "reasoning.effort")? {
             None => {}
-            Some("none") => {
+            Some(e @ "none") => {
                 chat.insert("chat_template_kwargs".into(), json!({"enable_thinking": false}));
+                chat.insert("reasoning_effort".into(), json!(e));
             }
-            Some("minimal" | "low" | "medium" | "high" | "xhigh") => {
+            Some(e @ ("minimal" | "low" | "medium" | "high" | "xhigh")) => {
                 chat.insert("chat_template_kwargs".into(), json!({"enable_thinking": true}));
+                chat.insert("reasoning_effort".into(), json!(e));
             }
             Some(_) => {
                 return Err(bad("reasoning.effort", "must be one of none, minimal, low, medium, high, xhigh"))
@@ -1018,6 +1023,18 @@ mod tests {
         assert_eq!(t.chat["max_tokens"], 5);
         // the instructions are not part of the stored conversation
         assert_eq!(t.input.len(), 4);
+    }
+
+    #[test]
+    fn the_effort_goes_to_chat_as_its_reasoning_effort() {
+        for (effort, thinks) in [("none", false), ("minimal", true), ("high", true), ("xhigh", true)] {
+            let t =
+                tr(json!({"input": "x", "max_output_tokens": 100, "reasoning": {"effort": effort}})).unwrap();
+            assert_eq!(t.chat["reasoning_effort"], effort);
+            assert_eq!(t.chat["chat_template_kwargs"], json!({"enable_thinking": thinks}));
+        }
+        let t = tr(json!({"input": "x", "reasoning": {"summary": "auto"}})).unwrap();
+        assert!(t.chat.get("reasoning_effort").is_none(), "no effort: no cap");
     }
 
     #[test]

@@ -123,6 +123,14 @@ fn record_run() -> Live {
                 .submit(r, &p, params(20 + (r as usize % 4) * 8, if r % 2 == 0 { 0.0 } else { 0.8 }), None)
                 .unwrap();
         }
+        if step == 5 {
+            // a thinking budget: its forced end marker replays as recorded
+            let mut p = params(20, 0.8);
+            let end_ids = vec![250, 251];
+            p.thinking =
+                Some(crate::engine::ThinkingBudget { budget: 3, start_ids: vec![249], end_ids, open: true });
+            engine.submit(next_rid(), &prompt(40, 6, 77), p, None).unwrap();
+        }
         if step == 3 {
             let mut p = params(20, 0.0);
             // the text of two tokens this request draws ("<" then "T"): a stop across tokens
