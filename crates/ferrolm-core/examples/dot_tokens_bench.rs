@@ -11,7 +11,7 @@ use ferrolm_core::quant::QuantType;
 
 fn main() {
     let (rows, cols) = (1536usize, 576usize);
-    for ty in [QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4_0] {
+    for ty in [QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1] {
         let row_bytes = ty.bytes_for(cols).expect("whole blocks");
         // bytes that decode to finite weights: scales of small f16 values
         let mut w = vec![0u8; rows * row_bytes];

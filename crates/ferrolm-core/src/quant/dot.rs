@@ -177,51 +177,53 @@ pub fn dot_q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     dispatch!(dot_q6_k, dot_q6_k_portable, w, a)
 }
 
-pub fn dot_q8_0_portable(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (w, a) in w.iter().zip(a) {
-        let sumi = dot32(w.qs.iter().map(|&q| q as i32), &a.qs);
-        sum += sumi as f32 * (half(w.d) * half(a.d));
+/// The sum of a row's per-block terms in the order the SIMD code adds them: block i into
+/// lane i % 4 (each lane a running sum in block order), then `(l0 + l1) + (l2 + l3)`.
+/// Four independent sums let a vector add take four blocks at once, with no chain of
+/// scalar adds per block (the 32-weight formats' order; the k-quants sum in block order).
+pub(crate) fn lane_sum(terms: impl Iterator<Item = f32>) -> f32 {
+    let mut lanes = [0f32; 4];
+    for (i, t) in terms.enumerate() {
+        lanes[i % 4] += t;
     }
-    sum
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+}
+
+pub fn dot_q8_0_portable(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    lane_sum(w.iter().zip(a).map(|(w, a)| {
+        let sumi = dot32(w.qs.iter().map(|&q| q as i32), &a.qs);
+        sumi as f32 * (half(w.d) * half(a.d))
+    }))
 }
 
 pub fn dot_q4_0_portable(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (w, a) in w.iter().zip(a) {
+    lane_sum(w.iter().zip(a).map(|(w, a)| {
         let lo = dot32(w.qs.iter().map(|&b| (b & 0x0F) as i32 - 8), &a.qs[..QK / 2]);
         let hi = dot32(w.qs.iter().map(|&b| (b >> 4) as i32 - 8), &a.qs[QK / 2..]);
-        sum += (lo + hi) as f32 * (half(w.d) * half(a.d));
-    }
-    sum
+        (lo + hi) as f32 * (half(w.d) * half(a.d))
+    }))
 }
 
 pub fn dot_q4_1_portable(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
-    let mut sum = 0f32;
-    for (w, a) in w.iter().zip(a) {
+    lane_sum(w.iter().zip(a).map(|(w, a)| {
         let lo = dot32(w.qs.iter().map(|&b| (b & 0x0F) as i32), &a.qs[..QK / 2]);
         let hi = dot32(w.qs.iter().map(|&b| (b >> 4) as i32), &a.qs[QK / 2..]);
-        sum += (lo + hi) as f32 * (half(w.d) * a.d) + half(w.m) * a.s;
-    }
-    sum
+        (lo + hi) as f32 * (half(w.d) * a.d) + half(w.m) * a.s
+    }))
 }
 
 pub fn dot_q5_0_portable(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (w, a) in w.iter().zip(a) {
+    lane_sum(w.iter().zip(a).map(|(w, a)| {
         let sumi = dot32(w.codes().into_iter().map(|q| q as i32 - 16), &a.qs);
-        sum += sumi as f32 * (half(w.d) * half(a.d));
-    }
-    sum
+        sumi as f32 * (half(w.d) * half(a.d))
+    }))
 }
 
 pub fn dot_q5_1_portable(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
-    let mut sum = 0f32;
-    for (w, a) in w.iter().zip(a) {
+    lane_sum(w.iter().zip(a).map(|(w, a)| {
         let sumi = dot32(w.codes().into_iter().map(|q| q as i32), &a.qs);
-        sum += sumi as f32 * (half(w.d) * a.d) + half(w.m) * a.s;
-    }
-    sum
+        sumi as f32 * (half(w.d) * a.d) + half(w.m) * a.s
+    }))
 }
 
 /// Q4_K and Q5_K: `codes(block, sub)` gives the 32 codes of sub-block `sub`.

@@ -176,18 +176,24 @@ macro_rules! kernels {
             (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
         }
 
-        /// `sum` plus the first `n` lanes of `terms`, one at a time in lane order: the
-        /// portable code's running sum over blocks.
+        /// The first `n` lanes of `terms` (the others zero): a last group of fewer than
+        /// four blocks adds nothing to the lanes it does not have. (A lane sum is never
+        /// -0.0, so adding +0.0 to it changes nothing.)
         #[inline]
         #[target_feature(enable = $features)]
-        fn add_in_order(mut sum: f32, terms: __m128, n: usize) -> f32 {
-            let mut lanes = [0f32; 4];
-            // SAFETY: 16 writable bytes; storeu has no alignment requirement
-            unsafe { _mm_storeu_ps(lanes.as_mut_ptr(), terms) };
-            for &t in &lanes[..n] {
-                sum += t;
-            }
-            sum
+        fn first_lanes(terms: __m128, n: usize) -> __m128 {
+            const KEEP: [[u32; 4]; 4] = [[0; 4], [!0, 0, 0, 0], [!0, !0, 0, 0], [!0, !0, !0, 0]];
+            // SAFETY: 16 readable bytes; loadu has no alignment requirement
+            _mm_and_ps(terms, unsafe { _mm_loadu_ps(KEEP[n].as_ptr().cast()) })
+        }
+
+        /// The four lane sums added as `(l0 + l1) + (l2 + l3)`: the portable code's
+        /// [`super::super::dot::lane_sum`].
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn lanes_total(lanes: __m128) -> f32 {
+            let pairs = _mm_add_ps(lanes, _mm_movehdup_ps(lanes)); // [l0 + l1, _, l2 + l3, _]
+            _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehl_ps(pairs, pairs)))
         }
 
         /// An f16 widened to f32 (exact), with F16C: the `half` crate asks the CPU each time.
@@ -206,26 +212,27 @@ macro_rules! kernels {
         }
 
         /// A row of 32-weight blocks, four blocks at a time: `terms` gives the float term of
-        /// each of four blocks, which are added to the running sum in order. A last group of
-        /// fewer than four repeats its last block, whose extra terms are not added.
+        /// each of four blocks, block i going to lane i % 4 of the running lane sums (as the
+        /// portable `lane_sum`). A last group of fewer than four repeats its last block,
+        /// whose extra terms are not added.
         #[inline]
         #[target_feature(enable = $features)]
         fn by_four<W: Copy, A: Copy>(w: &[W], a: &[A], terms: impl Fn(&[W; 4], &[A; 4]) -> __m128) -> f32 {
             let n = w.len().min(a.len());
             let (w4, w_rest) = w[..n].as_chunks::<4>();
             let (a4, a_rest) = a[..n].as_chunks::<4>();
-            let mut sum = 0f32;
+            let mut lanes = _mm_setzero_ps();
             for (w, a) in w4.iter().zip(a4) {
-                sum = add_in_order(sum, terms(w, a), 4);
+                lanes = _mm_add_ps(lanes, terms(w, a));
             }
             if let Some(last) = w_rest.len().checked_sub(1) {
                 // copies of whole blocks, not a call to memcpy
                 let at = |j: usize| j.min(last);
                 let w = [w_rest[0], w_rest[at(1)], w_rest[at(2)], w_rest[at(3)]];
                 let a = [a_rest[0], a_rest[at(1)], a_rest[at(2)], a_rest[at(3)]];
-                sum = add_in_order(sum, terms(&w, &a), w_rest.len());
+                lanes = _mm_add_ps(lanes, first_lanes(terms(&w, &a), w_rest.len()));
             }
-            sum
+            lanes_total(lanes)
         }
 
         /// `sumi as f32 * (d_w * d_a)` for four blocks whose scales are all f16.
@@ -519,9 +526,9 @@ macro_rules! kernels {
             _mm_cvtph_ps(_mm_set_epi64x(0, f16x4(x)))
         }
 
-        /// The tokens' running sums (`out[t]` for `acts[t]`) over a row of 32-weight blocks,
-        /// four blocks at a time: `unpack` prepares four weight blocks once, `terms` gives
-        /// one token's float terms of them, added to its running sum in block order (as
+        /// The tokens' sums (`out[t]` for `acts[t]`, at most 16 tokens) over a row of
+        /// 32-weight blocks, four blocks at a time: `unpack` prepares four weight blocks once,
+        /// `terms` gives one token's float terms of them, added to its lane sums (as
         /// [`by_four`] does for one token, the same tail included).
         #[inline]
         #[target_feature(enable = $features)]
@@ -532,22 +539,27 @@ macro_rules! kernels {
             unpack: impl Fn(&[W; 4]) -> U,
             terms: impl Fn(&U, &[A; 4]) -> __m128,
         ) {
-            out.fill(0.0);
+            let mut lanes = [_mm_setzero_ps(); 16];
+            let lanes = &mut lanes[..acts.len()];
             let n = w.len();
             let (w4, w_rest) = w.as_chunks::<4>();
             for (g, wg) in w4.iter().enumerate() {
                 let u = unpack(wg);
-                for (sum, a) in out.iter_mut().zip(acts) {
-                    *sum = add_in_order(*sum, terms(&u, &a[..n].as_chunks::<4>().0[g]), 4);
+                for (l, a) in lanes.iter_mut().zip(acts) {
+                    *l = _mm_add_ps(*l, terms(&u, &a[..n].as_chunks::<4>().0[g]));
                 }
             }
             if let Some(last) = w_rest.len().checked_sub(1) {
                 let at = |j: usize| j.min(last);
                 let u = unpack(&[w_rest[0], w_rest[at(1)], w_rest[at(2)], w_rest[at(3)]]);
-                for (sum, a) in out.iter_mut().zip(acts) {
+                for (l, a) in lanes.iter_mut().zip(acts) {
                     let a = &a[4 * w4.len()..n];
-                    *sum = add_in_order(*sum, terms(&u, &[a[0], a[at(1)], a[at(2)], a[at(3)]]), w_rest.len());
+                    let t = terms(&u, &[a[0], a[at(1)], a[at(2)], a[at(3)]]);
+                    *l = _mm_add_ps(*l, first_lanes(t, w_rest.len()));
                 }
+            }
+            for (o, l) in out.iter_mut().zip(lanes.iter()) {
+                *o = lanes_total(*l);
             }
         }
 
