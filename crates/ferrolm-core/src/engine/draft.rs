@@ -1,6 +1,10 @@
 //! Draft tokens without a draft model (speculative decoding by lookup): the tokens that
 //! followed the latest earlier occurrence of the sequence's own suffix.
 //!
+//! A draft comes first from the prefix cache: the tokens an earlier sequence with the
+//! same prefix (prompt and output so far) went on with (`RadixTree::continuation`), e.g.
+//! another sample of the prompt, or an agent sending the same context again. Else:
+//!
 //! [`NgramIndex`] keeps, for every n-gram of length `min_n..=max_n` of a request's tokens
 //! (prompt and output), where it last ended; appending a token costs `max_n - min_n + 1`
 //! hash-map updates. [`NgramIndex::propose`] takes the longest suffix that occurred before
@@ -174,16 +178,29 @@ impl Speculation {
         k.clamp(1, self.max_draft)
     }
 
-    /// This step's draft, at most `limit` tokens, into `out` (cleared first); empty while
-    /// paused or when nothing matches.
-    pub fn draft(&mut self, limit: usize, out: &mut Vec<u32>) {
-        out.clear();
+    /// How many tokens to draft this step, at most `limit`: `None` while paused (the
+    /// step counts toward the pause) or when `limit` is 0.
+    pub fn next_length(&mut self, limit: usize) -> Option<usize> {
         if self.pause > 0 {
             self.pause -= 1;
-            return;
+            return None;
         }
-        let k = self.worth_drafting().max(1); // 0: a probe of one token
-        self.index.propose(k.min(limit), out);
+        // 0 pays: a probe of one token
+        (limit > 0).then(|| self.worth_drafting().max(1).min(limit))
+    }
+
+    /// Up to `k` tokens that followed the sequence's latest earlier suffix, into `out`.
+    pub fn propose(&self, k: usize, out: &mut Vec<u32>) {
+        self.index.propose(k, out);
+    }
+
+    /// This step's draft from the sequence itself, at most `limit` tokens, into `out`
+    /// (cleared first); empty while paused or when nothing matches.
+    pub fn draft(&mut self, limit: usize, out: &mut Vec<u32>) {
+        out.clear();
+        if let Some(k) = self.next_length(limit) {
+            self.propose(k, out);
+        }
     }
 
     /// A draft of `drafted` tokens of which the first `accepted` were kept.

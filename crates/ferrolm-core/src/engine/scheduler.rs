@@ -89,16 +89,24 @@ impl Engine {
     }
 
     /// This step's draft for a decoding request that speculates: at most `spare` tokens
-    /// (free slots), and no more than could be kept (its `max_new_tokens`, the context).
+    /// (free slots), and no more than could be kept (its `max_new_tokens`, the context);
+    /// what the prefix cache holds after its tokens, else what followed its latest suffix.
     fn draft_for(&mut self, rid: u64, spare: usize) -> Vec<u32> {
         let max_context = self.config.max_context;
-        let r = self.requests.get_mut(&rid).expect("running request exists");
+        let (tree, requests) = (&self.tree, &mut self.requests);
+        let r = requests.get_mut(&rid).expect("running request exists");
         // the step emits the kept drafts and one token more
         let limit =
             spare.min(r.remaining().saturating_sub(1)).min(max_context.saturating_sub(r.tokens.len() + 1));
         let Some(spec) = r.spec.as_mut() else { return Vec::new() };
+        let Some(k) = spec.next_length(limit) else { return Vec::new() };
         let mut draft = Vec::new();
-        spec.draft(limit, &mut draft);
+        if self.config.enable_prefix_cache {
+            tree.continuation(&r.tokens, r.params.namespace.as_deref(), k, &mut draft);
+        }
+        if draft.is_empty() {
+            spec.propose(k, &mut draft);
+        }
         draft
     }
 

@@ -343,3 +343,30 @@ proptest! {
         prop_assert_eq!(load.kv_used, load.cached_tokens);
     }
 }
+
+#[test]
+fn a_repeated_request_drafts_what_the_cache_holds_after_its_tokens() {
+    // a model that copies nothing: the n-gram drafts miss, the cache's continuation of
+    // the same prompt (the first request's output) is kept whole
+    let cfg = speculating(true, |_| {});
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::new(cfg.kv_capacity);
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 17 % 250) as u32).collect();
+    engine.submit(1, &prompt, greedy(40), None).unwrap();
+    let first = drain(&mut engine, &mut model);
+    let before = engine.stats();
+    engine.submit(2, &prompt, greedy(40), None).unwrap();
+    let second = drain(&mut engine, &mut model);
+    assert_eq!(second[&2].0, first[&1].0, "the same greedy tokens");
+    let after = engine.stats();
+    let kept = after.spec_accepted_tokens - before.spec_accepted_tokens;
+    assert!(kept >= 30, "most of the 40 tokens came from the cache's drafts: {kept}");
+    assert!(after.steps - before.steps <= 12, "{} steps", after.steps - before.steps);
+    // off without the prefix cache: nothing to continue from
+    let mut engine = Engine::new(speculating(true, |c| c.enable_prefix_cache = false), vocab()).unwrap();
+    engine.submit(1, &prompt, greedy(40), None).unwrap();
+    drain(&mut engine, &mut model);
+    engine.submit(2, &prompt, greedy(40), None).unwrap();
+    drain(&mut engine, &mut model);
+    assert!(engine.stats().spec_accepted_tokens < 10);
+}

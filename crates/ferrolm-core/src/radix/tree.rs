@@ -552,6 +552,46 @@ impl RadixTree {
         }
     }
 
+    /// Up to `max` tokens the tree holds right after the whole of `tokens` (in
+    /// `namespace`), into `out` (cleared first): what an earlier sequence with this
+    /// prefix went on with, taking the most recently used branch where they part. Empty
+    /// when `tokens` is not all in the tree, or nothing follows it. Reads only: no access
+    /// is counted and nothing splits (a speculative draft's source, `engine::draft`).
+    pub fn continuation(&self, tokens: &[u32], namespace: Option<&str>, max: usize, out: &mut Vec<u32>) {
+        out.clear();
+        let Some(root) = self.root_of(namespace) else { return };
+        let page = self.config.page_size;
+        let (mut node, mut pos) = (root, 0);
+        // down the path of `tokens`: it must end inside an edge or at a node
+        let mut rest: &[u32] = &[];
+        while pos < tokens.len() {
+            if pos + page > tokens.len() {
+                return; // a partial page: not a key the tree can hold
+            }
+            let Some(child) = self.find_child(node, &tokens[pos..pos + page]) else { return };
+            let key = &self.arena[child].key;
+            let n = key.len().min(tokens.len() - pos);
+            if key[..n] != tokens[pos..pos + n] {
+                return;
+            }
+            pos += n;
+            node = child;
+            rest = &key[n..];
+        }
+        out.extend_from_slice(&rest[..rest.len().min(max)]);
+        // then down the most recently used children
+        while out.len() < max {
+            let Some(child) =
+                self.arena[node].children.values().max_by_key(|&c| self.arena[c].stats.last_access)
+            else {
+                return;
+            };
+            let key = &self.arena[child].key;
+            out.extend_from_slice(&key[..key.len().min(max - out.len())]);
+            node = child;
+        }
+    }
+
     /// The KV events queued since the last call, oldest first.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)

@@ -568,3 +568,32 @@ fn a_refused_match_changes_nothing() {
         ok(&t);
     }
 }
+
+#[test]
+fn continuation_is_what_follows_a_whole_prefix_on_the_latest_branch() {
+    let mut t = tree(1, EvictionPolicy::Lru);
+    t.insert(&[1, 2, 3, 4, 5], &slots(0..5), None, 0).unwrap();
+    t.insert(&[1, 2, 3, 9, 9, 9], &slots(10..16), None, 0).unwrap(); // splits at 3
+    let mut out = Vec::new();
+    t.continuation(&[1, 2], None, 10, &mut out);
+    assert_eq!(out[0], 3, "mid-edge: the rest of the edge first");
+    assert_eq!(out.len(), 4, "then one branch to its end");
+    t.match_prefix(&[1, 2, 3, 4], None); // the first branch is now the latest used
+    t.continuation(&[1, 2, 3], None, 10, &mut out);
+    assert_eq!(out, [4, 5]);
+    t.continuation(&[1, 2, 3], None, 1, &mut out);
+    assert_eq!(out, [4], "at most max");
+    for absent in [&[1, 2, 7][..], &[8], &[1, 2, 3, 4, 5, 6]] {
+        t.continuation(absent, None, 10, &mut out);
+        assert!(out.is_empty(), "{absent:?} is not all in the tree");
+    }
+    t.continuation(&[1, 2, 3, 4, 5], None, 10, &mut out);
+    assert!(out.is_empty(), "nothing follows a leaf");
+    t.continuation(&[1], Some("other"), 10, &mut out);
+    assert!(out.is_empty(), "no continuation across namespaces");
+    let sizes = t.sizes();
+    t.continuation(&[1, 2, 3, 9], None, 10, &mut out);
+    assert_eq!(out, [9, 9]);
+    assert_eq!(t.sizes(), sizes, "a read changes nothing");
+    ok(&t);
+}
