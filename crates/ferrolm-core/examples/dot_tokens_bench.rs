@@ -22,6 +22,10 @@ fn main() {
         for blk in w.chunks_exact_mut(block) {
             blk[0] = 0x00;
             blk[1] = 0x20; // an f16 scale of about 0.008
+            if ty == QuantType::Q4_1 {
+                blk[2] = 0x00;
+                blk[3] = 0xA0; // an f16 minimum of about -0.008
+            }
         }
         for (way, tokens) in [("dot_row", 1usize), ("dot_tokens", 16)] {
             let acts: Vec<_> = (0..tokens)

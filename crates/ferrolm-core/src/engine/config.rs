@@ -134,10 +134,11 @@ impl EngineConfig {
     /// Long enough for a copied line of code to go in one step; a draft is only as long
     /// as its tokens are likely to pay for their rows (`draft::Speculation`).
     pub const DEFAULT_SPECULATIVE_MAX_DRAFT: usize = 10;
-    /// A decode row's share of a one-token step on a CPU for a small model (a row reads
-    /// no more weights, but multiplies them again): measured with SmolLM2-135M Q4_1 on
-    /// two cores (`ferrolm bench spec`). Far less on a GPU.
-    pub const DEFAULT_SPECULATIVE_ROW_COST: f64 = 0.35;
+    /// A verified row's share of a one-token step on a CPU for a small model: a row reads
+    /// no more weights, but multiplies them again. Measured on two cores with
+    /// SmolLM2-135M (`ferrolm bench quant`-style forwards of 1 to 8 rows): 0.55 on its
+    /// Q4_1 file, 0.4 on Q4_K_M. Far less on a GPU.
+    pub const DEFAULT_SPECULATIVE_ROW_COST: f64 = 0.5;
     pub const MAX_SPECULATIVE_DRAFT: usize = 64;
 
     pub fn validate(&self) -> Result<(), ConfigError> {
