@@ -13,7 +13,6 @@ ids must agree exactly.
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Any
 
 import httpx
