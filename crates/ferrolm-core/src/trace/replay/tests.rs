@@ -32,9 +32,15 @@ impl FakeModel {
         for i in 0..plan.num_tokens() {
             self.kv[plan.out_slots[i] as usize] = plan.input_ids[i];
         }
-        let mut logits = Vec::with_capacity(plan.num_requests() * VOCAB);
-        for b in 0..plan.num_requests() {
-            let ctx = &plan.kv_slots[plan.kv_offsets[b] as usize..plan.kv_offsets[b + 1] as usize];
+        // a row per logit row: the request's slots up to that token's position
+        let mut logits = Vec::with_capacity(plan.logit_rows.len() * VOCAB);
+        let mut b = 0;
+        for &t in &plan.logit_rows {
+            while plan.qo_offsets[b + 1] <= t {
+                b += 1;
+            }
+            let start = plan.kv_offsets[b] as usize;
+            let ctx = &plan.kv_slots[start..start + plan.positions[t as usize] as usize + 1];
             let h = ctx.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &s| {
                 (h ^ self.kv[s as usize] as u64).wrapping_mul(0x100_0000_01b3)
             });
@@ -383,4 +389,35 @@ fn an_engine_that_schedules_nothing_is_a_stall() {
         "the end's check: {:?}",
         s.violations
     );
+}
+
+#[test]
+fn a_replay_shows_the_drafts_and_what_was_kept() {
+    // the same greedy prompt twice: the second drafts the first's output from the cache
+    let out = Shared::default();
+    let config = EngineConfig { kv_capacity: 2048, speculative: true, ..config() };
+    let mut engine = Engine::new(config, vocab()).unwrap();
+    engine.record_trace(Box::new(out.clone())).unwrap();
+    let mut model = FakeModel { kv: vec![0; 2048] };
+    for rid in [1, 2] {
+        engine.submit(rid, &prompt(30, 10, 3), params(40, 0.0), None).unwrap();
+        while engine.has_work() {
+            let plan = engine.schedule().unwrap();
+            let mut logits = model.forward(&plan);
+            engine.commit(&mut logits, VOCAB).unwrap();
+        }
+    }
+    let live = engine.stats();
+    assert!(live.spec_accepted_tokens >= 30, "{live:?}");
+    let trace = read(&out.0.lock().unwrap());
+    let mut lines = Vec::new();
+    let options = ReplayOptions { verbose: true, ..Default::default() };
+    let s = replay(&trace, &options, &mut |l| lines.push(l.to_string())).unwrap();
+    assert!(s.is_ok() && s.is_same(), "{}", s.report().join("\n"));
+    assert_eq!(
+        (s.drafts, s.draft_tokens, s.accepted_tokens),
+        (live.spec_drafts, live.spec_draft_tokens, live.spec_accepted_tokens)
+    );
+    assert!(lines.iter().any(|l| l.contains("drafts r2")), "{lines:#?}");
+    assert!(s.report().iter().any(|l| l.starts_with("speculation: ")), "{:?}", s.report());
 }
