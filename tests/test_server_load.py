@@ -325,6 +325,11 @@ METRIC_TYPES = {
     "vllm:gpu_prefix_cache_hits_total": "counter",
     "vllm:num_preemptions_total": "counter",
     "vllm:cache_config_info": "gauge",
+    # speculative decoding: vLLM's counters, and drafts by tokens kept
+    "vllm:spec_decode_num_drafts_total": "counter",
+    "vllm:spec_decode_num_draft_tokens_total": "counter",
+    "vllm:spec_decode_num_accepted_tokens_total": "counter",
+    "ferrolm:spec_decode_accepted_tokens_per_draft": "histogram",
     "sglang:num_running_reqs": "gauge",
     "sglang:num_queue_reqs": "gauge",
     "sglang:num_used_tokens": "gauge",
