@@ -177,29 +177,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch runner on CUDA: size the KV pool so that weights and pool take this "
         "fraction of the GPU's memory (e.g. 0.85), instead of --max-total-tokens",
     )
-    parser.add_argument(
-        "--speculative",
-        choices=("off", "ngram"),
-        default=defaults.speculative,
-        help="ngram: speculative decoding without a draft model for requests that do not set "
-        "'speculative': each step drafts the tokens that followed the text's latest suffix earlier in "
-        "its prompt or output, and one forward verifies them (the same tokens as without; "
-        "default %(default)s)",
-    )
-    parser.add_argument(
-        "--speculative-max-draft",
-        type=int,
-        default=defaults.speculative_max_draft,
-        help="draft tokens verified per request and step at most (default %(default)s)",
-    )
-    parser.add_argument(
-        "--speculative-row-cost",
-        type=float,
-        default=None,
-        help="what a verified draft row costs as a share of a one-token step; drafts are as long as "
-        f"their tokens are likely to pay for it (default: {ENGINE_DEFAULTS.speculative_row_cost} on the CPU, "
-        "a twentieth of that on a GPU)",
-    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=defaults.log_level)
     parser.add_argument(
         "--max-request-bytes",
@@ -255,8 +232,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--runner``, ``--device``, ``--dtype``, ``--kv-cache-dtype``: for ``serve`` and
-    ``generate``."""
+    """``--runner``, ``--device``, ``--dtype``, ``--kv-cache-dtype``, ``--speculative*``:
+    for ``serve`` and ``generate``."""
     parser.add_argument(
         "--runner",
         choices=RUNNERS,
@@ -308,6 +285,29 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the runner picks the tokens of steps whose requests are all plain greedy on its "
         "device; default: as --device-sampling",
+    )
+    parser.add_argument(
+        "--speculative",
+        choices=("off", "ngram"),
+        default=ServerArgs().speculative,
+        help="ngram: speculative decoding without a draft model for requests that do not set "
+        "'speculative': each step drafts the tokens that followed the text's latest suffix earlier in "
+        "its prompt or output, and one forward verifies them (the same tokens as without; "
+        "default %(default)s)",
+    )
+    parser.add_argument(
+        "--speculative-max-draft",
+        type=int,
+        default=ServerArgs().speculative_max_draft,
+        help="draft tokens verified per request and step at most (default %(default)s)",
+    )
+    parser.add_argument(
+        "--speculative-row-cost",
+        type=float,
+        default=None,
+        help="what a verified draft row costs as a share of a one-token step; drafts are as long as "
+        f"their tokens are likely to pay for it (default: {ENGINE_DEFAULTS.speculative_row_cost} on the CPU, "
+        "a twentieth of that on a GPU)",
     )
 
 
