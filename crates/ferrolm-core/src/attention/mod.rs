@@ -15,9 +15,9 @@
 //!
 //! The work is cut into tasks of (request, block of queries, block of keys): a query block
 //! holds every query head of a few tokens (for a decode, one token), so a task reads each
-//! slot's keys and values of all KV heads at once, contiguous in the pool; a long context
-//! is split into key blocks when the step would otherwise have fewer tasks than threads
-//! can share, so one long request does not serialize the step. Tasks run on scoped threads (the caller's thread among them), the
+//! slot's keys and values of all KV heads at once, contiguous in the pool; a context is
+//! cut into blocks of 256 keys, always at the same keys, so that one long request does not
+//! serialize the step and a row's result never depends on what else the step holds. Tasks run on scoped threads (the caller's thread among them), the
 //! largest first; each leaves a partial softmax state per row, and the partials of a row
 //! are merged at the end.
 //!
@@ -39,7 +39,7 @@ use std::sync::{Mutex, OnceLock};
 pub use elem::KvElem;
 pub use half::{bf16, f16};
 
-use kernel::{run_task, TaskInput, Workspace, STATE_HEADER, TILE};
+use kernel::{run_task, TaskInput, Workspace, STATE_HEADER};
 
 /// Heads and head size of one layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,8 +204,11 @@ struct Task {
 /// Query rows per task at most (tokens of a block times the query heads), unless one
 /// token has more heads.
 const ROWS_PER_TASK: usize = 64;
-/// Keys per task at least, when a context is split.
-const MIN_KEYS_PER_TASK: usize = 256;
+/// Keys per task: a request's context is cut at every multiple of this many keys,
+/// whatever else the step holds, so that a query row's partial states, and the order they
+/// are merged in, are the same in every step (a decode alone, a batch, a speculative
+/// draft's rows): its output is bit for bit the same. A multiple of `kernel::TILE`.
+const KEYS_PER_TASK: usize = 256;
 /// Below this many row-key products in all (well under a millisecond of one core's work),
 /// a helper thread costs more than it saves: spawning it and, on a busy machine, waiting
 /// for it to be scheduled.
@@ -213,8 +216,6 @@ const MIN_PARALLEL_WORK: usize = 1 << 17;
 /// The same inside a rayon pool, where a helper costs a task, not a thread: a decode of a
 /// 2k-token context (heads x keys ~ 20k) is worth splitting there.
 const MIN_PARALLEL_WORK_IN_POOL: usize = 1 << 12;
-/// Tasks per thread aimed at when contexts are split (for balance).
-const TASKS_PER_THREAD: usize = 4;
 
 fn available_threads() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
@@ -309,22 +310,18 @@ pub fn attend<E: KvElem>(
     };
     let min_work = if in_pool { MIN_PARALLEL_WORK_IN_POOL } else { MIN_PARALLEL_WORK };
     let threads = if total_work < min_work { 1 } else { threads };
-    let task_work = if threads > 1 { (total_work / (threads * TASKS_PER_THREAD)).max(1) } else { usize::MAX };
     let stride = STATE_HEADER + d;
     let mut tasks = Vec::new();
     let mut scratch_len = 0;
     for (index, (unit, span)) in units.iter_mut().zip(&spans).enumerate() {
         let rows = unit.tokens.len() * num_heads;
-        let work = rows * span.len();
-        let pieces = work.div_ceil(task_work).max(1);
-        let mut keys = span.len().div_ceil(pieces).next_multiple_of(TILE).max(MIN_KEYS_PER_TASK);
-        if let Some(cap) = options.max_keys_per_task {
-            keys = keys.min(cap.max(1));
-        }
+        let keys = options.max_keys_per_task.map_or(KEYS_PER_TASK, |cap| KEYS_PER_TASK.min(cap.max(1)));
         unit.first_task = tasks.len();
         let mut k0 = span.start;
         loop {
-            let k1 = (k0 + keys).min(span.end);
+            // cut at multiples of `keys` from key 0, not from the span's start (a sliding
+            // window's start moves with the query block)
+            let k1 = ((k0 / keys + 1) * keys).min(span.end);
             tasks.push(Task { unit: index, keys: k0..k1, state: scratch_len, work: rows * (k1 - k0) });
             scratch_len += rows * stride;
             k0 = k1;

@@ -368,3 +368,50 @@ fn portable_loop_matches_the_simd_loops_on_every_pool_type() {
     }
     portable_matches_picked::<f16>(20);
 }
+
+/// A query row's output is the same bits whatever else the step holds: alone, beside
+/// other requests, or as the first of several new tokens (a speculative draft's rows),
+/// on one thread or several. The context is cut at the same keys in every step.
+#[test]
+fn a_rows_output_does_not_depend_on_the_rest_of_the_step() {
+    let g = Geometry { num_heads: 9, num_kv_heads: 3, head_dim: 64 };
+    let row = g.num_kv_heads * g.head_dim;
+    let ctx = 1_000; // several key blocks
+    let mut rng = Values(5);
+    let num_slots = ctx + 8 + 2_000;
+    let k_pool: Vec<f16> = pool_of(&rng.vec(num_slots * row));
+    let v_pool: Vec<f16> = pool_of(&rng.vec(num_slots * row));
+    let width = g.num_heads * g.head_dim;
+    let queries = rng.vec(4 * width);
+    let ours: Vec<u32> = (0..ctx as u32 + 4).collect();
+    let other: Vec<u32> = (ctx as u32 + 8..ctx as u32 + 2_008).collect();
+    // our request's new tokens: the last `n` of its slots; run it as `n` tokens, maybe
+    // after another request decoding over 2,000 keys
+    let run = |n: usize, beside: bool, threads: usize| -> Vec<f32> {
+        let mine = &ours[..ctx + n];
+        let mut positions: Vec<u32> = (ctx as u32..(ctx + n) as u32).collect();
+        let mut q = queries[..n * width].to_vec();
+        let (mut qo, mut kv_slots, mut kv) = (vec![0, n as u32], mine.to_vec(), vec![0, mine.len() as u32]);
+        if beside {
+            positions.push(other.len() as u32 - 1);
+            q.extend_from_slice(&queries[3 * width..4 * width]);
+            qo.push(n as u32 + 1);
+            kv_slots.extend_from_slice(&other);
+            kv.push(kv_slots.len() as u32);
+        }
+        let step = Step { positions: &positions, qo_offsets: &qo, kv_slots: &kv_slots, kv_offsets: &kv };
+        let options =
+            Options { scale: 0.125, sliding_window: None, num_threads: threads, max_keys_per_task: None };
+        let mut out = vec![0f32; q.len()];
+        attend(g, &step, &q, &k_pool, &v_pool, &options, &mut out).unwrap();
+        out[..width].to_vec() // the first new token's heads
+    };
+    let alone = run(1, false, 1);
+    for (n, beside, threads) in [(1, true, 1), (1, false, 3), (2, false, 1), (4, true, 2), (3, false, 4)] {
+        let got = run(n, beside, threads);
+        assert!(
+            got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{n} new tokens, beside another: {beside}, {threads} threads"
+        );
+    }
+}
