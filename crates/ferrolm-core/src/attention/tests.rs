@@ -400,10 +400,11 @@ fn a_rows_output_does_not_depend_on_the_rest_of_the_step() {
             kv.push(kv_slots.len() as u32);
         }
         let step = Step { positions: &positions, qo_offsets: &qo, kv_slots: &kv_slots, kv_offsets: &kv };
-        let options =
-            Options { scale: 0.125, sliding_window: None, num_threads: threads, max_keys_per_task: None };
+        // inside a rayon pool, as the quant runner's step calls it (splits from little work)
+        let options = Options { scale: 0.125, sliding_window: None, num_threads: 0, max_keys_per_task: None };
         let mut out = vec![0f32; q.len()];
-        attend(g, &step, &q, &k_pool, &v_pool, &options, &mut out).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| attend(g, &step, &q, &k_pool, &v_pool, &options, &mut out)).unwrap();
         out[..width].to_vec() // the first new token's heads
     };
     let alone = run(1, false, 1);
