@@ -51,16 +51,15 @@ const MAX_MOVES_PER_BYTE: usize = MAX_RULES + 64;
 pub struct Config {
     pub rule: u32,
     pub state: u32,
-    /// Top frame in the arena, or [`NO_FRAME`].
+    /// Top frame in the arena, or [`NO_FRAME`]. Return points, and above them, while
+    /// an object whose members come in any order is open in the current rule, the
+    /// member names seen in it (frames whose `rule` is [`SEEN`]; the object's `{` put
+    /// a scope frame under them, its `}` takes them off).
     pub stack: u32,
-    /// The member names seen in the objects open where their members may come in any
-    /// order: the last one seen (or scope opened), in the same arena, frames whose
-    /// `rule` is [`SEEN`] linked by `below`; [`NO_FRAME`] when none is open.
-    pub seen: u32,
 }
 
-/// The `rule` of a frame of a seen-names list (never a rule's number).
-const SEEN: u32 = u32::MAX;
+/// The `rule` of a frame noting a member name (never a rule's number).
+pub(crate) const SEEN: u32 = u32::MAX;
 /// The `state` of the frame that opens an object's scope in a seen-names list.
 const SCOPE: u32 = u32::MAX;
 /// The `state` of a frame noting a member, whatever its name (see [`Mark::First`]).
@@ -255,6 +254,12 @@ impl Rules {
         }
     }
 
+    /// Whether some rule has marks (objects whose members come in any order).
+    #[inline]
+    pub(crate) fn marked(&self) -> bool {
+        self.marks.is_some()
+    }
+
     /// Whether marks leave `state` of `rule` (bytes it does not read may be read past them).
     #[inline]
     pub(crate) fn has_marks(&self, rule: u32, state: u32) -> bool {
@@ -279,7 +284,21 @@ impl Rules {
 
     /// The configuration after `byte`, or `None` if the byte is refused.
     #[inline]
-    pub(crate) fn step(&self, mut config: Config, byte: u8, frames: &mut impl Frames) -> Option<Config> {
+    pub(crate) fn step(&self, config: Config, byte: u8, frames: &mut impl Frames) -> Option<Config> {
+        // The common case, small enough to inline into trie walks: the rule reads the
+        // byte itself, no marks to check.
+        if byte < CALL_BASE && self.marks.is_none() {
+            let next = self.dfas[config.rule as usize].next(config.state, byte);
+            if next != DEAD {
+                return Some(Config { state: next, ..config });
+            }
+        }
+        self.step_slow(config, byte, frames)
+    }
+
+    /// [`Rules::step`] past its common case: calls, marks and returns.
+    #[inline(never)]
+    fn step_slow(&self, mut config: Config, byte: u8, frames: &mut impl Frames) -> Option<Config> {
         if byte >= CALL_BASE {
             return None;
         }
@@ -295,12 +314,7 @@ impl Rules {
             }
             if let Some((callee, ret)) = self.call_on(config.rule, config.state, byte) {
                 let frame = frames.push(Frame { rule: config.rule, state: ret, below: config.stack });
-                config = Config {
-                    rule: callee,
-                    state: self.dfas[callee as usize].start(),
-                    stack: frame,
-                    ..config
-                };
+                config = Config { rule: callee, state: self.dfas[callee as usize].start(), stack: frame };
                 continue;
             }
             if let Some(marks) = &self.marks {
@@ -311,8 +325,10 @@ impl Rules {
             }
             if dfa.is_accepting(config.state) && config.stack != NO_FRAME {
                 let frame = frames.frame(config.stack);
-                config = Config { rule: frame.rule, state: frame.state, stack: frame.below, ..config };
-                continue;
+                if frame.rule != SEEN {
+                    config = Config { rule: frame.rule, state: frame.state, stack: frame.below };
+                    continue;
+                }
             }
             return None;
         }
@@ -329,7 +345,10 @@ impl Rules {
                 return config.rule == 0;
             }
             let frame = frames[config.stack as usize];
-            config = Config { rule: frame.rule, state: frame.state, stack: frame.below, ..config };
+            if frame.rule == SEEN {
+                return false;
+            }
+            config = Config { rule: frame.rule, state: frame.state, stack: frame.below };
         }
     }
 
@@ -871,13 +890,13 @@ impl Marks {
 
     /// `config` having just read a byte into its state: refused where every name ahead
     /// was seen; a mark that alone leaves the state is taken.
-    #[inline]
+    #[inline(never)]
     fn arrive(&self, mut config: Config, frames: &mut impl Frames) -> Option<Config> {
         for _ in 0..8 {
             let (rule, state) = (config.rule as usize, config.state as usize);
             let guard = self.guard[rule][state];
             if guard != 0
-                && self.guard_sets[guard as usize - 1].iter().all(|&j| seen_in_scope(config.seen, j, frames))
+                && self.guard_sets[guard as usize - 1].iter().all(|&j| seen_in_scope(config.stack, j, frames))
             {
                 return None;
             }
@@ -892,6 +911,8 @@ impl Marks {
     }
 
     /// A mark from `config`'s state after which `byte` can be read, taken.
+    #[cold]
+    #[inline(never)]
     fn take_lazily(
         &self,
         rules: &Rules,
@@ -916,31 +937,35 @@ impl Marks {
     fn apply(&self, mark: Mark, config: Config, frames: &mut impl Frames) -> Option<Config> {
         match mark {
             Mark::Open => {
-                let seen = frames.push(Frame { rule: SEEN, state: SCOPE, below: config.seen });
-                Some(Config { seen, ..config })
+                let stack = frames.push(Frame { rule: SEEN, state: SCOPE, below: config.stack });
+                Some(Config { stack, ..config })
             }
             Mark::First | Mark::Next => {
-                let empty = config.seen == NO_FRAME || frames.frame(config.seen).state == SCOPE;
+                let top = (config.stack != NO_FRAME).then(|| frames.frame(config.stack));
+                let empty = top.is_none_or(|top| top.rule != SEEN || top.state == SCOPE);
                 if empty != (mark == Mark::First) {
                     return None;
                 }
-                let seen = frames.push(Frame { rule: SEEN, state: ITEM, below: config.seen });
-                Some(Config { seen, ..config })
+                let stack = frames.push(Frame { rule: SEEN, state: ITEM, below: config.stack });
+                Some(Config { stack, ..config })
             }
             Mark::Member(j) => {
-                if seen_in_scope(config.seen, j, frames) {
+                if seen_in_scope(config.stack, j, frames) {
                     return None;
                 }
-                let seen = frames.push(Frame { rule: SEEN, state: j, below: config.seen });
-                Some(Config { seen, ..config })
+                let stack = frames.push(Frame { rule: SEEN, state: j, below: config.stack });
+                Some(Config { stack, ..config })
             }
             Mark::Close(r) => {
                 let required = &self.required[r as usize];
-                let (mut index, mut found) = (config.seen, 0usize);
+                let (mut index, mut found) = (config.stack, 0usize);
                 while index != NO_FRAME {
                     let frame = frames.frame(index);
+                    if frame.rule != SEEN {
+                        return None;
+                    }
                     if frame.state == SCOPE {
-                        return (found == required.len()).then_some(Config { seen: frame.below, ..config });
+                        return (found == required.len()).then_some(Config { stack: frame.below, ..config });
                     }
                     found += usize::from(required.binary_search(&frame.state).is_ok());
                     index = frame.below;
@@ -1024,12 +1049,12 @@ fn rule_guards(
     Ok(out)
 }
 
-/// Whether name `j` was seen in the innermost open scope of the list at `seen`.
+/// Whether name `j` was seen in the innermost open scope of the stack at `seen`.
 #[inline]
 fn seen_in_scope(mut seen: u32, j: u32, frames: &impl Frames) -> bool {
     while seen != NO_FRAME {
         let frame = frames.frame(seen);
-        if frame.state == SCOPE {
+        if frame.rule != SEEN || frame.state == SCOPE {
             return false;
         }
         if frame.state == j {
@@ -1069,7 +1094,7 @@ mod tests {
 
     fn accepts(rules: &Rules, text: &str) -> bool {
         let mut frames = Vec::new();
-        let mut config = Config { rule: 0, state: rules.main().start(), stack: NO_FRAME, seen: NO_FRAME };
+        let mut config = Config { rule: 0, state: rules.main().start(), stack: NO_FRAME };
         for &b in text.as_bytes() {
             match rules.step(config, b, &mut frames) {
                 Some(next) => config = next,

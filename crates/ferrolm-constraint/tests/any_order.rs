@@ -202,3 +202,33 @@ fn counted_members_are_refused_unless_lenient() {
     let lenient = JsonSchemaOptions { lenient: true, ..any_order() };
     assert!(Grammar::from_json_schema(vocab, &schema, &lenient).is_ok());
 }
+
+#[test]
+fn unions_of_objects_check_each_branch_at_the_close() {
+    let (vocab, _) = vocab();
+    let schema = json!({
+        "anyOf": [
+            {"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}}, "required": ["a"], "additionalProperties": false},
+            {"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}}, "required": ["b"], "additionalProperties": false},
+            {"type": "object", "properties": {"c": {"enum": [{"x": 1, "y": [{"z": 2}]}]}}, "required": ["c"], "additionalProperties": false}
+        ]
+    });
+    let grammar = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &any_order()).unwrap();
+    for ok in [r#"{"a":1}"#, r#"{"b":2}"#, r#"{"b":2,"a":1}"#, r#"{"c":{"y":[{"z":2}],"x":1}}"#] {
+        assert!(accepts(&grammar, ok), "{ok}");
+        let mut m = Matcher::new(grammar.clone());
+        for b in ok.bytes() {
+            check_mask(&m, &vocab);
+            assert!(m.accept_bytes(&[b]));
+        }
+    }
+    for bad in [
+        r#"{}"#,
+        r#"{"a":1,"a":1}"#,
+        r#"{"c":{"x":1}}"#,
+        r#"{"c":{"x":1,"y":[{"z":2}],"x":1}}"#,
+        r#"{"a":1,"c":{"x":1,"y":[{"z":2}]}}"#,
+    ] {
+        assert!(!accepts(&grammar, bad), "{bad}");
+    }
+}

@@ -61,10 +61,12 @@ impl Grammar {
         let mut scratch = ScratchFrames::new(frames);
         let dfa = rules.rule(config.rule);
         let may_return = config.stack != NO_FRAME;
+        let marked = rules.marked();
         let overrides = |state: u32, byte: u8| {
             if byte >= CALL_BASE {
                 Override::Dead
-            } else if rules.has_marks(config.rule, state) || rules.guarded(config.rule, dfa.next(state, byte))
+            } else if marked
+                && (rules.has_marks(config.rule, state) || rules.guarded(config.rule, dfa.next(state, byte)))
             {
                 Override::Leave
             } else if (may_return && dfa.is_accepting(state))
@@ -181,7 +183,7 @@ impl Grammar {
         }
         match &self.rules {
             Some(rules) => {
-                let config = Config { rule: 0, state, stack: NO_FRAME, seen: NO_FRAME };
+                let config = Config { rule: 0, state, stack: NO_FRAME };
                 self.compute_recursive_token_mask(rules, config, &[], out);
                 if rules.can_end(config, &[]) {
                     self.set_eos(out);
@@ -338,19 +340,6 @@ fn stack_key(config: Config, frames: &[Frame]) -> Option<Vec<u32>> {
         }
         let frame = frames[index as usize];
         key.extend([frame.rule, frame.state]);
-        index = frame.below;
-    }
-    // The names seen in open objects whose members come in any order.
-    let mut index = config.seen;
-    if index != NO_FRAME {
-        key.push(NO_FRAME);
-    }
-    while index != NO_FRAME {
-        if key.len() > 4 * MAX_CACHED_STACK {
-            return None;
-        }
-        let frame = frames[index as usize];
-        key.push(frame.state);
         index = frame.below;
     }
     Some(key)

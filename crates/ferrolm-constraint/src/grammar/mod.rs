@@ -283,7 +283,7 @@ impl Grammar {
     }
 
     pub(crate) fn start_config(&self) -> Config {
-        Config { rule: 0, state: self.dfa.start(), stack: NO_FRAME, seen: NO_FRAME }
+        Config { rule: 0, state: self.dfa.start(), stack: NO_FRAME }
     }
 
     /// The configuration after `bytes`, or `None` if they are refused. Frames pushed on
