@@ -11,13 +11,14 @@ token inside the mask, EOS allowed at the end; and must refuse every instance
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import numpy as np
 import pytest
 from ferrolm import _core
 from ferrolm.bench import constraint as bc
-from ferrolm.bench.corpus import CORPORA, CorpusSchema, Orderer, documents, load_corpus
+from ferrolm.bench.corpus import CORPORA, CorpusSchema, Orderer, compact, documents, load_corpus
 from ferrolm.errors import InvalidInputError
 
 # tokens per document whose mask is checked (beyond it, tokens are only accepted)
@@ -31,6 +32,14 @@ FLOORS = {
     "schemastore": {"schemas": 100, "valid": 150, "invalid": 50, "compiled": 79, "valid_checked": 130},
     "kubernetes": {"schemas": 35, "valid": 120, "invalid": 150, "compiled": 35, "valid_checked": 120},
     "github": {"schemas": 40, "valid": 150, "invalid": 150, "compiled": 40, "valid_checked": 150},
+}
+
+# The same with members in any order (unions of objects that declare different names
+# are refused there: see `any_order_members`).
+ANY_ORDER_FLOORS = {
+    "schemastore": {"compiled": 66, "valid_checked": 125},
+    "kubernetes": {"compiled": 38, "valid_checked": 130},
+    "github": {"compiled": 39, "valid_checked": 175},
 }
 
 # To keep the run short (compiling dominates), cl100k checks every second schema of the
@@ -129,6 +138,57 @@ def test_corpus_valid_documents_are_accepted_and_invalid_ones_refused(corpus_nam
     assert not mistakes, "\n".join(mistakes)
     floors = FLOORS[corpus_name]
     assert counts["compiled"] >= floors["compiled"] // every and counts["valid"] >= floors["valid_checked"] // every
+
+
+def shuffled(value: Any, rng: random.Random) -> Any:
+    """``value`` with every object's members in a random order."""
+    if isinstance(value, list):
+        return [shuffled(v, rng) for v in value]
+    if isinstance(value, dict):
+        items = [(k, shuffled(v, rng)) for k, v in value.items()]
+        rng.shuffle(items)
+        return dict(items)
+    return value
+
+
+@pytest.mark.parametrize("corpus_name", sorted(CORPORA))
+def test_corpus_shuffled_documents_are_accepted_with_members_in_any_order(corpus_name: str) -> None:
+    """With ``any_order_members``, every valid instance is accepted with each object's
+    members shuffled (seeded), masks checked as above; the option compiles every schema
+    the default compiles, and still refuses every invalid instance."""
+    corpus = corpus_of(corpus_name)
+    vocab, core = vocab_of("o200k_base")
+    row = np.zeros(core.bitmask_words, np.int32)
+    rng = random.Random(32)
+    counts = {"compiled": 0, "compiled_in_schema_order": 0, "valid": 0, "invalid": 0}
+    mistakes: list[str] = []
+    for entry in corpus:
+        try:
+            core.json_schema(entry.text)
+            counts["compiled_in_schema_order"] += 1
+        except InvalidInputError:
+            pass
+        try:
+            grammar = core.json_schema(entry.text, any_order_members=True)
+        except InvalidInputError as e:
+            print(f"  refused with members in any order: {entry.name}: {str(e)[:200]}")
+            continue
+        counts["compiled"] += 1
+        for instance in entry.valid:
+            counts["valid"] += 1
+            for text in dict.fromkeys(compact(shuffled(instance, rng)) for _ in range(2)):
+                why = walk(vocab, grammar, text, row)
+                if why is not None:
+                    mistakes.append(f"{entry.name}: valid {text[:300]} refused: {why}")
+        for instance in entry.invalid:
+            counts["invalid"] += 1
+            text = compact(shuffled(instance, rng))
+            if accepts(grammar, text, vocab.eos):
+                mistakes.append(f"{entry.name}: invalid {text[:300]} accepted")
+    print(f"\n{corpus_name} any order: {counts}")
+    assert not mistakes, "\n".join(mistakes)
+    floors = ANY_ORDER_FLOORS[corpus_name]
+    assert counts["compiled"] >= floors["compiled"] and counts["valid"] >= floors["valid_checked"]
 
 
 def accepts(grammar: _core.Grammar, text: str, eos: int) -> Any:

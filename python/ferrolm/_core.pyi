@@ -667,9 +667,12 @@ class Vocabulary:
         max_whitespace: int = 4,
         lenient: bool = False,
         strict: bool = False,
+        any_order_members: bool = False,
     ) -> Grammar:
         """A JSON Schema (as text; draft 4, 6, 7, 2019-09 or 2020-12 by ``$schema``, 2020-12
-        without), declared properties in schema order, then any others. Unknown keywords
+        without), declared properties in schema order, then any others; with
+        ``any_order_members``, declared and other members in any order, each declared one
+        at most once, ``required`` checked at the object's close. Unknown keywords
         and formats are annotations; an absent ``additionalProperties`` allows any extra
         member, unless ``strict`` (OpenAI's strict mode: only declared members).
         ``whitespace`` is ``compact`` or ``flexible`` (runs capped at ``max_whitespace``). A

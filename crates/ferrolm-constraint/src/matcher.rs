@@ -45,8 +45,10 @@ impl Matcher {
         let mut depth = 0;
         let mut index = self.config.stack;
         while index != NO_FRAME {
-            depth += 1;
-            index = self.frames[index as usize].below;
+            let frame = self.frames[index as usize];
+            // (not the member names noted in open objects)
+            depth += usize::from(frame.rule != crate::recursive::SEEN);
+            index = frame.below;
         }
         depth
     }

@@ -67,6 +67,9 @@ pub(crate) enum Override {
     Dead,
     /// Leaves the loop even where the DFA says dead (a call or a return may take it).
     Exit,
+    /// Leaves the loop whatever the DFA says (the target checks the names seen in an
+    /// object whose members come in any order).
+    Leave,
 }
 
 impl Loop {
@@ -91,6 +94,7 @@ impl Loop {
                 let mark = match overrides(from, byte) {
                     Override::Dead => DEAD_MARK,
                     Override::Exit if target == DEAD => EXIT_MARK,
+                    Override::Leave => EXIT_MARK,
                     _ if target == DEAD => DEAD_MARK,
                     _ if !dfa.same_component(target, state) => EXIT_MARK,
                     _ => match index.get(&target) {

@@ -122,7 +122,8 @@ pub fn constraint_of(a: &Asked<'_>, prefix: &str) -> ApiResult<Option<Structured
 }
 
 /// `response_format`'s grammar: none for `text`, any JSON object for `json_object`, the
-/// schema for `json_schema` (with OpenAI's `strict`: objects get only their members).
+/// schema for `json_schema` (with OpenAI's `strict`: objects get only their members; with
+/// ferrolm's `any_order_members`: declared members in any order, each at most once).
 fn response_format(rf: &Value) -> ApiResult<Option<GrammarSource>> {
     let Some(rf) = rf.as_object() else {
         return Err(ApiError::bad_request("response_format: must be an object", "response_format"));
@@ -154,18 +155,20 @@ fn response_format(rf: &Value) -> ApiResult<Option<GrammarSource>> {
                     "response_format.json_schema.schema",
                 ));
             };
-            let strict = match spec.and_then(|s| s.get("strict")) {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "response_format.json_schema.strict: must be a boolean",
-                        "response_format.json_schema.strict",
-                    ))
-                }
+            let flag = |name: &str| match spec.and_then(|s| s.get(name)) {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(_) => Err(ApiError::bad_request(
+                    format!("response_format.json_schema.{name}: must be a boolean"),
+                    format!("response_format.json_schema.{name}"),
+                )),
             };
+            let strict = flag("strict")?;
+            // ferrolm's extension: declared members in any order, each at most once
+            let any_order_members = flag("any_order_members")?;
             let text = serde_json::to_string(schema).expect("a JSON object serializes");
-            Ok(Some(GrammarSource::JsonSchema(text, schema_options(strict))))
+            let options = JsonSchemaOptions { any_order_members, ..schema_options(strict) };
+            Ok(Some(GrammarSource::JsonSchema(text, options)))
         }
         _ => Ok(None), // text
     }
@@ -341,6 +344,15 @@ mod tests {
                 .unwrap();
             let GrammarSource::JsonSchema(text, options) = s.source else { panic!("a schema") };
             assert_eq!((text.as_str(), options.strict), (r#"{"type":"object"}"#, want));
+            assert!(!options.any_order_members);
+        }
+        for (any, want) in [(json!(true), true), (json!(false), false), (Value::Null, false)] {
+            let rf = json!({"type": "json_schema", "json_schema": {"schema": {}, "any_order_members": any}});
+            let s = constraint_of(&Asked { response_format: Some(&rf), ..Default::default() }, "")
+                .unwrap()
+                .unwrap();
+            let GrammarSource::JsonSchema(_, options) = s.source else { panic!("a schema") };
+            assert_eq!((options.any_order_members, options.strict), (want, false));
         }
     }
 
@@ -362,6 +374,10 @@ mod tests {
             (
                 json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
                 "response_format.json_schema.strict",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"schema": {}, "any_order_members": 1}}),
+                "response_format.json_schema.any_order_members",
             ),
             (json!({"type": "xml"}), "response_format.type"),
             (json!("json"), "response_format"),

@@ -155,7 +155,11 @@ impl PyVocabulary {
         self.compile(py, GrammarSource::Regex(pattern))
     }
 
-    #[pyo3(signature = (schema, *, whitespace = "compact", max_whitespace = 4, lenient = false, strict = false))]
+    #[pyo3(signature = (
+        schema, *, whitespace = "compact", max_whitespace = 4, lenient = false, strict = false,
+        any_order_members = false
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn json_schema(
         &self,
         py: Python<'_>,
@@ -164,8 +168,12 @@ impl PyVocabulary {
         max_whitespace: u32,
         lenient: bool,
         strict: bool,
+        any_order_members: bool,
     ) -> PyResult<PyGrammar> {
-        let options = json_options(py, whitespace, max_whitespace, lenient, strict)?;
+        let options = JsonSchemaOptions {
+            any_order_members,
+            ..json_options(py, whitespace, max_whitespace, lenient, strict)?
+        };
         self.compile(py, GrammarSource::JsonSchema(schema, options))
     }
 

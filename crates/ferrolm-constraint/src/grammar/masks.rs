@@ -61,9 +61,14 @@ impl Grammar {
         let mut scratch = ScratchFrames::new(frames);
         let dfa = rules.rule(config.rule);
         let may_return = config.stack != NO_FRAME;
+        let marked = rules.marked();
         let overrides = |state: u32, byte: u8| {
             if byte >= CALL_BASE {
                 Override::Dead
+            } else if marked
+                && (rules.has_marks(config.rule, state) || rules.guarded(config.rule, dfa.next(state, byte)))
+            {
+                Override::Leave
             } else if (may_return && dfa.is_accepting(state))
                 || rules.call_on(config.rule, state, byte).is_some()
             {

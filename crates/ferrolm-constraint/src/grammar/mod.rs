@@ -81,13 +81,14 @@ impl Grammar {
                     ConstraintError::InvalidSchema { path: "#".into(), message: format!("not JSON: {e}") }
                 }
             })?;
-            let (rules, shared) = json_schema_to_rules_with(&schema, options, true)?;
-            match Self::from_rule_regexes(vocab.clone(), rules) {
+            let translated = json_schema_to_rules_with(&schema, options, true)?;
+            let shared = translated.shared;
+            match Self::from_translated(vocab.clone(), translated) {
                 // A call where a branch reads the same byte: written out again instead.
                 Err(ConstraintError::UnsupportedSchema { keyword, .. })
                     if shared && keyword.starts_with(AMBIGUOUS_RULES) =>
                 {
-                    Self::from_rule_regexes(vocab, json_schema_to_rules_with(&schema, options, false)?.0)
+                    Self::from_translated(vocab, json_schema_to_rules_with(&schema, options, false)?)
                 }
                 result => result,
             }
@@ -112,8 +113,29 @@ impl Grammar {
         crate::budget::entry(|| Self::from_rule_regexes(vocab, any_json_rules(options, false)))
     }
 
+    /// A translated schema: [`Grammar::from_rule_regexes`], or rules with marks.
+    fn from_translated(
+        vocab: Arc<Vocabulary>,
+        translated: crate::json_schema::Translated,
+    ) -> Result<Arc<Grammar>> {
+        match translated.required {
+            None => Self::from_rule_regexes(vocab, translated.rules),
+            Some(required) => Self::from_rule_regexes_with(vocab, translated.rules, Some(required)),
+        }
+    }
+
     /// One regex: a plain grammar; more: rules that call each other.
     fn from_rule_regexes(vocab: Arc<Vocabulary>, regexes: Vec<String>) -> Result<Arc<Grammar>> {
+        Self::from_rule_regexes_with(vocab, regexes, None)
+    }
+
+    /// [`Grammar::from_rule_regexes`]; with `required`, the regexes may have marks
+    /// (members in any order) and always become rules.
+    fn from_rule_regexes_with(
+        vocab: Arc<Vocabulary>,
+        regexes: Vec<String>,
+        required: Option<Vec<Box<[u32]>>>,
+    ) -> Result<Arc<Grammar>> {
         Self::prime_json_loops(&vocab);
         // A rule whose regex matches nothing: the schema allows no (finite) document.
         let empty_language = |e: ConstraintError| match e {
@@ -136,7 +158,7 @@ impl Grammar {
             }
             e => e,
         };
-        if let [pattern] = &regexes[..] {
+        if let ([pattern], None) = (&regexes[..], &required) {
             return Self::from_regex(vocab, pattern).map_err(empty_language);
         }
         let options = RegexOptions::default();
@@ -145,7 +167,11 @@ impl Grammar {
             .map(|pattern| ByteDfa::from_regex_with_calls(pattern, &options))
             .collect::<Result<Vec<_>>>()
             .map_err(empty_language)?;
-        Ok(Arc::new(Self::from_rules(vocab, Rules::new(dfas)?)))
+        let rules = match required {
+            None => Rules::new(dfas)?,
+            Some(required) => Rules::with_marks(dfas, required)?,
+        };
+        Ok(Arc::new(Self::from_rules(vocab, rules)))
     }
 
     /// Index the JSON string loops of `vocab` (once per vocabulary: a trie walk each):

@@ -77,6 +77,12 @@ pub struct JsonSchemaOptions {
     /// wants). Draft 2020-12 makes `format` an annotation unless the format-assertion
     /// vocabulary is in use; turn this off for that reading.
     pub assert_formats: bool,
+    /// Declared members in any order, each at most once, `required` checked at the
+    /// object's close (off, the default: in schema order, as OpenAI and llguidance
+    /// generate them). The matcher notes the names seen in each open object, so masks
+    /// stay exact without an automaton per order. Objects with `minProperties` or
+    /// `maxProperties` are then refused (unless `lenient`, which ignores the counts).
+    pub any_order_members: bool,
 }
 
 impl Default for JsonSchemaOptions {
@@ -86,6 +92,7 @@ impl Default for JsonSchemaOptions {
             lenient: false,
             strict: false,
             assert_formats: true,
+            any_order_members: false,
         }
     }
 }
@@ -173,7 +180,16 @@ pub fn normalized_schema_text(schema: &str) -> Result<String> {
 
 /// Translate a schema into a regex over the JSON text.
 pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Result<String> {
-    Ok(json_schema_to_rules_with(schema, options, false)?.0.swap_remove(0))
+    Ok(json_schema_to_rules_with(schema, options, false)?.rules.swap_remove(0))
+}
+
+/// What a schema translates to: its rules' regexes, whether repeats became rules, and
+/// for members in any order the name sets the objects' close marks require.
+pub(crate) struct Translated {
+    pub rules: Vec<String>,
+    pub shared: bool,
+    /// `Some` when the regexes have marks (`recursive::Mark`): the required sets.
+    pub required: Option<Vec<Box<[u32]>>>,
 }
 
 /// The regexes of a schema's rules: the main one, then, if the schema has positions
@@ -182,7 +198,7 @@ pub fn json_schema_to_regex(schema: &Value, options: &JsonSchemaOptions) -> Resu
 /// rules of recurring `$ref`s and of shared regexes.
 #[cfg(test)]
 pub(crate) fn json_schema_to_rules(schema: &Value, options: &JsonSchemaOptions) -> Result<Vec<String>> {
-    Ok(json_schema_to_rules_with(schema, options, true)?.0)
+    Ok(json_schema_to_rules_with(schema, options, true)?.rules)
 }
 
 /// [`json_schema_to_rules`]; `share_repeats`: a member value or array item written in
@@ -195,7 +211,7 @@ pub(crate) fn json_schema_to_rules_with(
     schema: &Value,
     options: &JsonSchemaOptions,
     share_repeats: bool,
-) -> Result<(Vec<String>, bool)> {
+) -> Result<Translated> {
     // Another metaschema may switch vocabularies (validation) off or on.
     let draft = match normalize::draft_of(schema) {
         Some(draft) => draft,
@@ -227,6 +243,9 @@ pub(crate) fn json_schema_to_rules_with(
         share_repeats,
         pieces: Vec::new(),
         piece_ids: HashMap::new(),
+        any_order: options.any_order_members,
+        name_ids: HashMap::new(),
+        required_sets: Vec::new(),
     };
     let main = translator.schema(schema, "#")?;
     // Each recurring target, translated with itself on the stack so that its own
@@ -245,13 +264,14 @@ pub(crate) fn json_schema_to_rules_with(
         }
     }
     let (main, ref_rules, shared_any) = translator.resolve_pieces(main, ref_rules)?;
+    let required = translator.any_order.then(|| std::mem::take(&mut translator.required_sets));
     if !translator.uses_any_value && ref_rules.is_empty() {
-        return Ok((vec![main], shared_any));
+        return Ok(Translated { rules: vec![main], shared: shared_any, required });
     }
     // Rule 1 is always the any-value rule, so that reference rules keep their numbers.
     let mut rules = vec![main, any_value_rule(&ws)];
     rules.extend(ref_rules);
-    Ok((rules, shared_any))
+    Ok(Translated { rules, shared: shared_any, required })
 }
 
 /// Around the number of a piece (a regex `shared` may still make a rule) in the texts
@@ -397,6 +417,11 @@ struct Translator<'a> {
     /// The regexes `shared` left to decide (mentioned in texts by number), and their numbers.
     pieces: Vec<String>,
     piece_ids: HashMap<String, usize>,
+    /// Declared members in any order ([`JsonSchemaOptions::any_order_members`]).
+    any_order: bool,
+    /// The number of each member name a mark names, and the required sets close marks name.
+    name_ids: HashMap<String, u32>,
+    required_sets: Vec<Box<[u32]>>,
 }
 
 impl<'a> Translator<'a> {
@@ -749,7 +774,7 @@ impl<'a> Translator<'a> {
 
     /// `const` / `enum`: the compact serializations of the values that also have the
     /// schema's `type` (if any).
-    fn literal_choice(&self, map: &Map<String, Value>, values: &[Value], path: &str) -> Result<String> {
+    fn literal_choice(&mut self, map: &Map<String, Value>, values: &[Value], path: &str) -> Result<String> {
         let types = match map.get("type") {
             Some(_) => Some(self.listed_types(map, path)?),
             None => None,
@@ -775,16 +800,48 @@ impl<'a> Translator<'a> {
                 }
             }
         }
-        let alternatives: Vec<String> = values
-            .iter()
-            .zip(&kept)
-            .filter(|(_, kept)| **kept)
-            .map(|(v, _)| regex_syntax::escape(&canonical_json(v)))
-            .collect();
+        let mut alternatives: Vec<String> = Vec::new();
+        for (value, _) in values.iter().zip(&kept).filter(|(_, kept)| **kept) {
+            alternatives.push(self.literal(value, path)?);
+        }
         if alternatives.is_empty() {
             return Err(self.nothing(path, "no value of `const`/`enum` has the schema's type"));
         }
         Ok(alternatives.join("|"))
+    }
+
+    /// The regex of one `const`/`enum` value: its compact serialization; with members
+    /// in any order, each object in it an object of exactly its members, in any order.
+    fn literal(&mut self, value: &Value, path: &str) -> Result<String> {
+        fn has_object(value: &Value) -> bool {
+            match value {
+                Value::Object(_) => true,
+                Value::Array(items) => items.iter().any(has_object),
+                _ => false,
+            }
+        }
+        if !self.any_order || !has_object(value) {
+            return Ok(regex_syntax::escape(&canonical_json(value)));
+        }
+        match value {
+            Value::Array(items) => {
+                let mut parts = Vec::with_capacity(items.len());
+                for item in items {
+                    parts.push(self.literal(item, path)?);
+                }
+                Ok(format!(r"\[{}\]", parts.join(",")))
+            }
+            Value::Object(members) => {
+                let mut written = Vec::with_capacity(members.len());
+                for (name, member) in members {
+                    let key = self.member_key(name)?;
+                    written.push((format!("{key}:(?:{})", self.literal(member, path)?), true));
+                }
+                let names: Vec<&str> = members.keys().map(String::as_str).collect();
+                self.any_order_object(&written, None, &names, path)
+            }
+            _ => unreachable!("scalars are written above"),
+        }
     }
 
     fn listed_types(&self, map: &Map<String, Value>, path: &str) -> Result<Vec<String>> {

@@ -30,7 +30,8 @@ use super::negate::{SOME_EXTRA, SOME_OTHER};
 use super::pattern::pattern_regex;
 use super::values::escape_pointer;
 use super::{Translator, ANNOTATIONS};
-use crate::error::Result;
+use crate::error::{ConstraintError, Result};
+use crate::recursive::{mark, Mark};
 
 /// Largest counted-members regex we write, in bytes.
 const MAX_COUNTED_REGEX: u128 = 200_000;
@@ -177,6 +178,7 @@ impl<'a> Translator<'a> {
         };
         let ws = self.ws.clone();
         let mut members = Vec::new();
+        let mut member_names: Vec<String> = Vec::new();
         for (name, schema) in &properties {
             let is_required = required.contains(&name.as_str());
             let allowed = filter.as_ref().is_none_or(|f| f.allows(name));
@@ -200,8 +202,9 @@ impl<'a> Translator<'a> {
                 }
                 continue;
             };
-            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+            let key = self.member_key(name)?;
             members.push((format!("{key}{ws}:{ws}(?:{value})"), is_required));
+            member_names.push(name.to_string());
         }
         // Required but not described: present, after the others, with a value of the
         // patterns it matches, else of the `additionalProperties` schema if there is
@@ -210,7 +213,7 @@ impl<'a> Translator<'a> {
             if filter.as_ref().is_some_and(|f| !f.allows(name)) {
                 return Err(self.nothing(path, format!("required property {name:?} is not a valid name")));
             }
-            let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+            let key = self.member_key(name)?;
             let value = match (pattern_schema(name), map.get("additionalProperties")) {
                 (Some(matching), _) => self.schema(&matching, &format!("{path}/patternProperties"))?,
                 (None, Some(Value::Bool(false))) => {
@@ -220,6 +223,7 @@ impl<'a> Translator<'a> {
                 (None, None) => self.any_value(),
             };
             members.push((format!("{key}{ws}:{ws}(?:{value})"), true));
+            member_names.push(name.to_string());
         }
         let mut declared: Vec<&str> = properties.iter().map(|(n, _)| n.as_str()).collect();
         declared.extend(&undeclared);
@@ -236,9 +240,10 @@ impl<'a> Translator<'a> {
                         None => continue,
                     },
                 };
-                let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+                let key = self.member_key(name)?;
                 let value = self.schema(&value_schema, &format!("{path}/propertyNames"))?;
                 members.push((format!("{key}{ws}:{ws}(?:{value})"), false));
+                member_names.push(name.to_string());
             }
         }
         let extra = match &filter {
@@ -254,6 +259,19 @@ impl<'a> Translator<'a> {
         let some_extra = map.get(SOME_EXTRA) == Some(&Value::Bool(true));
         if some_extra && extra.is_none() {
             return Err(self.nothing(path, "no extra member is allowed"));
+        }
+        if self.any_order {
+            if some_extra {
+                return Err(
+                    self.unsupported("not (of `additionalProperties`) with members in any order", path)
+                );
+            }
+            if min > required_count || max.is_some() {
+                self.refuse("minProperties/maxProperties with members in any order", path)?;
+            }
+            let required: Vec<&str> =
+                member_names.iter().zip(&members).filter(|(_, (_, r))| *r).map(|(n, _)| n.as_str()).collect();
+            return self.any_order_object(&members, extra, &required, path);
         }
         let body = if min <= required_count && max.is_none() {
             uncounted_body(&members, extra, some_extra, &ws)
@@ -274,6 +292,65 @@ impl<'a> Translator<'a> {
             }
         };
         Ok(format!(r"\{{{ws}{body}{ws}\}}"))
+    }
+
+    /// A member's name as a regex; with members in any order, followed by its mark.
+    pub(super) fn member_key(&mut self, name: &str) -> Result<String> {
+        let key = regex_syntax::escape(&Value::String(name.to_string()).to_string());
+        if !self.any_order {
+            return Ok(key);
+        }
+        let next = self.name_ids.len() as u32;
+        let id = *self.name_ids.entry(name.to_string()).or_insert(next);
+        if id as usize > Mark::LIMIT {
+            return Err(ConstraintError::GrammarTooLarge {
+                message: format!("more than {} member names with members in any order", Mark::LIMIT),
+            });
+        }
+        Ok(format!("{key}{}", mark(Mark::Member(id))))
+    }
+
+    /// An object whose members (each already followed by its name's mark) come in any
+    /// order: any of them, or an extra one, separated by commas; the marks note each
+    /// name (refusing it seen twice) and check the required ones at the close.
+    pub(super) fn any_order_object(
+        &mut self,
+        members: &[(String, bool)],
+        extra: Option<String>,
+        required: &[&str],
+        path: &str,
+    ) -> Result<String> {
+        let mut required: Vec<u32> = required.iter().map(|n| self.name_ids[*n]).collect();
+        required.sort_unstable();
+        required.dedup();
+        let required: Box<[u32]> = required.into();
+        let set = match self.required_sets.iter().position(|r| *r == required) {
+            Some(set) => set,
+            None => {
+                self.required_sets.push(required);
+                self.required_sets.len() - 1
+            }
+        };
+        if set > Mark::LIMIT {
+            return Err(ConstraintError::GrammarTooLarge {
+                message: format!(
+                    "more than {} required sets with members in any order at {path}",
+                    Mark::LIMIT
+                ),
+            });
+        }
+        let alternatives: Vec<&str> =
+            members.iter().map(|(m, _)| m.as_str()).chain(extra.as_deref()).collect();
+        let (open, close) = (mark(Mark::Open), mark(Mark::Close(set as u32)));
+        let ws = &self.ws;
+        if alternatives.is_empty() {
+            return Ok(format!(r"\{{{open}{ws}{close}\}}"));
+        }
+        // Each member written once: the marks before it tell the first from the others
+        // (only those come after a comma).
+        let (first, next) = (mark(Mark::First), mark(Mark::Next));
+        let member = alternatives.join("|");
+        Ok(format!(r"\{{{open}{ws}(?:(?:{first}|{next},{ws})(?:{member}){ws})*{close}\}}"))
     }
 
     /// Objects that, for each list of names in `lists` (`SOME_OTHER`), have a member
