@@ -12,6 +12,7 @@ ids must agree exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -95,25 +96,11 @@ def test_bad_settings_are_refused_by_field() -> None:
 def test_a_batchs_logit_rows_pick_the_tokens_a_draft_needs() -> None:
     batch = ForwardBatch.from_requests([[1, 2, 3], [4]], [[0, 1, 2], [3]])
     assert batch.logit_rows.tolist() == [2, 3]  # each request's last new token
-    rows = ForwardBatch(
-        batch.input_ids,
-        batch.positions,
-        batch.out_slots,
-        batch.qo_offsets,
-        batch.kv_slots,
-        batch.kv_offsets,
-        logit_rows=[0, 1, 2, 3],
-    )
+    rows = dataclasses.replace(batch, logit_rows=[0, 1, 2, 3])  # checked again
     assert rows.logit_rows.tolist() == [0, 1, 2, 3]
     for bad in ([3, 1], [0, 4]):
         with pytest.raises(InvalidInputError, match="logit_rows"):
-            ForwardBatch(
-                *(getattr(batch, c) for c in ("input_ids", "positions", "out_slots")),
-                batch.qo_offsets,
-                batch.kv_slots,
-                batch.kv_offsets,
-                logit_rows=bad,
-            )
+            dataclasses.replace(batch, logit_rows=bad)
 
 
 def test_the_quant_runner_verifies_drafts_with_the_same_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,15 +118,7 @@ def test_the_quant_runner_verifies_drafts_with_the_same_tokens(tmp_path: Path, m
     ids = [5, 6, 7, 8]
     batch = ForwardBatch.from_requests([ids], [list(range(4))])
     every = spec.runner.forward(batch, all_logits=True)
-    picked = spec.runner.model.forward(
-        batch.input_ids,
-        batch.positions,
-        batch.out_slots,
-        batch.qo_offsets,
-        batch.kv_slots,
-        batch.kv_offsets,
-        logit_rows=np.array([1, 3], dtype=np.int32),
-    )
+    picked = spec.runner.forward(dataclasses.replace(batch, logit_rows=[1, 3]))
     np.testing.assert_array_equal(picked, every[[1, 3]])
 
 
