@@ -89,24 +89,11 @@ impl Engine {
         let in_flight = std::mem::take(&mut self.in_flight);
         let masks = std::mem::take(&mut self.step_masks);
         let mut out = std::mem::replace(&mut self.pending, StepOutputs::new());
-        let mut row = 0;
+        let mut first_row = 0;
         for (i, f) in in_flight.iter().enumerate() {
-            let given = (row..row + 1 + f.draft.len())
-                .map(|j| match draws.tokens[j] {
-                    None => Given::Nothing,
-                    Some(token) => {
-                        let top = (j * w..(j + 1) * w).map(|t| (draws.top_ids[t], draws.top_logprobs[t]));
-                        Given::Token(Sampled {
-                            token,
-                            logprob: draws.logprobs.map(|l| l[j]),
-                            top_logprobs: top.collect(),
-                        })
-                    }
-                })
-                .collect();
-            row += 1 + f.draft.len();
             let mask = masks.get(i).and_then(|m| m.as_deref());
-            self.advance_with(f, Rows::Given { given, mask }, &mut out);
+            self.advance_with(f, Rows::Given { draws, first_row, mask }, &mut out);
+            first_row += 1 + f.draft.len();
         }
         out.extend(std::mem::replace(&mut self.pending, StepOutputs::new()));
         self.trace_outputs(OutputsOf::Commit, &out);
@@ -237,8 +224,8 @@ impl Engine {
                         false,
                     )
                 }
-                Rows::Given { given, mask } => {
-                    let g = std::mem::replace(&mut given[i], Given::Nothing);
+                Rows::Given { draws, first_row, mask } => {
+                    let g = draws.given(*first_row + i);
                     let mask = if i == 0 { mask.take() } else { None };
                     (draw(r, &mut [], eos, Some((g, mask)), &mut self.mask, &mut self.scratch), true)
                 }
@@ -367,7 +354,7 @@ impl Engine {
 /// first row's grammar mask, when `sampling_batch` filled it).
 enum Rows<'a> {
     Logits { block: &'a mut [f32], width: usize, drawn: Option<Result<Sampled, FinishReason>> },
-    Given { given: Vec<Given>, mask: Option<&'a [u32]> },
+    Given { draws: &'a DeviceDraws<'a>, first_row: usize, mask: Option<&'a [u32]> },
 }
 
 /// A token the runner drew (its logprobs as it computed them), or its word that nothing
@@ -377,7 +364,7 @@ pub(super) enum Given {
     Nothing,
 }
 
-/// What a runner that samples on its own hands back for a step: one entry per plan entry.
+/// What a runner that samples on its own hands back for a step: one entry per logit row.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeviceDraws<'a> {
     /// `None` where nothing could be drawn (every logit masked out).
@@ -389,6 +376,16 @@ pub struct DeviceDraws<'a> {
     pub top_ids: &'a [u32],
     pub top_logprobs: &'a [f32],
     pub top_width: usize,
+}
+
+impl DeviceDraws<'_> {
+    /// Logit row `j`'s token (with its logprob and top alternatives as drawn).
+    fn given(&self, j: usize) -> Given {
+        let Some(token) = self.tokens[j] else { return Given::Nothing };
+        let w = self.top_width;
+        let top = (j * w..(j + 1) * w).map(|t| (self.top_ids[t], self.top_logprobs[t]));
+        Given::Token(Sampled { token, logprob: self.logprobs.map(|l| l[j]), top_logprobs: top.collect() })
+    }
 }
 
 /// One request's next token from its row: EOS and stop tokens suppressed where they may

@@ -194,15 +194,6 @@ impl Speculation {
         self.index.propose(k, out);
     }
 
-    /// This step's draft from the sequence itself, at most `limit` tokens, into `out`
-    /// (cleared first); empty while paused or when nothing matches.
-    pub fn draft(&mut self, limit: usize, out: &mut Vec<u32>) {
-        out.clear();
-        if let Some(k) = self.next_length(limit) {
-            self.propose(k, out);
-        }
-    }
-
     /// A draft of `drafted` tokens of which the first `accepted` were kept.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
@@ -217,10 +208,6 @@ impl Speculation {
             self.pause = self.backoff;
             self.backoff = (self.backoff * 2).min(MAX_PAUSE);
         }
-    }
-
-    pub fn tokens(&self) -> &[u32] {
-        self.index.tokens()
     }
 }
 
@@ -286,7 +273,10 @@ mod tests {
         let mut out = Vec::new();
         let mut drafted_steps = Vec::new();
         for step in 0..120 {
-            spec.draft(4, &mut out);
+            out.clear();
+            if let Some(k) = spec.next_length(4) {
+                spec.propose(k, &mut out);
+            }
             if !out.is_empty() {
                 drafted_steps.push(step);
                 spec.record(out.len(), 0); // never kept
@@ -297,8 +287,9 @@ mod tests {
         assert_eq!(&gaps[..5], &[1, 2, 4, 8, 16]);
         assert!(gaps[5..].iter().all(|&g| g == 32), "{gaps:?}");
         assert_eq!(spec.worth_drafting(), 0);
-        spec.draft(4, &mut out);
-        assert!(out.len() <= 1, "a probe is one token");
+        // once the pause is over, a probe is one token
+        let next = (0..=MAX_PAUSE).find_map(|_| spec.next_length(4));
+        assert_eq!(next, Some(1));
     }
 
     #[test]

@@ -29,11 +29,10 @@ impl Engine {
             return Err(EngineError::Protocol("schedule called twice without commit".into()));
         }
         self.expire_waiting(Instant::now());
-        self.make_room_for_decodes();
+        let decodes = self.make_room_for_decodes();
         let mut plan = BatchPlan { qo_offsets: vec![0], kv_offsets: vec![0], ..BatchPlan::default() };
         let mut budget = self.config.max_prefill_tokens;
         // drafts take only slots that are free beyond every decode's one (never an eviction)
-        let decodes = self.running.iter().filter(|rid| self.requests[*rid].is_decoding()).count();
         let mut spare = self.pool.num_free().saturating_sub(decodes);
         for i in 0..self.running.len() {
             let rid = self.running[i];
@@ -98,6 +97,9 @@ impl Engine {
         // the step emits the kept drafts and one token more
         let limit =
             spare.min(r.remaining().saturating_sub(1)).min(max_context.saturating_sub(r.tokens.len() + 1));
+        if r.forced_token().is_some() {
+            return Vec::new(); // its thinking budget decides the next token: nothing to verify
+        }
         let Some(spec) = r.spec.as_mut() else { return Vec::new() };
         let Some(k) = spec.next_length(limit) else { return Vec::new() };
         let mut draft = Vec::new();
@@ -137,12 +139,13 @@ impl Engine {
 
     /// Frees pool slots for every decoding request: from the cache first, then by
     /// retracting running requests (those with the most left to generate go first).
-    fn make_room_for_decodes(&mut self) {
+    /// Returns how many decode this step.
+    fn make_room_for_decodes(&mut self) -> usize {
         loop {
             let need = self.running.iter().filter(|rid| self.requests[*rid].is_decoding()).count();
             self.evict_until_free(need);
             if self.pool.num_free() >= need {
-                return;
+                return need;
             }
             let victim = self.retraction_victim();
             if self.running.len() == 1 {
@@ -155,7 +158,7 @@ impl Engine {
                 tracing::warn!(rid = victim, "{msg}");
                 let text = self.requests.get_mut(&victim).unwrap().detok.flush();
                 self.finish_pending(victim, FinishReason::error(ErrorKind::KvCapacity, msg), text);
-                return;
+                return 0; // it was the only one running
             }
             self.retract(victim);
         }

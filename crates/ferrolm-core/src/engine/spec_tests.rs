@@ -370,3 +370,30 @@ fn a_repeated_request_drafts_what_the_cache_holds_after_its_tokens() {
     drain(&mut engine, &mut model);
     assert!(engine.stats().spec_accepted_tokens < 10);
 }
+
+#[test]
+fn no_draft_while_a_thinking_budget_forces_the_next_token() {
+    let cfg = speculating(true, |_| {});
+    let mut engine = Engine::new(cfg.clone(), vocab()).unwrap();
+    let mut model = FakeModel::copying(cfg.kv_capacity, 30.0);
+    let mut p = greedy(40);
+    p.thinking =
+        Some(ThinkingBudget { budget: 6, start_ids: vec![249], end_ids: vec![250, 251], open: true });
+    engine.submit(1, &copy_prompts()[0], p, None).unwrap();
+    let (mut forced_steps, mut drafted_steps) = (0, 0);
+    while engine.has_work() {
+        let forced = engine.requests.get(&1).is_some_and(|r| r.forced_token().is_some());
+        let plan = engine.schedule().unwrap();
+        if forced {
+            forced_steps += 1;
+            assert_eq!(plan.drafted, [0], "the forced token is not drafted over");
+        } else if plan.drafted.iter().any(|&k| k > 0) {
+            drafted_steps += 1;
+        }
+        let mut logits = model.forward(&plan);
+        engine.commit(&mut logits, VOCAB).unwrap();
+        engine.check_invariants().unwrap();
+    }
+    assert_eq!(forced_steps, 2, "both marker tokens were forced");
+    assert!(drafted_steps > 0, "and drafts ran around them");
+}
