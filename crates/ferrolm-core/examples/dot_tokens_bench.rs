@@ -1,12 +1,13 @@
 //! Times the quantized products on one thread: a 1536 x 576 matrix (SmolLM2-135M's MLP
-//! up projection) of each type a Q4_K_M or Q8_0 file of that model holds, by 1 token
-//! (`dot_row`, what a decode step runs per row) and by 16 tokens (`dot_tokens`, a decode
-//! batch). Prints nanoseconds per weight block and token.
+//! up projection) of each 32-weight type, by 1 token (`dot_row` per row: the portable
+//! reference's shape) and by 1, 2, 4, 8 and 16 tokens in one `dot_rows` call (a decode
+//! step, a draft's verification, a decode batch). Prints nanoseconds per weight block
+//! and token.
 //! `cargo run --release -p ferrolm-core --example dot_tokens_bench`
 
 use std::time::Instant;
 
-use ferrolm_core::quant::dot::{dot_row, dot_tokens, quantize_activations};
+use ferrolm_core::quant::dot::{dot_row, dot_rows, quantize_activations};
 use ferrolm_core::quant::QuantType;
 
 fn main() {
@@ -27,30 +28,26 @@ fn main() {
                 blk[3] = 0xA0; // an f16 minimum of about -0.008
             }
         }
-        for (way, tokens) in [("dot_row", 1usize), ("dot_tokens", 16)] {
+        let ways = [("dot_row", 1usize), ("dot_rows", 1), ("dot_rows", 2), ("dot_rows", 4), ("dot_rows", 8)];
+        for (way, tokens) in ways.into_iter().chain([("dot_rows", 16)]) {
             let acts: Vec<_> = (0..tokens)
                 .map(|t| {
                     let x: Vec<f32> = (0..cols).map(|i| ((i * 7 + t * 3) % 19) as f32 * 0.1 - 0.9).collect();
                     quantize_activations(ty.activation_format(), &x)
                 })
                 .collect();
-            let mut out = vec![0f32; tokens];
+            let mut out = vec![0f32; rows * tokens];
             let mut best = f64::MAX;
             let mut check = 0f32;
             for _ in 0..30 {
                 let t = Instant::now();
-                match way {
-                    "dot_row" => {
-                        for row in w.chunks_exact(row_bytes) {
-                            check += dot_row(ty, row, &acts[0], &mut []);
-                        }
+                if way == "dot_row" {
+                    for row in w.chunks_exact(row_bytes) {
+                        check += dot_row(ty, row, &acts[0], &mut []);
                     }
-                    _ => {
-                        for row in w.chunks_exact(row_bytes) {
-                            dot_tokens(ty, row, &acts, &mut [], &mut out);
-                            check += out[0];
-                        }
-                    }
+                } else {
+                    dot_rows(ty, &w, row_bytes, &acts, &mut [], &mut out);
+                    check += out[0];
                 }
                 best = best.min(t.elapsed().as_secs_f64());
             }

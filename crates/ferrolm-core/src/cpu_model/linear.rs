@@ -4,7 +4,7 @@
 //! Each token's activations are quantized once per [`ActivationFormat`] ([`Inputs`]) and
 //! shared by every matrix that reads them (q, k and v; gate and up). A thread takes a
 //! run of weight rows and multiplies each row by every token before moving on
-//! ([`dot_tokens`]: each weight block unpacked once for a group of tokens), so a weight
+//! ([`dot_rows`]: each weight block unpacked once for a group of tokens), so a weight
 //! row is read from memory once per step, however many tokens the step has, and each
 //! token gets the floats it would get alone. Float rows (F32, F16, BF16) are widened to
 //! f32 once per step and multiplied in f32 ([`widen_rows`], [`float_dot`]).
@@ -13,7 +13,7 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
-use crate::quant::dot::{dot_tokens, quantize_activations, ActivationFormat, Activations};
+use crate::quant::dot::{dot_rows, quantize_activations, ActivationFormat, Activations};
 use crate::quant::QuantType;
 
 use super::ModelError;
@@ -94,16 +94,15 @@ impl Linear {
         let run = |first: usize, dst: &mut [f32]| {
             let n = dst.len() / tokens;
             let mut scratch = vec![0f32; if float { cols } else { 0 }];
-            let rows =
-                self.data[first * self.row_bytes..(first + n) * self.row_bytes].chunks_exact(self.row_bytes);
-            for (row, dst) in rows.zip(dst.chunks_exact_mut(tokens)) {
-                if float {
-                    widen_rows(self.ty, row, &mut scratch);
-                    for (o, x) in dst.iter_mut().zip(x.chunks_exact(cols)) {
-                        *o = dot(&scratch, x);
-                    }
-                } else {
-                    dot_tokens(self.ty, row, acts, &mut scratch, dst);
+            let rows = &self.data[first * self.row_bytes..(first + n) * self.row_bytes];
+            if !float {
+                dot_rows(self.ty, rows, self.row_bytes, acts, &mut scratch, dst);
+                return;
+            }
+            for (row, dst) in rows.chunks_exact(self.row_bytes).zip(dst.chunks_exact_mut(tokens)) {
+                widen_rows(self.ty, row, &mut scratch);
+                for (o, x) in dst.iter_mut().zip(x.chunks_exact(cols)) {
+                    *o = dot(&scratch, x);
                 }
             }
         };

@@ -48,10 +48,16 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 
-/// Rounds half away from zero, as C's `roundf` (ggml's quantizers use it).
+/// Rounds half away from zero, as C's `roundf` (ggml's quantizers use it), for the
+/// values a quantizer rounds: `|v| < 2^31` or NaN (0, as `v.round() as i32`).
+/// `f32::round` is a libm call on CPUs without SSE4.1 in the baseline (a tenth of a
+/// decode step's quantizing): the truncating conversion and the exact fraction
+/// `v - trunc(v)` give the same integer in a few vector instructions.
 #[inline]
-fn round_away(v: f32) -> i32 {
-    v.round() as i32
+pub(crate) fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
 }
 
 /// `x` (whole blocks of 32) as `Q8_0`: `d = max|x| / 127` (stored as f16), codes
@@ -321,25 +327,73 @@ impl QuantType {
     }
 }
 
-/// Activations of one token quantized in one [`ActivationFormat`].
+/// Activations of one token quantized in one [`ActivationFormat`]; the 32-value formats
+/// also keep their blocks regrouped for the SIMD kernels ([`GroupedBlocks`]).
 pub enum Activations {
     Float(Vec<f32>),
-    Q8_0(Vec<BlockQ8_0>),
-    Q8_1(Vec<BlockQ8_1>),
+    Q8_0(Vec<BlockQ8_0>, GroupedBlocks),
+    Q8_1(Vec<BlockQ8_1>, GroupedBlocks),
     Q8K(Vec<BlockQ8K>),
 }
 
+/// A token's 32-value activation blocks regrouped eight at a time ([`ActGroup`]), as
+/// the several-token SIMD kernels read them. A last group is padded with zero blocks.
+pub struct GroupedBlocks {
+    pub groups: Vec<ActGroup>,
+}
+
+/// Eight activation blocks: vector k of `codes` holds codes 4k..4k + 4 of block j in its
+/// 32-bit lane j, so that products with weights regrouped the same way sum to eight
+/// block totals in eight lanes, with no horizontal sums; then the blocks' scales (`d`,
+/// widened from f16 for `Q8_0`: exact), `Q8_1`'s sums `s = d * sum(qs)` (zero for
+/// `Q8_0`) and the integer sums of each block's codes, as arrays of eight. One record
+/// per group: a kernel reaches all of it from one address.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct ActGroup {
+    pub codes: [[i8; 32]; 8],
+    pub d: [f32; 8],
+    pub s: [f32; 8],
+    pub sums: [i32; 8],
+}
+
+impl GroupedBlocks {
+    /// From each block's codes, scale and sum (`s`).
+    fn new<'a>(blocks: impl ExactSizeIterator<Item = (&'a [i8; QK], f32, f32)>) -> GroupedBlocks {
+        let empty = ActGroup { codes: [[0; 32]; 8], d: [0.0; 8], s: [0.0; 8], sums: [0; 8] };
+        let mut groups = vec![empty; blocks.len().div_ceil(8)];
+        for (i, (qs, d, s)) in blocks.enumerate() {
+            let (group, lane) = (&mut groups[i / 8], i % 8);
+            for (k, four) in qs.chunks_exact(4).enumerate() {
+                group.codes[k][4 * lane..4 * lane + 4].copy_from_slice(four);
+            }
+            group.d[lane] = d;
+            group.s[lane] = s;
+            group.sums[lane] = qs.iter().map(|&q| q as i32).sum();
+        }
+        GroupedBlocks { groups }
+    }
+
+    pub fn q8_0(blocks: &[BlockQ8_0]) -> GroupedBlocks {
+        GroupedBlocks::new(blocks.iter().map(|b| (&b.qs, half(b.d), 0.0)))
+    }
+
+    pub fn q8_1(blocks: &[BlockQ8_1]) -> GroupedBlocks {
+        GroupedBlocks::new(blocks.iter().map(|b| (&b.qs, b.d, b.s)))
+    }
+}
+
 impl Activations {
-    fn q8_0(&self) -> Option<&[BlockQ8_0]> {
-        if let Activations::Q8_0(a) = self {
-            Some(a)
+    fn q8_0(&self) -> Option<&[ActGroup]> {
+        if let Activations::Q8_0(_, grouped) = self {
+            Some(&grouped.groups)
         } else {
             None
         }
     }
-    fn q8_1(&self) -> Option<&[BlockQ8_1]> {
-        if let Activations::Q8_1(a) = self {
-            Some(a)
+    fn q8_1(&self) -> Option<&[ActGroup]> {
+        if let Activations::Q8_1(_, grouped) = self {
+            Some(&grouped.groups)
         } else {
             None
         }
@@ -357,8 +411,16 @@ impl Activations {
 pub fn quantize_activations(format: ActivationFormat, x: &[f32]) -> Activations {
     match format {
         ActivationFormat::Float => Activations::Float(x.to_vec()),
-        ActivationFormat::Q8_0 => Activations::Q8_0(quantize_q8_0(x)),
-        ActivationFormat::Q8_1 => Activations::Q8_1(quantize_q8_1(x)),
+        ActivationFormat::Q8_0 => {
+            let blocks = quantize_q8_0(x);
+            let grouped = GroupedBlocks::q8_0(&blocks);
+            Activations::Q8_0(blocks, grouped)
+        }
+        ActivationFormat::Q8_1 => {
+            let blocks = quantize_q8_1(x);
+            let grouped = GroupedBlocks::q8_1(&blocks);
+            Activations::Q8_1(blocks, grouped)
+        }
         ActivationFormat::Q8K => Activations::Q8K(quantize_q8_k(x)),
     }
 }
@@ -377,11 +439,11 @@ pub fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) 
             // f32 products summed in f64: float weights need no quantized kernel here
             scratch.iter().zip(x).map(|(&w, &v)| (w * v) as f64).sum::<f64>() as f32
         }
-        (QuantType::Q8_0, Activations::Q8_0(a)) => dot_q8_0(view(row), a),
-        (QuantType::Q4_0, Activations::Q8_0(a)) => dot_q4_0(view(row), a),
-        (QuantType::Q4_1, Activations::Q8_1(a)) => dot_q4_1(view(row), a),
-        (QuantType::Q5_0, Activations::Q8_0(a)) => dot_q5_0(view(row), a),
-        (QuantType::Q5_1, Activations::Q8_1(a)) => dot_q5_1(view(row), a),
+        (QuantType::Q8_0, Activations::Q8_0(a, _)) => dot_q8_0(view(row), a),
+        (QuantType::Q4_0, Activations::Q8_0(a, _)) => dot_q4_0(view(row), a),
+        (QuantType::Q4_1, Activations::Q8_1(a, _)) => dot_q4_1(view(row), a),
+        (QuantType::Q5_0, Activations::Q8_0(a, _)) => dot_q5_0(view(row), a),
+        (QuantType::Q5_1, Activations::Q8_1(a, _)) => dot_q5_1(view(row), a),
         (QuantType::Q4K, Activations::Q8K(a)) => dot_q4_k(view(row), a),
         (QuantType::Q5K, Activations::Q8K(a)) => dot_q5_k(view(row), a),
         (QuantType::Q6K, Activations::Q8K(a)) => dot_q6_k(view(row), a),
@@ -393,43 +455,67 @@ pub fn dot_row(ty: QuantType, row: &[u8], a: &Activations, scratch: &mut [f32]) 
 /// stack): a weight block is unpacked once per group.
 const TOKEN_GROUP: usize = 16;
 
-/// `run` over groups of up to [`TOKEN_GROUP`] tokens, each token's blocks of format `A`
-/// picked by `get`; `None` if a token's activations are in another format.
-fn act_slices<'a, A: 'a>(
+/// `run` over groups of up to [`TOKEN_GROUP`] tokens, each token's view `T` of its
+/// activations picked by `get`, with the outputs from the group's first token on;
+/// `None` if a token's activations are in another format.
+fn act_groups<'a, T: Copy + 'a>(
     acts: &'a [Activations],
     out: &mut [f32],
-    get: impl Fn(&'a Activations) -> Option<&'a [A]>,
-    run: impl Fn(&[&'a [A]], &mut [f32]),
+    get: impl Fn(&'a Activations) -> Option<T>,
+    mut run: impl FnMut(&[T], &mut [f32]),
 ) -> Option<()> {
-    for (acts, out) in acts.chunks(TOKEN_GROUP).zip(out.chunks_mut(TOKEN_GROUP)) {
-        let mut slices: [&[A]; TOKEN_GROUP] = [&[]; TOKEN_GROUP];
-        for (s, a) in slices.iter_mut().zip(acts) {
-            *s = get(a)?;
+    for (g, acts) in acts.chunks(TOKEN_GROUP).enumerate() {
+        let first = get(&acts[0])?;
+        let mut views: [T; TOKEN_GROUP] = [first; TOKEN_GROUP];
+        for (v, a) in views.iter_mut().zip(acts).skip(1) {
+            *v = get(a)?;
         }
-        run(&slices[..acts.len()], out);
+        run(&views[..acts.len()], &mut out[g * TOKEN_GROUP..]);
     }
     Some(())
 }
 
 /// One weight row (as in [`dot_row`]) times each token's activations:
-/// `out[t] == dot_row(ty, row, &acts[t], scratch)`, bit for bit, whatever the number of
-/// tokens (a request's numbers do not depend on what shares its step). The SIMD versions
-/// unpack each weight block once for a group of tokens; the portable code is the loop
-/// over [`dot_row`].
+/// `out[t] == dot_row(ty, row, &acts[t], scratch)` ([`dot_rows`] of one row).
 pub fn dot_tokens(ty: QuantType, row: &[u8], acts: &[Activations], scratch: &mut [f32], out: &mut [f32]) {
-    assert_eq!(out.len(), acts.len(), "one output per token");
+    dot_rows(ty, row, row.len(), acts, scratch, out)
+}
+
+/// Weight rows of `row_bytes` each (whole blocks of `ty`) times each token's
+/// activations: `out[r * tokens + t] == dot_row(ty, row r, &acts[t], scratch)`, bit for
+/// bit, whatever the number of tokens (a request's numbers do not depend on what shares
+/// its step). For several tokens, the SIMD versions unpack each weight block once for a
+/// group of tokens and run the rows in one call; otherwise this is the loop over
+/// [`dot_row`].
+pub fn dot_rows(
+    ty: QuantType,
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[Activations],
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    let tokens = acts.len();
+    assert_eq!(rows.len() % row_bytes.max(1), 0, "whole rows");
+    assert_eq!(out.len(), rows.len() / row_bytes.max(1) * tokens, "one output per row and token");
+    if tokens == 0 || rows.is_empty() {
+        return;
+    }
+    // one token: the one-token kernels ([`dot_row`]) regroup nothing per weight block,
+    // which is what a block costs when no other token shares its unpacking
     #[cfg(target_arch = "x86_64")]
-    if acts.len() > 1 {
+    if tokens > 1 {
         use super::simd::{avx2, level, vnni, Level};
         macro_rules! simd {
             ($name:ident, $get:expr) => {{
                 let level = level();
                 if level != Level::Portable {
-                    let done = act_slices(acts, out, $get, |a, o| match level {
+                    let row_blocks = row_bytes / ty.block_bytes();
+                    let done = act_groups(acts, out, $get, |a, o| match level {
                         // SAFETY: the level's CPU features are present (detected at run time)
-                        Level::Avx512Vnni => unsafe { vnni::$name(view(row), a, o) },
+                        Level::Avx512Vnni => unsafe { vnni::$name(view(rows), row_blocks, a, o, tokens) },
                         // SAFETY: as above
-                        _ => unsafe { avx2::$name(view(row), a, o) },
+                        _ => unsafe { avx2::$name(view(rows), row_blocks, a, o, tokens) },
                     });
                     if done.is_none() {
                         panic!("{ty} weights read {:?} activations", ty.activation_format());
@@ -450,8 +536,10 @@ pub fn dot_tokens(ty: QuantType, row: &[u8], acts: &[Activations], scratch: &mut
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => {}
         }
     }
-    for (o, a) in out.iter_mut().zip(acts) {
-        *o = dot_row(ty, row, a, scratch);
+    for (row, out) in rows.chunks_exact(row_bytes).zip(out.chunks_exact_mut(tokens)) {
+        for (o, a) in out.iter_mut().zip(acts) {
+            *o = dot_row(ty, row, a, scratch);
+        }
     }
 }
 
@@ -501,9 +589,7 @@ pub fn matmul(
         let n = chunk.len() / row_bytes;
         let mut local = vec![0f32; n * tokens];
         let mut scratch = vec![0f32; if ty.block_elems() == 1 { cols } else { 0 }];
-        for (row, dst) in chunk.chunks_exact(row_bytes).zip(local.chunks_exact_mut(tokens)) {
-            dot_tokens(ty, row, &acts, &mut scratch, dst);
-        }
+        dot_rows(ty, chunk, row_bytes, &acts, &mut scratch, &mut local);
         local
     };
     let results: Vec<(usize, Vec<f32>)> = if threads < 2 {

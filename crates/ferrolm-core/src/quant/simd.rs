@@ -133,6 +133,18 @@ fn load_half_i8(v: &[i8; 16]) -> __m128i {
 }
 
 #[inline]
+fn load_i32x8(v: &[i32; 8]) -> __m256i {
+    // SAFETY: 32 readable bytes; loadu has no alignment requirement
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
+}
+
+#[inline]
+fn load_f32x8(v: &[f32; 8]) -> __m256 {
+    // SAFETY: 32 readable bytes; loadu has no alignment requirement
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+#[inline]
 fn load_i16(v: &[i16; 16]) -> __m256i {
     // SAFETY: 32 readable bytes; loadu has no alignment requirement
     unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
@@ -144,6 +156,7 @@ fn load_i16(v: &[i16; 16]) -> __m256i {
 /// - `dot_u8i8(u, s)`: 8 lanes of i32, each the sum of 4 products of unsigned bytes of
 ///   `u` by signed bytes of `s` (the callers keep every pair of products within i16);
 /// - `dot_offset(q, o, s)`: as `dot_u8i8(q, s) - dot_u8i8(o, s)`;
+/// - `dot_acc(acc, u, s)`: `acc` plus `dot_u8i8(u, s)`;
 /// - `madd_acc(acc, x, y)`: `acc` plus the pairwise i32 sums of the i16 products of `x`, `y`;
 /// - `codes5(nibbles, qh)`: Q5_0/Q5_1 codes, `nibbles` plus 16 in byte `j` where bit `j`
 ///   of `qh` (little-endian) is set;
@@ -151,11 +164,13 @@ fn load_i16(v: &[i16; 16]) -> __m256i {
 ///   byte `l` where bit `sub` of byte `l` of `qh` is set.
 macro_rules! kernels {
     ($features:literal, $check:ident) => {
-        use super::{f16x4, k4_scales, load_half, load_half_i8, load_i16, load_i8, load_u8};
+        use super::{
+            f16x4, k4_scales, load_f32x8, load_half, load_half_i8, load_i16, load_i32x8, load_i8, load_u8,
+        };
         use crate::quant::blocks::{
             BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
         };
-        use crate::quant::dot::{BlockQ8K, BlockQ8_1};
+        use crate::quant::dot::{ActGroup, BlockQ8K, BlockQ8_1};
 
         /// The totals of four blocks' partial sums, in block order.
         #[inline]
@@ -217,20 +232,21 @@ macro_rules! kernels {
         /// whose extra terms are not added.
         #[inline]
         #[target_feature(enable = $features)]
-        fn by_four<W: Copy, A: Copy>(w: &[W], a: &[A], terms: impl Fn(&[W; 4], &[A; 4]) -> __m128) -> f32 {
+        fn by_four<W, A>(w: &[W], a: &[A], terms: impl Fn([&W; 4], [&A; 4]) -> __m128) -> f32 {
             let n = w.len().min(a.len());
             let (w4, w_rest) = w[..n].as_chunks::<4>();
             let (a4, a_rest) = a[..n].as_chunks::<4>();
             let mut lanes = _mm_setzero_ps();
             for (w, a) in w4.iter().zip(a4) {
-                lanes = _mm_add_ps(lanes, terms(w, a));
+                lanes = _mm_add_ps(lanes, terms(w.each_ref(), a.each_ref()));
             }
             if let Some(last) = w_rest.len().checked_sub(1) {
-                // copies of whole blocks, not a call to memcpy
+                // references, not copies: a copied block read back in pieces stalls on
+                // store forwarding (a third of the time of a 576-column row, in perf)
                 let at = |j: usize| j.min(last);
-                let w = [w_rest[0], w_rest[at(1)], w_rest[at(2)], w_rest[at(3)]];
-                let a = [a_rest[0], a_rest[at(1)], a_rest[at(2)], a_rest[at(3)]];
-                lanes = _mm_add_ps(lanes, first_lanes(terms(&w, &a), w_rest.len()));
+                let w = [&w_rest[0], &w_rest[at(1)], &w_rest[at(2)], &w_rest[at(3)]];
+                let a = [&a_rest[0], &a_rest[at(1)], &a_rest[at(2)], &a_rest[at(3)]];
+                lanes = _mm_add_ps(lanes, first_lanes(terms(w, a), w_rest.len()));
             }
             lanes_total(lanes)
         }
@@ -246,7 +262,7 @@ macro_rules! kernels {
         /// `sumi as f32 * (d_w * a.d) + m_w * a.s` for four blocks against Q8_1.
         #[inline]
         #[target_feature(enable = $features)]
-        fn scaled_with_min(sums: __m128i, dw: [[u8; 2]; 4], mw: [[u8; 2]; 4], a: &[BlockQ8_1; 4]) -> __m128 {
+        fn scaled_with_min(sums: __m128i, dw: [[u8; 2]; 4], mw: [[u8; 2]; 4], a: [&BlockQ8_1; 4]) -> __m128 {
             let (dw, mw) = widen(dw, mw);
             let da = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);
             let sa = _mm_set_ps(a[3].s, a[2].s, a[1].s, a[0].s);
@@ -519,175 +535,307 @@ macro_rules! kernels {
 
         // ---- several tokens per weight row: each block unpacked once for all of them ----
 
-        /// Four f16 values widened to f32 (exact).
+        /// Rows of `row_blocks` weight blocks each, `run` on each with its outputs
+        /// `out[r * stride..][..tokens]` (a group of tokens within a step's).
         #[inline]
         #[target_feature(enable = $features)]
-        fn widen4(x: [[u8; 2]; 4]) -> __m128 {
-            _mm_cvtph_ps(_mm_set_epi64x(0, f16x4(x)))
+        fn each_row<W>(
+            w: &[W],
+            row_blocks: usize,
+            out: &mut [f32],
+            stride: usize,
+            tokens: usize,
+            mut run: impl FnMut(&[W], &mut [f32]),
+        ) {
+            for (r, row) in w.chunks_exact(row_blocks).enumerate() {
+                run(row, &mut out[r * stride..r * stride + tokens]);
+            }
         }
 
-        /// The tokens' sums (`out[t]` for `acts[t]`, at most 16 tokens) over a row of
-        /// 32-weight blocks, four blocks at a time: `unpack` prepares four weight blocks once,
-        /// `terms` gives one token's float terms of them, added to its lane sums (as
-        /// [`by_four`] does for one token, the same tail included).
+        /// Eight pairs of f16 values, each packed in a u32 (low half, high half), widened
+        /// to f32 (exact): the eight low halves, the eight high halves.
         #[inline]
         #[target_feature(enable = $features)]
-        fn tokens_by_four<W: Copy, A: Copy, U>(
+        fn widen_pairs(v: [u32; 8]) -> (__m256, __m256) {
+            let v = v.map(|x| x as i32);
+            let v = _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+            // per 128-bit half: the low halves into bytes 0..8, the high ones into 8..16;
+            // then 64-bit lanes 0, 2, 1, 3: all low halves, then all high halves
+            let split = _mm256_shuffle_epi8(
+                v,
+                _mm256_setr_epi8(
+                    0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6,
+                    7, 10, 11, 14, 15,
+                ),
+            );
+            let both = _mm256_permute4x64_epi64::<0b11_01_10_00>(split);
+            (
+                _mm256_cvtph_ps(_mm256_castsi256_si128(both)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(both)),
+            )
+        }
+
+        /// The first `n` of eight lanes of `terms` (the others zero; see [`first_lanes`]).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn first_lanes8(terms: __m256, n: usize) -> __m256 {
+            const KEEP: [u32; 16] = [!0, !0, !0, !0, !0, !0, !0, !0, 0, 0, 0, 0, 0, 0, 0, 0];
+            // SAFETY: n <= 8, so 8 values from 8 - n are inside KEEP; loadu has no
+            // alignment requirement
+            _mm256_and_ps(terms, unsafe { _mm256_loadu_ps(KEEP.as_ptr().add(8 - n).cast()) })
+        }
+
+        /// The 8 x 8 transpose of 32-bit values: vector k of the result holds value k of
+        /// each of `rows`, row j in lane j.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+            let lo32 = |a, b| _mm256_unpacklo_epi32(a, b);
+            let hi32 = |a, b| _mm256_unpackhi_epi32(a, b);
+            let (t0, t1, t2, t3) = (lo32(r[0], r[1]), hi32(r[0], r[1]), lo32(r[2], r[3]), hi32(r[2], r[3]));
+            let (t4, t5, t6, t7) = (lo32(r[4], r[5]), hi32(r[4], r[5]), lo32(r[6], r[7]), hi32(r[6], r[7]));
+            // u_k: values k and k + 4 of rows 0..4 (u0..u3) or 4..8 (u4..u7), per half
+            let lo64 = |a, b| _mm256_unpacklo_epi64(a, b);
+            let hi64 = |a, b| _mm256_unpackhi_epi64(a, b);
+            let u = [lo64(t0, t2), hi64(t0, t2), lo64(t1, t3), hi64(t1, t3)];
+            let v = [lo64(t4, t6), hi64(t4, t6), lo64(t5, t7), hi64(t5, t7)];
+            let low = |k: usize| _mm256_permute2x128_si256::<0x20>(u[k], v[k]);
+            let high = |k: usize| _mm256_permute2x128_si256::<0x31>(u[k], v[k]);
+            [low(0), low(1), low(2), low(3), high(0), high(1), high(2), high(3)]
+        }
+
+        /// A 32-weight format's several-token kernel, as closures:
+        /// - `codes`: a weight block's 32 codes in weight order (fifth bits set);
+        /// - `prepare`: what each token's products read of eight blocks' codes regrouped
+        ///   (their values 4k..4k + 4 in lane j for block j), once per group;
+        /// - `product`: one token's products with such a vector of its activations
+        ///   ([`ActGroup::codes`]), added to a vector of per-block sums;
+        /// - `scales`: the block's f16 scale and minimum packed in a u32 (low half, high
+        ///   half; zero where the format has none);
+        /// - `offset`: what each code is stored above its value (Q4_0: 8, Q5_0: 16), taken
+        ///   off as `offset * sum(a)` per block;
+        /// - `term`: the blocks' float terms from (integer total, weight scale, weight
+        ///   minimum, activation scale, activation sum): the portable code's operations.
+        struct Format<Codes, Prepare, Product, Scales, Term> {
+            codes: Codes,
+            prepare: Prepare,
+            product: Product,
+            scales: Scales,
+            offset: i32,
+            term: Term,
+        }
+
+        /// The tokens' sums (`acts[t]` into `out[r * stride + t]`, at most 16 tokens) over
+        /// rows of `row_blocks` 32-weight blocks, eight blocks at a time.
+        ///
+        /// A group's codes are regrouped once ([`transpose8`]) so that lane j of every
+        /// vector belongs to block j, as the tokens' activations already are
+        /// ([`ActGroup`]): a token's eight products then add up to its eight block
+        /// totals with no horizontal sums, and its terms come from whole vectors of
+        /// scales. Block i goes to lane i % 4 of the token's running sums, in block order
+        /// (the first four of a group, then the last four), as [`by_four`] and the
+        /// portable `lane_sum` add them. A last group of fewer than eight reads zero codes
+        /// and scales for the blocks it lacks and adds nothing for them.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn rows_by_eight<W, U: Copy>(
             w: &[W],
-            acts: &[&[A]],
+            row_blocks: usize,
+            acts: &[&[ActGroup]],
             out: &mut [f32],
-            unpack: impl Fn(&[W; 4]) -> U,
-            terms: impl Fn(&U, &[A; 4]) -> __m128,
+            stride: usize,
+            f: &Format<
+                impl Fn(&W) -> __m256i,
+                impl Fn(__m256i) -> U,
+                impl Fn(__m256i, U, __m256i) -> __m256i,
+                impl Fn(&W) -> u32,
+                impl Fn(__m256, __m256, __m256, __m256, __m256) -> __m256,
+            >,
         ) {
             let mut lanes = [_mm_setzero_ps(); 16];
             let lanes = &mut lanes[..acts.len()];
-            let n = w.len();
-            let (w4, w_rest) = w.as_chunks::<4>();
-            for (g, wg) in w4.iter().enumerate() {
-                let u = unpack(wg);
-                for (l, a) in lanes.iter_mut().zip(acts) {
-                    *l = _mm_add_ps(*l, terms(&u, &a[..n].as_chunks::<4>().0[g]));
+            each_row(w, row_blocks, out, stride, acts.len(), |row, out| {
+                lanes.fill(_mm_setzero_ps());
+                for (g, blocks) in row.chunks(8).enumerate() {
+                    let n = blocks.len();
+                    let codes = transpose8(std::array::from_fn(|j| {
+                        if j < n {
+                            (f.codes)(&blocks[j])
+                        } else {
+                            _mm256_setzero_si256()
+                        }
+                    }));
+                    let prepared: [U; 8] = codes.map(|c| (f.prepare)(c));
+                    let (dw, mw) =
+                        widen_pairs(std::array::from_fn(|j| if j < n { (f.scales)(&blocks[j]) } else { 0 }));
+                    let offset = _mm256_set1_epi32(f.offset);
+                    for (l, a) in lanes.iter_mut().zip(acts) {
+                        let a = &a[g];
+                        let av = &a.codes;
+                        // four chains of two products: each product waits on the last
+                        let chain = |k: usize| {
+                            let first = (f.product)(_mm256_setzero_si256(), prepared[k], load_i8(&av[k]));
+                            (f.product)(first, prepared[k + 4], load_i8(&av[k + 4]))
+                        };
+                        let (c0, c1, c2, c3) = (chain(0), chain(1), chain(2), chain(3));
+                        let mut totals = _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3));
+                        if f.offset != 0 {
+                            let sums = load_i32x8(&a.sums);
+                            totals = _mm256_sub_epi32(totals, _mm256_mullo_epi32(offset, sums));
+                        }
+                        let (da, sa) = (load_f32x8(&a.d), load_f32x8(&a.s));
+                        let mut t = (f.term)(_mm256_cvtepi32_ps(totals), dw, mw, da, sa);
+                        if n < 8 {
+                            t = first_lanes8(t, n);
+                        }
+                        let low = _mm_add_ps(*l, _mm256_castps256_ps128(t));
+                        *l = _mm_add_ps(low, _mm256_extractf128_ps::<1>(t));
+                    }
                 }
-            }
-            if let Some(last) = w_rest.len().checked_sub(1) {
-                let at = |j: usize| j.min(last);
-                let u = unpack(&[w_rest[0], w_rest[at(1)], w_rest[at(2)], w_rest[at(3)]]);
-                for (l, a) in lanes.iter_mut().zip(acts) {
-                    let a = &a[4 * w4.len()..n];
-                    let t = terms(&u, &[a[0], a[at(1)], a[at(2)], a[at(3)]]);
-                    *l = _mm_add_ps(*l, first_lanes(t, w_rest.len()));
+                for (o, l) in out.iter_mut().zip(lanes.iter()) {
+                    *o = lanes_total(*l);
                 }
-            }
-            for (o, l) in out.iter_mut().zip(lanes.iter()) {
-                *o = lanes_total(*l);
-            }
+            })
         }
 
-        /// `sumi as f32 * (d_w * d_a)` for four blocks, the weights' scales already widened.
+        /// `sumi as f32 * (d_w * d_a)`: the term of Q8_0, Q4_0 and Q5_0 blocks.
         #[inline]
         #[target_feature(enable = $features)]
-        fn scaled_by(sums: __m128i, dw: __m128, a: &[BlockQ8_0; 4]) -> __m128 {
-            let da = widen4([a[0].d, a[1].d, a[2].d, a[3].d]);
-            _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da))
+        fn term_scaled(sumf: __m256, dw: __m256, _mw: __m256, da: __m256, _sa: __m256) -> __m256 {
+            _mm256_mul_ps(sumf, _mm256_mul_ps(dw, da))
         }
 
-        /// `sumi as f32 * (d_w * a.d) + m_w * a.s` for four blocks, the weights' scales and
-        /// minimums already widened.
+        /// `sumi as f32 * (d_w * d_a) + m_w * s_a`: the term of Q4_1 and Q5_1 blocks.
         #[inline]
         #[target_feature(enable = $features)]
-        fn scaled_min_by(sums: __m128i, dw: __m128, mw: __m128, a: &[BlockQ8_1; 4]) -> __m128 {
-            let da = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);
-            let sa = _mm_set_ps(a[3].s, a[2].s, a[1].s, a[0].s);
-            _mm_add_ps(_mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_mul_ps(dw, da)), _mm_mul_ps(mw, sa))
+        fn term_with_min(sumf: __m256, dw: __m256, mw: __m256, da: __m256, sa: __m256) -> __m256 {
+            _mm256_add_ps(_mm256_mul_ps(sumf, _mm256_mul_ps(dw, da)), _mm256_mul_ps(mw, sa))
         }
 
-        /// [`dot_q8_0`] of one weight row by each token: `out[t]` for `acts[t]` (each as long
-        /// as the row), the same floats.
+        /// Unsigned codes by activations: the product of the 32-weight formats but Q8_0.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn unsigned_product(acc: __m256i, codes: __m256i, a: __m256i) -> __m256i {
+            dot_acc(acc, codes, a)
+        }
+
+        /// [`dot_q8_0`] of rows of `row_blocks` weight blocks by each token: `out[r * stride
+        /// + t]` for row r and `acts[t]` (each as long as a row), the same floats.
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q8_0(w: &[BlockQ8_0], acts: &[&[BlockQ8_0]], out: &mut [f32]) {
-            tokens_by_four(
-                w,
-                acts,
-                out,
-                |w| {
-                    let wv = [load_i8(&w[0].qs), load_i8(&w[1].qs), load_i8(&w[2].qs), load_i8(&w[3].qs)];
-                    let abs = |i: usize| _mm256_sign_epi8(wv[i], wv[i]);
-                    ([abs(0), abs(1), abs(2), abs(3)], wv, widen4([w[0].d, w[1].d, w[2].d, w[3].d]))
+        pub fn dot_tokens_q8_0(
+            w: &[BlockQ8_0],
+            row_blocks: usize,
+            acts: &[&[ActGroup]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let f = Format {
+                codes: |w: &BlockQ8_0| load_i8(&w.qs),
+                // the weights' signs move onto the activations (see the module's notes)
+                prepare: |c: __m256i| (_mm256_sign_epi8(c, c), c),
+                product: |acc, (abs, signed): (__m256i, __m256i), a| {
+                    dot_acc(acc, abs, _mm256_sign_epi8(a, signed))
                 },
-                |(abs, wv, dw), a| {
-                    let s = |i: usize| dot_u8i8(abs[i], _mm256_sign_epi8(load_i8(&a[i].qs), wv[i]));
-                    scaled_by(totals4([s(0), s(1), s(2), s(3)]), *dw, a)
-                },
-            )
+                scales: |w: &BlockQ8_0| u16::from_le_bytes(w.d) as u32,
+                offset: 0,
+                term: |s, dw, mw, da, sa| term_scaled(s, dw, mw, da, sa),
+            };
+            rows_by_eight(w, row_blocks, acts, out, stride, &f)
         }
 
-        /// [`dot_q4_0`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q4_0`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q4_0(w: &[BlockQ4_0], acts: &[&[BlockQ8_0]], out: &mut [f32]) {
-            tokens_by_four(
-                w,
-                acts,
-                out,
-                |w| {
-                    let codes = [nibbles(&w[0].qs), nibbles(&w[1].qs), nibbles(&w[2].qs), nibbles(&w[3].qs)];
-                    (codes, widen4([w[0].d, w[1].d, w[2].d, w[3].d]))
-                },
-                |(codes, dw), a| {
-                    let s = |i: usize| dot_offset(codes[i], _mm256_set1_epi8(8), load_i8(&a[i].qs));
-                    scaled_by(totals4([s(0), s(1), s(2), s(3)]), *dw, a)
-                },
-            )
+        pub fn dot_tokens_q4_0(
+            w: &[BlockQ4_0],
+            row_blocks: usize,
+            acts: &[&[ActGroup]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let f = Format {
+                codes: |w: &BlockQ4_0| nibbles(&w.qs),
+                prepare: |c: __m256i| c,
+                product: |acc, c, a| unsigned_product(acc, c, a),
+                scales: |w: &BlockQ4_0| u16::from_le_bytes(w.d) as u32,
+                offset: 8,
+                term: |s, dw, mw, da, sa| term_scaled(s, dw, mw, da, sa),
+            };
+            rows_by_eight(w, row_blocks, acts, out, stride, &f)
         }
 
-        /// [`dot_q5_0`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q5_0`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q5_0(w: &[BlockQ5_0], acts: &[&[BlockQ8_0]], out: &mut [f32]) {
-            tokens_by_four(
-                w,
-                acts,
-                out,
-                |w| {
-                    let c = |i: usize| codes5(nibbles(&w[i].qs), w[i].qh);
-                    ([c(0), c(1), c(2), c(3)], widen4([w[0].d, w[1].d, w[2].d, w[3].d]))
-                },
-                |(codes, dw), a| {
-                    let s = |i: usize| dot_offset(codes[i], _mm256_set1_epi8(16), load_i8(&a[i].qs));
-                    scaled_by(totals4([s(0), s(1), s(2), s(3)]), *dw, a)
-                },
-            )
+        pub fn dot_tokens_q5_0(
+            w: &[BlockQ5_0],
+            row_blocks: usize,
+            acts: &[&[ActGroup]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let f = Format {
+                codes: |w: &BlockQ5_0| codes5(nibbles(&w.qs), w.qh),
+                prepare: |c: __m256i| c,
+                product: |acc, c, a| unsigned_product(acc, c, a),
+                scales: |w: &BlockQ5_0| u16::from_le_bytes(w.d) as u32,
+                offset: 16,
+                term: |s, dw, mw, da, sa| term_scaled(s, dw, mw, da, sa),
+            };
+            rows_by_eight(w, row_blocks, acts, out, stride, &f)
         }
 
-        /// [`dot_q4_1`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q4_1`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q4_1(w: &[BlockQ4_1], acts: &[&[BlockQ8_1]], out: &mut [f32]) {
-            tokens_by_four(
-                w,
-                acts,
-                out,
-                |w| {
-                    let codes = [nibbles(&w[0].qs), nibbles(&w[1].qs), nibbles(&w[2].qs), nibbles(&w[3].qs)];
-                    let (dw, mw) = widen([w[0].d, w[1].d, w[2].d, w[3].d], [w[0].m, w[1].m, w[2].m, w[3].m]);
-                    (codes, dw, mw)
-                },
-                |(codes, dw, mw), a| {
-                    let s = |i: usize| dot_u8i8(codes[i], load_i8(&a[i].qs));
-                    scaled_min_by(totals4([s(0), s(1), s(2), s(3)]), *dw, *mw, a)
-                },
-            )
+        pub fn dot_tokens_q4_1(
+            w: &[BlockQ4_1],
+            row_blocks: usize,
+            acts: &[&[ActGroup]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let f = Format {
+                codes: |w: &BlockQ4_1| nibbles(&w.qs),
+                prepare: |c: __m256i| c,
+                product: |acc, c, a| unsigned_product(acc, c, a),
+                scales: |w: &BlockQ4_1| u32::from_le_bytes([w.d[0], w.d[1], w.m[0], w.m[1]]),
+                offset: 0,
+                term: |s, dw, mw, da, sa| term_with_min(s, dw, mw, da, sa),
+            };
+            rows_by_eight(w, row_blocks, acts, out, stride, &f)
         }
 
-        /// [`dot_q5_1`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q5_1`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q5_1(w: &[BlockQ5_1], acts: &[&[BlockQ8_1]], out: &mut [f32]) {
-            tokens_by_four(
-                w,
-                acts,
-                out,
-                |w| {
-                    let c = |i: usize| codes5(nibbles(&w[i].qs), w[i].qh);
-                    let (dw, mw) = widen([w[0].d, w[1].d, w[2].d, w[3].d], [w[0].m, w[1].m, w[2].m, w[3].m]);
-                    ([c(0), c(1), c(2), c(3)], dw, mw)
-                },
-                |(codes, dw, mw), a| {
-                    let s = |i: usize| dot_u8i8(codes[i], load_i8(&a[i].qs));
-                    scaled_min_by(totals4([s(0), s(1), s(2), s(3)]), *dw, *mw, a)
-                },
-            )
+        pub fn dot_tokens_q5_1(
+            w: &[BlockQ5_1],
+            row_blocks: usize,
+            acts: &[&[ActGroup]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let f = Format {
+                codes: |w: &BlockQ5_1| codes5(nibbles(&w.qs), w.qh),
+                prepare: |c: __m256i| c,
+                product: |acc, c, a| unsigned_product(acc, c, a),
+                scales: |w: &BlockQ5_1| u32::from_le_bytes([w.d[0], w.d[1], w.m[0], w.m[1]]),
+                offset: 0,
+                term: |s, dw, mw, da, sa| term_with_min(s, dw, mw, da, sa),
+            };
+            rows_by_eight(w, row_blocks, acts, out, stride, &f)
         }
 
         /// A Q4_K/Q5_K super-block unpacked: the codes of its 8 sub-blocks, each one's
@@ -741,12 +889,24 @@ macro_rules! kernels {
             totals2(acc, _mm256_madd_epi16(load_i16(&a.bsums), u.mins))
         }
 
-        /// [`dot_q4_k`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q4_k`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q4_k(w: &[BlockQ4K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+        pub fn dot_tokens_q4_k(
+            w: &[BlockQ4K],
+            row_blocks: usize,
+            acts: &[&[BlockQ8K]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            each_row(w, row_blocks, out, stride, acts.len(), |row, out| row_q4_k(row, acts, out))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn row_q4_k(w: &[BlockQ4K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
             out.fill(0.0);
             for (b, w) in w.iter().enumerate() {
                 let u = k4_unpack(&w.qs, &w.scales, |codes, _| codes);
@@ -759,12 +919,24 @@ macro_rules! kernels {
             }
         }
 
-        /// [`dot_q5_k`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q5_k`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q5_k(w: &[BlockQ5K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+        pub fn dot_tokens_q5_k(
+            w: &[BlockQ5K],
+            row_blocks: usize,
+            acts: &[&[BlockQ8K]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            each_row(w, row_blocks, out, stride, acts.len(), |row, out| row_q5_k(row, acts, out))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn row_q5_k(w: &[BlockQ5K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
             out.fill(0.0);
             for (b, w) in w.iter().enumerate() {
                 let high = load_u8(&w.qh);
@@ -778,12 +950,24 @@ macro_rules! kernels {
             }
         }
 
-        /// [`dot_q6_k`] of one weight row by each token (as [`dot_tokens_q8_0`]).
+        /// [`dot_q6_k`] of rows of weights by each token (as [`dot_tokens_q8_0`]).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]
         #[target_feature(enable = $features)]
-        pub fn dot_tokens_q6_k(w: &[BlockQ6K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+        pub fn dot_tokens_q6_k(
+            w: &[BlockQ6K],
+            row_blocks: usize,
+            acts: &[&[BlockQ8K]],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            each_row(w, row_blocks, out, stride, acts.len(), |row, out| row_q6_k(row, acts, out))
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn row_q6_k(w: &[BlockQ6K], acts: &[&[BlockQ8K]], out: &mut [f32]) {
             out.fill(0.0);
             let low = _mm256_set1_epi8(0x0F);
             let picks = [spread_i16(0, 1), spread_i16(2, 3), spread_i16(4, 5), spread_i16(6, 7)];
@@ -852,6 +1036,12 @@ pub mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
+    fn dot_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, dot_u8i8(u, s))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
     fn madd_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
         _mm256_add_epi32(acc, _mm256_madd_epi16(x, y))
     }
@@ -899,6 +1089,12 @@ pub mod vnni {
     #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
     fn dot_offset(q: __m256i, o: __m256i, s: __m256i) -> __m256i {
         _mm256_sub_epi32(dot_u8i8(q, s), dot_u8i8(o, s))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512vnni,avx512vl,avx512bw")]
+    fn dot_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
     }
 
     #[inline]

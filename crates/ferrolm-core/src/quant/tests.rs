@@ -521,16 +521,22 @@ mod products {
         }
     }
 
+    /// A several-token kernel: rows of `row_blocks` weight blocks, each token's view of its
+    /// activations, the outputs and their stride per row.
+    type TokenKernel<W> = for<'a> unsafe fn(&[W], usize, &[&'a [ActGroup]], &mut [f32], usize);
+    /// The same for the k-quants, whose activations are their blocks.
+    type KTokenKernel<W> = for<'a> unsafe fn(&[W], usize, &[&'a [BlockQ8K]], &mut [f32], usize);
+
     /// One level's several-token kernels.
     struct TokenDots {
-        q8_0: unsafe fn(&[BlockQ8_0], &[&[BlockQ8_0]], &mut [f32]),
-        q4_0: unsafe fn(&[BlockQ4_0], &[&[BlockQ8_0]], &mut [f32]),
-        q5_0: unsafe fn(&[BlockQ5_0], &[&[BlockQ8_0]], &mut [f32]),
-        q4_1: unsafe fn(&[BlockQ4_1], &[&[BlockQ8_1]], &mut [f32]),
-        q5_1: unsafe fn(&[BlockQ5_1], &[&[BlockQ8_1]], &mut [f32]),
-        q4_k: unsafe fn(&[BlockQ4K], &[&[BlockQ8K]], &mut [f32]),
-        q5_k: unsafe fn(&[BlockQ5K], &[&[BlockQ8K]], &mut [f32]),
-        q6_k: unsafe fn(&[BlockQ6K], &[&[BlockQ8K]], &mut [f32]),
+        q8_0: TokenKernel<BlockQ8_0>,
+        q4_0: TokenKernel<BlockQ4_0>,
+        q5_0: TokenKernel<BlockQ5_0>,
+        q4_1: TokenKernel<BlockQ4_1>,
+        q5_1: TokenKernel<BlockQ5_1>,
+        q4_k: KTokenKernel<BlockQ4K>,
+        q5_k: KTokenKernel<BlockQ5K>,
+        q6_k: KTokenKernel<BlockQ6K>,
     }
 
     macro_rules! token_dots {
@@ -554,40 +560,55 @@ mod products {
     /// The CPU runs `dots`.
     unsafe fn tokens_with(dots: &TokenDots, ty: QuantType, w: &[u8], xs: &[Vec<f32>]) -> Vec<f32> {
         fn run<W: Block, A>(
-            f: unsafe fn(&[W], &[&[A]], &mut [f32]),
+            f: TokenKernel<W>,
             w: &[u8],
             xs: &[Vec<f32>],
             quantize: fn(&[f32]) -> Vec<A>,
+            group: fn(&[A]) -> GroupedBlocks,
         ) -> Vec<f32> {
-            let acts: Vec<Vec<A>> = xs.iter().map(|x| quantize(x)).collect();
-            let slices: Vec<&[A]> = acts.iter().map(|a| a.as_slice()).collect();
+            let acts: Vec<GroupedBlocks> = xs.iter().map(|x| group(&quantize(x))).collect();
+            let views: Vec<&[ActGroup]> = acts.iter().map(|a| a.groups.as_slice()).collect();
             let mut out = vec![f32::NAN; xs.len()];
+            let row: &[W] = as_blocks(w).unwrap();
             // SAFETY: the caller's CPU runs `f`
-            unsafe { f(as_blocks(w).unwrap(), &slices, &mut out) };
+            unsafe { f(row, row.len(), &views, &mut out, xs.len()) };
+            out
+        }
+        fn run_k<W: Block>(f: KTokenKernel<W>, w: &[u8], xs: &[Vec<f32>]) -> Vec<f32> {
+            let acts: Vec<Vec<BlockQ8K>> = xs.iter().map(|x| quantize_q8_k(x)).collect();
+            let slices: Vec<&[BlockQ8K]> = acts.iter().map(|a| a.as_slice()).collect();
+            let mut out = vec![f32::NAN; xs.len()];
+            let row: &[W] = as_blocks(w).unwrap();
+            // SAFETY: the caller's CPU runs `f`
+            unsafe { f(row, row.len(), &slices, &mut out, xs.len()) };
             out
         }
         match ty {
-            QuantType::Q8_0 => run(dots.q8_0, w, xs, quantize_q8_0),
-            QuantType::Q4_0 => run(dots.q4_0, w, xs, quantize_q8_0),
-            QuantType::Q5_0 => run(dots.q5_0, w, xs, quantize_q8_0),
-            QuantType::Q4_1 => run(dots.q4_1, w, xs, quantize_q8_1),
-            QuantType::Q5_1 => run(dots.q5_1, w, xs, quantize_q8_1),
-            QuantType::Q4K => run(dots.q4_k, w, xs, quantize_q8_k),
-            QuantType::Q5K => run(dots.q5_k, w, xs, quantize_q8_k),
-            QuantType::Q6K => run(dots.q6_k, w, xs, quantize_q8_k),
+            QuantType::Q8_0 => run(dots.q8_0, w, xs, quantize_q8_0, GroupedBlocks::q8_0),
+            QuantType::Q4_0 => run(dots.q4_0, w, xs, quantize_q8_0, GroupedBlocks::q8_0),
+            QuantType::Q5_0 => run(dots.q5_0, w, xs, quantize_q8_0, GroupedBlocks::q8_0),
+            QuantType::Q4_1 => run(dots.q4_1, w, xs, quantize_q8_1, GroupedBlocks::q8_1),
+            QuantType::Q5_1 => run(dots.q5_1, w, xs, quantize_q8_1, GroupedBlocks::q8_1),
+            QuantType::Q4K => run_k(dots.q4_k, w, xs),
+            QuantType::Q5K => run_k(dots.q5_k, w, xs),
+            QuantType::Q6K => run_k(dots.q6_k, w, xs),
             _ => unreachable!("{ty} has no integer dot"),
         }
     }
 
     /// A level's several-token kernels against the portable one-token dots, bit for bit:
-    /// 1..9 tokens, legacy rows of 1..10 and 13 blocks (every tail of the groups of four),
+    /// 1..9 tokens, legacy rows of 1..10, 13, 16..18, 21 and 48 blocks (every tail of the
+    /// groups of eight and four),
     /// k-quant rows of 1..3 super-blocks, raw random codes and some zero scales.
     #[cfg(target_arch = "x86_64")]
     fn compare_tokens(level: &str, dots: &TokenDots) {
         let mut rng = Rng(0x70C5 ^ level.len() as u64);
         for (ty, scales) in SCALES {
-            let lengths: &[usize] =
-                if ty.block_elems() == QK_K { &[1, 2, 3] } else { &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13] };
+            let lengths: &[usize] = if ty.block_elems() == QK_K {
+                &[1, 2, 3]
+            } else {
+                &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 16, 17, 18, 21, 48]
+            };
             for &blocks in lengths {
                 let mut w = random_blocks(&mut rng, ty, blocks, scales);
                 if blocks > 2 {
@@ -670,5 +691,21 @@ mod products {
                 }
             }
         }
+    }
+
+    #[test]
+    fn round_away_is_roundf_on_what_quantizers_round() {
+        // every f32 from -256 to 256 at a fine stride, the halves and their neighbours,
+        // and values far out (still below 2^31)
+        let mut values: Vec<f32> = (-2_560_000..=2_560_000).map(|i| i as f32 * 1e-4).collect();
+        for k in -300..=300 {
+            let half = k as f32 + 0.5;
+            values.extend([half, f32::from_bits(half.to_bits() - 1), f32::from_bits(half.to_bits() + 1)]);
+        }
+        values.extend([0.49999997, -0.49999997, 8388607.5, -8388607.5, 1e9, -1e9, 2.1e9, -2.1e9, 0.0, -0.0]);
+        for v in values {
+            assert_eq!(round_away(v), v.round() as i32, "{v:e}");
+        }
+        assert_eq!(round_away(f32::NAN), 0);
     }
 }
