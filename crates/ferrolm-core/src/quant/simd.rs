@@ -157,6 +157,8 @@ fn load_i16(v: &[i16; 16]) -> __m256i {
 ///   `u` by signed bytes of `s` (the callers keep every pair of products within i16);
 /// - `dot_offset(q, o, s)`: as `dot_u8i8(q, s) - dot_u8i8(o, s)`;
 /// - `dot_acc(acc, u, s)`: `acc` plus `dot_u8i8(u, s)`;
+/// - `WIDE_PRODUCTS`: whether `dot_acc` takes any unsigned bytes (no i16 step), so that
+///   Q8_0's codes can be made unsigned by an offset of 128;
 /// - `madd_acc(acc, x, y)`: `acc` plus the pairwise i32 sums of the i16 products of `x`, `y`;
 /// - `codes5(nibbles, qh)`: Q5_0/Q5_1 codes, `nibbles` plus 16 in byte `j` where bit `j`
 ///   of `qh` (little-endian) is set;
@@ -604,8 +606,52 @@ macro_rules! kernels {
             [low(0), low(1), low(2), low(3), high(0), high(1), high(2), high(3)]
         }
 
+        /// Up to eight blocks' codes (`codes` of each: 32 in weight order) regrouped:
+        /// value k of block j in lane j of vector k ([`transpose8`]), zeros for missing
+        /// blocks.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn regroup<W>(blocks: &[W], codes: impl Fn(&W) -> __m256i) -> [__m256i; 8] {
+            let n = blocks.len();
+            transpose8(std::array::from_fn(
+                |j| if j < n { codes(&blocks[j]) } else { _mm256_setzero_si256() },
+            ))
+        }
+
+        /// [`regroup`] for the 4-bit formats, on the packed bytes: byte i of a block holds
+        /// weight i (low nibble) and weight i + 16 (high nibble), so the 4 x 8 transpose
+        /// of the blocks' 16 bytes (32-bit value k of block j into lane j of vector k)
+        /// holds the low nibbles of vector k and the high ones of vector k + 4: half the
+        /// shuffles of unpacking first and transposing 8 x 8.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn regroup_nibbles<W>(blocks: &[W], qs: impl Fn(&W) -> &[u8; 16]) -> [__m256i; 8] {
+            let n = blocks.len();
+            let row = |j: usize| if j < n { load_half(qs(&blocks[j])) } else { _mm_setzero_si128() };
+            // y_j: block j in the low half, block j + 4 in the high half
+            let y: [__m256i; 4] = std::array::from_fn(|j| _mm256_set_m128i(row(j + 4), row(j)));
+            let (t0, t1) = (_mm256_unpacklo_epi32(y[0], y[1]), _mm256_unpackhi_epi32(y[0], y[1]));
+            let (t2, t3) = (_mm256_unpacklo_epi32(y[2], y[3]), _mm256_unpackhi_epi32(y[2], y[3]));
+            let packed = [
+                _mm256_unpacklo_epi64(t0, t2),
+                _mm256_unpackhi_epi64(t0, t2),
+                _mm256_unpacklo_epi64(t1, t3),
+                _mm256_unpackhi_epi64(t1, t3),
+            ];
+            let low = _mm256_set1_epi8(0x0F);
+            std::array::from_fn(|k| {
+                if k < 4 {
+                    _mm256_and_si256(packed[k], low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(packed[k - 4]), low)
+                }
+            })
+        }
+
         /// A 32-weight format's several-token kernel, as closures:
-        /// - `codes`: a weight block's 32 codes in weight order (fifth bits set);
+        /// - `codes`: the codes of up to eight weight blocks (fifth bits set), regrouped
+        ///   as the activations are: values 4k..4k + 4 of block j in lane j of vector k,
+        ///   zero for the blocks a last group lacks ([`regroup`], [`regroup_nibbles`]);
         /// - `prepare`: what each token's products read of eight blocks' codes regrouped
         ///   (their values 4k..4k + 4 in lane j for block j), once per group;
         /// - `product`: one token's products with such a vector of its activations
@@ -645,7 +691,7 @@ macro_rules! kernels {
             out: &mut [f32],
             stride: usize,
             f: &Format<
-                impl Fn(&W) -> __m256i,
+                impl Fn(&[W]) -> [__m256i; 8],
                 impl Fn(__m256i) -> U,
                 impl Fn(__m256i, U, __m256i) -> __m256i,
                 impl Fn(&W) -> u32,
@@ -658,13 +704,7 @@ macro_rules! kernels {
                 lanes.fill(_mm_setzero_ps());
                 for (g, blocks) in row.chunks(8).enumerate() {
                     let n = blocks.len();
-                    let codes = transpose8(std::array::from_fn(|j| {
-                        if j < n {
-                            (f.codes)(&blocks[j])
-                        } else {
-                            _mm256_setzero_si256()
-                        }
-                    }));
+                    let codes = (f.codes)(blocks);
                     let prepared: [U; 8] = codes.map(|c| (f.prepare)(c));
                     let (dw, mw) =
                         widen_pairs(std::array::from_fn(|j| if j < n { (f.scales)(&blocks[j]) } else { 0 }));
@@ -732,8 +772,20 @@ macro_rules! kernels {
             out: &mut [f32],
             stride: usize,
         ) {
+            if WIDE_PRODUCTS {
+                // codes + 128 as unsigned bytes, the 128 taken off per block as an offset
+                let f = Format {
+                    codes: |w: &[BlockQ8_0]| regroup(w, |w| load_i8(&w.qs)),
+                    prepare: |c: __m256i| _mm256_xor_si256(c, _mm256_set1_epi8(i8::MIN)),
+                    product: |acc, c, a| unsigned_product(acc, c, a),
+                    scales: |w: &BlockQ8_0| u16::from_le_bytes(w.d) as u32,
+                    offset: 128,
+                    term: |s, dw, mw, da, sa| term_scaled(s, dw, mw, da, sa),
+                };
+                return rows_by_eight(w, row_blocks, acts, out, stride, &f);
+            }
             let f = Format {
-                codes: |w: &BlockQ8_0| load_i8(&w.qs),
+                codes: |w: &[BlockQ8_0]| regroup(w, |w| load_i8(&w.qs)),
                 // the weights' signs move onto the activations (see the module's notes)
                 prepare: |c: __m256i| (_mm256_sign_epi8(c, c), c),
                 product: |acc, (abs, signed): (__m256i, __m256i), a| {
@@ -759,7 +811,7 @@ macro_rules! kernels {
             stride: usize,
         ) {
             let f = Format {
-                codes: |w: &BlockQ4_0| nibbles(&w.qs),
+                codes: |w: &[BlockQ4_0]| regroup_nibbles(w, |w| &w.qs),
                 prepare: |c: __m256i| c,
                 product: |acc, c, a| unsigned_product(acc, c, a),
                 scales: |w: &BlockQ4_0| u16::from_le_bytes(w.d) as u32,
@@ -782,7 +834,7 @@ macro_rules! kernels {
             stride: usize,
         ) {
             let f = Format {
-                codes: |w: &BlockQ5_0| codes5(nibbles(&w.qs), w.qh),
+                codes: |w: &[BlockQ5_0]| regroup(w, |w| codes5(nibbles(&w.qs), w.qh)),
                 prepare: |c: __m256i| c,
                 product: |acc, c, a| unsigned_product(acc, c, a),
                 scales: |w: &BlockQ5_0| u16::from_le_bytes(w.d) as u32,
@@ -805,7 +857,7 @@ macro_rules! kernels {
             stride: usize,
         ) {
             let f = Format {
-                codes: |w: &BlockQ4_1| nibbles(&w.qs),
+                codes: |w: &[BlockQ4_1]| regroup_nibbles(w, |w| &w.qs),
                 prepare: |c: __m256i| c,
                 product: |acc, c, a| unsigned_product(acc, c, a),
                 scales: |w: &BlockQ4_1| u32::from_le_bytes([w.d[0], w.d[1], w.m[0], w.m[1]]),
@@ -828,7 +880,7 @@ macro_rules! kernels {
             stride: usize,
         ) {
             let f = Format {
-                codes: |w: &BlockQ5_1| codes5(nibbles(&w.qs), w.qh),
+                codes: |w: &[BlockQ5_1]| regroup(w, |w| codes5(nibbles(&w.qs), w.qh)),
                 prepare: |c: __m256i| c,
                 product: |acc, c, a| unsigned_product(acc, c, a),
                 scales: |w: &BlockQ5_1| u32::from_le_bytes([w.d[0], w.d[1], w.m[0], w.m[1]]),
@@ -1070,6 +1122,9 @@ pub mod avx2 {
         _mm256_or_si256(nibbles, _mm256_and_si256(_mm256_slli_epi16::<4>(down), _mm256_set1_epi8(16)))
     }
 
+    /// `maddubs` saturates pairs of products at i16: unsigned codes up to 255 would not fit.
+    const WIDE_PRODUCTS: bool = false;
+
     kernels!("avx2,f16c", has_avx2);
 }
 
@@ -1116,6 +1171,9 @@ pub mod vnni {
         let set = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << sub) as i8));
         _mm256_mask_add_epi8(nibbles, set, nibbles, _mm256_set1_epi8(16))
     }
+
+    /// `dpbusd` adds byte products straight into i32: unsigned codes up to 255 fit.
+    const WIDE_PRODUCTS: bool = true;
 
     kernels!("avx2,f16c,avx512vnni,avx512vl,avx512bw", has_avx512_vnni);
 }
