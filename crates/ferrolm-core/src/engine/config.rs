@@ -136,9 +136,9 @@ impl EngineConfig {
     pub const DEFAULT_SPECULATIVE_MAX_DRAFT: usize = 10;
     /// A verified row's share of a one-token step on a CPU for a small model: a row reads
     /// no more weights, but multiplies them again. Measured on two cores with
-    /// SmolLM2-135M (`ferrolm bench quant`-style forwards of 1 to 8 rows): 0.55 on its
-    /// Q4_1 file, 0.4 on Q4_K_M. Far less on a GPU.
-    pub const DEFAULT_SPECULATIVE_ROW_COST: f64 = 0.5;
+    /// SmolLM2-135M (`ferrolm bench quant --drafts`, forwards of 1 + k rows): 0.21 to 0.25
+    /// on its Q4_1 and Q4_K_M files. Far less on a GPU.
+    pub const DEFAULT_SPECULATIVE_ROW_COST: f64 = 0.25;
     pub const MAX_SPECULATIVE_DRAFT: usize = 64;
 
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -6,10 +6,14 @@
 //! another sample of the prompt, or an agent sending the same context again. Else:
 //!
 //! [`NgramIndex`] keeps, for every n-gram of length `min_n..=max_n` of a request's tokens
-//! (prompt and output), where it last ended; appending a token costs `max_n - min_n + 1`
-//! hash-map updates. [`NgramIndex::propose`] takes the longest suffix that occurred before
-//! and drafts what came after that occurrence, as vLLM's n-gram proposer and llama.cpp's
-//! prompt lookup do: copies of a quoted passage, a file being edited, repeated JSON keys.
+//! (prompt and output), where it last ended and where each occurrence's previous one
+//! ended; appending a token costs `max_n - min_n + 1` hash-map updates.
+//! [`NgramIndex::propose`] takes the longest suffix that occurred before and drafts what
+//! came after its occurrences, as vLLM's n-gram proposer and llama.cpp's prompt lookup
+//! do (copies of a quoted passage, a file being edited), but only as far as its latest
+//! occurrences agree: after a suffix that recurs with different continuations (`", "` in
+//! a JSON object, `return` in code) the next token is a guess, and a guessed row is
+//! paid for and thrown away.
 //!
 //! [`Speculation`] sizes each draft by what a verified row costs against the chance that
 //! a draft token is kept, estimated from the request's own drafts, and pauses drafting
@@ -28,7 +32,7 @@
 
 use hashbrown::HashMap;
 
-/// Where each n-gram of a token sequence last ended, for drafting from the sequence's own
+/// Where each n-gram of a token sequence ended, for drafting from the sequence's own
 /// history.
 #[derive(Clone, Debug)]
 pub struct NgramIndex {
@@ -39,7 +43,16 @@ pub struct NgramIndex {
     /// before the current end of `tokens` (the occurrence that ends at the end is not
     /// recorded until a token follows it: a suffix must find an earlier match).
     last_end: HashMap<(u8, u64), u32>,
+    /// `previous[n - min_n][e]`: for the n-gram ending at `e`, the end of its previous
+    /// occurrence (or `NONE`), so that occurrences chain from the latest back.
+    previous: Vec<Vec<u32>>,
 }
+
+const NONE: u32 = u32::MAX;
+
+/// Occurrences of a suffix whose continuations a draft must agree with: the latest few
+/// (older ones speak of another part of the text).
+const AGREEING: usize = 4;
 
 fn hash_of(tokens: &[u32]) -> u64 {
     // FNV-1a over the ids: n-grams are a few tokens, and a collision only costs a draft
@@ -54,7 +67,13 @@ impl NgramIndex {
             1 <= min_n && min_n <= max_n && max_n <= u8::MAX as usize,
             "n-gram lengths {min_n}..={max_n}"
         );
-        NgramIndex { min_n, max_n, tokens: Vec::new(), last_end: HashMap::new() }
+        NgramIndex {
+            min_n,
+            max_n,
+            tokens: Vec::new(),
+            last_end: HashMap::new(),
+            previous: vec![Vec::new(); max_n - min_n + 1],
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -72,8 +91,14 @@ impl NgramIndex {
     /// Appends `token`: the n-grams that ended just before it are now earlier occurrences.
     pub fn push(&mut self, token: u32) {
         let end = self.tokens.len();
-        for n in self.min_n..=self.max_n.min(end) {
-            self.last_end.insert((n as u8, hash_of(&self.tokens[end - n..])), end as u32);
+        for (i, previous) in self.previous.iter_mut().enumerate() {
+            let n = self.min_n + i;
+            let before = if n <= end {
+                self.last_end.insert((n as u8, hash_of(&self.tokens[end - n..])), end as u32).unwrap_or(NONE)
+            } else {
+                NONE
+            };
+            previous.push(before);
         }
         self.tokens.push(token);
     }
@@ -84,9 +109,10 @@ impl NgramIndex {
         }
     }
 
-    /// Up to `max_tokens` tokens that followed the latest earlier occurrence of the
-    /// longest suffix (of `max_n` down to `min_n` tokens) seen before, into `out`
-    /// (cleared first); empty when no suffix occurred before.
+    /// Up to `max_tokens` tokens that followed the longest suffix (of `max_n` down to
+    /// `min_n` tokens) seen before, into `out` (cleared first): the tokens on which the
+    /// continuations of its latest [`AGREEING`] earlier occurrences agree (each up to the
+    /// end of what exists); empty when no suffix occurred before or they differ at once.
     pub fn propose(&self, max_tokens: usize, out: &mut Vec<u32>) {
         out.clear();
         let end = self.tokens.len();
@@ -95,12 +121,32 @@ impl NgramIndex {
         }
         for n in (self.min_n..=self.max_n.min(end)).rev() {
             let suffix = &self.tokens[end - n..];
-            let Some(&at) = self.last_end.get(&(n as u8, hash_of(suffix))) else { continue };
-            let at = at as usize;
-            if at < n || &self.tokens[at - n..at] != suffix {
+            let Some(&latest) = self.last_end.get(&(n as u8, hash_of(suffix))) else { continue };
+            let is_match = |at: usize| at >= n && &self.tokens[at - n..at] == suffix;
+            if !is_match(latest as usize) {
                 continue; // a hash collision
             }
-            out.extend_from_slice(&self.tokens[at..(at + max_tokens).min(end)]);
+            // the chain of earlier occurrences (a collision in it ends it)
+            let mut ends = [latest as usize; AGREEING];
+            let mut found = 1;
+            while found < AGREEING {
+                let before = self.previous[n - self.min_n][ends[found - 1]];
+                if before == NONE || !is_match(before as usize) {
+                    break;
+                }
+                ends[found] = before as usize;
+                found += 1;
+            }
+            let first = ends[0];
+            for i in 0..max_tokens {
+                let agreed = ends[..found]
+                    .iter()
+                    .all(|&at| at + i < end && self.tokens[at + i] == self.tokens[first + i]);
+                if !agreed {
+                    break;
+                }
+                out.push(self.tokens[first + i]);
+            }
             return;
         }
     }
@@ -110,7 +156,7 @@ impl NgramIndex {
 ///
 /// How long a draft is follows from what a verified row costs and what a draft token is
 /// worth. A row costs `row_cost` of a one-token step (the forward's work grows with its
-/// rows; on a CPU a row of a small model costs about a third of a step). The j-th draft
+/// rows; on a CPU a row of a small model costs about a quarter of a step). The j-th draft
 /// token is kept with probability `p^j` when each is kept with probability `p` once the
 /// ones before it were, so it pays while `p^j > row_cost`: the draft is the longest
 /// such, `floor(ln(row_cost) / ln(p))` tokens. `p` is estimated from the request's own
@@ -216,14 +262,22 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The proposal by brute force: longest suffix first, latest earlier occurrence.
+    /// The proposal by brute force: longest suffix first, the common prefix of what
+    /// followed its latest `AGREEING` earlier occurrences.
     fn reference(tokens: &[u32], min_n: usize, max_n: usize, k: usize) -> Vec<u32> {
         let end = tokens.len();
         for n in (min_n..=max_n.min(end)).rev() {
             let suffix = &tokens[end - n..];
-            // occurrences ending at `at` < end
-            if let Some(at) = (n..end).rev().find(|&at| &tokens[at - n..at] == suffix) {
-                return tokens[at..(at + k).min(end)].to_vec();
+            // occurrences ending at `at` < end, latest first
+            let ends: Vec<usize> =
+                (n..end).rev().filter(|&at| &tokens[at - n..at] == suffix).take(AGREEING).collect();
+            if let Some(&first) = ends.first() {
+                return (0..k)
+                    .take_while(|&i| {
+                        ends.iter().all(|&at| at + i < end && tokens[at + i] == tokens[first + i])
+                    })
+                    .map(|i| tokens[first + i])
+                    .collect();
             }
         }
         Vec::new()
@@ -264,6 +318,21 @@ mod tests {
         fresh.extend(&[1, 2, 3, 4, 5]);
         fresh.propose(4, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_suffix_that_recurs_drafts_only_what_its_continuations_share() {
+        // `", "` (5, 6) recurs before keys 1, 2 and 3, each followed by `": "` (7, 8)
+        let mut index = NgramIndex::new(2, 3);
+        index.extend(&[5, 6, 1, 7, 8, 40, 5, 6, 2, 7, 8, 41, 5, 6]);
+        let mut out = Vec::new();
+        index.propose(4, &mut out);
+        assert!(out.is_empty(), "the keys differ: no guess, got {out:?}");
+        // continuations that agree for two tokens, then differ
+        let mut index = NgramIndex::new(2, 3);
+        index.extend(&[1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2]);
+        index.propose(4, &mut out);
+        assert_eq!(out, [3, 4]);
     }
 
     #[test]
