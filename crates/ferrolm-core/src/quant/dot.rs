@@ -11,11 +11,10 @@
 //!
 //! Every quantized type has x86-64 versions ([`super::simd`]: AVX-512 VNNI, else AVX2),
 //! picked at run time by the `dot_*` functions; `dot_*_portable` is the code they
-//! equal, and what other CPUs run. [`dot_tokens`] multiplies one weight row by several
+//! equal, and what other CPUs run. [`dot_rows`] multiplies rows of weights by several
 //! tokens, each token getting exactly its [`dot_row`] float: the SIMD versions unpack a
-//! weight block once (codes, fifth bits, widened scales) for a group of tokens, the
-//! portable code loops over [`dot_row`]. The CPU runner's matrices
-//! (`cpu_model::linear`) call it per weight row.
+//! weight block once for a group of tokens, the portable code loops over [`dot_row`]. The
+//! CPU runner's matrices (`cpu_model::linear`) call it per run of rows.
 
 use half::f16;
 

@@ -13,11 +13,14 @@
 //! the running sum (f16 scales widened with F16C, four blocks' products at once): only
 //! the additions to the running sum stay one at a time, in block order.
 //!
-//! The `dot_tokens_*` kernels multiply one weight row by several tokens ([`super::dot::dot_tokens`]):
-//! each weight block (four legacy blocks, or one k-quant super-block) is unpacked once
-//! (codes with their fifth bits, scales widened and spread over lanes), then applied to
-//! each token, whose terms go to its own running sum in block order: the floats of the
-//! one-token kernels, token by token.
+//! The `dot_tokens_*` kernels multiply rows of weights by several tokens
+//! ([`super::dot::dot_rows`]), each token getting the floats of the one-token kernels.
+//! The 32-weight formats go eight blocks at a time: a token's activations are regrouped
+//! once ([`super::dot::ActGroup`]: bytes 4k..4k + 4 of block j in lane j of vector k) and
+//! each group of weight blocks once for every token, so eight byte products sum to eight
+//! block totals in eight lanes with no horizontal sums, and the float steps take eight
+//! blocks' scales at once. A k-quant super-block is unpacked once (codes with their fifth
+//! bits, scales spread over lanes) and applied to each token in turn.
 //!
 //! Integer tricks, each exact:
 //! - `maddubs` and `dpbusd` multiply unsigned by signed bytes. Q8_0's signed weights move

@@ -694,6 +694,36 @@ mod products {
     }
 
     #[test]
+    fn dot_rows_equals_dot_row_for_every_row_and_token() {
+        // several rows in one call, across the token groups (16), every 32-weight format
+        // and a k-quant, rows whose blocks end in a part group
+        let mut rng = Rng(0x2085);
+        for (ty, scales) in SCALES {
+            let cols = if ty.block_elems() == QK_K { 512 } else { 576 };
+            let rows = 5;
+            let row_bytes = ty.bytes_for(cols).unwrap();
+            let w = random_blocks(&mut rng, ty, rows * cols / ty.block_elems(), scales);
+            for tokens in [1, 2, 7, 16, 17, 31] {
+                let acts: Vec<Activations> = (0..tokens)
+                    .map(|_| quantize_activations(ty.activation_format(), &activations(&mut rng, cols)))
+                    .collect();
+                let mut out = vec![f32::NAN; rows * tokens];
+                dot_rows(ty, &w, row_bytes, &acts, &mut [], &mut out);
+                for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                    for (t, a) in acts.iter().enumerate() {
+                        let want = dot_row(ty, row, a, &mut []);
+                        assert_eq!(
+                            out[r * tokens + t].to_bits(),
+                            want.to_bits(),
+                            "{ty} row {r} token {t} of {tokens}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn round_away_is_roundf_on_what_quantizers_round() {
         // every f32 from -256 to 256 at a fine stride, the halves and their neighbours,
         // and values far out (still below 2^31)
