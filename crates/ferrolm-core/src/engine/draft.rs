@@ -113,11 +113,12 @@ impl NgramIndex {
     /// `min_n` tokens) seen before, into `out` (cleared first): the tokens on which the
     /// continuations of its latest [`AGREEING`] earlier occurrences agree (each up to the
     /// end of what exists); empty when no suffix occurred before or they differ at once.
-    pub fn propose(&self, max_tokens: usize, out: &mut Vec<u32>) {
+    /// Returns the length of the suffix matched (0: none).
+    pub fn propose(&self, max_tokens: usize, out: &mut Vec<u32>) -> usize {
         out.clear();
         let end = self.tokens.len();
         if max_tokens == 0 {
-            return;
+            return 0;
         }
         for n in (self.min_n..=self.max_n.min(end)).rev() {
             let suffix = &self.tokens[end - n..];
@@ -147,10 +148,24 @@ impl NgramIndex {
                 }
                 out.push(self.tokens[first + i]);
             }
-            return;
+            return n;
         }
+        0
     }
 }
+
+/// Where a draft came from, each with its own chance of being kept: a continuation from
+/// the prefix cache or a long n-gram match (`LONG_MATCH` tokens or more) is kept far more
+/// often than a short one (on SmolLM2's copy workloads, 93-100% of first tokens after a
+/// 5-token match against 44% after a 2-token match seen once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Long = 0,
+    Short = 1,
+}
+
+/// A match of this many tokens or more drafts as [`Source::Long`].
+pub const LONG_MATCH: usize = 4;
 
 /// One request's drafting state: its n-gram index, what its drafts earned, and its pause.
 ///
@@ -159,20 +174,23 @@ impl NgramIndex {
 /// rows; on a CPU a row of a small model costs about a quarter of a step). The j-th draft
 /// token is kept with probability `p^j` when each is kept with probability `p` once the
 /// ones before it were, so it pays while `p^j > row_cost`: the draft is the longest
-/// such, `floor(ln(row_cost) / ln(p))` tokens. `p` is estimated from the request's own
-/// drafts (kept tokens against drafts cut short, decayed so that the estimate follows
-/// the text: a copied passage, then free prose). While `p <= row_cost` no draft pays: the
-/// request then drafts one token now and then to see whether that changed, waiting twice
-/// as long after each probe that earned nothing.
+/// such, `floor(ln(row_cost) / ln(p))` tokens. `p` is estimated per [`Source`] from the
+/// request's own drafts (kept tokens against drafts cut short, decayed so that the
+/// estimate follows the text: a copied passage, then free prose). While a source's
+/// `p <= row_cost` its drafts do not pay: the request then drafts one token of it now and
+/// then to see whether that changed, waiting twice as long after each probe that earned
+/// nothing; a source that pays drafts even then.
 #[derive(Clone, Debug)]
 pub struct Speculation {
     index: NgramIndex,
     max_draft: usize,
     row_cost: f64,
-    /// Decayed counts of draft tokens kept and of drafts cut short by a rejection.
-    kept: f64,
-    missed: f64,
-    /// Steps left before drafting again.
+    /// Per source: decayed counts of draft tokens kept and of drafts cut short.
+    kept: [f64; 2],
+    missed: [f64; 2],
+    /// The source of the draft in flight.
+    pending: Source,
+    /// Steps left before probing again.
     pause: u32,
     /// The pause the next fruitless probe earns (doubles each time, up to `MAX_PAUSE`).
     backoff: u32,
@@ -181,12 +199,12 @@ pub struct Speculation {
 /// n-gram lengths matched: a single shared token is too weak a hint to pay for a row.
 pub const MIN_NGRAM: usize = 2;
 pub const MAX_NGRAM: usize = 5;
-/// At most this many steps without a draft after fruitless probes: a request whose text
+/// At most this many steps without a probe after fruitless ones: a request whose text
 /// has nothing to copy pays one verified row per this many steps.
 const MAX_PAUSE: u32 = 32;
-/// The estimate before any draft: as if 2 tokens had been kept and 1 draft cut short
-/// (p = 2/3, a draft of two or three tokens at the CPU's row cost).
-const PRIOR_KEPT: f64 = 2.0;
+/// The estimates before any draft, per source: as if 4 (long) or 2 (short) tokens had
+/// been kept and 1 draft cut short (p = 4/5 and 2/3).
+const PRIOR_KEPT: [f64; 2] = [4.0, 2.0];
 const PRIOR_MISSED: f64 = 1.0;
 /// Each draft's outcome weighs this much less at the next (about the last 5 drafts count).
 const DECAY: f64 = 0.8;
@@ -197,7 +215,16 @@ impl Speculation {
     pub fn new(tokens: &[u32], max_draft: usize, row_cost: f64) -> Speculation {
         let mut index = NgramIndex::new(MIN_NGRAM, MAX_NGRAM);
         index.extend(tokens);
-        Speculation { index, max_draft, row_cost, kept: 0.0, missed: 0.0, pause: 0, backoff: 1 }
+        Speculation {
+            index,
+            max_draft,
+            row_cost,
+            kept: [0.0; 2],
+            missed: [0.0; 2],
+            pending: Source::Short,
+            pause: 0,
+            backoff: 1,
+        }
     }
 
     /// The next token of the sequence.
@@ -205,14 +232,15 @@ impl Speculation {
         self.index.push(token);
     }
 
-    /// The estimated chance that a draft token is kept, its predecessors kept.
-    pub fn keep_rate(&self) -> f64 {
-        (self.kept + PRIOR_KEPT) / (self.kept + self.missed + PRIOR_KEPT + PRIOR_MISSED)
+    /// The estimated chance that a draft token from `source` is kept, its predecessors kept.
+    pub fn keep_rate(&self, source: Source) -> f64 {
+        let s = source as usize;
+        (self.kept[s] + PRIOR_KEPT[s]) / (self.kept[s] + self.missed[s] + PRIOR_KEPT[s] + PRIOR_MISSED)
     }
 
-    /// How many tokens pay to draft now (0: none; the request probes with one token).
-    pub fn worth_drafting(&self) -> usize {
-        let p = self.keep_rate();
+    /// How many tokens from `source` pay to draft now (0: none).
+    pub fn worth_drafting(&self, source: Source) -> usize {
+        let p = self.keep_rate(source);
         if p <= self.row_cost {
             return 0;
         }
@@ -224,35 +252,53 @@ impl Speculation {
         k.clamp(1, self.max_draft)
     }
 
-    /// How many tokens to draft this step, at most `limit`: `None` while paused (the
-    /// step counts toward the pause) or when `limit` is 0.
-    pub fn next_length(&mut self, limit: usize) -> Option<usize> {
-        if self.pause > 0 {
+    /// This step's draft, at most `limit` tokens, into `out` (cleared first): what
+    /// `cached` (the prefix cache's continuation: given a length and `out`) holds, else
+    /// what followed the sequence's suffix; cut to what pays for its source, one token
+    /// (a probe) where nothing pays, nothing while paused (the step counts toward it).
+    pub fn draft(&mut self, limit: usize, cached: impl FnOnce(usize, &mut Vec<u32>), out: &mut Vec<u32>) {
+        out.clear();
+        let paused = self.pause > 0;
+        if paused {
             self.pause -= 1;
-            return None;
         }
-        // 0 pays: a probe of one token
-        (limit > 0).then(|| self.worth_drafting().max(1).min(limit))
+        let cap = limit.min(self.max_draft);
+        if cap == 0 {
+            return;
+        }
+        cached(cap, out);
+        let source = if !out.is_empty() {
+            Source::Long
+        } else {
+            match self.index.propose(cap, out) {
+                0 => return,
+                n if n >= LONG_MATCH => Source::Long,
+                _ => Source::Short,
+            }
+        };
+        let k = match self.worth_drafting(source) {
+            0 if paused => 0,
+            0 => 1,
+            k => k,
+        };
+        out.truncate(k);
+        self.pending = source;
     }
 
-    /// Up to `k` tokens that followed the sequence's latest earlier suffix, into `out`.
-    pub fn propose(&self, k: usize, out: &mut Vec<u32>) {
-        self.index.propose(k, out);
-    }
-
-    /// A draft of `drafted` tokens of which the first `accepted` were kept.
+    /// The draft in flight had `drafted` tokens, of which the first `accepted` were kept.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
-        self.kept = self.kept * DECAY + accepted as f64;
-        self.missed = self.missed * DECAY + (accepted < drafted) as u8 as f64;
-        if self.worth_drafting() > 0 && accepted > 0 {
-            self.backoff = 1;
-        } else {
-            // nothing pays (or nothing was kept): look again after a pause that grows
+        let s = self.pending as usize;
+        self.kept[s] = self.kept[s] * DECAY + accepted as f64;
+        self.missed[s] = self.missed[s] * DECAY + (accepted < drafted) as u8 as f64;
+        if self.worth_drafting(self.pending) == 0 {
+            // this source no longer pays: probe it again after a pause that grows
             self.pause = self.backoff;
             self.backoff = (self.backoff * 2).min(MAX_PAUSE);
+        } else if accepted > 0 {
+            self.backoff = 1;
         }
     }
 }
@@ -335,50 +381,78 @@ mod tests {
         assert_eq!(out, [3, 4]);
     }
 
+    fn draft(spec: &mut Speculation, limit: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        spec.draft(limit, |_, _| {}, &mut out);
+        out
+    }
+
     #[test]
     fn fruitless_drafts_pause_drafting_longer_each_time() {
-        // a sequence where "1 2" recurs: a draft is always on offer
+        // a sequence where "1 2" recurs: a (short) draft is always on offer
         let mut spec = Speculation::new(&[1, 2, 3, 1, 2], 4, 0.35);
-        let mut out = Vec::new();
         let mut drafted_steps = Vec::new();
-        for step in 0..120 {
-            out.clear();
-            if let Some(k) = spec.next_length(4) {
-                spec.propose(k, &mut out);
-            }
+        for step in 0..160 {
+            let out = draft(&mut spec, 4);
             if !out.is_empty() {
                 drafted_steps.push(step);
                 spec.record(out.len(), 0); // never kept
             }
         }
-        // paused 1, 2, 4, ... then 32 steps between probes of one token
+        // while drafts still pay, every step drafts; then pauses of 1, 2, 4, ... and 32
+        // steps between probes of one token
         let gaps: Vec<usize> = drafted_steps.windows(2).map(|w| w[1] - w[0] - 1).collect();
-        assert_eq!(&gaps[..5], &[1, 2, 4, 8, 16]);
-        assert!(gaps[5..].iter().all(|&g| g == 32), "{gaps:?}");
-        assert_eq!(spec.worth_drafting(), 0);
+        let paused: Vec<usize> = gaps.iter().copied().skip_while(|&g| g == 0).collect();
+        assert!(gaps.len() - paused.len() <= 4, "{gaps:?}");
+        assert_eq!(&paused[..5], &[1, 2, 4, 8, 16], "{gaps:?}");
+        assert!(paused[5..].iter().all(|&g| g == 32), "{gaps:?}");
+        assert_eq!(spec.worth_drafting(Source::Short), 0);
         // once the pause is over, a probe is one token
-        let next = (0..=MAX_PAUSE).find_map(|_| spec.next_length(4));
-        assert_eq!(next, Some(1));
+        let next = (0..=MAX_PAUSE).map(|_| draft(&mut spec, 4)).find(|d| !d.is_empty());
+        assert_eq!(next.map(|d| d.len()), Some(1));
+    }
+
+    #[test]
+    fn a_long_match_drafts_while_short_ones_do_not_pay() {
+        let mut spec = Speculation::new(&[1, 2, 9, 1, 2], 10, 0.35);
+        for _ in 0..40 {
+            let out = draft(&mut spec, 4);
+            if !out.is_empty() {
+                spec.record(out.len(), 0);
+            }
+        }
+        assert_eq!(spec.worth_drafting(Source::Short), 0);
+        // a passage, then its first four tokens again: a match of 4 drafts at the long
+        // matches' own rate (the prior 4/5: 0.8^4 = 0.41 > 0.35 > 0.8^5), paused or not
+        spec.push(3);
+        for t in [10, 11, 12, 13, 14, 15, 16, 17, 7, 10, 11, 12, 13] {
+            spec.push(t);
+        }
+        assert_eq!(draft(&mut spec, 10), [14, 15, 16, 17]);
     }
 
     #[test]
     fn a_draft_is_as_long_as_its_tokens_pay_for_their_rows() {
-        let mut spec = Speculation::new(&[], 10, 0.35);
-        // the prior: p = 2/3, and (2/3)^2 = 0.44 > 0.35 > (2/3)^3
-        assert_eq!(spec.worth_drafting(), 2);
+        let mut spec = Speculation::new(&[1, 2, 3, 1, 2], 10, 0.35);
+        // the priors: p = 2/3 for short matches, (2/3)^2 = 0.44 > 0.35 > (2/3)^3; 4/5 for long ones
+        assert_eq!(spec.worth_drafting(Source::Short), 2);
+        assert_eq!(spec.worth_drafting(Source::Long), 4);
         for _ in 0..20 {
+            draft(&mut spec, 10); // a short match: what follows is recorded for short ones
             spec.record(6, 6); // everything kept
         }
-        assert!(spec.keep_rate() > 0.95);
-        assert_eq!(spec.worth_drafting(), 10, "capped at the most allowed");
+        assert!(spec.keep_rate(Source::Short) > 0.95);
+        assert_eq!(spec.worth_drafting(Source::Short), 10, "capped at the most allowed");
+        assert_eq!(spec.worth_drafting(Source::Long), 4, "the other source's estimate is its own");
         for _ in 0..5 {
+            draft(&mut spec, 10);
             spec.record(2, 1); // half kept: p falls toward 1/2
         }
-        let p = spec.keep_rate();
-        let k = spec.worth_drafting();
+        let p = spec.keep_rate(Source::Short);
+        let k = spec.worth_drafting(Source::Short);
         assert!(p.powi(k as i32) > 0.35 && p.powi(k as i32 + 1) <= 0.35, "p {p}, k {k}");
         // a row that costs little (a GPU): long drafts pay even at a modest rate
         let cheap = Speculation::new(&[], 16, 0.02);
-        assert_eq!(cheap.worth_drafting(), 9); // (2/3)^9 = 0.026 > 0.02 > (2/3)^10
+        assert_eq!(cheap.worth_drafting(Source::Short), 9); // (2/3)^9 = 0.026 > 0.02 > (2/3)^10
     }
 }

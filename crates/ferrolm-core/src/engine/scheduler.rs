@@ -101,14 +101,18 @@ impl Engine {
             return Vec::new(); // its thinking budget decides the next token: nothing to verify
         }
         let Some(spec) = r.spec.as_mut() else { return Vec::new() };
-        let Some(k) = spec.next_length(limit) else { return Vec::new() };
+        let (tokens, namespace) = (&r.tokens, r.params.namespace.as_deref());
+        let use_cache = self.config.enable_prefix_cache;
         let mut draft = Vec::new();
-        if self.config.enable_prefix_cache {
-            tree.continuation(&r.tokens, r.params.namespace.as_deref(), k, &mut draft);
-        }
-        if draft.is_empty() {
-            spec.propose(k, &mut draft);
-        }
+        spec.draft(
+            limit,
+            |k, out| {
+                if use_cache {
+                    tree.continuation(tokens, namespace, k, out);
+                }
+            },
+            &mut draft,
+        );
         draft
     }
 

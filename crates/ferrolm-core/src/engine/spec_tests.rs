@@ -381,6 +381,7 @@ fn no_draft_while_a_thinking_budget_forces_the_next_token() {
         Some(ThinkingBudget { budget: 6, start_ids: vec![249], end_ids: vec![250, 251], open: true });
     engine.submit(1, &copy_prompts()[0], p, None).unwrap();
     let (mut forced_steps, mut drafted_steps) = (0, 0);
+    let mut tokens = Vec::new();
     while engine.has_work() {
         let forced = engine.requests.get(&1).is_some_and(|r| r.forced_token().is_some());
         let plan = engine.schedule().unwrap();
@@ -393,7 +394,13 @@ fn no_draft_while_a_thinking_budget_forces_the_next_token() {
         let mut logits = model.forward(&plan);
         engine.commit(&mut logits, VOCAB).unwrap();
         engine.check_invariants().unwrap();
+        if let Some(r) = engine.requests.get(&1) {
+            tokens.clone_from(&r.tokens);
+        }
     }
-    assert_eq!(forced_steps, 2, "both marker tokens were forced");
+    // the first marker token may close a kept draft (drawn under the budget's mask in
+    // that step's last row), the second then comes alone
+    assert!(forced_steps >= 1, "the markers were forced");
+    assert!(tokens.windows(2).any(|w| w == [250, 251]), "both marker tokens were written");
     assert!(drafted_steps > 0, "and drafts ran around them");
 }
