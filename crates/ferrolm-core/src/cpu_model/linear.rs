@@ -13,7 +13,9 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
-use crate::quant::dot::{dot_rows, quantize_activations, ActivationFormat, Activations};
+use crate::quant::dot::{
+    dot_rows, quantize_activations, quantize_activations_alone, ActivationFormat, Activations,
+};
 use crate::quant::QuantType;
 
 use super::ModelError;
@@ -266,7 +268,9 @@ impl<'a> Inputs<'a> {
 
     fn get(&mut self, format: ActivationFormat) -> &[Activations] {
         let (x, width) = (self.x, self.width);
-        self.quantized[format as usize]
-            .get_or_insert_with(|| x.par_chunks(width).map(|row| quantize_activations(format, row)).collect())
+        self.quantized[format as usize].get_or_insert_with(|| match x.len() / width {
+            1 => vec![quantize_activations_alone(format, x)],
+            _ => x.par_chunks(width).map(|row| quantize_activations(format, row)).collect(),
+        })
     }
 }

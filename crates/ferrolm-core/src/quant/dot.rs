@@ -327,11 +327,13 @@ impl QuantType {
 }
 
 /// Activations of one token quantized in one [`ActivationFormat`]; the 32-value formats
-/// also keep their blocks regrouped for the SIMD kernels ([`GroupedBlocks`]).
+/// also keep their blocks regrouped for the several-token SIMD kernels
+/// ([`GroupedBlocks`]), unless quantized for a step of one token
+/// ([`quantize_activations_alone`]).
 pub enum Activations {
     Float(Vec<f32>),
-    Q8_0(Vec<BlockQ8_0>, GroupedBlocks),
-    Q8_1(Vec<BlockQ8_1>, GroupedBlocks),
+    Q8_0(Vec<BlockQ8_0>, Option<GroupedBlocks>),
+    Q8_1(Vec<BlockQ8_1>, Option<GroupedBlocks>),
     Q8K(Vec<BlockQ8K>),
 }
 
@@ -384,14 +386,14 @@ impl GroupedBlocks {
 
 impl Activations {
     fn q8_0(&self) -> Option<&[ActGroup]> {
-        if let Activations::Q8_0(_, grouped) = self {
+        if let Activations::Q8_0(_, Some(grouped)) = self {
             Some(&grouped.groups)
         } else {
             None
         }
     }
     fn q8_1(&self) -> Option<&[ActGroup]> {
-        if let Activations::Q8_1(_, grouped) = self {
+        if let Activations::Q8_1(_, Some(grouped)) = self {
             Some(&grouped.groups)
         } else {
             None
@@ -406,18 +408,29 @@ impl Activations {
     }
 }
 
-/// `x` (whole blocks of the format) quantized as `format`.
+/// `x` (whole blocks of the format) quantized as `format`, for any number of tokens.
 pub fn quantize_activations(format: ActivationFormat, x: &[f32]) -> Activations {
+    quantize(format, x, true)
+}
+
+/// `x` quantized as `format` for a step of this one token: the blocks are not regrouped
+/// (the one-token kernels read them as they are), which a decode step of one request
+/// would otherwise do for every matrix input; [`dot_rows`] refuses them with others.
+pub fn quantize_activations_alone(format: ActivationFormat, x: &[f32]) -> Activations {
+    quantize(format, x, false)
+}
+
+fn quantize(format: ActivationFormat, x: &[f32], regroup: bool) -> Activations {
     match format {
         ActivationFormat::Float => Activations::Float(x.to_vec()),
         ActivationFormat::Q8_0 => {
             let blocks = quantize_q8_0(x);
-            let grouped = GroupedBlocks::q8_0(&blocks);
+            let grouped = regroup.then(|| GroupedBlocks::q8_0(&blocks));
             Activations::Q8_0(blocks, grouped)
         }
         ActivationFormat::Q8_1 => {
             let blocks = quantize_q8_1(x);
-            let grouped = GroupedBlocks::q8_1(&blocks);
+            let grouped = regroup.then(|| GroupedBlocks::q8_1(&blocks));
             Activations::Q8_1(blocks, grouped)
         }
         ActivationFormat::Q8K => Activations::Q8K(quantize_q8_k(x)),
@@ -500,6 +513,8 @@ pub fn dot_rows(
     if tokens == 0 || rows.is_empty() {
         return;
     }
+    let alone = |a: &Activations| matches!(a, Activations::Q8_0(_, None) | Activations::Q8_1(_, None));
+    assert!(tokens == 1 || !acts.iter().any(alone), "activations quantized for one token, given with others");
     // one token: the one-token kernels ([`dot_row`]) regroup nothing per weight block,
     // which is what a block costs when no other token shares its unpacking
     #[cfg(target_arch = "x86_64")]

@@ -724,6 +724,47 @@ mod products {
     }
 
     #[test]
+    fn activations_quantized_for_one_token_dot_as_the_others() {
+        let mut rng = Rng(0xA10E);
+        for (ty, scales) in SCALES {
+            let cols = if ty.block_elems() == QK_K { 512 } else { 576 };
+            let row_bytes = ty.bytes_for(cols).unwrap();
+            let w = random_blocks(&mut rng, ty, 3 * cols / ty.block_elems(), scales);
+            let x = activations(&mut rng, cols);
+            let (mut alone, mut regrouped) = ([0f32; 3], [0f32; 3]);
+            dot_rows(
+                ty,
+                &w,
+                row_bytes,
+                &[quantize_activations_alone(ty.activation_format(), &x)],
+                &mut [],
+                &mut alone,
+            );
+            dot_rows(
+                ty,
+                &w,
+                row_bytes,
+                &[quantize_activations(ty.activation_format(), &x)],
+                &mut [],
+                &mut regrouped,
+            );
+            assert_eq!(alone.map(f32::to_bits), regrouped.map(f32::to_bits), "{ty}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "activations quantized for one token, given with others")]
+    fn activations_quantized_for_one_token_are_refused_with_others() {
+        let mut rng = Rng(0xA10F);
+        let ty = QuantType::Q4_1;
+        let w = random_blocks(&mut rng, ty, 576 / 32, &[0, 2]);
+        let acts: Vec<Activations> = (0..2)
+            .map(|_| quantize_activations_alone(ty.activation_format(), &activations(&mut rng, 576)))
+            .collect();
+        dot_rows(ty, &w, w.len(), &acts, &mut [], &mut [0.0; 2]);
+    }
+
+    #[test]
     fn round_away_is_roundf_on_what_quantizers_round() {
         // every f32 from -256 to 256 at a fine stride, the halves and their neighbours,
         // and values far out (still below 2^31)
