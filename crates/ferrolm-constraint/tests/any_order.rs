@@ -30,6 +30,17 @@ fn accepts(grammar: &Arc<Grammar>, text: &str) -> bool {
     m.accept_str(text) && m.can_end()
 }
 
+/// `text` is accepted whole, and the mask before each of its bytes agrees with trying
+/// every token.
+fn accepted_with_exact_masks(grammar: &Arc<Grammar>, vocab: &Vocabulary, text: &str) {
+    assert!(accepts(grammar, text), "{text}");
+    let mut m = Matcher::new(grammar.clone());
+    for b in text.bytes() {
+        check_mask(&m, vocab);
+        assert!(m.accept_bytes(&[b]), "{text}");
+    }
+}
+
 /// Every compact document of a finite schema: objects' members in every order.
 fn documents(schema: &Value) -> Vec<String> {
     if let Some(values) = schema.get("enum").and_then(Value::as_array) {
@@ -174,13 +185,7 @@ fn extra_members_come_anywhere_and_declared_ones_once() {
             r#"{"b":{"a":2,"b":{"a":3}},"x":null,"a":1}"#,
             r#"{"list":[{"a":1,"list":[]},{"zz":"a","a":0}],"a":5,"b":{"a":1}}"#,
         ] {
-            assert!(accepts(&grammar, ok), "{ok}");
-            // the masks along the way agree with trying every token
-            let mut m = Matcher::new(grammar.clone());
-            for b in ok.bytes() {
-                check_mask(&m, &vocab);
-                assert!(m.accept_bytes(&[b]));
-            }
+            accepted_with_exact_masks(&grammar, &vocab, ok);
         }
         for bad in [
             r#"{"b":{"a":1}}"#,
@@ -215,12 +220,7 @@ fn unions_of_objects_check_each_branch_at_the_close() {
     });
     let grammar = Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &any_order()).unwrap();
     for ok in [r#"{"a":1}"#, r#"{"b":2}"#, r#"{"b":2,"a":1}"#, r#"{"c":{"y":[{"z":2}],"x":1}}"#] {
-        assert!(accepts(&grammar, ok), "{ok}");
-        let mut m = Matcher::new(grammar.clone());
-        for b in ok.bytes() {
-            check_mask(&m, &vocab);
-            assert!(m.accept_bytes(&[b]));
-        }
+        accepted_with_exact_masks(&grammar, &vocab, ok);
     }
     for bad in [
         r#"{}"#,
