@@ -111,7 +111,7 @@ impl NgramIndex {
 
     /// Up to `max_tokens` tokens that followed the longest suffix (of `max_n` down to
     /// `min_n` tokens) seen before, into `out` (cleared first): the tokens on which the
-    /// continuations of its latest [`AGREEING`] earlier occurrences agree (each up to the
+    /// continuations of its latest `AGREEING` earlier occurrences agree (each up to the
     /// end of what exists); empty when no suffix occurred before or they differ at once.
     /// Returns the length of the suffix matched (0: none).
     pub fn propose(&self, max_tokens: usize, out: &mut Vec<u32>) -> usize {

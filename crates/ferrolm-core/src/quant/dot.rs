@@ -327,23 +327,18 @@ impl QuantType {
 }
 
 /// Activations of one token quantized in one [`ActivationFormat`]; the 32-value formats
-/// also keep their blocks regrouped for the several-token SIMD kernels
-/// ([`GroupedBlocks`]), unless quantized for a step of one token
+/// also keep their blocks regrouped eight at a time for the several-token SIMD kernels
+/// ([`ActGroup`]), unless quantized for a step of one token
 /// ([`quantize_activations_alone`]).
 pub enum Activations {
     Float(Vec<f32>),
-    Q8_0(Vec<BlockQ8_0>, Option<GroupedBlocks>),
-    Q8_1(Vec<BlockQ8_1>, Option<GroupedBlocks>),
+    Q8_0(Vec<BlockQ8_0>, Option<Vec<ActGroup>>),
+    Q8_1(Vec<BlockQ8_1>, Option<Vec<ActGroup>>),
     Q8K(Vec<BlockQ8K>),
 }
 
-/// A token's 32-value activation blocks regrouped eight at a time ([`ActGroup`]), as
-/// the several-token SIMD kernels read them. A last group is padded with zero blocks.
-pub struct GroupedBlocks {
-    pub groups: Vec<ActGroup>,
-}
-
-/// Eight activation blocks: vector k of `codes` holds codes 4k..4k + 4 of block j in its
+/// Eight of a token's 32-value activation blocks, as the several-token SIMD kernels read
+/// them: vector k of `codes` holds codes 4k..4k + 4 of block j in its
 /// 32-bit lane j, so that products with weights regrouped the same way sum to eight
 /// block totals in eight lanes, with no horizontal sums; then the blocks' scales (`d`,
 /// widened from f16 for `Q8_0`: exact), `Q8_1`'s sums `s = d * sum(qs)` (zero for
@@ -358,9 +353,10 @@ pub struct ActGroup {
     pub sums: [i32; 8],
 }
 
-impl GroupedBlocks {
-    /// From each block's codes, scale and sum (`s`).
-    fn new<'a>(blocks: impl ExactSizeIterator<Item = (&'a [i8; QK], f32, f32)>) -> GroupedBlocks {
+impl ActGroup {
+    /// A token's blocks (each one's codes, scale and sum `s`) in groups of eight, a last
+    /// group padded with zero blocks.
+    fn groups<'a>(blocks: impl ExactSizeIterator<Item = (&'a [i8; QK], f32, f32)>) -> Vec<ActGroup> {
         let empty = ActGroup { codes: [[0; 32]; 8], d: [0.0; 8], s: [0.0; 8], sums: [0; 8] };
         let mut groups = vec![empty; blocks.len().div_ceil(8)];
         for (i, (qs, d, s)) in blocks.enumerate() {
@@ -372,29 +368,29 @@ impl GroupedBlocks {
             group.s[lane] = s;
             group.sums[lane] = qs.iter().map(|&q| q as i32).sum();
         }
-        GroupedBlocks { groups }
+        groups
     }
 
-    pub fn q8_0(blocks: &[BlockQ8_0]) -> GroupedBlocks {
-        GroupedBlocks::new(blocks.iter().map(|b| (&b.qs, half(b.d), 0.0)))
+    pub fn of_q8_0(blocks: &[BlockQ8_0]) -> Vec<ActGroup> {
+        ActGroup::groups(blocks.iter().map(|b| (&b.qs, half(b.d), 0.0)))
     }
 
-    pub fn q8_1(blocks: &[BlockQ8_1]) -> GroupedBlocks {
-        GroupedBlocks::new(blocks.iter().map(|b| (&b.qs, b.d, b.s)))
+    pub fn of_q8_1(blocks: &[BlockQ8_1]) -> Vec<ActGroup> {
+        ActGroup::groups(blocks.iter().map(|b| (&b.qs, b.d, b.s)))
     }
 }
 
 impl Activations {
     fn q8_0(&self) -> Option<&[ActGroup]> {
-        if let Activations::Q8_0(_, Some(grouped)) = self {
-            Some(&grouped.groups)
+        if let Activations::Q8_0(_, Some(groups)) = self {
+            Some(groups)
         } else {
             None
         }
     }
     fn q8_1(&self) -> Option<&[ActGroup]> {
-        if let Activations::Q8_1(_, Some(grouped)) = self {
-            Some(&grouped.groups)
+        if let Activations::Q8_1(_, Some(groups)) = self {
+            Some(groups)
         } else {
             None
         }
@@ -425,12 +421,12 @@ fn quantize(format: ActivationFormat, x: &[f32], regroup: bool) -> Activations {
         ActivationFormat::Float => Activations::Float(x.to_vec()),
         ActivationFormat::Q8_0 => {
             let blocks = quantize_q8_0(x);
-            let grouped = regroup.then(|| GroupedBlocks::q8_0(&blocks));
+            let grouped = regroup.then(|| ActGroup::of_q8_0(&blocks));
             Activations::Q8_0(blocks, grouped)
         }
         ActivationFormat::Q8_1 => {
             let blocks = quantize_q8_1(x);
-            let grouped = regroup.then(|| GroupedBlocks::q8_1(&blocks));
+            let grouped = regroup.then(|| ActGroup::of_q8_1(&blocks));
             Activations::Q8_1(blocks, grouped)
         }
         ActivationFormat::Q8K => Activations::Q8K(quantize_q8_k(x)),
@@ -485,12 +481,6 @@ fn act_groups<'a, T: Copy + 'a>(
         run(&views[..acts.len()], &mut out[g * TOKEN_GROUP..]);
     }
     Some(())
-}
-
-/// One weight row (as in [`dot_row`]) times each token's activations:
-/// `out[t] == dot_row(ty, row, &acts[t], scratch)` ([`dot_rows`] of one row).
-pub fn dot_tokens(ty: QuantType, row: &[u8], acts: &[Activations], scratch: &mut [f32], out: &mut [f32]) {
-    dot_rows(ty, row, row.len(), acts, scratch, out)
 }
 
 /// Weight rows of `row_bytes` each (whole blocks of `ty`) times each token's

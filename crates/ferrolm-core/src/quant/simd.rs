@@ -762,8 +762,8 @@ macro_rules! kernels {
             dot_acc(acc, codes, a)
         }
 
-        /// [`dot_q8_0`] of rows of `row_blocks` weight blocks by each token: `out[r * stride
-        /// + t]` for row r and `acts[t]` (each as long as a row), the same floats.
+        /// [`dot_q8_0`] of rows of `row_blocks` weight blocks by each token, the same
+        /// floats: `out[r * stride + t]` for row r and `acts[t]` (each as long as a row).
         ///
         /// # Safety
         #[doc = concat!("The CPU has this level's features ([`super::", stringify!($check), "`]).")]

@@ -564,10 +564,10 @@ mod products {
             w: &[u8],
             xs: &[Vec<f32>],
             quantize: fn(&[f32]) -> Vec<A>,
-            group: fn(&[A]) -> GroupedBlocks,
+            group: fn(&[A]) -> Vec<ActGroup>,
         ) -> Vec<f32> {
-            let acts: Vec<GroupedBlocks> = xs.iter().map(|x| group(&quantize(x))).collect();
-            let views: Vec<&[ActGroup]> = acts.iter().map(|a| a.groups.as_slice()).collect();
+            let acts: Vec<Vec<ActGroup>> = xs.iter().map(|x| group(&quantize(x))).collect();
+            let views: Vec<&[ActGroup]> = acts.iter().map(Vec::as_slice).collect();
             let mut out = vec![f32::NAN; xs.len()];
             let row: &[W] = as_blocks(w).unwrap();
             // SAFETY: the caller's CPU runs `f`
@@ -584,11 +584,11 @@ mod products {
             out
         }
         match ty {
-            QuantType::Q8_0 => run(dots.q8_0, w, xs, quantize_q8_0, GroupedBlocks::q8_0),
-            QuantType::Q4_0 => run(dots.q4_0, w, xs, quantize_q8_0, GroupedBlocks::q8_0),
-            QuantType::Q5_0 => run(dots.q5_0, w, xs, quantize_q8_0, GroupedBlocks::q8_0),
-            QuantType::Q4_1 => run(dots.q4_1, w, xs, quantize_q8_1, GroupedBlocks::q8_1),
-            QuantType::Q5_1 => run(dots.q5_1, w, xs, quantize_q8_1, GroupedBlocks::q8_1),
+            QuantType::Q8_0 => run(dots.q8_0, w, xs, quantize_q8_0, ActGroup::of_q8_0),
+            QuantType::Q4_0 => run(dots.q4_0, w, xs, quantize_q8_0, ActGroup::of_q8_0),
+            QuantType::Q5_0 => run(dots.q5_0, w, xs, quantize_q8_0, ActGroup::of_q8_0),
+            QuantType::Q4_1 => run(dots.q4_1, w, xs, quantize_q8_1, ActGroup::of_q8_1),
+            QuantType::Q5_1 => run(dots.q5_1, w, xs, quantize_q8_1, ActGroup::of_q8_1),
             QuantType::Q4K => run_k(dots.q4_k, w, xs),
             QuantType::Q5K => run_k(dots.q5_k, w, xs),
             QuantType::Q6K => run_k(dots.q6_k, w, xs),
@@ -658,14 +658,22 @@ mod products {
     }
 
     #[test]
-    fn dot_tokens_equals_dot_row_for_every_token() {
-        // at the level this CPU picks, across the groups of tokens (16) and for float rows
+    fn dot_rows_equals_dot_row_for_every_row_and_token() {
+        // at the level this CPU picks: several rows in one call, across the groups of
+        // tokens (16), every quantized format (rows of legacy blocks ending in a part
+        // group of eight) and float rows
         let mut rng = Rng(0x7E57);
         let all = SCALES.iter().copied().chain([(QuantType::F32, &[][..]), (QuantType::F16, &[][..])]);
         for (ty, scales) in all {
-            let cols = if ty.block_elems() == QK_K { 768 } else { 224 };
-            let w = if ty.block_elems() == 1 {
-                activations(&mut rng, cols)
+            let cols = match ty.block_elems() {
+                QK_K => 768,
+                1 => 224,
+                _ => 576,
+            };
+            let rows = 5;
+            let row_bytes = ty.bytes_for(cols).unwrap();
+            let w: Vec<u8> = if ty.block_elems() == 1 {
+                activations(&mut rng, rows * cols)
                     .iter()
                     .flat_map(|&v| {
                         if ty == QuantType::F32 {
@@ -676,42 +684,18 @@ mod products {
                     })
                     .collect()
             } else {
-                random_blocks(&mut rng, ty, cols / ty.block_elems(), scales)
+                random_blocks(&mut rng, ty, rows * cols / ty.block_elems(), scales)
             };
-            for tokens in (1..=9).chain([16, 17, 33]) {
+            for tokens in (1..=9).chain([16, 17, 31, 33]) {
                 let acts: Vec<Activations> = (0..tokens)
                     .map(|_| quantize_activations(ty.activation_format(), &activations(&mut rng, cols)))
                     .collect();
                 let mut scratch = vec![0f32; cols];
-                let mut out = vec![f32::NAN; tokens];
-                dot_tokens(ty, &w, &acts, &mut scratch, &mut out);
-                for (t, a) in acts.iter().enumerate() {
-                    let want = dot_row(ty, &w, a, &mut scratch);
-                    assert_eq!(out[t].to_bits(), want.to_bits(), "{ty} token {t} of {tokens}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn dot_rows_equals_dot_row_for_every_row_and_token() {
-        // several rows in one call, across the token groups (16), every 32-weight format
-        // and a k-quant, rows whose blocks end in a part group
-        let mut rng = Rng(0x2085);
-        for (ty, scales) in SCALES {
-            let cols = if ty.block_elems() == QK_K { 512 } else { 576 };
-            let rows = 5;
-            let row_bytes = ty.bytes_for(cols).unwrap();
-            let w = random_blocks(&mut rng, ty, rows * cols / ty.block_elems(), scales);
-            for tokens in [1, 2, 7, 16, 17, 31] {
-                let acts: Vec<Activations> = (0..tokens)
-                    .map(|_| quantize_activations(ty.activation_format(), &activations(&mut rng, cols)))
-                    .collect();
                 let mut out = vec![f32::NAN; rows * tokens];
-                dot_rows(ty, &w, row_bytes, &acts, &mut [], &mut out);
+                dot_rows(ty, &w, row_bytes, &acts, &mut scratch, &mut out);
                 for (r, row) in w.chunks_exact(row_bytes).enumerate() {
                     for (t, a) in acts.iter().enumerate() {
-                        let want = dot_row(ty, row, a, &mut []);
+                        let want = dot_row(ty, row, a, &mut scratch);
                         assert_eq!(
                             out[r * tokens + t].to_bits(),
                             want.to_bits(),
