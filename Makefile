@@ -24,7 +24,7 @@ $(DEPS_STAMP): pyproject.toml
 # does not need them
 TORCH_STAMP := $(VENV)/.torch-stamp
 $(TORCH_STAMP): $(DEPS_STAMP)
-	$(BIN)/pip install --quiet "torch>=2.5" "transformers>=5"
+	$(BIN)/pip install --quiet "torch>=2.5" "transformers>=5" "peft>=0.13"
 	touch $@
 
 # the routers of the `test` extra (pyproject.toml), for tests/test_server_routers.py: about
@@ -80,7 +80,7 @@ test-wheel: wheel
 # the soak (load). The others test HTTP, validation and parsing, which never see the
 # runner: they run once.
 TORCH_RUNNER_SUITES := tests/test_engine_*.py tests/test_server_openai.py tests/test_server_engine_health.py \
-	tests/test_server_kv_events.py tests/test_server_structured.py tests/test_server_load.py
+	tests/test_server_kv_events.py tests/test_server_structured.py tests/test_server_load.py tests/test_lora.py
 
 .PHONY: test-torch  ## the engine suites and the runner-dependent server suites on the torch runner
 test-torch: build $(TORCH_STAMP)

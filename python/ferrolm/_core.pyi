@@ -55,6 +55,10 @@ __all__ = [
     "quantize",
     "read_bandwidth",
     "QuantModel",
+    "LoraRegistry",
+    "LoraAdapter",
+    "StepLoras",
+    "lora_namespace_parts",
 ]
 __version__: str
 
@@ -283,6 +287,9 @@ class BatchPlan:
     def has_drafts(self) -> bool:
         """Whether any entry verifies a draft: the core's sampler then reads the rows (no device mode)."""
     @property
+    def loras(self) -> StepLoras | None:
+        """Each request's LoRA adapter, or ``None`` when no request of the step has one."""
+    @property
     def samples(self) -> npt.NDArray[np.bool_]:
         """Whether request ``b`` samples a token after this step (false for a prompt chunk
         that does not reach the end of its prompt)."""
@@ -458,6 +465,8 @@ class EngineConfig:
     def speculative_max_draft(self) -> int: ...
     @property
     def speculative_row_cost(self) -> float: ...
+    @property
+    def max_loras(self) -> int: ...
 
 @final
 class Engine:
@@ -486,6 +495,7 @@ class Engine:
         speculative: bool | None = None,
         speculative_max_draft: int | None = None,
         speculative_row_cost: float | None = None,
+        max_loras: int | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> Self:
         """``vocabulary`` gives the token bytes the engine detokenizes with, its special
@@ -535,8 +545,11 @@ class Engine:
         grammar: Grammar | None = None,
         speculative: bool | None = None,
         thinking: ThinkingBudget | None = None,
+        lora: LoraAdapter | None = None,
     ) -> None:
-        """Queues a request; with a list of rids, one sample of the prompt per rid (``n``
+        """Queues a request (with ``lora``: run with that adapter, its prefixes cached in
+        the adapter's own namespace within ``namespace``; a step mixes at most
+        ``max_loras`` adapters, a request with one more waiting); with a list of rids, one sample of the prompt per rid (``n``
         = ``len(rid)``), sample ``j`` seeded ``seed + j`` when ``seed`` is given. The first
         sample prefills the prompt; the others wait until it is cached, then share it. If
         the first ends before that, the next leads in its place: each sample runs, or
@@ -898,7 +911,11 @@ class Frontend:
         engine_heartbeat_timeout: float = 0.0,
         loading: FrontendLoading | None = None,
         kv_events_json: str | None = None,
-    ) -> Self: ...
+        lora_registry: LoraRegistry | None = None,
+    ) -> Self:
+        """``lora_registry``: the LoRA adapters served beside the model (requests name
+        them as ``model`` or ``lora_path``; ``/v1/load_lora_adapter`` and
+        ``/v1/unload_lora_adapter`` change the set); ``None``: none, and those routes refuse."""
     @property
     def port(self) -> int: ...
     @property
@@ -1194,8 +1211,12 @@ class QuantModel:
         kv_offsets: npt.ArrayLike,
         all_logits: bool = False,
         logit_rows: npt.ArrayLike | None = None,
+        loras: StepLoras | None = None,
     ) -> npt.NDArray[np.float32]:
-        """One step, with the columns of ``ferrolm.model.runner.ForwardBatch``: writes the
+        """One step, with the columns of ``ferrolm.model.runner.ForwardBatch`` (``loras``:
+        each request's LoRA adapter, whose update each projection adds to its rows;
+        ``InvalidInputError`` naming ``loras`` for a count other than the requests' or an
+        adapter read for another model's shape): writes the
         new tokens' keys and values to their slots and returns float32 logits ``[B, vocab]``
         of each request's last new token (``[T, vocab]`` of every token with
         ``all_logits``; ``[R, vocab]`` of the new tokens at ``logit_rows``, a plan's
@@ -1203,3 +1224,70 @@ class QuantModel:
         as ``quant_matmul`` does. The GIL is released for the whole step.
         ``InvalidInputError`` naming ``input_ids`` (an id beyond the vocabulary),
         ``kv_slots`` (a slot beyond the pool), ``positions`` or ``qo_offsets``."""
+
+@final
+class LoraRegistry:
+    """The LoRA adapters (PEFT folders) a model serves, by name. At most ``max_resident``
+    keep their weights in memory: another one drops the least recently used idle one,
+    read again from its folder when next asked for (weights a request holds are never
+    dropped). Reading files releases the GIL."""
+
+    def __new__(
+        cls, *, num_layers: int, hidden: int, q_dim: int, kv_dim: int, intermediate: int, max_resident: int
+    ) -> Self: ...
+    def load(self, name: str, path: str | os.PathLike[str]) -> int:
+        """Reads and checks the adapter in folder ``path`` and serves it as ``name``; its id
+        (never reused). ``InvalidInputError``: ``field`` "lora_path" with the file at fault
+        named (missing, unparsable, a module or shape this model cannot take, DoRA...),
+        or "lora_name" for a name taken or not allowed."""
+    def unload(self, name: str) -> None:
+        """Stops serving ``name`` (requests holding it finish with it).
+        ``LoraNotFoundError`` if it is not loaded."""
+    def acquire(self, name: str) -> LoraAdapter:
+        """The adapter ``name`` (or the one loaded from folder ``name``) for a request,
+        read again if it was dropped. ``LoraNotFoundError`` if it is not loaded."""
+    def trim(self) -> None:
+        """Drops idle adapters' weights down to ``max_resident``."""
+    def list(self) -> list[dict[str, Any]]:
+        """``{"id", "name", "path", "resident"}`` per adapter, in load order."""
+    def __contains__(self, name: str, /) -> bool: ...
+    @property
+    def max_resident(self) -> int: ...
+    @property
+    def resident(self) -> int:
+        """Adapters whose weights are in memory now."""
+    @property
+    def reads(self) -> int:
+        """Adapter folders read since start (loads, and reads after a drop)."""
+
+@final
+class LoraAdapter:
+    """One adapter's weights, held while this object, or a request given it, lives."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def targets(self) -> list[str]:
+        """The projections it adapts in some layer (``q_proj`` ... ``down_proj``)."""
+    @property
+    def max_rank(self) -> int: ...
+    def matrices(self, layer: int, target: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None:
+        """``(a [rank, in], b_t [rank, out])`` of ``layer``'s ``target``: its update is
+        ``x @ a.T @ b_t`` (the scaling folded into ``b_t``); ``None`` where it is not adapted."""
+
+@final
+class StepLoras:
+    """A step's LoRA adapter per request (``None``: the base model)."""
+
+    def __new__(cls, adapters: list[LoraAdapter | None]) -> Self: ...
+    @property
+    def ids(self) -> npt.NDArray[np.uint32]:
+        """Request ``b``'s adapter id, 0 for the base model."""
+    def adapters(self) -> list[LoraAdapter | None]: ...
+    def __len__(self) -> int: ...
+
+def lora_namespace_parts(namespace: str) -> tuple[int | None, str | None, str | None]:
+    """``(adapter id, adapter name, salt)`` of a prefix-cache namespace: KV events name the
+    adapter of their blocks as vLLM's do (``None`` where it is not an adapter's)."""

@@ -23,6 +23,7 @@ BENCHES = (
     "quant",
     "perplexity",
     "spec",
+    "lora",
 )
 
 

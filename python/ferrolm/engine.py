@@ -21,10 +21,11 @@ import numpy as np
 
 from ferrolm import _core
 from ferrolm._memory import release_free_heap
-from ferrolm.errors import InvalidInputError
+from ferrolm.errors import InvalidInputError, LoraNotFoundError
 from ferrolm.kv_events import KvEvent, event_from_raw
 from ferrolm.model import LoadedModel, ModelRunner, load_model
 from ferrolm.model.gguf_file import is_gguf
+from ferrolm.model.lora import parse_lora_module, registry_for
 from ferrolm.model.runner_choice import build_runner, resolve_runner_kind
 from ferrolm.sampling_params import SamplingParams
 from ferrolm.step_loop import StepLoop
@@ -175,6 +176,10 @@ class Engine:
         speculative: bool = DEFAULTS.speculative,
         speculative_max_draft: int = DEFAULTS.speculative_max_draft,
         speculative_row_cost: float | None = None,
+        enable_lora: bool = False,
+        lora_modules: Mapping[str, str] | Sequence[str] | None = None,
+        max_loras: int = DEFAULTS.max_loras,
+        max_cpu_loras: int | None = None,
         record_trace: str | os.PathLike[str] | None = None,
     ) -> None:
         """``runner``: a ``ModelRunner`` to use, or ``"auto"`` / ``"numpy"`` / ``"torch"``
@@ -211,6 +216,13 @@ class Engine:
         ``speculative_row_cost`` of a one-token step (``None``: the core's CPU figure,
         ``EngineConfig.defaults()``, or a twentieth of it where the runner's device is a
         GPU, whose extra rows cost next to nothing).
+        ``enable_lora``: serve LoRA adapters (PEFT folders) beside the base model;
+        ``lora_modules`` (``{name: folder}``, or ``"name=folder"`` strings) loads some at
+        start and turns it on. A request runs with one by ``lora="name"`` (``generate``,
+        ``chat``, ``stream``, ``submit``); ``load_lora_adapter`` / ``unload_lora_adapter``
+        change the set. A step mixes at most ``max_loras`` adapters (a request with one
+        more waits); ``max_cpu_loras`` (default ``max_loras``) keep their weights in
+        memory, the least recently used idle one dropped (and read again when asked for).
         ``record_trace``: a file to record every call to the core in (submits, aborts,
         each step's plan and tokens), replayable without the model: ``ferrolm replay``,
         the ``ferrolm-replay`` binary (README, "Traces, logs, the wheel")."""
@@ -279,8 +291,19 @@ class Engine:
             speculative_row_cost=speculative_row_cost
             if speculative_row_cost is not None
             else DEFAULTS.speculative_row_cost / (20 if str(getattr(self.runner, "device", "cpu")) != "cpu" else 1),
+            max_loras=max_loras,
             record_trace=None if record_trace is None else os.fspath(record_trace),
         )
+        self.loras: _core.LoraRegistry | None = None
+        if enable_lora or lora_modules:
+            self.loras = registry_for(self.config, max_cpu_loras if max_cpu_loras is not None else max_loras)
+            modules = (
+                lora_modules.items()
+                if isinstance(lora_modules, Mapping)
+                else map(parse_lora_module, lora_modules or ())
+            )
+            for name, path in modules:
+                self.load_lora_adapter(name, path)
         release_free_heap()  # what loading freed (parsed metadata, staging copies)
         # the step loop (ferrolm.step_loop): the runner's best mode each step, device greedy
         # and device sampling on where asked for (None: where the runner's device is not
@@ -381,6 +404,29 @@ class Engine:
         """The prefix cache's KV events since the last call (``enable_kv_events``)."""
         return [event_from_raw(raw) for raw in self.core.take_kv_events()]
 
+    # ---- LoRA adapters ----
+
+    def load_lora_adapter(self, name: str, path: str | os.PathLike[str]) -> int:
+        """Reads the PEFT adapter in folder ``path`` and serves it as ``name``; its id.
+        A bad adapter raises ``InvalidInputError`` naming the file."""
+        if self.loras is None:
+            raise InvalidInputError("LoRA adapters are off: make the Engine with enable_lora=True", "enable_lora")
+        return self.loras.load(name, os.fspath(path))
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stops serving ``name`` (requests running with it finish with it)."""
+        if self.loras is None:
+            raise LoraNotFoundError(f"the LoRA adapter {name!r} is not loaded")
+        self.loras.unload(name)
+
+    def _adapter(self, lora: Any) -> Any:
+        """``lora`` as the core takes it: an adapter name becomes its weights."""
+        if lora is None or isinstance(lora, _core.LoraAdapter):
+            return lora
+        if self.loras is None:
+            raise LoraNotFoundError(f"the LoRA adapter {lora!r} is not loaded (LoRA adapters are off)")
+        return self.loras.acquire(str(lora))
+
     # ---- requests ----
 
     def encode(self, prompt: Prompt) -> Any:
@@ -415,6 +461,8 @@ class Engine:
         grammar = self.grammar(params)
         if grammar is not None:
             core_kw = {**core_kw, "grammar": grammar}
+        if core_kw.get("lora") is not None:
+            core_kw = {**core_kw, "lora": self._adapter(core_kw["lora"])}
         if params.thinking_token_budget is not None and "thinking" not in core_kw:
             # the markers of the chat template's reasoning format, where the prompt leaves
             # the output to think (the request core's rule, as the server's /generate)
@@ -466,6 +514,7 @@ class Engine:
         reasoning_parser: str | None = "auto",
         constrain_tool_calls: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        lora: str | None = None,
     ) -> list[ChatResult]:
         """Chat messages (OpenAI's: ``tool_calls`` and ``tool`` messages included) rendered
         with the model's chat template, ``params.n`` answers. ``tools`` and ``tool_choice``
@@ -501,6 +550,8 @@ class Engine:
             run = dataclasses.replace(run, skip_special_tokens=prepared.skip_special_tokens)
         grammar = prepared.grammar
         kw: dict[str, Any] = {} if grammar is None else {"grammar": grammar}
+        if lora is not None:
+            kw["lora"] = lora  # the adapter's name: ``_submit`` takes its weights
         if params.thinking_token_budget is not None:
             kw["thinking"] = prepared.thinking  # this chat's reasoning format
         results = self.generate(prepared.prompt_ids, run, **kw)
@@ -528,11 +579,13 @@ class Engine:
             self.vocabulary, tok.hf.to_str(), tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token
         )
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[Delta]:
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, lora: str | None = None
+    ) -> Iterator[Delta]:
         """One sample of ``prompt``, delta by delta; requests queued with ``submit`` keep
         running and their deltas wait for ``step()``. Bad input raises here, not at the
-        first ``next()``."""
-        [rid] = self._submit(self.encode(prompt), params or SamplingParams(), {}, claim=True)
+        first ``next()``. ``lora``: the adapter to run with."""
+        [rid] = self._submit(self.encode(prompt), params or SamplingParams(), {"lora": lora}, claim=True)
         return self._stream(rid)
 
     def _stream(self, rid: int) -> Iterator[Delta]:

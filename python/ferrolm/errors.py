@@ -21,6 +21,10 @@ class InvalidInputError(FerrolmError, ValueError):
         self.field = field
 
 
+class LoraNotFoundError(FerrolmError, LookupError):
+    """A request names a LoRA adapter that is not loaded (``load_lora_adapter`` it first)."""
+
+
 class StaleHandleError(FerrolmError, LookupError):
     """A node handle refers to a node that no longer exists (evicted, or the tree was reset).
 
@@ -54,6 +58,7 @@ __all__ = [
     "FerrolmError",
     "InvalidInputError",
     "InvariantViolation",
+    "LoraNotFoundError",
     "NotLockedError",
     "ProtocolError",
     "StaleHandleError",

@@ -8,8 +8,8 @@ a msgpack map tagged by its ``"type"`` (vLLM encodes its event structs by field 
 vllm-project/vllm#42892; the outer batch stays positional)::
 
     {"type": "BlockStored", "block_hashes": [u64, ...], "parent_block_hash": u64 | nil,
-     "token_ids": [int, ...], "block_size": int, "lora_id": nil, "medium": "GPU",
-     "lora_name": nil, "extra_keys": [[cache_salt] | nil, ...], "group_idx": 0,
+     "token_ids": [int, ...], "block_size": int, "lora_id": int | nil, "medium": "GPU",
+     "lora_name": str | nil, "extra_keys": [[cache_salt] | nil, ...], "group_idx": 0,
      "kv_cache_spec_kind": "full_attention"}
     {"type": "BlockRemoved", "block_hashes": [u64, ...], "medium": "GPU", "group_idx": 0}
     {"type": "AllBlocksCleared"}
@@ -20,12 +20,15 @@ hash besides its tokens. The only one ferrolm has is the request's ``cache_salt`
 vLLM mixes into the first block of a sequence, so it stands on block 0 when the stored run
 starts a sequence (no parent) and every other entry is nil. Block hashes are ferrolm's
 64-bit chained hashes (see ``ferrolm.kv_events``), unsigned, as vLLM sends the low 64 bits
-of its own.
+of its own. ``lora_id`` and ``lora_name`` name the LoRA adapter of the blocks (their
+cache namespace is the adapter's, its id in the hash seed), nil on the base model's.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ferrolm import _core
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the engine's own KV pool, whatever the device
 SPEC_KIND = "full_attention"
@@ -37,17 +40,20 @@ def wire_event(raw: tuple[Any, ...], medium: str = MEDIUM_GPU) -> dict[str, Any]
     if kind == "stored":
         _, hashes, parent, tokens, block_size, namespace = raw
         extra: list[Any] = [None] * len(hashes)
-        if namespace is not None and parent is None and extra:
-            extra[0] = [namespace]
+        lora_id = lora_name = salt = None
+        if namespace is not None:
+            lora_id, lora_name, salt = _core.lora_namespace_parts(namespace)
+        if salt is not None and parent is None and extra:
+            extra[0] = [salt]
         return {
             "type": "BlockStored",
             "block_hashes": hashes,
             "parent_block_hash": parent,
             "token_ids": tokens,
             "block_size": block_size,
-            "lora_id": None,
+            "lora_id": lora_id,
             "medium": medium,
-            "lora_name": None,
+            "lora_name": lora_name,
             "extra_keys": extra,
             "group_idx": 0,
             "kv_cache_spec_kind": SPEC_KIND,

@@ -32,6 +32,7 @@ pub mod cpu_model;
 pub mod detok;
 pub mod engine;
 pub mod logging;
+pub mod lora;
 pub mod norm;
 pub mod quant;
 pub mod radix;

@@ -111,6 +111,7 @@ impl Frontend {
             grammars.vocab(),
         );
         let state = Arc::new(AppState {
+            loras: config.loras.clone(),
             tools,
             config,
             ingress: ingress.clone(),

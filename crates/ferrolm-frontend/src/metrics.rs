@@ -193,6 +193,7 @@ impl Histograms {
         block_size: u64,
         kv_events: Option<KvEventCounts>,
         forward: &ForwardTimes,
+        loras: bool,
     ) -> String {
         let mut out = String::new();
         let s = &self.stats;
@@ -210,7 +211,7 @@ impl Histograms {
             ("ferrolm:num_steps", "Engine steps run.", s.steps),
         ];
         write_counters(&mut out, &counters);
-        let l = self.load.unwrap_or_default();
+        let l = self.load.clone().unwrap_or_default();
         let gauges: [(&str, &str, f64); 7] = [
             ("ferrolm:num_running_reqs", "Requests running.", l.running as f64),
             ("ferrolm:num_queue_reqs", "Requests waiting in the queue.", l.waiting as f64),
@@ -252,6 +253,9 @@ impl Histograms {
             write_counters(&mut out, &counters);
         }
         self.write_vllm(&mut out, model_name, block_size, &l);
+        if loras {
+            write_lora_info(&mut out, &l, self.created);
+        }
         self.write_sglang(&mut out, model_name, &l);
         self.ttft.write(
             &mut out,
@@ -286,6 +290,27 @@ impl Histograms {
         forward.write(&mut out, self.created);
         out
     }
+}
+
+/// vLLM's `vllm:lora_requests_info` (written where LoRA is on): the adapters of running
+/// and of waiting requests as comma-separated label values, and the most a step mixes;
+/// routers that place requests by adapter (llm-d, the inference gateway) read it. Its
+/// value is a time, as vLLM's: the scrape's, once requests have run, else the start's.
+fn write_lora_info(out: &mut String, l: &Load, created: f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(created, |d| d.as_secs_f64());
+    let names = |v: &[String]| label_value(&v.join(","));
+    let _ = writeln!(
+        out,
+        "# HELP vllm:lora_requests_info Running stats on lora requests.\n\
+         # TYPE vllm:lora_requests_info gauge\n\
+         vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}",
+        l.max_loras,
+        names(&l.running_loras),
+        names(&l.waiting_loras),
+        prom_float(now)
+    );
 }
 
 impl Histograms {
@@ -462,7 +487,7 @@ mod tests {
     fn vllm_series_carry_the_model_and_kv_event_counters_only_when_on() {
         let h = Histograms::new(0.0);
         let forward = ForwardTimes::default();
-        let text = h.render("a\"b", 16, None, &forward);
+        let text = h.render("a\"b", 16, None, &forward, false);
         assert!(
             text.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"a\\\"b\"} 0.0\n"),
             "{text}"
@@ -477,7 +502,7 @@ mod tests {
         assert!(text.contains("vllm:cache_config_info{block_size=\"16\","), "{text}");
         assert!(text.contains("sglang:num_queue_reqs{model_name=\"a\\\"b\"} 0.0\n"), "{text}");
         let kv = KvEventCounts { queued: 4, sent: 3, dropped: 0, replays: 2, late: 0 };
-        let text = h.render("tiny", 16, Some(kv), &forward);
+        let text = h.render("tiny", 16, Some(kv), &forward, false);
         assert!(text.contains("ferrolm:kv_event_batches_published_total 3.0\n"));
         assert!(text.contains("ferrolm:kv_event_replays_total 2.0\n"));
     }
@@ -487,7 +512,7 @@ mod tests {
         let forward = ForwardTimes::default();
         forward.note(0.25, 0.125);
         forward.note(0.5, 0.25);
-        let text = Histograms::new(0.0).render("tiny", 16, None, &forward);
+        let text = Histograms::new(0.0).render("tiny", 16, None, &forward, false);
         assert!(text.contains("# TYPE ferrolm:forward_seconds histogram\n"), "{text}");
         assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.1\"} 0.0\n"), "{text}");
         assert!(text.contains("ferrolm:forward_seconds_bucket{le=\"0.25\"} 1.0\n"), "{text}");

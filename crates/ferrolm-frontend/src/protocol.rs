@@ -83,6 +83,8 @@ pub struct OpenAISampling {
     pub no_stop_trim: bool,
     pub priority: Option<i64>,
     pub cache_salt: Option<String>,
+    /// SGLang's: the LoRA adapter to run with, by name (or the folder it was loaded from).
+    pub lora_path: Option<String>,
     pub response_format: Option<Value>,
     pub regex: Option<String>,
     pub json_schema: Option<SchemaField>,
@@ -307,6 +309,8 @@ pub struct GenerateRequest {
     pub top_logprobs_num: u32,
     pub priority: Option<i64>,
     pub cache_salt: Option<String>,
+    /// SGLang's: the LoRA adapter to run with, by name (or the folder it was loaded from).
+    pub lora_path: Option<String>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
@@ -723,6 +727,10 @@ fn check_salt(salt: Option<&str>) -> ApiResult<()> {
         if !(1..=512).contains(&chars) {
             return Err(ApiError::bad_request("cache_salt: must have 1 to 512 characters", "cache_salt"));
         }
+        // NUL separates an adapter's namespace from its salt (`Lora::namespace`)
+        if s.contains('\0') {
+            return Err(ApiError::bad_request("cache_salt: must not contain NUL characters", "cache_salt"));
+        }
     }
     Ok(())
 }
@@ -866,6 +874,7 @@ pub fn openai_params(
         queue_timeout_s: None,
         speculative: s.speculative,
         thinking: None, // the request core's, from the prepared chat
+        lora: None,     // the server's registry resolves it (`AppState::lora_for`)
     })
 }
 
@@ -903,6 +912,7 @@ pub fn native_params(g: &Generate) -> ApiResult<RequestParams> {
         queue_timeout_s: None,
         speculative: sp.speculative,
         thinking: None, // the request core's, from the prepared generate
+        lora: None,     // the server's registry resolves it (`AppState::lora_for`)
     })
 }
 

@@ -6,6 +6,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use ferrolm_constraint::{Grammar, Vocabulary};
+use ferrolm_core::engine::Lora;
+use ferrolm_core::lora::registry::{LoraRegistry, RegistryError};
 use serde_json::Value;
 
 use crate::chat_request::{self, ChatInput, ChatModel, GenerateInput, PreparedChat};
@@ -55,6 +57,8 @@ pub struct FrontendConfig {
     /// The KV event stream as `/server_info` describes it (`{"enabled": false,
     /// "block_size": N}` when events are off).
     pub kv_events: Value,
+    /// The LoRA adapters served beside the base model (`None`: none can be).
+    pub loras: Option<Arc<LoraRegistry>>,
 }
 
 /// A request in flight by its public id (`/generate`'s rid, the OpenAI response id), for
@@ -82,6 +86,8 @@ pub struct AppState {
     pub kv_counters: Arc<KvEventCounters>,
     /// The step loop's forward timings (noted by its commits).
     pub forward_times: Arc<ForwardTimes>,
+    /// `config.loras`.
+    pub loras: Option<Arc<LoraRegistry>>,
     /// Why the engine cannot serve now (its step loop stopped coming round), or `None`.
     pub unavailable: tokio::sync::watch::Sender<Option<String>>,
 }
@@ -93,15 +99,60 @@ impl AppState {
         self.config.context_length.min(self.config.kv_capacity).saturating_sub(1)
     }
 
-    /// `model` may be omitted; if given it must be the served one.
+    /// `model` may be omitted; if given it must be the served one or a loaded LoRA
+    /// adapter's name (a 404 otherwise, as OpenAI and vLLM answer).
     pub fn check_model(&self, requested: Option<&str>) -> ApiResult<()> {
         match requested {
-            Some(m) if m != self.config.model_name => Err(ApiError::bad_request(
-                format!("model: {m:?} is not served here; the model is {:?}", self.config.model_name),
-                "model",
-            )
-            .with_code("model_not_found")),
+            Some(m) if m != self.config.model_name && !self.loras.as_ref().is_some_and(|r| r.contains(m)) => {
+                Err(self.model_not_found(m, "model"))
+            }
             _ => Ok(()),
+        }
+    }
+
+    fn model_not_found(&self, name: &str, param: &str) -> ApiError {
+        let adapters = match &self.loras {
+            Some(r) => {
+                let names: Vec<String> = r.list().into_iter().map(|l| format!("{:?}", l.name)).collect();
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (or a LoRA adapter: {})", names.join(", "))
+                }
+            }
+            None => String::new(),
+        };
+        ApiError::new(
+            404,
+            format!(
+                "{param}: {name:?} is not served here; the model is {:?}{adapters}",
+                self.config.model_name
+            ),
+        )
+        .with_param(Some(param.to_string()))
+        .with_code("model_not_found")
+    }
+
+    /// The LoRA adapter a request runs with: `lora_path` (SGLang's field: an adapter's
+    /// name, or the folder it was loaded from) or else a `model` that is not the base
+    /// model's name (OpenAI's and vLLM's way); `None`: the base model. An adapter not
+    /// loaded is a 404 naming it. Its weights are read again, off the HTTP threads, if
+    /// they were evicted.
+    pub async fn lora_for(&self, model: Option<&str>, lora_path: Option<&str>) -> ApiResult<Option<Lora>> {
+        let (name, param) = match (lora_path, model) {
+            (Some(p), _) => (p, "lora_path"),
+            (None, Some(m)) if m != self.config.model_name => (m, "model"),
+            _ => return Ok(None),
+        };
+        let Some(registry) = self.loras.clone() else { return Err(self.model_not_found(name, param)) };
+        let wanted = name.to_string();
+        let acquired = tokio::task::spawn_blocking(move || registry.acquire(&wanted))
+            .await
+            .map_err(|e| ApiError::new(500, format!("reading the LoRA adapter failed: {e}")))?;
+        match acquired {
+            Ok(lora) => Ok(Some(lora)),
+            Err(RegistryError::NotFound(_)) => Err(self.model_not_found(name, param)),
+            Err(e) => Err(lora_error(e, param)),
         }
     }
 
@@ -233,6 +284,20 @@ impl AppState {
         let (grammar, seconds) = self.grammars.compile(asked).await?;
         self.histograms.lock().unwrap().observe_grammar(seconds);
         Ok(Some(grammar))
+    }
+}
+
+/// A registry refusal as an HTTP error: an unknown adapter is a 404; a bad one a 400
+/// naming its file.
+pub fn lora_error(e: RegistryError, param: &str) -> ApiError {
+    match e {
+        RegistryError::NotFound(name) => {
+            ApiError::new(404, format!("{param}: the LoRA adapter {name:?} is not loaded"))
+                .with_param(Some(param.to_string()))
+                .with_code("model_not_found")
+        }
+        RegistryError::BadName(m) => ApiError::bad_request(m, param),
+        RegistryError::Load(l) => ApiError::bad_request(format!("{}: {}", l.file, l.message), param),
     }
 }
 

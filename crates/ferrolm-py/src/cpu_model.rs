@@ -191,8 +191,10 @@ impl QuantModel {
         self.core.weight_bytes()
     }
 
+
     #[pyo3(signature = (
         input_ids, positions, out_slots, qo_offsets, kv_slots, kv_offsets, all_logits = false, logit_rows = None,
+        loras = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
@@ -206,7 +208,9 @@ impl QuantModel {
         kv_offsets: &Bound<'py, PyAny>,
         all_logits: bool,
         logit_rows: Option<&Bound<'py, PyAny>>,
+        loras: Option<PyRef<'py, crate::lora::PyStepLoras>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let loras = loras.map(|l| std::sync::Arc::clone(&l.loras));
         // copied out of the array: the forward runs with the GIL released
         let logit_rows: Option<Vec<u32>> =
             logit_rows.map(|r| ids(r, "logit_rows", u32::MAX).map(|r| r.as_slice().to_vec())).transpose()?;
@@ -225,6 +229,7 @@ impl QuantModel {
             qo_offsets: columns[3].as_slice(),
             kv_slots: columns[4].as_slice(),
             kv_offsets: columns[5].as_slice(),
+            loras: loras.as_deref().map_or(&[], Vec::as_slice),
         };
         let rows = match (&logit_rows, all_logits) {
             (Some(r), _) => r.len(),

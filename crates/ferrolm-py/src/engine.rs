@@ -2,10 +2,11 @@
 //! are documented in `python/ferrolm/_core.pyi`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ferrolm_core::detok::{StopConditions, StopReason};
 use ferrolm_core::engine::{
-    BatchPlan, Constraint, DeviceDraws, Engine, EngineConfig, FinishReason, RequestParams, SamplingBatch,
+    BatchPlan, Constraint, DeviceDraws, Engine, EngineConfig, FinishReason, Lora, RequestParams, SamplingBatch,
     StepOutputs, ThinkingBudget,
 };
 use ferrolm_core::radix::EvictionPolicy;
@@ -123,6 +124,7 @@ pub struct PyBatchPlan {
     greedy_values: Vec<bool>,
     ignore_eos_values: Vec<bool>,
     drafted_values: Vec<u32>,
+    lora_values: Option<Arc<Vec<Option<Lora>>>>,
     rids: PyOnceLock<Py<PyArray1<u64>>>,
     samples: PyOnceLock<Py<PyArray1<bool>>>,
     is_prefill: PyOnceLock<Py<PyArray1<bool>>>,
@@ -140,6 +142,7 @@ pub struct PyBatchPlan {
 
 impl PyBatchPlan {
     pub(crate) fn new(py: Python<'_>, p: BatchPlan) -> Self {
+        let has_lora = p.has_lora();
         PyBatchPlan {
             all_plain_greedy: p.all_plain_greedy(),
             has_drafts: p.has_drafts(),
@@ -157,6 +160,7 @@ impl PyBatchPlan {
             prefill_values: p.is_prefill,
             greedy_values: p.plain_greedy,
             ignore_eos_values: p.ignore_eos,
+            lora_values: has_lora.then(|| Arc::new(p.loras)),
             drafted_values: p.drafted,
             rids: PyOnceLock::new(),
             samples: PyOnceLock::new(),
@@ -203,6 +207,11 @@ impl PyBatchPlan {
     #[getter]
     fn drafted<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
         lazy_column(py, &self.drafted, &self.drafted_values)
+    }
+    /// Each request's LoRA adapter (`StepLoras`), or `None` when no request has one.
+    #[getter]
+    fn loras(&self) -> Option<crate::lora::PyStepLoras> {
+        self.lora_values.as_ref().map(|l| crate::lora::PyStepLoras { loras: Arc::clone(l) })
     }
     #[getter]
     fn num_requests(&self) -> usize {
@@ -486,7 +495,7 @@ impl PyEngine {
         schedule_policy = None, enable_prefix_cache = None, eviction_policy = None, new_token_ratio = None,
         fast_lane_tokens = None, max_context = None, seed = None, enable_kv_events = None,
         kv_event_block_size = None, speculative = None, speculative_max_draft = None,
-        speculative_row_cost = None, record_trace = None,
+        speculative_row_cost = None, max_loras = None, record_trace = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -507,6 +516,7 @@ impl PyEngine {
         speculative: Option<bool>,
         speculative_max_draft: Option<usize>,
         speculative_row_cost: Option<f64>,
+        max_loras: Option<usize>,
         record_trace: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let bad = |field: &'static str, m: String| errors::invalid_field(py, field, format!("{field}: {m}"));
@@ -539,6 +549,7 @@ impl PyEngine {
             speculative: speculative.unwrap_or(d.speculative),
             speculative_max_draft: speculative_max_draft.unwrap_or(d.speculative_max_draft),
             speculative_row_cost: speculative_row_cost.unwrap_or(d.speculative_row_cost),
+            max_loras: max_loras.unwrap_or(d.max_loras),
         };
         // the engine detokenizes with it; request grammars must be compiled from it
         let mut engine = Engine::new(config, vocabulary.vocab().clone())
@@ -560,7 +571,7 @@ impl PyEngine {
         stop_token_ids = Vec::new(), include_stop_str = false, skip_special_tokens = true, ignore_eos = false,
         priority = 0, namespace = None, queue_timeout = None, allowed_token_ids = None, grammar = None,
         speculative = None,
-        thinking = None,
+        thinking = None, lora = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
@@ -593,6 +604,7 @@ impl PyEngine {
         grammar: Option<PyRef<'_, crate::constraint::PyGrammar>>,
         speculative: Option<bool>,
         thinking: Option<PyRef<'_, PyThinkingBudget>>,
+        lora: Option<PyRef<'_, crate::lora::PyLoraAdapter>>,
     ) -> PyResult<()> {
         let input_ids = ids(input_ids, "input_ids", u32::MAX)?;
         let input_ids = input_ids.as_slice();
@@ -626,6 +638,7 @@ impl PyEngine {
             queue_timeout_s: queue_timeout,
             speculative,
             thinking: thinking.map(|t| ThinkingBudget::from(&*t)),
+            lora: lora.map(|l| l.lora.clone()),
         };
         let constraint = match (allowed_token_ids, grammar) {
             (Some(_), Some(_)) => {
@@ -801,6 +814,7 @@ pub struct PyEngineConfig {
     speculative: bool,
     speculative_max_draft: usize,
     speculative_row_cost: f64,
+    max_loras: usize,
 }
 
 #[pymethods]
@@ -824,6 +838,7 @@ impl PyEngineConfig {
             speculative: d.speculative,
             speculative_max_draft: d.speculative_max_draft,
             speculative_row_cost: d.speculative_row_cost,
+            max_loras: d.max_loras,
         }
     }
 
@@ -832,7 +847,7 @@ impl PyEngineConfig {
             "EngineConfig(kv_capacity={}, max_running_requests={}, max_prefill_tokens={}, schedule_policy={:?}, \
              enable_prefix_cache={}, eviction_policy={:?}, new_token_ratio={}, fast_lane_tokens={}, \
              max_context={}, seed={}, enable_kv_events={}, kv_event_block_size={}, speculative={}, \
-             speculative_max_draft={}, speculative_row_cost={})",
+             speculative_max_draft={}, speculative_row_cost={}, max_loras={})",
             self.kv_capacity,
             self.max_running_requests,
             self.max_prefill_tokens,
@@ -848,6 +863,7 @@ impl PyEngineConfig {
             if self.speculative { "True" } else { "False" },
             self.speculative_max_draft,
             self.speculative_row_cost,
+            self.max_loras,
         )
     }
 }

@@ -35,6 +35,11 @@ pub fn invalid_field(py: Python<'_>, field: &str, msg: String) -> PyErr {
     }
 }
 
+/// A LoRA adapter that is not loaded (HTTP 404 at the server).
+pub fn lora_not_found(py: Python<'_>, msg: String) -> PyErr {
+    raise(py, "LoraNotFoundError", msg)
+}
+
 pub fn protocol(py: Python<'_>, msg: String) -> PyErr {
     raise(py, "ProtocolError", msg)
 }

@@ -76,6 +76,7 @@ impl PyFrontend {
         api_key = None, chat_template = None, bos_token = None, eos_token = None, max_queued_requests = None,
         queue_timeout = None, chars_per_token = None, http_threads = 2, tokenizer_threads = 2,
         grammar_threads = 2, engine_heartbeat_timeout = 0.0, loading = None, kv_events_json = None,
+        lora_registry = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -106,6 +107,7 @@ impl PyFrontend {
         engine_heartbeat_timeout: f64,
         loading: Option<PyRef<'_, PyLoading>>,
         kv_events_json: Option<&str>,
+        lora_registry: Option<PyRef<'_, crate::lora::PyLoraRegistry>>,
     ) -> PyResult<Self> {
         let loading = match loading {
             None => None,
@@ -144,6 +146,7 @@ impl PyFrontend {
                 Some(text) => json("kv_events_json", text)?,
                 None => serde_json::json!({"enabled": false, "block_size": 16}),
             },
+            loras: lora_registry.map(|r| r.registry.clone()),
         };
         let grammars = vocabulary.cache().clone();
         let started = py.detach(move || -> Result<Frontend, String> {

@@ -14,6 +14,7 @@ mod errors;
 mod frontend;
 mod guard;
 mod kv_events;
+mod lora;
 mod norm;
 mod quant;
 mod radix;
@@ -33,6 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quant::init(m)?;
     cpu_model::init(m)?;
     trace::init(m)?;
+    lora::init(m)?;
     Ok(())
 }
 

@@ -281,4 +281,5 @@ class QuantRunner(ModelRunner):
             batch.kv_offsets,
             all_logits=all_logits,
             logit_rows=None if all_logits else batch.logit_rows,
+            loras=batch.loras,
         )

@@ -18,6 +18,7 @@ import numpy as np
 from ferrolm import _core
 from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
+from ferrolm.model.lora import AdapterCache, StepAdapters
 from ferrolm.model.rope import apply_rotation, attention_factor, inverse_frequencies, rotation
 from ferrolm.model.weights import Weights, check_weights, layer_prefix
 
@@ -87,6 +88,8 @@ class ForwardBatch:
     kv_offsets: np.ndarray
     # the new tokens whose logits ``forward`` returns, in order (None: each request's last)
     logit_rows: np.ndarray | None = None
+    # each request's LoRA adapter (``_core.StepLoras``), or None when none has one
+    loras: _core.StepLoras | None = None
 
     def __post_init__(self) -> None:
         for name in _COLUMNS:
@@ -121,6 +124,8 @@ class ForwardBatch:
             raise InvalidInputError("ForwardBatch.positions must number each request's kv_slots from 0")
         if np.unique(self.out_slots).size != num_new:
             raise InvalidInputError("ForwardBatch.out_slots names a slot twice")
+        if self.loras is not None and len(self.loras) != self.batch_size:
+            raise InvalidInputError(f"ForwardBatch.loras has {len(self.loras)} entries for {self.batch_size} requests")
         if self.logit_rows is None:
             object.__setattr__(self, "logit_rows", self.qo_offsets[1:] - 1)
         else:
@@ -155,16 +160,17 @@ class ForwardBatch:
                 plan.kv_slots,
                 plan.kv_offsets,
                 plan.logit_rows,
+                plan.loras,
             )
         columns = {name: getattr(plan, name) for name in _COLUMNS}
-        return cls(**columns, logit_rows=getattr(plan, "logit_rows", None))
+        return cls(**columns, logit_rows=getattr(plan, "logit_rows", None), loras=getattr(plan, "loras", None))
 
     @classmethod
-    def _unchecked(cls, *columns: np.ndarray) -> ForwardBatch:
+    def _unchecked(cls, *columns: Any) -> ForwardBatch:
         """A batch of columns known to be consistent int32 vectors (``_COLUMNS`` order),
         without ``__post_init__``'s checks."""
         batch = object.__new__(cls)
-        for name, column in zip((*_COLUMNS, "logit_rows"), columns, strict=True):
+        for name, column in zip((*_COLUMNS, "logit_rows", "loras"), columns, strict=True):
             object.__setattr__(batch, name, column)
         return batch
 
@@ -335,6 +341,7 @@ class NumpyRunner(ModelRunner):
         # the paged KV pool: slot s of layer l holds the key/value of one token
         self.k_pool = [np.zeros(pool_shape, self.kv_cache_dtype) for _ in range(c.num_layers)]
         self.v_pool = [np.zeros(pool_shape, self.kv_cache_dtype) for _ in range(c.num_layers)]
+        self._lora_cache = AdapterCache()
 
     @classmethod
     def over(
@@ -361,6 +368,7 @@ class NumpyRunner(ModelRunner):
         runner.layers = layers
         runner.inv_freq = inverse_frequencies(config)
         runner.k_pool, runner.v_pool = k_pool, v_pool
+        runner._lora_cache = AdapterCache()
         return runner
 
     @staticmethod
@@ -399,10 +407,11 @@ class NumpyRunner(ModelRunner):
         cos, sin = rotation(self.inv_freq, batch.positions, attention_factor(c))
         plan = _AttentionPlan.of(batch, c.sliding_window) if self.attention == "reference" else None
         x = self.head[:, batch.input_ids].T.copy() if self.embed is None else self.embed[batch.input_ids]
-        for layer, k_pool, v_pool in zip(self.layers, self.k_pool, self.v_pool, strict=True):
+        adapters = StepAdapters.of(batch, self._lora_cache)
+        for i, (layer, k_pool, v_pool) in enumerate(zip(self.layers, self.k_pool, self.v_pool, strict=True)):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            x = x + self._attention(layer, h, batch, plan, cos, sin, k_pool, v_pool)
-            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps))
+            x = x + self._attention(layer, h, batch, plan, cos, sin, k_pool, v_pool, (i, adapters))
+            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, c.rms_norm_eps), (i, adapters))
         if not all_logits:
             x = x[batch.logit_rows]  # each request's last new token (and its drafts' rows)
         return _rms_norm(x, self.final_norm, c.rms_norm_eps) @ self.head
@@ -423,6 +432,7 @@ class NumpyRunner(ModelRunner):
         sin: np.ndarray,
         k_pool: np.ndarray,
         v_pool: np.ndarray,
+        lora: tuple[int, StepAdapters | None] = (0, None),
     ) -> np.ndarray:
         c = self.config
         num_new = h.shape[0]
@@ -430,6 +440,11 @@ class NumpyRunner(ModelRunner):
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        index, adapters = lora
+        if adapters is not None:
+            adapters.add(index, "q_proj", h, qkv[:, :q_width])
+            adapters.add(index, "k_proj", h, qkv[:, q_width : q_width + kv_width])
+            adapters.add(index, "v_proj", h, qkv[:, q_width + kv_width :])
         q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
         k = qkv[:, q_width : q_width + kv_width].reshape(num_new, c.num_kv_heads, c.head_dim)
         v = qkv[:, q_width + kv_width :].reshape(num_new, c.num_kv_heads, c.head_dim)
@@ -445,6 +460,8 @@ class NumpyRunner(ModelRunner):
         o = out @ layer.o
         if layer.o_bias is not None:
             o += layer.o_bias
+        if adapters is not None:
+            adapters.add(index, "o_proj", out, o)
         return o
 
     def _attend_kernel(
@@ -540,12 +557,19 @@ class NumpyRunner(ModelRunner):
         out = probs @ v.transpose(0, 2, 1, 3)  # [S, kvh, g, d]
         return out.reshape(count, c.num_heads * c.head_dim)
 
-    def _mlp(self, layer: _Layer, h: np.ndarray) -> np.ndarray:
+    def _mlp(self, layer: _Layer, h: np.ndarray, lora: tuple[int, StepAdapters | None] = (0, None)) -> np.ndarray:
         gate_up = h @ layer.gate_up
         if layer.gate_up_bias is not None:
             gate_up += layer.gate_up_bias
         width = self.config.intermediate_size
-        down = (_silu(gate_up[:, :width]) * gate_up[:, width:]) @ layer.down
+        index, adapters = lora
+        if adapters is not None:
+            adapters.add(index, "gate_proj", h, gate_up[:, :width])
+            adapters.add(index, "up_proj", h, gate_up[:, width:])
+        act = _silu(gate_up[:, :width]) * gate_up[:, width:]
+        down = act @ layer.down
         if layer.down_bias is not None:
             down += layer.down_bias
+        if adapters is not None:
+            adapters.add(index, "down_proj", act, down)
         return down

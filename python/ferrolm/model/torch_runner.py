@@ -44,6 +44,7 @@ from ferrolm.errors import InvalidInputError
 from ferrolm.model.config import ModelConfig
 from ferrolm.model.device_sampler import DeviceDraws
 from ferrolm.model.device_sampler import sample as sample_on_device
+from ferrolm.model.lora import AdapterCache, StepAdapters
 from ferrolm.model.rope import attention_factor, inverse_frequencies, rotation
 from ferrolm.model.runner import Batch, ModelRunner, NumpyRunner, _AttentionPlan, _Layer
 from ferrolm.model.weights import check_weights, layer_prefix, read_checkpoint
@@ -382,6 +383,10 @@ class TorchRunner(ModelRunner):
                 f"(--max-total-tokens): {str(e).splitlines()[0]}",
                 "kv_capacity",
             ) from None
+        # adapters' matrices on the device, in the compute dtype, for the adapters of recent steps
+        self._lora_cache = AdapterCache(
+            lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device=self.device, dtype=self.dtype)
+        )
         # the kernel reads and writes the pool in place through these views (same memory)
         self._k_views = [_numpy_view(p) for p in self.k_pool] if attention == "kernel" else []
         self._v_views = [_numpy_view(p) for p in self.v_pool] if attention == "kernel" else []
@@ -556,10 +561,11 @@ class TorchRunner(ModelRunner):
             x = self.lm_head.index_select(1, ids).t().contiguous()
         else:
             x = self.embed.index_select(0, ids)
+        adapters = StepAdapters.of(batch, self._lora_cache, self._index)
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
-            x = x + self._attention(layer, h, batch, plan, cos, sin, out_slots, i)
-            x = x + self._mlp(layer, self._norm(x, layer.post_norm))
+            x = x + self._attention(layer, h, batch, plan, cos, sin, out_slots, i, adapters)
+            x = x + self._mlp(layer, self._norm(x, layer.post_norm), i, adapters)
         if not all_logits:
             rows = batch.logit_rows  # each request's last new token (and its drafts' rows)
             assert rows is not None, "set by ForwardBatch.__post_init__"
@@ -576,12 +582,17 @@ class TorchRunner(ModelRunner):
         sin: Any,
         out_slots: Any,
         index: int,
+        adapters: StepAdapters | None = None,
     ) -> Any:
         c = self.config
         num_new = h.shape[0]
         k_pool, v_pool = self.k_pool[index], self.v_pool[index]
         qkv = self._linear(h, layer.qkv, layer.qkv_bias)
         q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        if adapters is not None:
+            adapters.add(index, "q_proj", h, qkv[:, :q_width])
+            adapters.add(index, "k_proj", h, qkv[:, q_width : q_width + kv_width])
+            adapters.add(index, "v_proj", h, qkv[:, q_width + kv_width :])
         v = qkv[:, q_width + kv_width :].reshape(num_new, c.num_kv_heads, c.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: each head normalized first
             q = qkv[:, :q_width].reshape(num_new, c.num_heads, c.head_dim)
@@ -601,7 +612,11 @@ class TorchRunner(ModelRunner):
             out = self._attend_kernel(q, batch, index)
         else:
             out = self._attend_reference(q, plan, k_pool, v_pool)
-        return self._linear(out.reshape(num_new, q_width), layer.o, layer.o_bias)
+        attended = out.reshape(num_new, q_width)
+        o = self._linear(attended, layer.o, layer.o_bias)
+        if adapters is not None:
+            adapters.add(index, "o_proj", attended, o)
+        return o
 
     def _attend_kernel(self, q: Any, batch: Batch, index: int) -> Any:
         """The core's paged-attention kernel over the pool's memory, in place (float32
@@ -655,9 +670,16 @@ class TorchRunner(ModelRunner):
             out[q0:q1] = attended[0].transpose(0, 1)
         return out
 
-    def _mlp(self, layer: _TorchLayer, h: Any) -> Any:
+    def _mlp(self, layer: _TorchLayer, h: Any, index: int = 0, adapters: StepAdapters | None = None) -> Any:
         gate, up = self._linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-        return self._linear(F.silu(gate) * up, layer.down, layer.down_bias)
+        if adapters is not None:
+            adapters.add(index, "gate_proj", h, gate)
+            adapters.add(index, "up_proj", h, up)
+        act = F.silu(gate) * up
+        down = self._linear(act, layer.down, layer.down_bias)
+        if adapters is not None:
+            adapters.add(index, "down_proj", act, down)
+        return down
 
 
 def _rms_norm(x: Any, weight: Any, eps: float) -> Any:

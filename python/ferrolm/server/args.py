@@ -78,6 +78,11 @@ class ServerArgs:
     speculative: str = "ngram" if ENGINE_DEFAULTS.speculative else "off"
     speculative_max_draft: int = ENGINE_DEFAULTS.speculative_max_draft
     speculative_row_cost: float | None = None  # a verified row's share of a step; None: by device
+    # LoRA adapters: served beside the base model (vLLM's and SGLang's flags)
+    enable_lora: bool = False
+    lora_modules: list[str] | None = None  # name=path entries loaded at start (turns LoRA on)
+    max_loras: int = ENGINE_DEFAULTS.max_loras  # adapters one step mixes at most
+    max_cpu_loras: int | None = None  # adapters kept in memory (default max_loras)
 
     @property
     def model_name(self) -> str:
@@ -223,6 +228,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         '"topic": "kv-events"}\'',
     )
     parser.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="serve LoRA adapters (PEFT folders) beside the base model: a request names one as its "
+        "'model' (or SGLang's 'lora_path'); POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+        "change the set while serving",
+    )
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help='adapters to load at start, as name=path (or vLLM\'s JSON {"name": ..., "path": ...}); '
+        "turns --enable-lora on",
+    )
+    parser.add_argument(
+        "--max-loras",
+        type=int,
+        default=defaults.max_loras,
+        help="LoRA adapters one batch mixes at most; a request for one more waits (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        help="LoRA adapters whose weights stay in memory; the least recently used idle one is "
+        "dropped for another and read again when asked for (default: --max-loras)",
+    )
+    parser.add_argument(
         "--page-size",
         type=int,
         default=defaults.page_size,
@@ -343,6 +376,10 @@ def build_engine(args: ServerArgs) -> Engine:
         speculative=args.speculative == "ngram",
         speculative_max_draft=args.speculative_max_draft,
         speculative_row_cost=args.speculative_row_cost,
+        enable_lora=args.enable_lora,
+        lora_modules=args.lora_modules,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
         record_trace=args.record_trace,
     )
 
@@ -372,6 +409,8 @@ def server_args_from(ns: argparse.Namespace, environ: dict[str, str] | None = No
         raise SystemExit("ferrolm serve: give --max-total-tokens or --mem-fraction-static, not both")
     if settings["max_request_bytes"] < 1:
         raise SystemExit("ferrolm serve: --max-request-bytes must be positive")
+    if settings["max_loras"] < 1 or (settings["max_cpu_loras"] is not None and settings["max_cpu_loras"] < 1):
+        raise SystemExit("ferrolm serve: --max-loras and --max-cpu-loras must be at least 1")
     if not 1 <= settings["page_size"] <= 1 << 20:
         raise SystemExit("ferrolm serve: --page-size must be in 1..1048576")
     if settings["kv_events_config"] is not None:

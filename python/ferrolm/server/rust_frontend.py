@@ -113,6 +113,7 @@ def start_frontend(engine: Engine, args: ServerArgs, loading: _core.FrontendLoad
         engine_heartbeat_timeout=args.engine_heartbeat_timeout,
         loading=loading,
         kv_events_json=json.dumps(describe_stream(args.kv_events_config, args.page_size)),
+        lora_registry=engine.loras,
     )
 
 

@@ -21,6 +21,8 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::attention::{self, Geometry, KvElem, Options, Step};
+use crate::engine::Lora;
+use crate::lora::{self as lora, Target, TokenGroup};
 use crate::norm::rms_norm;
 use crate::quant::blocks::BlockQ8_0;
 
@@ -154,6 +156,8 @@ pub struct Batch<'a> {
     pub qo_offsets: &'a [u32],
     pub kv_slots: &'a [u32],
     pub kv_offsets: &'a [u32],
+    /// Request b's LoRA adapter (`None`: the base model); empty when none has one.
+    pub loras: &'a [Option<Lora>],
 }
 
 /// Every tensor of the model.
@@ -267,6 +271,18 @@ impl QuantModel {
         threads.install(|| self.forward_here(batch, rows))
     }
 
+    /// The sizes a LoRA adapter of this model must have.
+    pub fn lora_shape(&self) -> lora::LoraShape {
+        let s = &self.shape;
+        lora::LoraShape {
+            layers: self.layers.len(),
+            hidden: s.hidden,
+            q_dim: s.num_heads * s.head_dim,
+            kv_dim: s.num_kv_heads * s.head_dim,
+            intermediate: s.intermediate,
+        }
+    }
+
     pub fn num_threads(&self) -> usize {
         self.threads.current_num_threads()
     }
@@ -280,8 +296,10 @@ impl QuantModel {
         }
         let rope = Rope::new(&s.inv_freq, s.rope_scale, batch.positions);
         let mut scratch = Scratch::new(s, tokens);
-        for (layer, pool) in self.layers.iter().zip(&mut self.pools) {
-            layer_forward(s, layer, pool, batch, &rope, &mut x, &mut scratch)?;
+        let groups = lora_groups(batch);
+        for (i, (layer, pool)) in self.layers.iter().zip(&mut self.pools).enumerate() {
+            let adapters = Adapters { layer: i, groups: &groups };
+            layer_forward(s, layer, pool, batch, &rope, &adapters, &mut x, &mut scratch)?;
         }
         let mut last = Vec::with_capacity(rows.len() * hidden);
         for &t in rows {
@@ -330,6 +348,21 @@ impl QuantModel {
         }
         if batch.qo_offsets.windows(2).any(|w| w[0] >= w[1]) {
             return Err(ModelError::new("qo_offsets", "every request needs at least one new token".into()));
+        }
+        if !batch.loras.is_empty() && batch.loras.len() != requests {
+            return Err(ModelError::new(
+                "loras",
+                format!("{} adapters for {requests} requests: give one per request, or none", batch.loras.len()),
+            ));
+        }
+        let shape = self.lora_shape();
+        for lora in batch.loras.iter().flatten() {
+            if lora.adapter.shape() != &shape {
+                return Err(ModelError::new(
+                    "loras",
+                    format!("the LoRA adapter {:?} was read for another model's shape", lora.name),
+                ));
+            }
         }
         Ok(())
     }
@@ -423,16 +456,53 @@ fn norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     rms_norm(x, weight, eps, out).expect("norm weights are checked at load");
 }
 
+/// The step's token rows by adapter: one group per run of requests with the same one.
+fn lora_groups<'a>(batch: &Batch<'a>) -> Vec<TokenGroup<'a>> {
+    let mut groups: Vec<TokenGroup<'a>> = Vec::new();
+    let mut last_id = None;
+    for (b, l) in batch.loras.iter().enumerate() {
+        let Some(l) = l else {
+            last_id = None;
+            continue;
+        };
+        let tokens = batch.qo_offsets[b] as usize..batch.qo_offsets[b + 1] as usize;
+        match groups.last_mut() {
+            Some(g) if last_id == Some(l.id) && g.tokens.end == tokens.start => g.tokens.end = tokens.end,
+            _ => groups.push(TokenGroup { adapter: &l.adapter, tokens }),
+        }
+        last_id = Some(l.id);
+    }
+    groups
+}
+
+/// The LoRA updates of one layer: `add` puts each group's update of a projection onto
+/// that projection's output.
+struct Adapters<'a> {
+    layer: usize,
+    groups: &'a [TokenGroup<'a>],
+}
+
+impl Adapters<'_> {
+    fn add(&self, target: Target, x: &[f32], in_dim: usize, out: &mut [f32], out_dim: usize) {
+        if !self.groups.is_empty() {
+            lora::apply(self.layer, target, x, in_dim, out, out_dim, self.groups);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one layer's parts, each distinct
 fn layer_forward(
     s: &Shape,
     layer: &Layer,
     pool: &mut LayerPool,
     batch: &Batch<'_>,
     rope: &Rope,
+    adapters: &Adapters<'_>,
     x: &mut [f32],
     b: &mut Scratch,
 ) -> Result<(), ModelError> {
     let d = s.head_dim;
+    let (q_dim, kv_dim) = (s.num_heads * d, s.num_kv_heads * d);
     norm(x, &layer.attn_norm, s.rms_eps, &mut b.h);
     {
         let mut inputs = Inputs::new(&b.h, s.hidden);
@@ -440,6 +510,9 @@ fn layer_forward(
         layer.k.forward(&mut inputs, &mut b.k);
         layer.v.forward(&mut inputs, &mut b.v);
     }
+    adapters.add(Target::Q, &b.h, s.hidden, &mut b.q, q_dim);
+    adapters.add(Target::K, &b.h, s.hidden, &mut b.k, kv_dim);
+    adapters.add(Target::V, &b.h, s.hidden, &mut b.v, kv_dim);
     if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
         let (q, k) = (b.q.clone(), b.k.clone());
         norm(&q, qn, s.rms_eps, &mut b.q);
@@ -448,7 +521,8 @@ fn layer_forward(
     rope.apply(&mut b.q, d);
     rope.apply(&mut b.k, d);
     attend(s, pool, batch, b)?;
-    layer.o.forward(&mut Inputs::new(&b.attn, s.num_heads * d), &mut b.proj);
+    layer.o.forward(&mut Inputs::new(&b.attn, q_dim), &mut b.proj);
+    adapters.add(Target::O, &b.attn, q_dim, &mut b.proj, s.hidden);
     add(x, &b.proj);
 
     norm(x, &layer.ffn_norm, s.rms_eps, &mut b.h);
@@ -457,8 +531,11 @@ fn layer_forward(
         layer.gate.forward(&mut inputs, &mut b.gate);
         layer.up.forward(&mut inputs, &mut b.up);
     }
+    adapters.add(Target::Gate, &b.h, s.hidden, &mut b.gate, s.intermediate);
+    adapters.add(Target::Up, &b.h, s.hidden, &mut b.up, s.intermediate);
     crate::sampling::simd::silu_mul(&mut b.gate, &b.up);
     layer.down.forward(&mut Inputs::new(&b.gate, s.intermediate), &mut b.proj);
+    adapters.add(Target::Down, &b.gate, s.intermediate, &mut b.proj, s.hidden);
     add(x, &b.proj);
     Ok(())
 }

@@ -92,6 +92,7 @@ fn prefill(m: &mut QuantModel, ids: &[u32], first: u32, all: bool) -> Vec<f32> {
         qo_offsets: &[0, n],
         kv_slots: &slots,
         kv_offsets: &[0, n],
+        loras: &[],
     };
     m.forward(&batch, all).unwrap()
 }
@@ -120,6 +121,7 @@ fn a_prompt_in_one_step_matches_it_token_by_token() {
                 qo_offsets: &[0, 1],
                 kv_slots: &slots,
                 kv_offsets: &[0, t as u32 + 1],
+                loras: &[],
             };
             let logits = stepped.forward(&batch, false).unwrap();
             // per-token products read the same quantized activations either way: close to
@@ -147,6 +149,7 @@ fn requests_batched_together_match_each_alone() {
         qo_offsets: &[0, 4, 7],
         kv_slots: &slots,
         kv_offsets: &[0, 4, 7],
+        loras: &[],
     };
     let both = m.forward(&batch, false).unwrap();
     assert_eq!(&both[..VOCAB], &alone_a[..]);
@@ -163,6 +166,7 @@ fn bad_batches_are_refused_by_field() {
         qo_offsets: &[0, 1],
         kv_slots: slots,
         kv_offsets: &[0, 1],
+        loras: &[],
     };
     let err = m.forward(&batch(&[VOCAB as u32], &[0]), false).unwrap_err();
     assert_eq!(err.field, "input_ids");
@@ -209,6 +213,7 @@ fn a_long_prompt_in_f32_matches_it_token_by_token() {
             qo_offsets: &[0, 1],
             kv_slots: &slots[..=t],
             kv_offsets: &[0, t as u32 + 1],
+            loras: &[],
         };
         let logits = stepped.forward(&batch, false).unwrap();
         for (a, b) in logits.iter().zip(&all[t * VOCAB..(t + 1) * VOCAB]) {

@@ -99,6 +99,10 @@ pub struct EngineConfig {
     /// What a verified draft row costs, as a share of a one-token step's forward: drafts
     /// are as long as their tokens are likely to pay for it (`draft::Speculation`).
     pub speculative_row_cost: f64,
+    /// The most LoRA adapters one step's batch may mix (vLLM's and SGLang's
+    /// `--max-loras`): a waiting request whose adapter would be one more than this waits
+    /// until a running adapter's requests are done.
+    pub max_loras: usize,
 }
 
 impl Default for EngineConfig {
@@ -121,6 +125,7 @@ impl Default for EngineConfig {
             speculative: false,
             speculative_max_draft: Self::DEFAULT_SPECULATIVE_MAX_DRAFT,
             speculative_row_cost: Self::DEFAULT_SPECULATIVE_ROW_COST,
+            max_loras: Self::DEFAULT_MAX_LORAS,
         }
     }
 }
@@ -140,6 +145,8 @@ impl EngineConfig {
     /// on its Q4_1 and Q4_K_M files. Far less on a GPU.
     pub const DEFAULT_SPECULATIVE_ROW_COST: f64 = 0.25;
     pub const MAX_SPECULATIVE_DRAFT: usize = 64;
+    /// SGLang's `--max-loras-per-batch` default.
+    pub const DEFAULT_MAX_LORAS: usize = 8;
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
@@ -150,6 +157,7 @@ impl EngineConfig {
             ("vocab_size", self.vocab_size),
             ("kv_event_block_size", self.kv_event_block_size),
             ("speculative_max_draft", self.speculative_max_draft),
+            ("max_loras", self.max_loras),
         ];
         for (field, v) in positive {
             if v == 0 {

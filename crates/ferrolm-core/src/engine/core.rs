@@ -178,6 +178,10 @@ impl Engine {
         params: RequestParams,
         constraint: Option<Constraint>,
     ) -> Result<(), EngineError> {
+        let mut params = params;
+        if let Some(l) = &params.lora {
+            params.namespace = Some(l.namespace(params.namespace.as_deref()));
+        }
         self.check_request(rids, prompt, &params, constraint.as_ref())?;
         if let Some(t) = &mut self.trace {
             t.on_submit(rids, prompt, &params, constraint.as_ref());
@@ -355,7 +359,23 @@ impl Engine {
             kv_capacity: self.pool.capacity(),
             cached_tokens: sizes.total,
             evictable_tokens: sizes.evictable,
+            running_loras: self.lora_names(&self.running),
+            waiting_loras: self.lora_names(&self.waiting),
+            max_loras: self.config.max_loras,
         }
+    }
+
+    /// The adapters of `rids`, by name, each once, in the order first met.
+    fn lora_names<'a>(&self, rids: impl IntoIterator<Item = &'a u64>) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for rid in rids {
+            if let Some(l) = self.requests.get(rid).and_then(|r| r.params.lora.as_ref()) {
+                if !names.iter().any(|n| **n == *l.name) {
+                    names.push(l.name.to_string());
+                }
+            }
+        }
+        names
     }
 
     pub fn num_requests(&self) -> usize {

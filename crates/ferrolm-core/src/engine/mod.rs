@@ -39,7 +39,7 @@ pub use config::{ConfigError, EngineConfig, SchedulePolicy};
 pub use constraint::{AllowList, Constraint, TokenConstraint};
 pub use kv_slots::{BadFree, SlotPool};
 pub use plan::{BatchPlan, Finished, StepOutputs};
-pub use request::{ErrorKind, FinishReason, RequestParams, ThinkingBudget};
+pub use request::{namespace_parts, ErrorKind, FinishReason, Lora, RequestParams, ThinkingBudget};
 pub use sampling_batch::SamplingBatch;
 pub use stats::{EngineStats, LatencySamples, Load};
 

@@ -1,7 +1,7 @@
 //! What one step asks of the model runner, in columns (the binding hands each column to
 //! Python as a numpy array), and what the step gives back.
 
-use super::request::FinishReason;
+use super::request::{FinishReason, Lora};
 #[cfg(doc)]
 use super::request::RequestParams;
 
@@ -36,6 +36,8 @@ pub struct BatchPlan {
     /// The new tokens (indices into `input_ids`) whose logits the runner returns, in
     /// order: for request b, its last `drafted[b] + 1` new tokens.
     pub logit_rows: Vec<u32>,
+    /// Request b's LoRA adapter (`None`: the base model).
+    pub loras: Vec<Option<Lora>>,
 }
 
 impl BatchPlan {
@@ -58,6 +60,10 @@ impl BatchPlan {
     /// than requests, and only the core's sampler reads them).
     pub fn has_drafts(&self) -> bool {
         self.logit_rows.len() > self.rids.len()
+    }
+    /// Whether any entry runs with a LoRA adapter.
+    pub fn has_lora(&self) -> bool {
+        self.loras.iter().any(Option::is_some)
     }
 }
 

@@ -1,8 +1,11 @@
 //! One request's state inside the engine.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::detok::{Detokenizer, StopConditions, StopReason};
+use crate::lora::Adapter;
 use crate::radix::NodeHandle;
 use crate::sampling::{Sampler, SamplingParams};
 
@@ -29,6 +32,68 @@ pub struct RequestParams {
     /// A cap on the tokens of the reasoning section, with the markers that open and close
     /// it (vLLM's `thinking_token_budget`).
     pub thinking: Option<ThinkingBudget>,
+    /// The LoRA adapter the request runs with (`None`: the base model). Its prefixes
+    /// live in their own cache namespace ([`Lora::namespace`]).
+    pub lora: Option<Lora>,
+}
+
+/// A request's LoRA adapter: the registry's id for it (never reused, so a name loaded
+/// again with other weights shares no cached prefix with the old ones), its name and
+/// its weights, held for as long as a request or plan holds them.
+#[derive(Clone)]
+pub struct Lora {
+    pub id: u32,
+    pub name: Arc<str>,
+    pub adapter: Arc<Adapter>,
+}
+
+/// Marks a namespace as an adapter's; no other namespace has it (`Lora::namespace`).
+const LORA_NAMESPACE: &str = "\u{0}lora:";
+
+impl Lora {
+    /// The cache namespace of the adapter's requests, within `salt`'s (a request's
+    /// `cache_salt`, or `None`): `"\0lora:{id}:{name}"`, then `"\0{salt}"` if salted.
+    /// Adapter names hold no NUL and the front end refuses salts that do, so no other
+    /// namespace can equal it; the id makes an adapter loaded again under the same name a
+    /// new namespace.
+    pub fn namespace(&self, salt: Option<&str>) -> String {
+        let mut ns = format!("{LORA_NAMESPACE}{}:{}", self.id, self.name);
+        if let Some(salt) = salt {
+            ns.push('\u{0}');
+            ns.push_str(salt);
+        }
+        ns
+    }
+}
+
+/// What a cache namespace says: the adapter (id, name) when it is a LoRA adapter's
+/// ([`Lora::namespace`]), and the salt (all of it when it is not an adapter's).
+pub fn namespace_parts(namespace: &str) -> (Option<(u32, &str)>, Option<&str>) {
+    let Some(rest) = namespace.strip_prefix(LORA_NAMESPACE) else { return (None, Some(namespace)) };
+    let (adapter, salt) = match rest.split_once('\u{0}') {
+        Some((adapter, salt)) => (adapter, Some(salt)),
+        None => (rest, None),
+    };
+    let parsed = adapter.split_once(':').and_then(|(id, name)| Some((id.parse().ok()?, name)));
+    match parsed {
+        Some(lora) => (Some(lora), salt),
+        None => (None, Some(namespace)),
+    }
+}
+
+/// Ids are never reused: one id, one set of weights.
+impl PartialEq for Lora {
+    fn eq(&self, other: &Lora) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Lora {}
+
+impl fmt::Debug for Lora {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Lora({}, {:?})", self.id, self.name)
+    }
 }
 
 /// How many tokens a request may think, and the token sequences that delimit the
@@ -141,6 +206,7 @@ impl Default for RequestParams {
             queue_timeout_s: None,
             speculative: None,
             thinking: None,
+            lora: None,
         }
     }
 }
@@ -265,5 +331,31 @@ impl Request {
     /// Tokens it may still generate.
     pub fn remaining(&self) -> usize {
         self.params.max_new_tokens.saturating_sub(self.generated())
+    }
+}
+
+#[cfg(test)]
+mod lora_namespace_tests {
+    use super::*;
+
+    fn lora(id: u32, name: &str) -> Lora {
+        let shape = crate::lora::LoraShape { layers: 1, hidden: 2, q_dim: 2, kv_dim: 2, intermediate: 2 };
+        let adapter = crate::lora::Adapter::from_parts(&shape, Vec::new()).ok();
+        let adapter = adapter.unwrap_or_else(|| {
+            let part = (0, crate::lora::Target::Q, 1, vec![1.0; 2], vec![1.0; 2], 1.0);
+            crate::lora::Adapter::from_parts(&shape, vec![part]).unwrap()
+        });
+        Lora { id, name: name.into(), adapter: Arc::new(adapter) }
+    }
+
+    #[test]
+    fn an_adapters_namespace_says_its_id_name_and_salt() {
+        let l = lora(7, "my:adapter");
+        assert_eq!(namespace_parts(&l.namespace(None)), (Some((7, "my:adapter")), None));
+        assert_eq!(namespace_parts(&l.namespace(Some("s\u{1}alt"))), (Some((7, "my:adapter")), Some("s\u{1}alt")));
+        // a salt alone is all salt, even one that looks like an adapter's
+        assert_eq!(namespace_parts("lora:7:x"), (None, Some("lora:7:x")));
+        assert_eq!(namespace_parts("\u{0}lora:x"), (None, Some("\u{0}lora:x")));
+        assert_ne!(lora(8, "my:adapter").namespace(None), l.namespace(None));
     }
 }

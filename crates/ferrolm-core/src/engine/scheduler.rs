@@ -138,6 +138,7 @@ impl Engine {
         // a token forced by the thinking budget is masked in: not the bare argmax
         plan.plain_greedy.push(r.params.plain_greedy(r.constraint.is_some() || r.forced_token().is_some()));
         plan.ignore_eos.push(r.params.ignore_eos);
+        plan.loras.push(r.params.lora.clone());
         self.in_flight.push(InFlight { rid, end, samples, is_prefill, draft });
     }
 
@@ -255,11 +256,25 @@ impl Engine {
     }
 
     fn admit(&mut self, plan: &mut BatchPlan, budget: &mut usize) {
+        // the adapters of the batch: a request with another one waits while there are
+        // `max_loras` of them (those behind it may still join)
+        let mut loras: Vec<u32> = Vec::new();
+        for rid in &self.running {
+            if let Some(l) = &self.requests[rid].params.lora {
+                if !loras.contains(&l.id) {
+                    loras.push(l.id);
+                }
+            }
+        }
         for rid in self.admission_order() {
             if self.running.len() >= self.config.max_running_requests {
                 break;
             }
             let r = &self.requests[&rid];
+            let new_lora = r.params.lora.as_ref().map(|l| l.id).filter(|id| !loras.contains(id));
+            if new_lora.is_some() && loras.len() >= self.config.max_loras {
+                continue;
+            }
             // at least one token must run to produce logits
             let lookup = &r.tokens[..r.tokens.len() - 1];
             let ns = r.params.namespace.as_deref();
@@ -323,6 +338,7 @@ impl Engine {
             }
             self.waiting.retain(|&w| w != rid);
             self.running.push(rid);
+            loras.extend(new_lora);
             *budget -= chunk.min(*budget);
             if matched > 0 {
                 tracing::debug!(rid, cached = matched, prompt = r.prompt_len, "prefix cache hit");

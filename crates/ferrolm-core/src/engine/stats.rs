@@ -43,7 +43,7 @@ pub struct LatencySamples {
 }
 
 /// The engine's state right now.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Load {
     /// Requests in the waiting queue (not the other samples of an `n > 1` request, which
     /// wait for their first sample's prefill outside it).
@@ -54,4 +54,10 @@ pub struct Load {
     pub kv_capacity: usize,
     pub cached_tokens: usize,
     pub evictable_tokens: usize,
+    /// The LoRA adapters of running and of waiting requests, by name, each once
+    /// (vLLM's `vllm:lora_requests_info`).
+    pub running_loras: Vec<String>,
+    pub waiting_loras: Vec<String>,
+    /// The most adapters a step mixes (`EngineConfig::max_loras`).
+    pub max_loras: usize,
 }

@@ -1014,3 +1014,6 @@ fn the_cpu_of_a_large_steps_sampling_thread_is_counted() {
 
 #[path = "thinking_tests.rs"]
 mod thinking_tests;
+
+#[path = "lora_tests.rs"]
+mod lora_tests;

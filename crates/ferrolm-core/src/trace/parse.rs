@@ -277,6 +277,9 @@ fn parse_params(v: &Value) -> Result<RequestParams, String> {
                 Some(ThinkingBudget { budget, start_ids, end_ids, open })
             }
         },
+        // a trace holds no weights: an adapter's requests replay on the base model, in
+        // their namespace (recorded), so the cache behaves as it did
+        lora: None,
     })
 }
 

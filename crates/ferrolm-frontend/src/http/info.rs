@@ -38,10 +38,15 @@ fn model_card(state: &AppState) -> Value {
 }
 
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
-    json_response(&json!({"object": "list", "data": [model_card(&state)]}))
+    let mut data = vec![model_card(&state)];
+    data.extend(super::lora::adapter_cards(&state));
+    json_response(&json!({"object": "list", "data": data}))
 }
 
 pub fn retrieve_model(state: &AppState, model_id: &str) -> ApiResult<Response> {
+    if let Some(card) = super::lora::adapter_cards(state).into_iter().find(|c| c["id"] == model_id) {
+        return Ok(json_response(&card));
+    }
     if model_id != state.config.model_name {
         return Err(ApiError::new(404, format!("model: {model_id:?} is not served here"))
             .with_param(Some("model".into()))
@@ -147,6 +152,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         block_size,
         kv,
         &state.forward_times,
+        state.loras.is_some(),
     );
     let mut r = Response::new(Body::from(text));
     r.headers_mut()

@@ -535,7 +535,7 @@ pub async fn create(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> {
     let (chat, renames) = translate(&obj, false)?;
     let (job, gen) = translate::run_chat(&state, &chat, &renames).await?;
     let id = format!("msg_{}", random_hex(24));
-    let model = state.config.model_name.clone();
+    let model = super::openai::served_name(&state, &job.params).to_string();
     let prompt_tokens = job.prepared.ids.len();
     let mut tracked = Tracked::new(&state, id.clone(), gen);
     let plan = &job.prepared.plan;

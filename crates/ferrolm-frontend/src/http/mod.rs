@@ -2,6 +2,7 @@
 //! type, body size), and what the routes share.
 
 pub mod info;
+pub mod lora;
 pub mod messages;
 pub mod native;
 pub mod openai;
@@ -54,6 +55,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(responses::routes())
         .merge(messages::routes())
         .merge(tokenize::routes())
+        .merge(lora::routes())
         .fallback(|| async { ApiError::new(404, "Not Found") })
         .method_not_allowed_fallback(|| async { ApiError::new(405, "Method Not Allowed") })
         .layer(middleware::from_fn_with_state(state.clone(), guard))

@@ -41,7 +41,8 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
         return Err(ApiError::bad_request(format!("{field}: the prompt is empty"), field));
     }
     let structured = protocol::native_structured(&g.sampling)?;
-    let params = protocol::native_params(&g)?;
+    let mut params = protocol::native_params(&g)?;
+    params.lora = state.lora_for(g.req.model.as_deref(), g.req.lora_path.as_deref()).await?;
     let n = g.sampling.n as usize;
     if g.req.stream && n > 1 {
         return Err(ApiError::bad_request("stream: streaming is for n = 1", "stream"));

@@ -53,8 +53,10 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
     let structured = protocol::openai_structured(&sampling)?;
     let with_logprobs = fields.logprobs.is_some();
     let max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-    let params = protocol::openai_params(&sampling, max_tokens, with_logprobs, fields.logprobs.unwrap_or(0))?;
+    let mut params =
+        protocol::openai_params(&sampling, max_tokens, with_logprobs, fields.logprobs.unwrap_or(0))?;
     state.check_max_tokens(max_tokens, "max_tokens")?;
+    params.lora = state.lora_for(sampling.model.as_deref(), sampling.lora_path.as_deref()).await?;
     // echo writes a text prompt as sent, a prompt of ids as the tokenizer decodes it
     let echoed: Vec<Option<String>> = match (&fields.prompt, fields.echo) {
         (_, false) => Vec::new(),
@@ -71,7 +73,7 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
         let constraint = grammar.clone().map(Constraint::Grammar);
         gen.add(ids, params.clone(), n, constraint, &completion_field).await?;
     }
-    let head = Head::new("cmpl", &state.config.model_name);
+    let head = Head::new("cmpl", served_name(&state, &params));
     let mut tracked = Tracked::new(&state, head.id.clone(), gen);
     if sampling.stream {
         let include_usage = sampling.stream_options.is_some_and(|o| o.include_usage);
@@ -100,6 +102,11 @@ pub async fn completions(state: Arc<AppState>, body: Bytes) -> ApiResult<Respons
         }
     }
     Ok(json_response(&value))
+}
+
+/// The `model` a response names: the adapter the request ran with, else the base model.
+pub(crate) fn served_name<'a>(state: &'a AppState, params: &'a RequestParams) -> &'a str {
+    params.lora.as_ref().map_or(&state.config.model_name, |l| &l.name)
 }
 
 async fn prompts_of(state: &Arc<AppState>, prompt: Prompt) -> ApiResult<Vec<Vec<u32>>> {
@@ -197,7 +204,7 @@ pub async fn render_completion(state: Arc<AppState>, body: Bytes) -> ApiResult<R
 pub(crate) struct ChatJob {
     pub(crate) prepared: PreparedChat,
     grammar: Option<Arc<Grammar>>,
-    params: RequestParams,
+    pub(crate) params: RequestParams,
     n: usize,
     /// The body field that set the budget (`max_completion_tokens` or `max_tokens`).
     max_tokens_field: &'static str,
@@ -251,6 +258,7 @@ pub(crate) async fn prepare(state: &Arc<AppState>, req: ChatRequest) -> ApiResul
         None => context - prompt_len,
     };
     let mut params = protocol::openai_params(&sampling, max_tokens, logprobs, top_logprobs)?;
+    params.lora = state.lora_for(sampling.model.as_deref(), sampling.lora_path.as_deref()).await?;
     if prepared.skip_special_tokens() == Some(false) {
         params.stops.skip_special_tokens = false;
     }
@@ -313,7 +321,7 @@ pub(crate) async fn submit(state: &Arc<AppState>, job: &ChatJob) -> ApiResult<Ge
 }
 
 async fn respond(state: Arc<AppState>, job: ChatJob, gen: Generation) -> ApiResult<Response> {
-    let head = Head::new("chatcmpl", &state.config.model_name);
+    let head = Head::new("chatcmpl", served_name(&state, &job.params));
     let mut tracked = Tracked::new(&state, head.id.clone(), gen);
     let plan = &job.prepared.plan;
     if job.stream {

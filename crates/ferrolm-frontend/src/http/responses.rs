@@ -711,7 +711,7 @@ pub async fn create(state: Arc<AppState>, store: Arc<ResponseStore>, body: Bytes
     let echo = Echo {
         id: format!("resp_{}", random_hex(32)),
         created_at: unix_now(),
-        model: state.config.model_name.clone(),
+        model: super::openai::served_name(&state, &job.params).to_string(),
         fields: echoed(&obj, &state),
     };
     let keep = obj.get("store").and_then(Value::as_bool) != Some(false);
