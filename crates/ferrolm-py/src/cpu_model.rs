@@ -191,7 +191,6 @@ impl QuantModel {
         self.core.weight_bytes()
     }
 
-
     #[pyo3(signature = (
         input_ids, positions, out_slots, qo_offsets, kv_slots, kv_offsets, all_logits = false, logit_rows = None,
         loras = None,

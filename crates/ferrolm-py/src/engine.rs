@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ferrolm_core::detok::{StopConditions, StopReason};
 use ferrolm_core::engine::{
-    BatchPlan, Constraint, DeviceDraws, Engine, EngineConfig, FinishReason, Lora, RequestParams, SamplingBatch,
-    StepOutputs, ThinkingBudget,
+    BatchPlan, Constraint, DeviceDraws, Engine, EngineConfig, FinishReason, Lora, RequestParams,
+    SamplingBatch, StepOutputs, ThinkingBudget,
 };
 use ferrolm_core::radix::EvictionPolicy;
 use ferrolm_core::sampling::SamplingParams;

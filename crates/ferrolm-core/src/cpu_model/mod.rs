@@ -296,9 +296,9 @@ impl QuantModel {
         }
         let rope = Rope::new(&s.inv_freq, s.rope_scale, batch.positions);
         let mut scratch = Scratch::new(s, tokens);
-        let groups = lora_groups(batch);
+        let lora = lora_rows(batch);
         for (i, (layer, pool)) in self.layers.iter().zip(&mut self.pools).enumerate() {
-            let adapters = Adapters { layer: i, groups: &groups };
+            let adapters = Adapters { layer: i, lora: &lora };
             layer_forward(s, layer, pool, batch, &rope, &adapters, &mut x, &mut scratch)?;
         }
         let mut last = Vec::with_capacity(rows.len() * hidden);
@@ -352,7 +352,10 @@ impl QuantModel {
         if !batch.loras.is_empty() && batch.loras.len() != requests {
             return Err(ModelError::new(
                 "loras",
-                format!("{} adapters for {requests} requests: give one per request, or none", batch.loras.len()),
+                format!(
+                    "{} adapters for {requests} requests: give one per request, or none",
+                    batch.loras.len()
+                ),
             ));
         }
         let shape = self.lora_shape();
@@ -456,36 +459,65 @@ fn norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     rms_norm(x, weight, eps, out).expect("norm weights are checked at load");
 }
 
-/// The step's token rows by adapter: one group per run of requests with the same one.
-fn lora_groups<'a>(batch: &Batch<'a>) -> Vec<TokenGroup<'a>> {
-    let mut groups: Vec<TokenGroup<'a>> = Vec::new();
+/// The step's token rows that run with an adapter, ordered by adapter (`rows`), and the
+/// groups of that order: the kernel takes each adapter's rows as one run, so that a
+/// batch whose requests alternate between adapters (the usual case: the scheduler keeps
+/// arrival order) still reads each adapter's matrices once per projection, not once per
+/// request.
+struct LoraRows<'a> {
+    rows: Vec<usize>,
+    groups: Vec<TokenGroup<'a>>,
+    /// `rows` is `0..T` in order: the kernel can work on the step's arrays in place.
+    in_place: bool,
+}
+
+fn lora_rows<'a>(batch: &Batch<'a>) -> LoraRows<'a> {
+    let mut requests: Vec<(u32, usize, &'a Lora)> =
+        batch.loras.iter().enumerate().filter_map(|(b, l)| l.as_ref().map(|l| (l.id, b, l))).collect();
+    requests.sort_by_key(|&(id, b, _)| (id, b)); // stable within an adapter: arrival order
+    let (mut rows, mut groups) = (Vec::new(), Vec::<TokenGroup<'a>>::new());
     let mut last_id = None;
-    for (b, l) in batch.loras.iter().enumerate() {
-        let Some(l) = l else {
-            last_id = None;
-            continue;
-        };
-        let tokens = batch.qo_offsets[b] as usize..batch.qo_offsets[b + 1] as usize;
+    for (id, b, l) in requests {
+        let start = rows.len();
+        rows.extend(batch.qo_offsets[b] as usize..batch.qo_offsets[b + 1] as usize);
         match groups.last_mut() {
-            Some(g) if last_id == Some(l.id) && g.tokens.end == tokens.start => g.tokens.end = tokens.end,
-            _ => groups.push(TokenGroup { adapter: &l.adapter, tokens }),
+            Some(g) if last_id == Some(id) => g.tokens.end = rows.len(),
+            _ => groups.push(TokenGroup { adapter: &l.adapter, tokens: start..rows.len() }),
         }
-        last_id = Some(l.id);
+        last_id = Some(id);
     }
-    groups
+    let in_place = rows.len() == batch.input_ids.len() && rows.iter().enumerate().all(|(i, &r)| i == r);
+    LoraRows { rows, groups, in_place }
 }
 
 /// The LoRA updates of one layer: `add` puts each group's update of a projection onto
 /// that projection's output.
 struct Adapters<'a> {
     layer: usize,
-    groups: &'a [TokenGroup<'a>],
+    lora: &'a LoraRows<'a>,
 }
 
 impl Adapters<'_> {
     fn add(&self, target: Target, x: &[f32], in_dim: usize, out: &mut [f32], out_dim: usize) {
-        if !self.groups.is_empty() {
-            lora::apply(self.layer, target, x, in_dim, out, out_dim, self.groups);
+        let LoraRows { rows, groups, in_place } = self.lora;
+        if groups.is_empty() {
+            return;
+        }
+        if *in_place {
+            lora::apply(self.layer, target, x, in_dim, out, out_dim, groups);
+            return;
+        }
+        // the adapters' rows gathered in adapter order, updated, and put back (copies of
+        // the step's activations: small next to the matrices the update reads)
+        let mut xs = Vec::with_capacity(rows.len() * in_dim);
+        let mut outs = Vec::with_capacity(rows.len() * out_dim);
+        for &r in rows {
+            xs.extend_from_slice(&x[r * in_dim..(r + 1) * in_dim]);
+            outs.extend_from_slice(&out[r * out_dim..(r + 1) * out_dim]);
+        }
+        lora::apply(self.layer, target, &xs, in_dim, &mut outs, out_dim, groups);
+        for (&r, updated) in rows.iter().zip(outs.chunks_exact(out_dim)) {
+            out[r * out_dim..(r + 1) * out_dim].copy_from_slice(updated);
         }
     }
 }

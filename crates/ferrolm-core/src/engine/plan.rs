@@ -1,9 +1,9 @@
 //! What one step asks of the model runner, in columns (the binding hands each column to
 //! Python as a numpy array), and what the step gives back.
 
-use super::request::{FinishReason, Lora};
 #[cfg(doc)]
 use super::request::RequestParams;
+use super::request::{FinishReason, Lora};
 
 /// Tokens to run through the model this step. Request b's new tokens are
 /// `input_ids[qo_offsets[b]..qo_offsets[b + 1]]` at `positions[...]`, their K/V go to

@@ -352,7 +352,10 @@ mod lora_namespace_tests {
     fn an_adapters_namespace_says_its_id_name_and_salt() {
         let l = lora(7, "my:adapter");
         assert_eq!(namespace_parts(&l.namespace(None)), (Some((7, "my:adapter")), None));
-        assert_eq!(namespace_parts(&l.namespace(Some("s\u{1}alt"))), (Some((7, "my:adapter")), Some("s\u{1}alt")));
+        assert_eq!(
+            namespace_parts(&l.namespace(Some("s\u{1}alt"))),
+            (Some((7, "my:adapter")), Some("s\u{1}alt"))
+        );
         // a salt alone is all salt, even one that looks like an adapter's
         assert_eq!(namespace_parts("lora:7:x"), (None, Some("lora:7:x")));
         assert_eq!(namespace_parts("\u{0}lora:x"), (None, Some("\u{0}lora:x")));

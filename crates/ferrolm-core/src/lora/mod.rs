@@ -124,6 +124,10 @@ pub struct LowRank {
     pub b_t: Vec<f32>,
 }
 
+/// One projection for [`Adapter::from_parts`]: `(layer, target, rank, a [rank * in],
+/// b [out * rank] as PEFT stores lora_B, scaling)`.
+pub type RawPart = (usize, Target, usize, Vec<f32>, Vec<f32>, f32);
+
 /// One projection's matrices as a loader found them, before they are checked.
 pub(crate) struct Part {
     pub layer: usize,
@@ -137,7 +141,7 @@ pub(crate) struct Part {
 }
 
 /// The low-rank updates of one adapter, per layer and projection, sized for one model.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Adapter {
     shape: LoraShape,
     /// `[layer][target.index()]`.
@@ -154,10 +158,7 @@ impl Adapter {
     /// For tests and other loaders: `parts` are `(layer, target, rank, a [rank * in],
     /// b [out * rank] as PEFT stores lora_B, scaling)`, checked against `shape` like a
     /// file. Errors have an empty `file`.
-    pub fn from_parts(
-        shape: &LoraShape,
-        parts: Vec<(usize, Target, usize, Vec<f32>, Vec<f32>, f32)>,
-    ) -> Result<Adapter, LoraError> {
+    pub fn from_parts(shape: &LoraShape, parts: Vec<RawPart>) -> Result<Adapter, LoraError> {
         let parts = parts
             .into_iter()
             .map(|(layer, target, rank, a, b, scaling)| Part { layer, target, rank, a, b, scaling })
@@ -215,6 +216,18 @@ impl Adapter {
 
     fn low_ranks(&self) -> impl Iterator<Item = &LowRank> {
         self.layers.iter().flatten().flatten()
+    }
+}
+
+/// A summary: the matrices would fill a log with numbers.
+impl fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Adapter")
+            .field("shape", &self.shape)
+            .field("targets", &self.targets())
+            .field("max_rank", &self.max_rank())
+            .field("bytes", &self.bytes())
+            .finish()
     }
 }
 

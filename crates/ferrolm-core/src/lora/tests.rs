@@ -237,7 +237,7 @@ fn from_parts_transposes_b_and_folds_in_the_scaling() {
 
 #[test]
 fn from_parts_refuses_what_does_not_fit() {
-    type Parts = Vec<(usize, Target, usize, Vec<f32>, Vec<f32>, f32)>;
+    type Parts = Vec<RawPart>;
     let q = |layer, rank, a: usize, b: usize| (layer, Target::Q, rank, vec![0.1; a], vec![0.1; b], 2.0);
     let cases: Vec<(Parts, &str)> = vec![
         (vec![], "no LoRA matrices"),
@@ -267,57 +267,4 @@ fn targets_index_and_name_in_order() {
     let s = LoraShape { layers: 1, hidden: 10, q_dim: 20, kv_dim: 5, intermediate: 30 };
     let dims: Vec<_> = Target::ALL.iter().map(|&t| s.dims(t)).collect();
     assert_eq!(dims, [(10, 20), (10, 5), (10, 5), (20, 10), (10, 30), (10, 30), (30, 10)]);
-}
-
-#[test]
-#[ignore]
-fn tmp_timing() {
-    for &(t, i, o, r) in &[(1usize, 4096usize, 4096usize, 16usize), (8, 4096, 4096, 16), (512, 4096, 64, 16), (512, 64, 4096, 16), (2048, 2048, 8192, 16), (512, 4096, 4096, 64), (100, 100, 100, 100)] {
-        let shape = shape_for(Target::Up, i, o);
-        let mut v = Values(3);
-        let ad = spec(&shape, Target::Up, r, &mut v).adapter;
-        let x = v.vec(t * i);
-        let mut out = vec![0f32; t * o];
-        let g = [TokenGroup { adapter: &ad, tokens: 0..t }];
-        for (name, split) in [("auto", super::kernel::Split { parallel_from: 64 << 10, min_piece: 16 << 10 }), ("inline", INLINE)] {
-            apply_split(1, Target::Up, &x, i, &mut out, o, &g, split);
-            let n = (3e8 / (t * r * (i + o)) as f64).clamp(3.0, 2000.0) as usize;
-            let mut dt = f64::MAX;
-            for _ in 0..7 {
-            let start = std::time::Instant::now();
-            for _ in 0..n {
-                apply_split(1, Target::Up, &x, i, &mut out, o, &g, split);
-            }
-            dt = dt.min(start.elapsed().as_secs_f64() / n as f64);
-            }
-            let gflops = 2.0 * (t * r * (i + o)) as f64 / dt / 1e9;
-            eprintln!("T={t} {i}->{o} r={r} {name}: {:.1} us, {gflops:.1} GFLOP/s", dt * 1e6);
-        }
-    }
-}
-
-#[test]
-#[ignore]
-fn tmp_gemm() {
-    for &(t, k, n) in &[(512usize, 16usize, 4096usize), (512, 4096, 16), (2048, 16, 8192), (2048, 2048, 16), (8, 16, 4096), (8, 4096, 16)] {
-        let mut v = Values(3);
-        let lhs = v.vec(t * k);
-        let rhs = v.vec(k * n);
-        let mut dst = vec![0f32; t * n];
-        for threads in [1usize, 2] {
-            let run = |dst: &mut [f32]| unsafe {
-                gemm::gemm(t, n, k, dst.as_mut_ptr(), 1, n as isize, true, lhs.as_ptr(), 1, k as isize, rhs.as_ptr(), 1, n as isize, 1.0, 1.0, false, false, false,
-                    if threads == 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) });
-            };
-            run(&mut dst);
-            let reps = (3e8 / (t * k * n) as f64).clamp(3.0, 5000.0) as usize;
-            let mut dt = f64::MAX;
-            for _ in 0..5 {
-                let start = std::time::Instant::now();
-                for _ in 0..reps { run(&mut dst); }
-                dt = dt.min(start.elapsed().as_secs_f64() / reps as f64);
-            }
-            eprintln!("gemm T={t} k={k} n={n} threads={threads}: {:.1} us, {:.1} GFLOP/s", dt * 1e6, 2.0 * (t * k * n) as f64 / dt / 1e9);
-        }
-    }
 }

@@ -70,7 +70,6 @@ pub async fn generate(state: Arc<AppState>, body: Bytes) -> ApiResult<Response> 
     };
     let parses = input.parses();
     let prepared = state.prepare_generate(input).await?;
-    let mut params = params;
     if prepared.skip_special_tokens() == Some(false) {
         params.stops.skip_special_tokens = false;
     }
