@@ -41,7 +41,7 @@ def assert_error(r: httpx.Response, status: int, param: str | None) -> dict[str,
 
 UNKNOWN = [
     pytest.param(C, {"prompt": "x", "max_tokenz": 3}, "max_tokenz", id="misspelled"),
-    pytest.param(C, {"prompt": "x", "lora_path": "adapter"}, "lora_path", id="lora_path"),
+    pytest.param(C, {"prompt": "x", "session_params": {"id": "s"}}, "session_params", id="session_params"),
     pytest.param(
         C,
         {"prompt": "x", "guided_decoding_backend": "xgrammar"},
@@ -74,7 +74,7 @@ UNKNOWN = [
         "messages.0.tool_calls.0.extra",
         id="message-tool-call-misspelled",
     ),
-    pytest.param(G, {"text": "x", "lora_path": "adapter"}, "lora_path", id="native-lora_path"),
+    pytest.param(G, {"text": "x", "lora_id": "adapter-1"}, "lora_id", id="native-lora_id"),
     pytest.param(
         G,
         {"text": "x", "sampling_params": {"max_new_token": 3}},
@@ -95,8 +95,8 @@ def test_unknown_and_unsupported_fields_are_a_400_naming_them(
 
 
 def test_unsupported_fields_say_why(server: RunningServer) -> None:
-    error = assert_error(post(server, C, {"prompt": "x", "lora_path": "a"}), 400, "lora_path")
-    assert "LoRA" in error["message"]
+    error = assert_error(post(server, C, {"prompt": "x", "session_params": {"id": "a"}}), 400, "session_params")
+    assert "sessions" in error["message"]
     error = assert_error(post(server, C, {"prompt": "x", "max_tokenz": 1}), 400, "max_tokenz")
     assert "unknown field" in error["message"] and "max_tokens" in error["message"]
 

