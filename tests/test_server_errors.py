@@ -61,7 +61,6 @@ BAD = [
     pytest.param(C, {"prompt": [1, 2, 99999]}, "prompt", id="ids-outside-vocab"),
     pytest.param(C, {"prompt": [-1]}, "prompt", id="ids-negative"),
     pytest.param(C, {"prompt": "word " * (KV + 10), "max_tokens": 1}, "prompt", id="prompt-too-long"),
-    pytest.param(C, {"prompt": "x", "model": "gpt-4"}, "model", id="unknown-model"),
     pytest.param(C, {"prompt": "x", "echo": True, "stream": True}, "echo", id="echo-streamed-unsupported"),
     pytest.param(C, {"prompt": "x", "best_of": 3}, "best_of", id="best_of-unsupported"),
     pytest.param(
@@ -217,6 +216,15 @@ def test_bad_input_is_a_400_naming_the_field(
     assert_envelope(post(server, path, body), 400, param)
     if "stream" not in body:  # a streamed request is refused the same way, before any event
         assert_envelope(post(server, path, {**body, "stream": True}), 400, param)
+
+
+def test_an_unknown_model_is_a_404_naming_the_field(server: RunningServer) -> None:
+    for path, body in ((C, {"prompt": "x", "model": "gpt-4"}), (CHAT, {"messages": MSG, "model": "gpt-4"})):
+        for stream in (False, True):
+            r = post(server, path, {**body, "stream": stream})
+            assert_envelope(r, 404, "model")
+            error = r.json()["error"]
+            assert "gpt-4" in error["message"] and error["code"] == "model_not_found"
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"null", b'{"prompt": "x",}'])

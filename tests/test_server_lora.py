@@ -57,8 +57,13 @@ def complete(server: RunningServer, model: str | None, max_tokens: int = 12, **e
     return r.json()
 
 
-def test_models_lists_the_adapters(server: RunningServer, folders: dict[str, Path]) -> None:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+@pytest.fixture
+def client(server: RunningServer) -> Iterator[Any]:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def test_models_lists_the_adapters(client: Any, folders: dict[str, Path]) -> None:
     models = {m.id: m for m in client.models.list().data}
     assert {"alpha", "beta"} <= set(models) and len(models) == 3
     base = next(m for m in models if m not in ("alpha", "beta"))
@@ -66,8 +71,7 @@ def test_models_lists_the_adapters(server: RunningServer, folders: dict[str, Pat
     assert card["root"] == str(folders["alpha"]) and card["parent"] == base
 
 
-def test_a_request_names_its_adapter_as_its_model(server: RunningServer) -> None:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+def test_a_request_names_its_adapter_as_its_model(server: RunningServer, client: Any) -> None:
     base = complete(server, None)["choices"][0]["text"]
     texts = {}
     for name in ("alpha", "beta"):
@@ -85,14 +89,13 @@ def test_a_request_names_its_adapter_as_its_model(server: RunningServer) -> None
     assert r.json()["text"] == texts["alpha"]
 
 
-def test_an_adapter_that_is_not_loaded_is_a_404_naming_it(server: RunningServer) -> None:
+def test_an_adapter_that_is_not_loaded_is_a_404_naming_it(server: RunningServer, client: Any) -> None:
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "delta", "prompt": "x", "max_tokens": 1})
     assert r.status_code == 404
     error = r.json()["error"]
     assert "delta" in error["message"] and error["param"] == "model" and error["code"] == "model_not_found"
     r = httpx.post(f"{server.url}/generate", json={"text": "x", "lora_path": "delta"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "lora_path"
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
     with pytest.raises(openai.NotFoundError, match="delta"):
         client.chat.completions.create(model="delta", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
 

@@ -459,35 +459,46 @@ fn norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     rms_norm(x, weight, eps, out).expect("norm weights are checked at load");
 }
 
-/// The step's token rows that run with an adapter, ordered by adapter (`rows`), and the
-/// groups of that order: the kernel takes each adapter's rows as one run, so that a
-/// batch whose requests alternate between adapters (the usual case: the scheduler keeps
-/// arrival order) still reads each adapter's matrices once per projection, not once per
-/// request.
+/// The step's token rows that run with an adapter, as the kernel takes them: one run of
+/// rows per adapter, so that it reads each adapter's matrices once per projection. The
+/// scheduler lists each adapter's requests side by side, so the runs are usually the
+/// step's own rows (`rows` is `None`: the kernel works on the step's arrays in place);
+/// where an adapter's requests are apart (a step's newly admitted ones after the running
+/// ones), `rows` lists the adapters' rows in adapter order, gathered for the kernel.
 struct LoraRows<'a> {
-    rows: Vec<usize>,
+    rows: Option<Vec<usize>>,
     groups: Vec<TokenGroup<'a>>,
-    /// `rows` is `0..T` in order: the kernel can work on the step's arrays in place.
-    in_place: bool,
 }
 
 fn lora_rows<'a>(batch: &Batch<'a>) -> LoraRows<'a> {
-    let mut requests: Vec<(u32, usize, &'a Lora)> =
-        batch.loras.iter().enumerate().filter_map(|(b, l)| l.as_ref().map(|l| (l.id, b, l))).collect();
-    requests.sort_by_key(|&(id, b, _)| (id, b)); // stable within an adapter: arrival order
+    let tokens = |b: usize| batch.qo_offsets[b] as usize..batch.qo_offsets[b + 1] as usize;
+    // runs of adjacent requests with the same adapter, in the step's order
+    let mut runs: Vec<(u32, TokenGroup<'a>)> = Vec::new();
+    for (b, l) in batch.loras.iter().enumerate() {
+        let Some(l) = l else { continue };
+        match runs.last_mut() {
+            Some((id, g)) if *id == l.id && g.tokens.end == tokens(b).start => g.tokens.end = tokens(b).end,
+            _ => runs.push((l.id, TokenGroup { adapter: &l.adapter, tokens: tokens(b) })),
+        }
+    }
+    let mut ids: Vec<u32> = runs.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    if ids.windows(2).all(|w| w[0] != w[1]) {
+        return LoraRows { rows: None, groups: runs.into_iter().map(|(_, g)| g).collect() };
+    }
+    runs.sort_by_key(|(id, g)| (*id, g.tokens.start));
     let (mut rows, mut groups) = (Vec::new(), Vec::<TokenGroup<'a>>::new());
     let mut last_id = None;
-    for (id, b, l) in requests {
+    for (id, run) in runs {
         let start = rows.len();
-        rows.extend(batch.qo_offsets[b] as usize..batch.qo_offsets[b + 1] as usize);
+        rows.extend(run.tokens.clone());
         match groups.last_mut() {
             Some(g) if last_id == Some(id) => g.tokens.end = rows.len(),
-            _ => groups.push(TokenGroup { adapter: &l.adapter, tokens: start..rows.len() }),
+            _ => groups.push(TokenGroup { adapter: run.adapter, tokens: start..rows.len() }),
         }
         last_id = Some(id);
     }
-    let in_place = rows.len() == batch.input_ids.len() && rows.iter().enumerate().all(|(i, &r)| i == r);
-    LoraRows { rows, groups, in_place }
+    LoraRows { rows: Some(rows), groups }
 }
 
 /// The LoRA updates of one layer: `add` puts each group's update of a projection onto
@@ -499,14 +510,14 @@ struct Adapters<'a> {
 
 impl Adapters<'_> {
     fn add(&self, target: Target, x: &[f32], in_dim: usize, out: &mut [f32], out_dim: usize) {
-        let LoraRows { rows, groups, in_place } = self.lora;
+        let LoraRows { rows, groups } = self.lora;
         if groups.is_empty() {
             return;
         }
-        if *in_place {
+        let Some(rows) = rows else {
             lora::apply(self.layer, target, x, in_dim, out, out_dim, groups);
             return;
-        }
+        };
         // the adapters' rows gathered in adapter order, updated, and put back (copies of
         // the step's activations: small next to the matrices the update reads)
         let mut xs = Vec::with_capacity(rows.len() * in_dim);

@@ -34,8 +34,7 @@ impl Engine {
         let mut budget = self.config.max_prefill_tokens;
         // drafts take only slots that are free beyond every decode's one (never an eviction)
         let mut spare = self.pool.num_free().saturating_sub(decodes);
-        for i in 0..self.running.len() {
-            let rid = self.running[i];
+        for rid in self.plan_order() {
             let r = &self.requests[&rid];
             let todo = r.tokens.len() - r.kv_len;
             let is_decode = r.is_decoding();
@@ -64,6 +63,18 @@ impl Engine {
         }
         self.stats.steps += 1;
         Ok(plan)
+    }
+
+    /// The running requests in the order the plan lists them: as they arrived, and where
+    /// requests run with LoRA adapters, each adapter's side by side (stable within one), so
+    /// that the runner takes an adapter's rows as one run and reads its matrices once.
+    fn plan_order(&self) -> Vec<u64> {
+        let mut order = self.running.clone();
+        let lora = |rid: &u64| self.requests[rid].params.lora.as_ref().map_or(0, |l| l.id);
+        if order.iter().any(|rid| lora(rid) != 0) {
+            order.sort_by_key(lora);
+        }
+        order
     }
 
     /// Allocates `n` more slots for a running request's next tokens (evicting from the
