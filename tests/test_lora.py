@@ -109,11 +109,14 @@ def test_a_mixed_batch_gives_each_request_what_it_gets_alone(tmp_path: Path, run
             return NumpyRunner(config, weights, 128)
         return QuantRunner.from_weights(config, weights, 128, quantization="q8_0", kv_cache_dtype="float32")
 
+    tolerance = TOLERANCE if runner == "numpy" else 1e-6
     together = make().forward(batch(requests, loras), all_logits=True)
     offsets = np.cumsum([0] + [len(r) for r in requests])
     for i, (ids, lora) in enumerate(zip(requests, loras, strict=True)):
         alone = make().forward(batch([ids], [lora]), all_logits=True)
-        np.testing.assert_allclose(together[offsets[i] : offsets[i + 1]], alone, atol=1e-5, rtol=0)
+        # the quant runner's kernels give a row the same floats in any batch; numpy's BLAS
+        # may sum a batch's products in another order than one request's
+        np.testing.assert_allclose(together[offsets[i] : offsets[i + 1]], alone, atol=tolerance, rtol=0)
     # and the adapters do change what their requests get
     base_alone = make().forward(batch([requests[0]]), all_logits=True)
     assert np.abs(together[: offsets[1]] - base_alone).max() > 1e-2
