@@ -261,3 +261,18 @@ def test_each_adapter_caches_its_own_prefixes_and_its_events_name_it(tiny: Any, 
     first = {w["lora_name"]: w["block_hashes"][0] for w in wire if w["parent_block_hash"] is None}
     assert len(set(first.values())) == 3
     assert all(w["extra_keys"] == [None] * len(w["block_hashes"]) for w in wire)
+
+
+def test_generate_runs_the_prompts_with_an_adapter(
+    adapters: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ferrolm.cli import main
+
+    argv = ["generate", "--model", "tiny", "--prompt", "Once upon a time", "--max-new-tokens", "12"]
+    assert main(argv) == 0
+    base = capsys.readouterr().out
+    assert main([*argv, "--lora-modules", f"alpha={adapters['alpha']}", "--lora", "alpha"]) == 0
+    adapted = capsys.readouterr().out
+    assert adapted.startswith("Once upon a time") and adapted != base
+    assert main([*argv, "--lora-modules", f"alpha={adapters['alpha']}", "--lora", "beta"]) == 2
+    assert 'LoRA adapter "beta" is not loaded' in capsys.readouterr().err

@@ -50,12 +50,12 @@ def _generate(args: argparse.Namespace) -> int:
         if args.stream:
             print(prompt, end="", flush=True)
             finish = None
-            for d in engine.stream(prompt, params):
+            for d in engine.stream(prompt, params, lora=args.lora):
                 print(d.text, end="", flush=True)
                 finish = d.finish_reason
             print(f"\n[{finish}]")
         else:
-            [r] = engine.generate(prompt, params)
+            [r] = engine.generate(prompt, params, lora=args.lora)
             print(f"{prompt}{r.text}\n[{r.finish_reason}, {len(r.token_ids)} tokens]")
     return 0
 
@@ -75,6 +75,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--stream", action="store_true")
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT folders) to load, as name=path",
+    )
+    p.add_argument("--lora", default=None, metavar="NAME", help="run the prompts with this loaded LoRA adapter")
     p.add_argument("--blas-threads", type=int, default=None, help="cap numpy's BLAS threads (default: half the cores)")
     p.add_argument(
         "--record-trace",

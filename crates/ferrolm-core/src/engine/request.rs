@@ -340,11 +340,8 @@ mod lora_namespace_tests {
 
     fn lora(id: u32, name: &str) -> Lora {
         let shape = crate::lora::LoraShape { layers: 1, hidden: 2, q_dim: 2, kv_dim: 2, intermediate: 2 };
-        let adapter = crate::lora::Adapter::from_parts(&shape, Vec::new()).ok();
-        let adapter = adapter.unwrap_or_else(|| {
-            let part = (0, crate::lora::Target::Q, 1, vec![1.0; 2], vec![1.0; 2], 1.0);
-            crate::lora::Adapter::from_parts(&shape, vec![part]).unwrap()
-        });
+        let part = (0, crate::lora::Target::Q, 1, vec![1.0; 2], vec![1.0; 2], 1.0);
+        let adapter = crate::lora::Adapter::from_parts(&shape, vec![part]).unwrap();
         Lora { id, name: name.into(), adapter: Arc::new(adapter) }
     }
 
