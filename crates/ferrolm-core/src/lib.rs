@@ -37,4 +37,6 @@ pub mod norm;
 pub mod quant;
 pub mod radix;
 pub mod sampling;
+#[cfg(test)]
+mod test_values;
 pub mod trace;

@@ -7,20 +7,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::quant::blocks::BlockQ8_0;
 
-/// A deterministic stream of values in [-1, 1).
-struct Values(u64);
-
-impl Values {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+use crate::test_values::Values;
 
 #[derive(Clone, Debug)]
 struct Plan {
