@@ -19,8 +19,6 @@ import numpy as np
 from ferrolm import _core
 from ferrolm.model.config import ModelConfig
 
-# the projections an adapter may target, as PEFT names them
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # adapters whose converted matrices a runner keeps (ids are never reused: a stale entry
 # is only memory, never wrong weights)
 CACHED_ADAPTERS = 16
