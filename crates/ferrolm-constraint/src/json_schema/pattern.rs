@@ -250,7 +250,7 @@ fn encode_char(c: char) -> Hir {
 mod tests {
     use super::*;
 
-    const ANY: &str = r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})"#;
+    use crate::json_schema::STRING_CHAR as ANY;
 
     fn matches(pattern: &str, json_string: &str) -> bool {
         let body = pattern_regex(pattern, ANY).unwrap();
