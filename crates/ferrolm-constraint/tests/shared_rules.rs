@@ -191,3 +191,32 @@ fn a_short_value_with_a_large_count_is_one_rule() {
         assert!(!accepts(&written, &vocab, eos, doc, &mut rng), "written out accepts {doc}");
     }
 }
+
+/// One shared rule (a counted string) called from two members followed by different
+/// text: inside it, the tokens that stay in the string are the same at both call sites
+/// (walked once, `grammar/masks.rs`'s `FrameIndex`), and the tokens that return differ
+/// with the caller. Both masks are exact.
+#[test]
+fn a_shared_rule_allows_the_returning_tokens_of_its_call_site() {
+    let (vocab, eos) = vocab();
+    let text = json!({"type": "string", "maxLength": 40});
+    let schema = json!({
+        "type": "object",
+        "properties": {"a": text, "b": text},
+        "required": ["a", "b"],
+        "additionalProperties": false,
+    });
+    let grammar =
+        Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &JsonSchemaOptions::default()).unwrap();
+    assert!(grammar.is_recursive());
+    let id = |t: &str| (0..vocab.size() as u32).find(|&i| vocab.token_bytes(i) == Some(t.as_bytes())).unwrap();
+    let (next_member, close) = (id("\",\""), id("\"}"));
+    let mut matcher = Matcher::new(grammar.clone());
+    assert!(matcher.accept_str(r#"{"a":"xy"#));
+    check_mask(&matcher, &vocab);
+    assert!(matcher.is_token_allowed(next_member) && !matcher.is_token_allowed(close));
+    assert!(matcher.accept_str(r#"","b":"xy"#));
+    check_mask(&matcher, &vocab);
+    assert!(!matcher.is_token_allowed(next_member) && matcher.is_token_allowed(close));
+    assert!(matcher.accept_token(close) && matcher.accept_token(eos));
+}

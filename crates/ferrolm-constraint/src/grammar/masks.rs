@@ -21,6 +21,18 @@ use crate::recursive::{Config, Frame, Rules, ScratchFrames, CALL_BASE, NO_FRAME}
 use crate::region::{Loop, LoopIndex, Override, SimulationMemo};
 use crate::vocab::LONG_TOKEN_BYTES;
 
+/// What a trie walk from one state of a rule finds while the rule's frame stays on the
+/// stack: the tokens that never return from the rule (the rules it calls come back into
+/// it), and the trie nodes where a path returns, with the rule's (accepting) state
+/// there. The mask of any configuration at that state is the first plus the subtrees
+/// of the second walked with the configuration's stack; a state whose mask needs a full
+/// walk walks the trie once, not once per call site.
+#[derive(Debug)]
+pub(crate) struct FrameIndex {
+    inside: Box<[u32]>,
+    exits: Vec<(u32, u32)>,
+}
+
 /// The simulation memo key of a plain grammar's DFA: apart from every rule's, since a
 /// memo's bits hold only for the automaton whose searches set them.
 const PLAIN_DFA: (u32, bool) = (u32::MAX, false);
@@ -107,6 +119,24 @@ impl Grammar {
                         |c, b| rules.step(c, b, &mut scratch),
                         out,
                     ),
+                    // Inside a rule that was called, the tokens that never return
+                    // from it are the same at every call site (a `format: uri` string
+                    // shared by dozens of members): walk them once per state.
+                    None if may_return && !marked => {
+                        let index = self.frame_index(rules, config.rule, config.state, out.len());
+                        out.copy_from_slice(&index.inside);
+                        let mut states = vec![config; trie.max_depth() + 1];
+                        for &(node, state) in &index.exits {
+                            let parent = Config { state, ..config };
+                            trie.walk_subtree_into_mask(
+                                node,
+                                parent,
+                                |c, b| rules.step(c, b, &mut scratch),
+                                out,
+                                &mut states,
+                            );
+                        }
+                    }
                     None => trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out),
                 }
             }
@@ -116,6 +146,46 @@ impl Grammar {
                 set_bit(out, other);
             }
         }
+    }
+
+    /// The [`FrameIndex`] of `state` of `rule`, from the cache or walked now (and cached
+    /// while the mask budget lasts).
+    fn frame_index(&self, rules: &Rules, rule: u32, state: u32, words: usize) -> Arc<FrameIndex> {
+        if let Some(found) = self.lock_frame_indexes().get(&(rule, state)) {
+            return found.clone();
+        }
+        let dfa = rules.rule(rule);
+        let mut inside = vec![0u32; words];
+        let mut exits = Vec::new();
+        // The rule's own frame is left off: its calls push frames above nothing and come
+        // back, and where it would return, the step fails at the bottom of the stack.
+        let mut scratch = ScratchFrames::new(&[]);
+        let start = Config { rule, state, stack: NO_FRAME };
+        self.vocab.trie().walk_into_mask_indexed(
+            start,
+            |node, c, byte| {
+                let next = rules.step(c, byte, &mut scratch);
+                if next.is_none() && c.stack == NO_FRAME && byte < CALL_BASE && dfa.is_accepting(c.state) {
+                    exits.push((node, c.state));
+                }
+                next
+            },
+            &mut inside,
+        );
+        let index = Arc::new(FrameIndex { inside: inside.into(), exits });
+        let bytes = std::mem::size_of_val(&*index.inside) + index.exits.len() * 8;
+        let reserved = self
+            .cache_bytes_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
+            .is_ok();
+        if reserved {
+            self.lock_frame_indexes().insert((rule, state), index.clone());
+        }
+        index
+    }
+
+    fn lock_frame_indexes(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<FrameIndex>>> {
+        self.frame_indexes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Run `search` with the simulation memo of `side`: `(rule, may_return)` for a rule

@@ -40,6 +40,9 @@ pub struct Grammar {
     /// every depth, so that a mask's search for a loop to start from is not repeated
     /// over the states that lead into one (`region.rs`).
     simulation_memos: Mutex<HashMap<(u32, bool), SimulationMemo>>,
+    /// Per (rule, state) of a rule that was called: its walk apart from the stack
+    /// (`masks.rs`).
+    frame_indexes: Mutex<HashMap<(u32, u32), Arc<masks::FrameIndex>>>,
     /// Special tokens the grammar takes as whole steps (a trigger such as `[TOOL_CALLS]`
     /// that the tokenizer has as a special token: `tags.rs`).
     token_edges: Vec<TokenEdge>,
@@ -240,6 +243,7 @@ impl Grammar {
             rules: None,
             stack_masks: Mutex::new(HashMap::new()),
             simulation_memos: Mutex::new(HashMap::new()),
+            frame_indexes: Mutex::new(HashMap::new()),
             token_edges: Vec::new(),
         }
     }
@@ -255,6 +259,7 @@ impl Grammar {
             rules: Some(rules),
             stack_masks: Mutex::new(HashMap::new()),
             simulation_memos: Mutex::new(HashMap::new()),
+            frame_indexes: Mutex::new(HashMap::new()),
             token_edges: Vec::new(),
         }
     }
