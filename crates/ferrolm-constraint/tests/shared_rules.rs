@@ -209,7 +209,8 @@ fn a_shared_rule_allows_the_returning_tokens_of_its_call_site() {
     let grammar =
         Grammar::from_json_schema(vocab.clone(), &schema.to_string(), &JsonSchemaOptions::default()).unwrap();
     assert!(grammar.is_recursive());
-    let id = |t: &str| (0..vocab.size() as u32).find(|&i| vocab.token_bytes(i) == Some(t.as_bytes())).unwrap();
+    let id =
+        |t: &str| (0..vocab.size() as u32).find(|&i| vocab.token_bytes(i) == Some(t.as_bytes())).unwrap();
     let (next_member, close) = (id("\",\""), id("\"}"));
     let mut matcher = Matcher::new(grammar.clone());
     assert!(matcher.accept_str(r#"{"a":"xy"#));

@@ -1,13 +1,14 @@
 //! Structure of a [`ByteDfa`] that mask computation exploits: its loops and which
 //! states no token can tell apart.
 
-use rustc_hash::FxHashMap;
+use std::hash::Hasher;
+
+use rustc_hash::{FxHashMap, FxHasher};
 
 use super::{ByteDfa, DEAD};
 
 /// One class in a refinement round: its id, its touched states with their signatures,
 /// and the signature its untouched states share (if it has any).
-type TouchedClass = (u32, Vec<(u32, Vec<u32>)>, Option<Vec<u32>>);
 
 /// Predecessor lists of a transition table in one flat array (a `Vec` per state costs
 /// an allocation each, which dominated small compilations): the states with a
@@ -149,43 +150,68 @@ impl ByteDfa {
         let mut members: Vec<Vec<u32>> = vec![vec![DEAD], (1..n as u32).collect()];
         let mut changed: Vec<u32> = (0..n as u32).collect();
         let mut touched_mark = vec![false; n];
-        let signature = |class: &[u32], s: u32| -> Vec<u32> {
-            (0..nc).map(|c| class[self.target(s as usize * nc + c) as usize]).collect()
+        // A state's signature is its successors' classes, one per byte class. Rows are
+        // kept as runs of byte classes with one target (a string's states send most
+        // bytes to one place), and a signature is written as runs of one successor
+        // class: (class, end of the run). Equal signatures are equal run lists.
+        let rows = RowRuns::new(n, nc, |i| self.target(i));
+        let mut scratch = Vec::new();
+        let mut hash_signature = |class: &[u32], s: u32| -> u64 {
+            rows.signature(class, s, &mut scratch);
+            let mut hasher = FxHasher::default();
+            for &(k, end) in &scratch {
+                hasher.write_u64(u64::from(k) << 32 | u64::from(end));
+            }
+            hasher.finish()
         };
+        let mut compare = (Vec::new(), Vec::new());
+        let mut same_signature = |class: &[u32], a: u32, b: u32| -> bool {
+            rows.signature(class, a, &mut compare.0);
+            rows.signature(class, b, &mut compare.1);
+            compare.0 == compare.1
+        };
+        let mut before = class.clone();
         for _ in 0..depth {
             // States with a successor whose class changed, grouped by their own class,
-            // each with its signature taken before any split of this round.
-            let mut touched: FxHashMap<u32, Vec<(u32, Vec<u32>)>> = FxHashMap::default();
+            // each with the hash of its signature.
+            let mut touched: FxHashMap<u32, Vec<(u32, u64)>> = FxHashMap::default();
             for &t in &changed {
                 for &p in predecessors.of(t as usize) {
                     if !std::mem::replace(&mut touched_mark[p as usize], true) {
-                        touched.entry(class[p as usize]).or_default().push((p, signature(&class, p)));
+                        touched.entry(class[p as usize]).or_default().push((p, hash_signature(&class, p)));
                     }
                 }
             }
             changed.clear();
-            // Untouched members kept their signature, which they share; it is taken
-            // now, before this round moves any state to a new class.
-            let touched: Vec<TouchedClass> = touched
-                .into_iter()
-                .map(|(c, states)| {
-                    let untouched = members[c as usize].iter().copied().find(|&m| !touched_mark[m as usize]);
-                    (c, states, untouched.map(|m| signature(&class, m)))
-                })
-                .collect();
-            for (c, states, base) in touched {
+            // The classes before this round moves any state: what signatures compare.
+            before.copy_from_slice(&class);
+            for (c, states) in touched {
+                // Untouched members kept their signature, which they share.
+                let untouched = members[c as usize].iter().copied().find(|&m| !touched_mark[m as usize]);
+                let base = untouched.map(|m| (m, hash_signature(&before, m)));
                 for &(s, _) in &states {
                     touched_mark[s as usize] = false;
                 }
-                let mut groups: FxHashMap<Vec<u32>, Vec<u32>> = FxHashMap::default();
-                for (s, sig) in states {
-                    if Some(&sig) != base.as_ref() {
-                        groups.entry(sig).or_default().push(s);
+                // The members per signature that differs from the base, and the groups
+                // by hash (equal hashes of different signatures are told apart).
+                let mut groups: Vec<Vec<u32>> = Vec::new();
+                let mut by_hash: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+                for (s, hash) in states {
+                    if base.is_some_and(|(m, h)| h == hash && same_signature(&before, s, m)) {
+                        continue;
+                    }
+                    let candidates = by_hash.entry(hash).or_default();
+                    match candidates.iter().find(|&&g| same_signature(&before, s, groups[g][0])) {
+                        Some(&g) => groups[g].push(s),
+                        None => {
+                            candidates.push(groups.len());
+                            groups.push(vec![s]);
+                        }
                     }
                 }
                 // With no untouched member, the first group keeps the old class id.
                 let mut keep_one = base.is_none();
-                for (_, group) in groups {
+                for group in groups {
                     if std::mem::take(&mut keep_one) {
                         continue;
                     }
@@ -203,6 +229,50 @@ impl ByteDfa {
             }
         }
         class
+    }
+}
+
+/// Each row of a transition table as runs of columns (byte classes) with one target.
+struct RowRuns {
+    /// Per state, its runs' range in `ends` / `targets`.
+    offsets: Vec<u32>,
+    /// Per run: one past its last column.
+    ends: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl RowRuns {
+    fn new(n: usize, nc: usize, target: impl Fn(usize) -> u32) -> RowRuns {
+        let mut runs = RowRuns { offsets: vec![0], ends: Vec::new(), targets: Vec::new() };
+        for s in 0..n {
+            let row = s * nc;
+            let mut c = 0;
+            while c < nc {
+                let t = target(row + c);
+                let mut end = c + 1;
+                while end < nc && target(row + end) == t {
+                    end += 1;
+                }
+                runs.ends.push(end as u32);
+                runs.targets.push(t);
+                c = end;
+            }
+            runs.offsets.push(runs.ends.len() as u32);
+        }
+        runs
+    }
+
+    /// The classes of state `s`'s successors, as runs of one class: (class, end).
+    fn signature(&self, class: &[u32], s: u32, out: &mut Vec<(u32, u32)>) {
+        out.clear();
+        let range = self.offsets[s as usize] as usize..self.offsets[s as usize + 1] as usize;
+        for (&end, &t) in self.ends[range.clone()].iter().zip(&self.targets[range]) {
+            let k = class[t as usize];
+            match out.last_mut() {
+                Some(last) if last.0 == k => last.1 = end,
+                _ => out.push((k, end)),
+            }
+        }
     }
 }
 
