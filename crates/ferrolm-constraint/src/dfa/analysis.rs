@@ -7,9 +7,6 @@ use rustc_hash::{FxHashMap, FxHasher};
 
 use super::{ByteDfa, DEAD};
 
-/// One class in a refinement round: its id, its touched states with their signatures,
-/// and the signature its untouched states share (if it has any).
-
 /// Predecessor lists of a transition table in one flat array (a `Vec` per state costs
 /// an allocation each, which dominated small compilations): the states with a
 /// transition into `t` (other than [`DEAD`]) are `list[offsets[t]..offsets[t + 1]]`,
