@@ -46,16 +46,17 @@ impl Grammar {
         let key = stack_key(config, frames);
         let cached = key.as_ref().and_then(|k| self.lock_stack_masks().get(k).cloned());
         match cached {
-            Some(mask) => out.copy_from_slice(&mask),
+            Some(mask) => mask.write_into(out),
             None => {
                 self.compute_recursive_token_mask(rules, config, frames, out);
-                let bytes = std::mem::size_of_val(out);
+                let mask = CachedMask::of(out);
+                let bytes = mask.heap_bytes();
                 let reserved = self
                     .cache_bytes_left
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
                     .is_ok();
                 if let (Some(key), true) = (key, reserved) {
-                    self.lock_stack_masks().insert(key, out.into());
+                    self.lock_stack_masks().insert(key, Arc::new(mask));
                 }
             }
         }
@@ -197,7 +198,7 @@ impl Grammar {
         search(memos.entry(side).or_default())
     }
 
-    fn lock_stack_masks(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u32>, Arc<[u32]>>> {
+    fn lock_stack_masks(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u32>, Arc<CachedMask>>> {
         self.stack_masks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -206,23 +207,23 @@ impl Grammar {
         debug_assert_eq!(out.len(), self.vocab.bitmask_words());
         let slot = &self.masks[self.mask_class[state as usize] as usize];
         match slot.get() {
-            Some(cached) => out.copy_from_slice(cached),
+            Some(cached) => cached.write_into(out),
             None => {
                 self.compute_token_mask(state, out, true);
-                self.cache(slot, out);
+                self.cache(slot, CachedMask::of(out));
             }
         }
         self.add_eos(state, out);
     }
 
-    fn cache(&self, slot: &OnceLock<Box<[u32]>>, mask: &[u32]) {
-        let bytes = std::mem::size_of_val(mask);
+    fn cache(&self, slot: &OnceLock<CachedMask>, mask: CachedMask) {
+        let bytes = mask.heap_bytes();
         // Reserve budget first so concurrent fills cannot overshoot it.
         let reserved = self
             .cache_bytes_left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(bytes))
             .is_ok();
-        if reserved && slot.set(mask.into()).is_err() {
+        if reserved && slot.set(mask).is_err() {
             // Another thread cached it first; give the budget back.
             self.cache_bytes_left.fetch_add(bytes, Ordering::Relaxed);
         }
@@ -396,6 +397,49 @@ impl Grammar {
     /// Number of distinct mask-cache entries the grammar can have (at most one per state).
     pub fn num_mask_classes(&self) -> usize {
         self.masks.len()
+    }
+}
+
+/// A mask in a grammar's cache. Most states allow a few hundred tokens at most (a
+/// value's first byte, a member name, a keyword): those are kept as their non-zero words
+/// only, which also spares a cold mask the page faults of a fresh 25 kB (o200k) buffer.
+#[derive(Debug)]
+pub(crate) enum CachedMask {
+    Dense(Box<[u32]>),
+    /// `(word index, word)` of the non-zero words, in order.
+    Sparse(Box<[(u32, u32)]>),
+}
+
+impl CachedMask {
+    pub(crate) fn of(mask: &[u32]) -> CachedMask {
+        let nonzero = mask.iter().filter(|&&w| w != 0).count();
+        // A sparse word takes two: sparse wins below half the words set.
+        if nonzero * 2 < mask.len() {
+            let words =
+                mask.iter().enumerate().filter(|(_, &w)| w != 0).map(|(i, &w)| (i as u32, w)).collect();
+            CachedMask::Sparse(words)
+        } else {
+            CachedMask::Dense(mask.into())
+        }
+    }
+
+    pub(crate) fn write_into(&self, out: &mut [u32]) {
+        match self {
+            CachedMask::Dense(words) => out.copy_from_slice(words),
+            CachedMask::Sparse(words) => {
+                out.fill(0);
+                for &(i, w) in words.iter() {
+                    out[i as usize] = w;
+                }
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            CachedMask::Dense(words) => std::mem::size_of_val(&**words),
+            CachedMask::Sparse(words) => std::mem::size_of_val(&**words),
+        }
     }
 }
 

@@ -30,12 +30,12 @@ pub struct Grammar {
     dfa: ByteDfa,
     /// State -> index into `masks`.
     mask_class: Vec<u32>,
-    masks: Vec<OnceLock<Box<[u32]>>>,
+    masks: Vec<OnceLock<masks::CachedMask>>,
     cache_bytes_left: AtomicUsize,
     /// For grammars with rule calls (`recursive.rs`): the rules, and masks cached by
     /// configuration (rule, state and the whole stack).
     rules: Option<Rules>,
-    stack_masks: Mutex<HashMap<Vec<u32>, Arc<[u32]>>>,
+    stack_masks: Mutex<HashMap<Vec<u32>, Arc<masks::CachedMask>>>,
     /// Per (rule, whether it may return), or for the plain DFA: the states known to simulate indexed loops at
     /// every depth, so that a mask's search for a loop to start from is not repeated
     /// over the states that lead into one (`region.rs`).
