@@ -160,6 +160,21 @@ impl TokenTrie {
         self.walk_range(range, states, |_, s, b| step(s, b), mask);
     }
 
+    /// [`TokenTrie::walk_subtree_into_mask`] whose `step` is also given the node entered.
+    #[inline]
+    pub(crate) fn walk_subtree_into_mask_indexed<S: Copy>(
+        &self,
+        node: u32,
+        parent: S,
+        step: impl FnMut(u32, S, u8) -> Option<S>,
+        mask: &mut [u32],
+        states: &mut [S],
+    ) {
+        let root = self.nodes[node as usize];
+        states[root.depth() - 1] = parent;
+        self.walk_range(node as usize..root.subtree_end as usize, states, step, mask);
+    }
+
     /// Depth of `node` (bytes from the root).
     pub(crate) fn node_depth(&self, node: u32) -> usize {
         self.nodes[node as usize].depth()

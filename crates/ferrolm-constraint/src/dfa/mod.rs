@@ -124,7 +124,7 @@ impl ByteDfa {
 
     /// The state whose row starts at `row` (the inverse of [`ByteDfa::row_of`]).
     #[inline(always)]
-    fn state_of_row(&self, row: u32) -> u32 {
+    pub(crate) fn state_of_row(&self, row: u32) -> u32 {
         divide_row(row, self.row_divisor)
     }
 

@@ -138,6 +138,18 @@ impl Grammar {
                             );
                         }
                     }
+                    None if !marked => {
+                        let mut states = vec![config; trie.max_depth() + 1];
+                        for (node, parent) in self.walk_in_rule(rules, config, false, out) {
+                            trie.walk_subtree_into_mask(
+                                node,
+                                parent,
+                                |c, b| rules.step(c, b, &mut scratch),
+                                out,
+                                &mut states,
+                            );
+                        }
+                    }
                     None => trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out),
                 }
             }
@@ -162,17 +174,24 @@ impl Grammar {
         // back, and where it would return, the step fails at the bottom of the stack.
         let mut scratch = ScratchFrames::new(&[]);
         let start = Config { rule, state, stack: NO_FRAME };
-        self.vocab.trie().walk_into_mask_indexed(
-            start,
-            |node, c, byte| {
-                let next = rules.step(c, byte, &mut scratch);
-                if next.is_none() && c.stack == NO_FRAME && byte < CALL_BASE && dfa.is_accepting(c.state) {
-                    exits.push((node, c.state));
-                }
-                next
-            },
-            &mut inside,
-        );
+        let trie = self.vocab.trie();
+        let mut states = vec![start; trie.max_depth() + 1];
+        for (node, parent) in self.walk_in_rule(rules, start, true, &mut inside) {
+            trie.walk_subtree_into_mask_indexed(
+                node,
+                parent,
+                |node, c, byte| {
+                    let next = rules.step(c, byte, &mut scratch);
+                    if next.is_none() && c.stack == NO_FRAME && byte < CALL_BASE && dfa.is_accepting(c.state)
+                    {
+                        exits.push((node, c.state));
+                    }
+                    next
+                },
+                &mut inside,
+                &mut states,
+            );
+        }
         let index = Arc::new(FrameIndex { inside: inside.into(), exits });
         let bytes = std::mem::size_of_val(&*index.inside) + index.exits.len() * 8;
         let reserved = self
@@ -183,6 +202,43 @@ impl Grammar {
             self.lock_frame_indexes().insert((rule, state), index.clone());
         }
         index
+    }
+
+    /// A trie walk from `config` (in a grammar without marks) while the bytes stay in its
+    /// rule: each is stepped on the rule's DFA rows, as a plain grammar's walk steps,
+    /// not through [`Rules::step`] (which costs several times more per trie node). Where
+    /// the DFA reads a byte no further from a state with calls or, with `may_return`,
+    /// one that may end, the node and the configuration before it are returned, for the
+    /// caller to walk that subtree with calls and returns.
+    fn walk_in_rule(
+        &self,
+        rules: &Rules,
+        config: Config,
+        may_return: bool,
+        out: &mut [u32],
+    ) -> Vec<(u32, Config)> {
+        let dfa = rules.rule(config.rule);
+        let mut leaves = Vec::new();
+        self.vocab.trie().walk_into_mask_indexed(
+            dfa.row_of(config.state),
+            |node, row, byte| {
+                if byte >= CALL_BASE {
+                    return None; // a call mark, never text
+                }
+                let next = dfa.next_row(row, byte);
+                if next != DEAD {
+                    return Some(next);
+                }
+                let state = dfa.state_of_row(row);
+                if !rules.calls_from(config.rule, state).is_empty() || (may_return && dfa.is_accepting(state))
+                {
+                    leaves.push((node, Config { state, ..config }));
+                }
+                None
+            },
+            out,
+        );
+        leaves
     }
 
     fn lock_frame_indexes(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32), Arc<FrameIndex>>> {
