@@ -155,19 +155,13 @@ const HANDLED: &[&str] = &[
 ];
 
 /// One JSON string character, encoded: anything but `"`, `\` and control characters,
-/// or an escape. A `\u` escape of a UTF-16 surrogate comes only as a high-low pair (one
-/// character): a lone surrogate is text no UTF-8 parser (serde_json, Rust's `str`)
-/// accepts, so a document carrying one would parse nowhere downstream.
-pub(crate) const STRING_CHAR: &str = concat!(
-    r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}"#,
-    r"|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}))"
-);
-/// [`STRING_CHAR`] inside a counted string (`minLength`, `maxLength`), where a
-/// character outside the BMP is written as UTF-8 (as serde_json writes it), not as an
-/// escaped pair. Every count position carries a copy of the character's states, and a
-/// pair's eight would grow those strings' automata by about half (the SchemaStore
-/// corpus's largest schema then passes the state limit); the text allowed is the same.
-pub(crate) const COUNTED_STRING_CHAR: &str =
+/// or an escape. A character outside the BMP is written as UTF-8 (as serde_json writes
+/// it), never as a `\u` surrogate escape: a lone surrogate is text no UTF-8 parser
+/// (serde_json, Rust's `str`) accepts, and allowing only high-low pairs would add eight
+/// states to every string of a schema, and to every count position of a counted one
+/// (SchemaStore's largest schema then passes the state limit). The values that can be
+/// written are the same.
+pub(crate) const STRING_CHAR: &str =
     r#"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))"#;
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
@@ -973,8 +967,8 @@ fn decode_pointer(pointer: &str) -> String {
 /// names written canonically. Their loop indexes are built once per vocabulary
 /// (`Grammar::prime_json_loops`), so states that only simulate them (a string with a
 /// `maxLength`) find them from the start.
-pub(crate) fn string_loop_bodies() -> [&'static str; 3] {
-    [STRING_CHAR, COUNTED_STRING_CHAR, names::CANONICAL_CHAR]
+pub(crate) fn string_loop_bodies() -> [&'static str; 2] {
+    [STRING_CHAR, names::CANONICAL_CHAR]
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::merge::json_eq;
 use super::names::name_except;
 use super::negate::NOT_ENUM;
 use super::pattern::{pattern_lengths, pattern_regex};
-use super::{canonical_json, has_type, Translator, ANNOTATIONS, COUNTED_STRING_CHAR, NUMBER, STRING_CHAR};
+use super::{canonical_json, has_type, Translator, ANNOTATIONS, NUMBER, STRING_CHAR};
 use crate::error::Result;
 use crate::recursive::call;
 
@@ -166,8 +166,7 @@ impl<'a> Translator<'a> {
                 None => self.refuse(&format!("format {name:?}"), path)?,
             }
         }
-        let char = if (min, max) == (0, None) { STRING_CHAR } else { COUNTED_STRING_CHAR };
-        Ok(format!("\"{char}{}\"", repeat_suffix(min, max)))
+        Ok(format!("\"{STRING_CHAR}{}\"", repeat_suffix(min, max)))
     }
 
     pub(super) fn array(&mut self, map: &Map<String, Value>, path: &str) -> Result<String> {
