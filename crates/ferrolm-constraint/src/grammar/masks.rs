@@ -95,17 +95,11 @@ impl Grammar {
         match loop_index {
             Some((index, around)) => {
                 out.copy_from_slice(&index.inside);
-                let mut states = vec![config; trie.max_depth() + 1];
-                for &(node, loop_state) in &index.exits {
-                    let parent = Config { state: around.states[loop_state as usize], ..config };
-                    trie.walk_subtree_into_mask(
-                        node,
-                        parent,
-                        |c, b| rules.step(c, b, &mut scratch),
-                        out,
-                        &mut states,
-                    );
-                }
+                let subtrees = index
+                    .exits
+                    .iter()
+                    .map(|&(node, l)| (node, Config { state: around.states[l as usize], ..config }));
+                self.walk_subtrees(rules, config, subtrees, &mut scratch, out);
             }
             None => {
                 let side = RuleSide { rules, rule: config.rule, may_return };
@@ -126,29 +120,13 @@ impl Grammar {
                     None if may_return && !marked => {
                         let index = self.frame_index(rules, config.rule, config.state, out.len());
                         out.copy_from_slice(&index.inside);
-                        let mut states = vec![config; trie.max_depth() + 1];
-                        for &(node, state) in &index.exits {
-                            let parent = Config { state, ..config };
-                            trie.walk_subtree_into_mask(
-                                node,
-                                parent,
-                                |c, b| rules.step(c, b, &mut scratch),
-                                out,
-                                &mut states,
-                            );
-                        }
+                        let subtrees =
+                            index.exits.iter().map(|&(node, state)| (node, Config { state, ..config }));
+                        self.walk_subtrees(rules, config, subtrees, &mut scratch, out);
                     }
                     None if !marked => {
-                        let mut states = vec![config; trie.max_depth() + 1];
-                        for (node, parent) in self.walk_in_rule(rules, config, false, out) {
-                            trie.walk_subtree_into_mask(
-                                node,
-                                parent,
-                                |c, b| rules.step(c, b, &mut scratch),
-                                out,
-                                &mut states,
-                            );
-                        }
+                        let leaves = self.walk_in_rule(rules, config, false, out);
+                        self.walk_subtrees(rules, config, leaves, &mut scratch, out);
                     }
                     None => trie.walk_into_mask(config, |c, b| rules.step(c, b, &mut scratch), out),
                 }
@@ -158,6 +136,23 @@ impl Grammar {
             if get_bit(out, first) {
                 set_bit(out, other);
             }
+        }
+    }
+
+    /// Walk the trie under each `(node, configuration of its parent)` into `out`, with
+    /// calls and returns (`config`: any configuration, to size the walk's scratch).
+    fn walk_subtrees(
+        &self,
+        rules: &Rules,
+        config: Config,
+        subtrees: impl IntoIterator<Item = (u32, Config)>,
+        scratch: &mut ScratchFrames,
+        out: &mut [u32],
+    ) {
+        let trie = self.vocab.trie();
+        let mut states = vec![config; trie.max_depth() + 1];
+        for (node, parent) in subtrees {
+            trie.walk_subtree_into_mask(node, parent, |c, b| rules.step(c, b, scratch), out, &mut states);
         }
     }
 
